@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Set up ddpctl on this machine: the CPU torch (pinned, so pip never pulls the multi-GB CUDA build), then ddpctl
+# with its training extra. `infra/setup.sh --test` also installs what the test suite needs: OpenSSH (test hosts),
+# iproute2/iptables (network namespaces), Docker's engine, docker-compose and mmdebstrap (offline base image).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+if [ "${1:-}" = "--test" ]; then
+  missing=()
+  for pkg in openssh-server openssh-client iproute2 iptables procps docker.io docker-compose mmdebstrap; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "installing system packages: ${missing[*]}"
+    as_root apt-get update -q
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
+  fi
+  extras="train,dev"
+else
+  extras="train"
+fi
+
+python3 -m pip install -q --disable-pip-version-check "torch==${DDPCTL_TORCH_VERSION:-2.13.0}"
+python3 -m pip install -q --disable-pip-version-check -e ".[$extras]"
+echo "ddpctl set up: $(command -v ddpctl)"

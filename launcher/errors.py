@@ -1,0 +1,24 @@
+"""One exception family for every error a user can cause or fix; the CLI turns it into one line."""
+
+from __future__ import annotations
+
+
+class DdpctlError(Exception):
+    """An error with a message meant for the user: what was wrong and what to do."""
+
+
+class SpecError(DdpctlError):
+    """The run specification is invalid (bad option value, unknown model, ...)."""
+
+
+class HostError(DdpctlError):
+    """A host could not be reached, authenticated, or failed a step; the message names the host."""
+
+    def __init__(self, host: str, message: str) -> None:
+        super().__init__(f"{host}: {message}")
+        self.host = host
+        self.reason = message
+
+
+class RunDirError(DdpctlError):
+    """A run directory is missing, unwritable or not a ddpctl run."""

@@ -1,0 +1,121 @@
+"""What to run: one validated, immutable run specification.
+
+Everything a node needs to know about the experiment is here; where it runs (hosts) and how (native or
+docker) are decided elsewhere. Construction validates, so a RunSpec that exists is a runnable one.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import time
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from launcher.errors import SpecError
+
+MODELS = ("mnist-cnn", "resnet18")
+DATASETS = ("synthetic", "mnist", "cifar10")
+BACKENDS = ("auto", "nccl", "gloo")
+RUNTIMES = ("native", "docker", "auto")
+
+# A name that is safe as a file name, a docker container name and a torchrun rendezvous id.
+SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+DEFAULT_RDZV_PORT = 29400
+
+
+def check_name(name: str, what: str = "--name") -> str:
+    """Return `name` if it is a safe run name, else raise SpecError saying what is allowed."""
+    if not SAFE_NAME.match(name) or ".." in name:
+        raise SpecError(
+            f"{what} {name!r} is not a valid name: use 1-64 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+def new_run_id(name: str | None, model: str, dataset: str) -> str:
+    """A fresh run id: the user's name (or model-dataset), a UTC timestamp and 4 random hex digits."""
+    stem = check_name(name) if name else f"{model}-{dataset}"
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    return f"{stem}-{stamp}-{secrets.token_hex(2)}"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """The experiment: model, data, hyper-parameters and the process layout (nodes x processes)."""
+
+    run_id: str
+    model: str = "mnist-cnn"
+    dataset: str = "synthetic"
+    data_dir: str | None = None
+    epochs: int = 3
+    batch_size: int = 32
+    lr: float = 0.01
+    save_every: int = 1
+    seed: int = 0
+    max_restarts: int = 0
+    nproc_per_node: int = 2
+    nnodes: int = 1
+    backend: str = "auto"
+    # `ddpctl up -- CMD...`: the user's own command replaces our trainer under torchrun.
+    user_command: tuple[str, ...] = ()
+    # Extra trainer options (synthetic sizes, fault injection for tests), passed through verbatim.
+    trainer_args: tuple[str, ...] = ()
+    rdzv_port: int = DEFAULT_RDZV_PORT
+    python: str = "python3"
+    extra_env: tuple[tuple[str, str], ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        check_name(self.run_id, "run id")
+        if not self.user_command:
+            if self.model not in MODELS:
+                raise SpecError(f"unknown model {self.model!r}: choose one of {', '.join(MODELS)}")
+            if self.dataset not in DATASETS:
+                raise SpecError(f"unknown data set {self.dataset!r}: choose one of {', '.join(DATASETS)}")
+        _at_least(self.epochs, 1, "--epochs")
+        _at_least(self.batch_size, 1, "--batch-size")
+        _at_least(self.save_every, 1, "--save-every")
+        _at_least(self.max_restarts, 0, "--max-restarts")
+        _at_least(self.nproc_per_node, 1, "--gpus")
+        _at_least(self.nnodes, 1, "the number of nodes")
+        _at_least(self.seed, 0, "--seed")
+        if not self.lr > 0:
+            raise SpecError(f"--lr must be positive, got {self.lr}")
+        if self.backend not in BACKENDS:
+            raise SpecError(f"unknown backend {self.backend!r}: choose one of {', '.join(BACKENDS)}")
+        if not 1024 <= self.rdzv_port <= 65535:
+            raise SpecError(f"--rdzv-port must be between 1024 and 65535, got {self.rdzv_port}")
+        for key, _ in self.extra_env:
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+                raise SpecError(f"environment variable name {key!r} is not valid")
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+    def with_layout(self, *, nnodes: int, nproc_per_node: int) -> RunSpec:
+        """The same experiment on another process layout (validated again)."""
+        return replace(self, nnodes=nnodes, nproc_per_node=nproc_per_node)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["user_command"] = list(self.user_command)
+        data["trainer_args"] = list(self.trainer_args)
+        data["extra_env"] = dict(self.extra_env)
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunSpec:
+        data = dict(data)
+        data["user_command"] = tuple(data.get("user_command", ()))
+        data["trainer_args"] = tuple(data.get("trainer_args", ()))
+        data["extra_env"] = tuple(sorted(dict(data.get("extra_env", {})).items()))
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def _at_least(value: int, low: int, option: str) -> None:
+    if not isinstance(value, int) or value < low:
+        raise SpecError(f"{option} must be an integer >= {low}, got {value!r}")
