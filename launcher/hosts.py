@@ -7,7 +7,11 @@ from dataclasses import dataclass
 
 from launcher.errors import SpecError
 
-_HOST_RE = re.compile(r"^(?:(?P<user>[A-Za-z0-9._][A-Za-z0-9._-]*)@)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(?::(?P<port>\d+))?$")
+_HOST_RE = re.compile(
+    r"^(?:(?P<user>[A-Za-z0-9._][A-Za-z0-9._-]*)@)?"
+    r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)"
+    r"(?::(?P<port>\d+))?$"
+)
 
 
 @dataclass(frozen=True)

@@ -81,7 +81,9 @@ class RunDir:
             runs_dir.mkdir(parents=True, exist_ok=True)
             staging = Path(tempfile.mkdtemp(prefix=f".{spec.run_id}.", dir=runs_dir))
         except OSError as e:
-            raise RunDirError(f"cannot write the run directory {runs_dir}: {e.strerror}; pick another with --runs-dir") from e
+            raise RunDirError(
+                f"cannot write the run directory {runs_dir}: {e.strerror}; pick another with --runs-dir"
+            ) from e
         final = runs_dir / spec.run_id
         try:
             if final.exists():

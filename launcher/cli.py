@@ -1,0 +1,188 @@
+"""The `ddpctl` command line: thin commands over the core; domain errors become one line and exit 1."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from launcher.errors import DdpctlError, SpecError
+from launcher.hosts import parse_host
+from launcher.progress import console, summary_table
+from launcher.spec import RUNTIMES, RunSpec, new_run_id
+
+app = typer.Typer(
+    name="ddpctl",
+    help="Run PyTorch DDP experiments locally, on SSH hosts or on Vast.ai, and bring back what happened.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+# Modules that add their commands with `register(app)`; each owns one family of commands.
+COMMAND_MODULES = (
+    "launcher.run_commands",
+    "launcher.image",
+    "launcher.vast.commands",
+    "launcher.report_commands",
+)
+
+
+
+@app.callback()
+def _root() -> None:
+    """Run PyTorch DDP experiments locally, on SSH hosts or on Vast.ai, and bring back what happened."""
+
+
+RUNS_DIR = typer.Option(Path("runs"), "--runs-dir", help="Where run directories live.")
+
+
+def spec_from_options(*, gpus: int, nnodes: int, model: str, dataset: str, data_dir: str | None,
+                      epochs: int, batch_size: int, lr: float, save_every: int, seed: int, max_restarts: int,
+                      name: str | None, command: list[str], python: str, rdzv_port: int,
+                      synthetic_train_size: int | None, synthetic_test_size: int | None,
+                      trainer_arg: list[str], env: list[str]) -> RunSpec:
+    """Build the validated RunSpec from `up`'s options (shared with `sweep`)."""
+    trainer_args: list[str] = []
+    if synthetic_train_size is not None:
+        trainer_args += ["--synthetic-train-size", str(synthetic_train_size)]
+    if synthetic_test_size is not None:
+        trainer_args += ["--synthetic-test-size", str(synthetic_test_size)]
+    trainer_args += trainer_arg
+    extra_env = []
+    for item in env:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SpecError(f"--env {item!r} is not of the form NAME=VALUE")
+        extra_env.append((key, value))
+    return RunSpec(
+        run_id=new_run_id(name, model, dataset),
+        model=model, dataset=dataset, data_dir=data_dir, epochs=epochs, batch_size=batch_size, lr=lr,
+        save_every=save_every, seed=seed, max_restarts=max_restarts, nproc_per_node=gpus, nnodes=nnodes,
+        user_command=tuple(command), trainer_args=tuple(trainer_args), python=python, rdzv_port=rdzv_port,
+        extra_env=tuple(sorted(extra_env)),
+    )  # fmt: skip
+
+
+@app.command(context_settings={"allow_interspersed_args": False})
+def up(
+    command: list[str] | None = typer.Argument(None, help="After `--`: your own command to run under torchrun."),
+    gpus: int | None = typer.Option(None, "--gpus", help="Processes per node (default: the node's GPUs, or 2 on CPU)."),
+    host: list[str] = typer.Option([], "--host", help="[user@]host[:port] or ssh alias; repeat, node 0 first."),
+    model: str = typer.Option("mnist-cnn", help="mnist-cnn or resnet18."),
+    dataset: str = typer.Option("synthetic", help="synthetic, mnist or cifar10."),
+    data_dir: str | None = typer.Option(None, help="Folder holding the data set files."),
+    epochs: int = typer.Option(3, help="Epochs to train."),
+    batch_size: int = typer.Option(32, help="Batch size per process."),
+    lr: float = typer.Option(0.01, help="SGD learning rate."),
+    save_every: int = typer.Option(1, help="Snapshot every N epochs."),
+    seed: int = typer.Option(0, help="Seed for data order, initial weights and synthetic data."),
+    max_restarts: int = typer.Option(0, help="torchrun restarts after a worker fails (resume from snapshots)."),
+    name: str | None = typer.Option(None, help="Run name (letters, digits, . _ -); an id is derived from it."),
+    runs_dir: Path = RUNS_DIR,
+    json_out: bool = typer.Option(False, "--json", help="Print the final summary as JSON on stdout."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print what each node would run; change nothing."),
+    runtime: str = typer.Option("native", help="native, docker or auto (on SSH hosts)."),
+    image: str | None = typer.Option(None, help="Image for --runtime docker."),
+    python: str = typer.Option("python3", help="Python on the hosts (e.g. a venv's bin/python)."),
+    identity_file: Path | None = typer.Option(None, "--identity-file", "-i", help="SSH private key."),
+    accept_new_host_keys: bool = typer.Option(False, help="Trust and record unknown host keys (never changed ones)."),
+    connect_timeout: float = typer.Option(10.0, help="Seconds to wait for each SSH connection."),
+    rdzv_addr: str | None = typer.Option(None, help="Node 0's address as the other nodes reach it."),
+    rdzv_port: int = typer.Option(29400, help="Rendezvous port on node 0."),
+    detach: bool = typer.Option(False, help="Start the run on the hosts and return; follow with status/logs."),
+    synthetic_train_size: int | None = typer.Option(None, help="Synthetic data set: training samples."),
+    synthetic_test_size: int | None = typer.Option(None, help="Synthetic data set: test samples."),
+    trainer_arg: list[str] = typer.Option([], "--trainer-arg", help="Extra option passed to the trainer.", hidden=True),
+    env: list[str] = typer.Option([], "--env", help="NAME=VALUE set for torchrun on every node; repeat."),
+) -> None:
+    """Launch a DDP training run and follow it to the end."""
+    from launcher.local import default_local_procs
+    from launcher.up import UpOptions, run_up
+
+    if runtime not in RUNTIMES:
+        raise SpecError(f"--runtime {runtime!r}: choose one of {', '.join(RUNTIMES)}")
+    hosts = tuple(parse_host(h) for h in host)
+    if runtime == "docker" and not hosts:
+        raise SpecError("--runtime docker needs --host (locally, use `docker compose up`)")
+    spec = spec_from_options(
+        gpus=gpus if gpus is not None else (0 if hosts else default_local_procs()),
+        nnodes=max(1, len(hosts)), model=model, dataset=dataset, data_dir=data_dir, epochs=epochs,
+        batch_size=batch_size, lr=lr, save_every=save_every, seed=seed, max_restarts=max_restarts, name=name,
+        command=command or [], python=python, rdzv_port=rdzv_port, synthetic_train_size=synthetic_train_size,
+        synthetic_test_size=synthetic_test_size, trainer_arg=trainer_arg, env=env,
+    ) if gpus != 0 or hosts else _bad_gpus()  # fmt: skip
+    options = UpOptions(
+        runs_dir=runs_dir, hosts=hosts, runtime=runtime, show_progress=not json_out, dry_run=dry_run,
+        detach=detach, identity_file=identity_file, accept_new_host_keys=accept_new_host_keys,
+        connect_timeout=connect_timeout, rdzv_addr=rdzv_addr, image=image,
+    )  # fmt: skip
+    result = run_up(spec, options)
+    finish_up(result, json_out)
+
+
+def _bad_gpus() -> RunSpec:
+    raise SpecError("--gpus must be an integer >= 1, got 0")
+
+
+def finish_up(result: Any, json_out: bool) -> None:
+    """Print the plan (dry run), or the summary table / JSON; exit with the run's status."""
+    if result.run_dir is None and result.plan is not None:
+        print(result.plan.describe())
+        return
+    if json_out:
+        print(json.dumps({"run_dir": str(result.run_dir), "exit_code": result.exit_code,
+                          "summary": result.summary}, indent=2, sort_keys=True))
+    elif result.summary:
+        console.print(summary_table(result.summary, f"run {result.run_dir.name}"))
+        console.print(f"results in {result.run_dir}")
+    if result.exit_code != 0:
+        raise DdpctlError(_failure_message(result))
+
+
+def _failure_message(result: Any) -> str:
+    from launcher.local import log_tail
+
+    if result.exit_code == 130:
+        return f"stopped by Ctrl-C; snapshots and logs are in {result.run_dir}"
+    tail = log_tail(result.run_dir, 15) if result.run_dir else ""
+    return f"training failed (exit {result.exit_code}); logs in {result.run_dir}" + (f"\n{tail}" if tail else "")
+
+
+def _register_commands() -> None:
+    for module_name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as e:
+            if not e.name or not module_name.startswith(e.name):
+                raise
+            continue
+        module.register(app)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: run the app, turning our errors and usage errors into one line on stderr."""
+    _register_commands()
+    try:
+        app(args=argv, standalone_mode=False)
+    except DdpctlError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except (typer.Abort, KeyboardInterrupt):
+        print("error: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except _CLICK_ERROR as e:
+        if e.__class__.__name__ == "NoArgsIsHelpError":
+            sys.exit(0)
+        print(f"error: {e.format_message()} (see --help)", file=sys.stderr)
+        sys.exit(e.exit_code)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+
+
+# typer >= 0.20 vendors its own click; its usage errors share only the class name with click's.
+_CLICK_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")

@@ -1,0 +1,100 @@
+"""Run a planned single-node job on this machine: torchrun as a child process in its own session."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from launcher.errors import SpecError
+from launcher.plan import RunPlan
+from launcher.progress import RunProgress
+from launcher.rundir import RunDir
+
+POLL_SECONDS = 0.5
+STOP_GRACE_SECONDS = 30.0
+
+
+def local_gpu_count() -> int:
+    """GPUs that nvidia-smi lists here (0 when there is no driver); no torch needed."""
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
+def default_local_procs() -> int:
+    """One process per local GPU, or 2 on a CPU-only machine (enough to exercise DDP)."""
+    return local_gpu_count() or 2
+
+
+def check_local_gpus(nproc: int) -> None:
+    gpus = local_gpu_count()
+    if gpus and nproc > gpus:
+        raise SpecError(f"--gpus {nproc} asks for more GPUs than this machine has ({gpus}); use --gpus {gpus} or less")
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def run_local(plan: RunPlan, run_dir: RunDir, show_progress: bool = True) -> int:
+    """Start torchrun, follow its progress until it ends, and return its exit code (130 after Ctrl-C)."""
+    node = plan.nodes[0]
+    env = {**os.environ, **dict(node.env)}
+    out_path = run_dir.path / "torchrun.out"
+    with open(out_path, "wb") as out:
+        # A session of its own: Ctrl-C reaches only us, and we stop torchrun (and so its workers) ourselves.
+        proc = subprocess.Popen(list(node.command), cwd=node.cwd or None, env=env, stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    run_dir.update_record(local_pid=proc.pid)
+    run_dir.event("started", node=0, pid=proc.pid, command=list(node.command))
+    progress_file = run_dir.path / "progress.json"
+    try:
+        with RunProgress([node.host.label], enabled=show_progress) as progress:
+            while proc.poll() is None:
+                progress.update(0, read_json(progress_file), "running")
+                time.sleep(POLL_SECONDS)
+            progress.update(0, read_json(progress_file), "finished" if proc.returncode == 0 else "failed")
+    except KeyboardInterrupt:
+        run_dir.event("interrupted", node=0)
+        _stop(proc)
+        run_dir.event("stopped", node=0, exit_code=proc.returncode)
+        return 130
+    run_dir.event("exited", node=0, exit_code=proc.returncode)
+    return int(proc.returncode)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM torchrun's process group (it stops its workers), then SIGKILL after a grace period."""
+    for sig, wait in ((signal.SIGTERM, STOP_GRACE_SECONDS), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def log_tail(run_dir: Path, lines: int = 20) -> str:
+    """The last lines of torchrun's output and of the failing ranks' error files, for a failure message."""
+    parts = []
+    out = run_dir / "torchrun.out"
+    if out.exists():
+        parts.append("\n".join(out.read_text(errors="replace").splitlines()[-lines:]))
+    return "\n".join(parts)

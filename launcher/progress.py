@@ -1,0 +1,106 @@
+"""The live progress display and the final summary table (rich, on stderr so --json keeps stdout clean)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+console = Console(stderr=True)
+
+
+class RunProgress:
+    """One progress row per node: epoch, step, samples/s and ETA, fed by the trainer's progress records."""
+
+    def __init__(self, node_labels: list[str], enabled: bool = True) -> None:
+        self._progress = Progress(
+            TextColumn("{task.fields[label]}"),
+            BarColumn(),
+            TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(),
+            console=console,
+            disable=not enabled,
+            transient=False,
+        )
+        self._tasks: dict[int, TaskID] = {}
+        for index, label in enumerate(node_labels):
+            self._tasks[index] = self._progress.add_task(
+                "", total=None, label=f"node {index} {label}", status="starting"
+            )
+
+    def __enter__(self) -> RunProgress:
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.stop()
+
+    def update(self, node: int, record: Mapping[str, Any] | None, state: str | None = None,
+               extra: str = "") -> None:
+        """Show a node's latest progress record (contracts.md: progress.json) and/or its process state."""
+        task = self._tasks[node]
+        if not record:
+            self._progress.update(task, status=f"{state or 'starting'} {extra}".strip())
+            return
+        epochs = int(record.get("epochs") or 1)
+        steps = int(record.get("steps_per_epoch") or 1)
+        epoch = int(record.get("epoch") or 1)
+        step = int(record.get("step") or 0)
+        done = (epoch - 1) * steps + min(step, steps)
+        total = epochs * steps
+        rate = float(record.get("samples_per_s") or 0.0)
+        status = f"epoch {epoch}/{epochs} step {step}/{steps} {rate:,.0f} samples/s"
+        eta = _eta(record, done, total)
+        if eta is not None:
+            status += f" ETA {eta}"
+        if state and state != "running":
+            status += f" [{state}]"
+        self._progress.update(task, total=total, completed=done, status=f"{status} {extra}".strip())
+
+
+def _eta(record: Mapping[str, Any], done: int, total: int) -> str | None:
+    started = record.get("started")
+    now = record.get("time") or time.time()
+    if not started or done <= 0 or total <= done:
+        return None
+    remaining = (float(now) - float(started)) / done * (total - done)
+    minutes, seconds = divmod(int(remaining), 60)
+    return f"{minutes}:{seconds:02d}"
+
+
+def summary_table(summary: Mapping[str, Any], title: str) -> Table:
+    """The final figures of a run (summary.json) as a two-column table."""
+    table = Table(title=title, show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    rows = [
+        ("world size", summary.get("world_size")),
+        ("epochs", summary.get("epochs")),
+        ("training time", _seconds(summary.get("train_seconds"))),
+        ("wall time", _seconds(summary.get("wall_seconds"))),
+        ("samples/s", _number(summary.get("samples_per_s"))),
+        ("train accuracy", _percent(summary.get("final_train_acc"))),
+        ("validation accuracy", _percent(summary.get("final_val_acc"))),
+        ("restarts", summary.get("restarts")),
+    ]
+    if summary.get("cost_usd") is not None:
+        rows.append(("cost", f"${float(summary['cost_usd']):.4f}"))
+    for name, value in rows:
+        table.add_row(name, "-" if value is None else str(value))
+    return table
+
+
+def _seconds(value: Any) -> str | None:
+    return None if value is None else f"{float(value):.1f} s"
+
+
+def _number(value: Any) -> str | None:
+    return None if value is None else f"{float(value):,.0f}"
+
+
+def _percent(value: Any) -> str | None:
+    return None if value is None else f"{100 * float(value):.2f}%"

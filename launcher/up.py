@@ -1,0 +1,66 @@
+"""`ddpctl up`: validate, plan, then run — locally, on SSH hosts, or on rented Vast.ai machines."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from launcher.datasets import check_local_data
+from launcher.hosts import HostSpec
+from launcher.local import check_local_gpus, read_json, run_local
+from launcher.plan import RunPlan, plan_local
+from launcher.rundir import RunDir
+from launcher.spec import RunSpec
+
+
+@dataclass(frozen=True)
+class UpOptions:
+    """Where and how to run a spec; everything `up` needs besides the spec itself."""
+
+    runs_dir: Path = Path("runs")
+    hosts: tuple[HostSpec, ...] = ()
+    runtime: str = "native"
+    show_progress: bool = True
+    dry_run: bool = False
+    detach: bool = False
+    identity_file: Path | None = None
+    accept_new_host_keys: bool = False
+    connect_timeout: float = 10.0
+    rdzv_addr: str | None = None
+    image: str | None = None
+    ssh_config: Path | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class UpResult:
+    run_dir: Path | None
+    exit_code: int
+    summary: dict[str, Any] | None
+    plan: RunPlan | None = None
+
+
+def run_up(spec: RunSpec, options: UpOptions) -> UpResult:
+    """Run one experiment to its end (or plan it, with dry_run) and return where its results are."""
+    if options.hosts:
+        from launcher.remote import run_remote_up
+
+        return run_remote_up(spec, options)
+    return _run_local_up(spec, options)
+
+
+def _run_local_up(spec: RunSpec, options: UpOptions) -> UpResult:
+    if spec.nnodes != 1:
+        raise ValueError("a local run has one node")
+    if not spec.user_command:
+        check_local_data(spec.dataset, spec.data_dir)
+    check_local_gpus(spec.nproc_per_node)
+    run_path = (options.runs_dir / spec.run_id).resolve()
+    plan = plan_local(spec, str(run_path), cwd=os.getcwd())
+    if options.dry_run:
+        return UpResult(None, 0, None, plan)
+    run_dir = RunDir.create(options.runs_dir, spec, {"hosts": [], "runtime": "native", "provider": "local"})
+    code = run_local(plan, run_dir, show_progress=options.show_progress)
+    return UpResult(run_dir.path, code, read_json(run_dir.path / "summary.json"), plan)
