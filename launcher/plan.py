@@ -99,7 +99,7 @@ def plan_remote(spec: RunSpec, hosts: list[NodeHost], rdzv_addr: str | None = No
             snapshot_dir="out/snapshots",
         )
         cwd = f"{workspace}/code" if spec.user_command else workspace
-        env = _env(spec, host.iface) + (("PYTHONPATH", "code"),) if not spec.user_command else _env(spec, host.iface)
+        env = _env(spec, host.iface)
         if spec.user_command:
             # The user's command runs in its shipped directory; outputs are still collected from the workspace.
             role = NodeRole(node_rank=role.node_rank, out_dir="../out", log_dir="../logs",

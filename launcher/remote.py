@@ -1,0 +1,253 @@
+"""`ddpctl up --host ...`: preflight, plan, ship, start detached, follow, pull — one torchrun node per host."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from launcher.errors import DdpctlError
+from launcher.hostsession import HostSession, target_from_json, target_to_json
+from launcher.parallel import raise_for_errors, run_on_hosts
+from launcher.plan import NodeHost, NodePlan, RunPlan, plan_remote, remote_workspace
+from launcher.preflight import (
+    HostFacts,
+    check_public_rendezvous,
+    check_rendezvous_reachable,
+    check_requirements,
+    probe_host,
+)
+from launcher.progress import RunProgress, console
+from launcher.remote_node import NodeState, log_tail, read_state, start_node, stop_node
+from launcher.rundir import RunDir, read_jsonl, write_json_atomic
+from launcher.spec import RunSpec
+from launcher.sync import pull_tree, ship_tree
+
+if TYPE_CHECKING:
+    from launcher.up import UpOptions, UpResult
+
+POLL_SECONDS = 1.0
+# Files copied from node 0 to the top of the run directory, so every run reads the same way.
+TOP_LEVEL_FILES = ("timing.jsonl", "summary.json", "progress.json")
+CODE_CACHE = ".ddpctl/code"
+
+
+def trainer_source_dir() -> Path:
+    """Where the trainer package lives locally (found without importing it: it imports torch)."""
+    found = importlib.util.find_spec("trainer")
+    if found is None or not found.submodule_search_locations:
+        raise DdpctlError("the trainer package is not installed here: run `pip install .` in the ddpctl checkout")
+    return Path(next(iter(found.submodule_search_locations)))
+
+
+def run_remote_up(spec: RunSpec, options: UpOptions, session: HostSession | None = None,
+                  provider_hosts: list[NodeHost] | None = None, record_extra: dict[str, Any] | None = None) -> UpResult:
+    """Run on SSH hosts (or hosts a provider rented: pass its session and NodeHosts) and pull the results."""
+    from launcher.up import UpResult
+
+    if options.dry_run:
+        gpus = spec.nproc_per_node or 1
+        spec = spec.with_layout(nnodes=len(options.hosts), nproc_per_node=gpus)
+        hosts = provider_hosts or [NodeHost(h.text, h.hostname) for h in options.hosts]
+        return UpResult(None, 0, None, plan_remote(spec, hosts, options.rdzv_addr, options.runtime, options.image))
+    own_session = session is None
+    session = session or HostSession.open(options)
+    try:
+        spec, plan = prepare(spec, options, session, provider_hosts)
+        run_dir = RunDir.create(options.runs_dir, spec, {
+            "provider": "ssh", "runtime": options.runtime,
+            "hosts": [target_to_json(t) for t in session.targets],
+            "nodes": [{"index": n.index, "label": n.host.label, "address": n.host.address,
+                       "workspace": n.workspace, "runtime": n.runtime} for n in plan.nodes],
+            "ssh": session.settings_json(), **(record_extra or {}),
+        })  # fmt: skip
+        run_dir.event("planned", nodes=[n.shell_line() for n in plan.nodes])
+        ship_code(session, plan, run_dir)
+        start_nodes(session, plan, run_dir)
+        if options.detach:
+            console.print(f"started run {spec.run_id} on {len(plan.nodes)} node(s); it runs on without this "
+                          f"terminal. Follow with `ddpctl status {spec.run_id}`, `ddpctl logs {spec.run_id} -f`; "
+                          f"fetch with `ddpctl pull {spec.run_id}`; stop with `ddpctl down {spec.run_id}`.")
+            return UpResult(run_dir.path, 0, None, plan)
+        code = follow(session, run_dir, show_progress=options.show_progress)
+        pull_run(session, run_dir)
+        summary = _read_summary(run_dir)
+        return UpResult(run_dir.path, code, summary, plan)
+    finally:
+        if own_session:
+            session.close()
+
+
+def prepare(spec: RunSpec, options: UpOptions, session: HostSession,
+            provider_hosts: list[NodeHost] | None) -> tuple[RunSpec, RunPlan]:
+    """Preflight every host, fix the process layout and addresses, check rendezvous, and plan."""
+    outcomes = run_on_hosts(list(range(len(session.targets))),
+                            lambda i: probe_host(session.conn(i), spec.python, session.labels[i]),
+                            timeout=options.connect_timeout + 90, label=session.label_of)
+    raise_for_errors(outcomes, "preflight")
+    facts: list[HostFacts] = [o.value for o in outcomes]
+    gpus = spec.nproc_per_node or min(int(f.info.get("gpus") or 0) or 1 for f in facts)
+    spec = spec.with_layout(nnodes=len(facts), nproc_per_node=gpus)
+    problems = check_requirements(facts, gpus, need_torch=options.runtime == "native")
+    if problems:
+        raise DdpctlError("preflight failed:\n" + "\n".join(f"  {p}" for p in problems))
+    if provider_hosts:
+        hosts = provider_hosts
+    else:
+        hosts = [NodeHost(f.label, f.address, f.iface_of(f.address)) for f in facts]
+    addr0 = options.rdzv_addr or hosts[0].address or session.targets[0].hostname
+    if spec.nnodes > 1:
+        check_public_rendezvous(addr0, bool(options.extra.get("allow_public_rendezvous")))
+        check_rendezvous_reachable([session.conn(i) for i in range(len(hosts))], session.labels, spec.python,
+                                   addr0, spec.rdzv_port)
+    return spec, plan_remote(spec, hosts, addr0, options.runtime, options.image)
+
+
+def _cache_key(path: Path) -> str:
+    return hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
+
+
+def ship_code(session: HostSession, plan: RunPlan, run_dir: RunDir) -> None:
+    """Send the trainer (or the user's directory) to a per-host cache incrementally, then copy it into the
+    run's workspace, so a relaunch moves only changed files and each run keeps the code it ran."""
+    if plan.spec.user_command:
+        source, dest = Path(os.getcwd()), ""
+    else:
+        source, dest = trainer_source_dir(), "/trainer"
+    cache = f"{CODE_CACHE}/{_cache_key(source)}"
+
+    def ship(index: int) -> dict[str, Any]:
+        conn = session.conn(index)
+        stats = ship_tree(conn, source, cache)
+        workspace = plan.nodes[index].workspace
+        result = conn.run(["sh", "-c", 'mkdir -p "$1/code$3" && rm -rf "$1/code$3" && cp -R "$2" "$1/code$3"',
+                           "ddpctl-copy", workspace, cache, dest], timeout=120)
+        if result.exit_code != 0:
+            raise DdpctlError(f"could not prepare the workspace: {result.stderr.strip()[:200]}")
+        return asdict(stats)
+
+    outcomes = run_on_hosts(list(range(len(plan.nodes))), ship, timeout=600, label=session.label_of)
+    raise_for_errors(outcomes, "ship")
+    for index, outcome in enumerate(outcomes):
+        run_dir.event("shipped", node=index, **outcome.value)
+
+
+def start_nodes(session: HostSession, plan: RunPlan, run_dir: RunDir) -> None:
+    outcomes = run_on_hosts(list(range(len(plan.nodes))),
+                            lambda i: start_node(session.conn(i), plan.nodes[i], session.labels[i]),
+                            timeout=60, label=session.label_of)
+    for index, outcome in enumerate(outcomes):
+        if outcome.error is None:
+            run_dir.event("started", node=index, pid=outcome.value)
+    if any(o.error for o in outcomes):
+        # Nothing must keep running half-started: stop the nodes that did start.
+        stop_all(session, run_dir)
+        raise_for_errors(outcomes, "start")
+
+
+def node_workspaces(run_dir: RunDir) -> list[str]:
+    return [n["workspace"] for n in run_dir.record()["nodes"]]
+
+
+def poll_states(session: HostSession, run_dir: RunDir) -> list[NodeState | None]:
+    """Every node's state; None for a node that cannot be reached right now."""
+    workspaces = node_workspaces(run_dir)
+    outcomes = run_on_hosts(list(range(len(workspaces))), lambda i: read_state(session.conn(i), workspaces[i]),
+                            timeout=45, label=session.label_of)
+    states: list[NodeState | None] = []
+    for index, outcome in enumerate(outcomes):
+        if outcome.error is not None:
+            session.drop(index)  # reconnect on the next poll
+        states.append(outcome.value if outcome.error is None else None)
+    return states
+
+
+def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
+           lost_contact_seconds: float = 180.0) -> int:
+    """Show progress until every node has ended; return 0, or the first failing node's exit code."""
+    labels = session.labels
+    last_seen = [time.monotonic()] * len(labels)
+    failed_reported = False
+    with RunProgress(labels, enabled=show_progress) as progress:
+        while True:
+            states = poll_states(session, run_dir)
+            now = time.monotonic()
+            for index, state in enumerate(states):
+                if state is None:
+                    progress.update(index, None, "unreachable")
+                    if now - last_seen[index] > lost_contact_seconds:
+                        raise DdpctlError(
+                            f"lost contact with node {index} ({labels[index]}) for {lost_contact_seconds:.0f} s; the "
+                            f"run goes on there: see `ddpctl status {run_dir.run_id}`, `ddpctl pull {run_dir.run_id}`")
+                    continue
+                last_seen[index] = now
+                record = state.progress if index == 0 else None
+                progress.update(index, record if index == 0 else None, state.label)
+            known = [s for s in states if s is not None]
+            failed = [(i, s) for i, s in enumerate(states) if s is not None and s.finished and s.exit_code != 0]
+            if failed and not failed_reported:
+                failed_reported = True
+                index, state = failed[0]
+                run_dir.event("node_failed", node=index, exit_code=state.exit_code)
+                console.print(f"node {index} ({labels[index]}) {state.label}; its log ends with:\n"
+                              + log_tail(session.conn(index), node_workspaces(run_dir)[index]))
+                stop_all(session, run_dir)
+            if len(known) == len(states) and all(s.finished for s in known):
+                break
+            time.sleep(POLL_SECONDS)
+    codes = [s.exit_code if s and s.exit_code is not None else 1 for s in states]
+    run_dir.event("finished", exit_codes=codes)
+    return next((c for c in codes if c != 0), 0)
+
+
+def stop_all(session: HostSession, run_dir: RunDir) -> None:
+    workspaces = node_workspaces(run_dir)
+    outcomes = run_on_hosts(list(range(len(workspaces))), lambda i: stop_node(session.conn(i), workspaces[i]),
+                            timeout=90, label=session.label_of)
+    run_dir.event("stopped", errors={o.label: str(o.error) for o in outcomes if o.error})
+
+
+def pull_run(session: HostSession, run_dir: RunDir) -> list[dict[str, Any]]:
+    """Pull every node's outputs into nodes/<k>/ (verified), then copy node 0's records to the top."""
+    workspaces = node_workspaces(run_dir)
+
+    def pull(index: int) -> dict[str, Any]:
+        stats = pull_tree(session.conn(index), workspaces[index], run_dir.path / "nodes" / str(index),
+                          exclude=("code",))
+        return asdict(stats)
+
+    outcomes = run_on_hosts(list(range(len(workspaces))), pull, timeout=1800, label=session.label_of)
+    for index, outcome in enumerate(outcomes):
+        run_dir.event("pulled", node=index, **(outcome.value if outcome.error is None else {"error": str(outcome.error)}))
+    node0 = run_dir.path / "nodes" / "0" / "out"
+    for name in TOP_LEVEL_FILES:
+        if (node0 / name).is_file():
+            tmp = run_dir.path / f".{name}.tmp"
+            shutil.copyfile(node0 / name, tmp)
+            os.replace(tmp, run_dir.path / name)
+    raise_for_errors(outcomes, "pull")
+    return [o.value for o in outcomes]
+
+
+def _read_summary(run_dir: RunDir) -> dict[str, Any] | None:
+    from launcher.local import read_json
+
+    return read_json(run_dir.path / "summary.json")
+
+
+def reattach(run_dir: RunDir, options: UpOptions) -> HostSession:
+    """Connections to a run's hosts from its run directory alone."""
+    record = run_dir.record()
+    targets = [target_from_json(t) for t in record.get("hosts", [])]
+    if not targets:
+        raise DdpctlError(f"run {run_dir.run_id} ran locally: it has no hosts to reach")
+    return HostSession(targets, options, settings=record.get("ssh", {}))
+
+
+__all__ = ["follow", "pull_run", "reattach", "remote_workspace", "run_remote_up", "stop_all", "write_json_atomic",
+           "read_jsonl"]

@@ -1,0 +1,145 @@
+"""The pure seams: RunSpec validation, torchrun's argv, and the plan (what each node runs)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher.errors import SpecError
+from launcher.hosts import parse_host
+from launcher.plan import NodeHost, plan_local, plan_remote
+from launcher.remote_node import STATE_SCRIPT, start_argv
+from launcher.spec import RunSpec, new_run_id
+from launcher.torchrun import NodeRole, torchrun_argv
+
+
+def test_torchrun_argv_multinode_node1() -> None:
+    spec = RunSpec(run_id="exp1", nnodes=2, nproc_per_node=2, max_restarts=1, epochs=2, lr=0.05, seed=7)
+    role = NodeRole(node_rank=1, out_dir="out", log_dir="logs", rdzv_addr="10.0.0.5", local_addr="10.0.0.6",
+                    snapshot_dir="out/snapshots")
+    assert torchrun_argv(spec, role) == [
+        "python3", "-m", "torch.distributed.run",
+        "--nnodes", "2", "--node-rank", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", "10.0.0.5:29400",
+        "--rdzv-id", "exp1", "--rdzv-conf", "is_host=0", "--local-addr", "10.0.0.6",
+        "--nproc-per-node", "2", "--max-restarts", "1", "--log-dir", "logs", "--redirects", "3",
+        "-m", "trainer", "--model", "mnist-cnn", "--dataset", "synthetic", "--epochs", "2", "--batch-size", "32",
+        "--lr", "0.05", "--save-every", "1", "--seed", "7", "--backend", "auto", "--out-dir", "out",
+        "--snapshot-dir", "out/snapshots",
+    ]  # fmt: skip
+
+
+def test_torchrun_argv_node0_hosts_store_and_ipv6_endpoint() -> None:
+    spec = RunSpec(run_id="exp1", nnodes=3)
+    argv = torchrun_argv(spec, NodeRole(node_rank=0, out_dir="o", log_dir="l", rdzv_addr="fd00::1"))
+    assert argv[argv.index("--rdzv-conf") + 1] == "is_host=1"
+    assert argv[argv.index("--rdzv-endpoint") + 1] == "[fd00::1]:29400"
+
+
+def test_torchrun_argv_standalone_and_user_command() -> None:
+    spec = RunSpec(run_id="r", nproc_per_node=4, user_command=("python", "my train.py", "--x", "$(id)"))
+    argv = torchrun_argv(spec, NodeRole(node_rank=0, out_dir="/o", log_dir="/o/logs"))
+    assert argv[3:6] == ["--standalone", "--nnodes", "1"]
+    assert argv[argv.index("--no-python") + 1:] == ["python", "my train.py", "--x", "$(id)"]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"epochs": 0}, "--epochs must be an integer >= 1"),
+    ({"batch_size": 0}, "--batch-size must be an integer >= 1"),
+    ({"model": "vgg"}, "unknown model 'vgg'"),
+    ({"dataset": "imagenet"}, "unknown data set 'imagenet'"),
+    ({"nproc_per_node": 0}, "--gpus must be an integer >= 1"),
+    ({"lr": 0.0}, "--lr must be positive"),
+    ({"backend": "mpi"}, "unknown backend"),
+    ({"run_id": "a/b"}, "is not a valid name"),
+    ({"run_id": ".."}, "is not a valid name"),
+])  # fmt: skip
+def test_spec_rejects_bad_values(kwargs: dict, message: str) -> None:
+    with pytest.raises(SpecError, match=message.replace("(", r"\(")):
+        RunSpec(**{"run_id": "ok", **kwargs})
+
+
+def test_spec_round_trips_through_json() -> None:
+    spec = RunSpec(run_id="r1", user_command=("a", "b"), trainer_args=("--x", "1"), extra_env=(("K", "v"),))
+    assert RunSpec.from_json(spec.to_json()) == spec
+
+
+def test_run_ids_are_safe_and_unique() -> None:
+    ids = {new_run_id(None, "mnist-cnn", "synthetic") for _ in range(20)}
+    assert len(ids) == 20
+    assert all(i.startswith("mnist-cnn-synthetic-") for i in ids)
+    with pytest.raises(SpecError):
+        new_run_id("bad name", "m", "d")
+
+
+@pytest.mark.parametrize("text, user, host, port", [
+    ("gpu2", None, "gpu2", None),
+    ("alice@10.0.0.5", "alice", "10.0.0.5", None),
+    ("root@1.2.3.4:22022", "root", "1.2.3.4", 22022),
+    ("bob@[fd00::2]:2222", "bob", "fd00::2", 2222),
+])  # fmt: skip
+def test_parse_host(text: str, user: str | None, host: str, port: int | None) -> None:
+    parsed = parse_host(text)
+    assert (parsed.user, parsed.hostname, parsed.port) == (user, host, port)
+
+
+@pytest.mark.parametrize("text", ["", "a b", "-oProxyCommand=x", "host:99999", "u@h;rm"])
+def test_parse_host_rejects(text: str) -> None:
+    with pytest.raises(SpecError):
+        parse_host(text)
+
+
+def test_plan_remote_gives_each_node_its_address_and_interface() -> None:
+    spec = RunSpec(run_id="r2", nnodes=2, nproc_per_node=2)
+    hosts = [NodeHost("a", "10.1.0.2", "eth0"), NodeHost("b", "10.1.0.3", "eth1")]
+    plan = plan_remote(spec, hosts)
+    node1 = plan.nodes[1]
+    assert node1.workspace == ".ddpctl/runs/r2"
+    assert dict(node1.env)["GLOO_SOCKET_IFNAME"] == "eth1"
+    assert dict(node1.env)["NCCL_SOCKET_IFNAME"] == "eth1"
+    assert "--local-addr" in node1.command and node1.command[node1.command.index("--local-addr") + 1] == "10.1.0.3"
+    assert node1.command[node1.command.index("--rdzv-endpoint") + 1] == "10.1.0.2:29400"
+    assert "node 1 [b, native]" in plan.describe()
+
+
+def test_plan_local_writes_into_the_run_directory() -> None:
+    plan = plan_local(RunSpec(run_id="r3"), "/runs/r3", cwd="/home/me")
+    node = plan.nodes[0]
+    assert node.cwd == "/home/me"
+    assert node.command[node.command.index("--out-dir") + 1] == "/runs/r3"
+    assert node.command[node.command.index("--log-dir") + 1] == "/runs/r3/logs"
+
+
+def test_detach_script_passes_hostile_arguments_intact(tmp_path: Path) -> None:
+    """The start command, quoted once and run by a shell as sshd would, runs exactly our argv."""
+    home = tmp_path
+    (home / "ws" / "code").mkdir(parents=True)
+    marker = tmp_path / "pwned"
+    hostile = f"x'; touch {marker}; echo \"$(touch {marker})\" `touch {marker}`"
+    probe = "import json,os,sys; print(json.dumps([sys.argv[1:], os.environ['K'], os.getcwd()]))"
+    plan = plan_remote(RunSpec(run_id="r4", nnodes=1, extra_env=(("K", hostile),)), [NodeHost("h", "127.0.0.1")])
+    node = plan.nodes[0]
+    node = type(node)(node.index, node.host, node.runtime, "ws", (sys.executable, "-c", probe, hostile, "a b"),
+                      node.env, "ws")
+    env = {**os.environ, "HOME": str(home)}
+    started = subprocess.run(["sh", "-c", shlex.join(start_argv(node))], cwd=home, env=env, capture_output=True,
+                             text=True, check=True)
+    assert started.stdout.strip().isdigit()
+    for _ in range(100):
+        if (home / "ws" / "exit_code").exists():
+            break
+        time.sleep(0.05)
+    assert (home / "ws" / "exit_code").read_text().strip() == "0"
+    import json
+
+    argv, k, cwd = json.loads((home / "ws" / "torchrun.out").read_text())
+    assert argv == [hostile, "a b"] and k == hostile and cwd == str(home / "ws")
+    assert not marker.exists()
+    state = subprocess.run(["sh", "-c", shlex.join(["sh", "-c", STATE_SCRIPT, "s", "ws"])], cwd=home, env=env,
+                           capture_output=True, text=True).stdout
+    assert state.splitlines()[0].split("|")[:2] == [started.stdout.strip(), "0"]
