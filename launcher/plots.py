@@ -86,19 +86,22 @@ def plot_curves(runs: list[RunFigures], path: Path) -> Path:
     fig, (ax_loss, ax_acc) = _figure(2)
     for run in sorted(runs, key=lambda r: (r.world_size, r.nnodes)):
         epochs = [r["epoch"] for r in run.records]
-        label = f"world {run.world_size} ({run.nnodes} node{'s' if run.nnodes > 1 else ''})"
-        line = ax_loss.plot(epochs, [r.get("train_loss") for r in run.records], "o-", label=f"{label} train")
+        label = f"world size {run.world_size} ({run.nnodes} node{'s' if run.nnodes > 1 else ''})"
+        line = ax_loss.plot(epochs, [r.get("train_loss") for r in run.records], "o-", label=label)
         color = line[0].get_color()
-        ax_loss.plot(epochs, [r.get("val_loss") for r in run.records], "s--", color=color, label=f"{label} val")
-        ax_acc.plot(epochs, [100 * (r.get("val_acc") or 0.0) for r in run.records], "s--", color=color,
-                    label=f"{label} val")
+        ax_loss.plot(epochs, [r.get("val_loss") for r in run.records], "s--", color=color)
         ax_acc.plot(epochs, [100 * (r.get("train_acc") or 0.0) for r in run.records], "o-", color=color,
-                    label=f"{label} train")
-    ax_loss.set_title("Loss per epoch")
+                    label=label)
+        ax_acc.plot(epochs, [100 * (r.get("val_acc") or 0.0) for r in run.records], "s--", color=color)
+    from matplotlib.ticker import MaxNLocator
+
+    for ax in (ax_loss, ax_acc):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax_loss.set_title("Loss (solid: train, dashed: validation)", fontsize="medium")
     ax_loss.set_xlabel("epoch")
     ax_loss.set_ylabel("loss (cross-entropy)")
     ax_loss.legend(fontsize="small")
-    ax_acc.set_title("Accuracy per epoch")
+    ax_acc.set_title("Accuracy (solid: train, dashed: validation)", fontsize="medium")
     ax_acc.set_xlabel("epoch")
     ax_acc.set_ylabel("accuracy (%)")
     ax_acc.legend(fontsize="small")

@@ -280,7 +280,7 @@ def _reference_section(rows: list[Row], ref: ReferenceFigures) -> list[str]:
     ours = _by_world_size(rows)
     base = rows[0]
     lines = ["## Beside the reference", "",
-             f"reference: {ref.source} ({ref.hardware}). Columns marked (reference) are the write-up's own "
+             f"reference: {ref.source}, on {ref.hardware}. Columns marked (reference) are the write-up's own "
              "figures on its hardware; the others are this report's runs.", ""]
     header = ["world size", "steps/epoch", "steps/epoch (reference)", "time vs smallest",
               "time vs smallest (reference)", "train acc", "train acc (reference)", "val acc",
