@@ -1,0 +1,1 @@
+"""Renting machines on Vast.ai: API client, API key, offers, provisioning and teardown."""
