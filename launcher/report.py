@@ -221,15 +221,29 @@ def row_cells(row: Row) -> list[str]:
     ]
 
 
+# Short two-line headers so the table fits an 80-column terminal; same order as COLUMNS.
+_TERMINAL_HEADERS = ("layout", "world\nsize", "global\nbatch", "lr", "steps\n/epoch", "epoch s\nmedian",
+                     "train\ns", "speed-\nup", "effi-\nciency", "samples\n/s", "train\nacc", "val\nacc", "cost\nUSD")
+
+
 def render_terminal(rows: list[Row]) -> Any:
-    """A rich Table of the rows (rich is imported here so that plain imports of this module stay light)."""
+    """A rich Table of the rows; lr and cost are left out when they say nothing (one lr, nothing rented)."""
     from rich.table import Table
 
-    table = Table(title=f"Scaling: {_what_ran(rows)}")
-    for column in COLUMNS:
-        table.add_column(column, justify="left" if column == "layout" else "right")
-    for row in rows:
-        table.add_row(*row_cells(row))
+    cells = [row_cells(row) for row in rows]
+    drop = set()
+    lrs = {c[3] for c in cells}
+    if len(lrs) == 1:
+        drop.add(3)
+    if all(c[12] == "-" for c in cells):
+        drop.add(12)
+    title = f"Scaling: {_what_ran(rows)}" + (f", lr {lrs.pop()}" if 3 in drop else "")
+    table = Table(title=title, box=None, padding=(0, 0, 0, 1), pad_edge=False, header_style="bold")
+    keep = [i for i in range(len(COLUMNS)) if i not in drop]
+    for i in keep:
+        table.add_column(_TERMINAL_HEADERS[i], justify="left" if i == 0 else "right", no_wrap=True)
+    for line in cells:
+        table.add_row(*(line[i] for i in keep))
     return table
 
 

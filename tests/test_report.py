@@ -4,6 +4,7 @@ expected figure computed in the test from the records it wrote."""
 from __future__ import annotations
 
 import json
+import math
 import random
 import time
 from pathlib import Path
@@ -25,7 +26,7 @@ from launcher.report_commands import register
 def timing_records(world_size: int, epochs: int, *, rng: random.Random, train_size: int = 640,
                    batch: int = 32) -> list[dict[str, Any]]:
     """Plausible per-epoch records of one run: times fall with the world size, accuracy rises per epoch."""
-    steps = -(-(-(-train_size // world_size)) // batch)
+    steps = math.ceil(math.ceil(train_size / world_size) / batch)
     records = []
     for epoch in range(1, epochs + 1):
         seconds = rng.uniform(8.0, 12.0) / world_size
