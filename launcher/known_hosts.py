@@ -8,9 +8,9 @@ A host is looked up under the name OpenSSH uses: `host` for port 22, `[host]:por
 from __future__ import annotations
 
 import base64
-import fnmatch
 import hashlib
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,8 +100,13 @@ def _names_match(patterns: list[str], name: str) -> bool:
         if pattern.startswith("|1|"):
             hit = paramiko.HostKeys.hash_host(name, pattern) == pattern
         else:
-            hit = fnmatch.fnmatchcase(name, pattern)
+            hit = _wildcard(pattern).fullmatch(name) is not None
         if hit and negated:
             return False
         matched = matched or hit
     return matched
+
+
+def _wildcard(pattern: str) -> re.Pattern[str]:
+    """OpenSSH host patterns: only '*' and '?' are special ('[host]:port' brackets are literal)."""
+    return re.compile("".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern))

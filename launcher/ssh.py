@@ -16,7 +16,7 @@ import socket
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -246,8 +246,10 @@ class Connection:
             hops = t.proxy_jump.split(",")
             spec = parse_host(hops[-1])
             jump_target = resolve_target(spec, self.ssh_config)
-            if len(hops) > 1:
-                jump_target = SSHTarget(**{**jump_target.__dict__, "proxy_jump": ",".join(hops[:-1])})
+            # The user's keys (--identity-file, the target's IdentityFile) also serve the jump host.
+            jump_target = replace(
+                jump_target, proxy_jump=",".join(hops[:-1]) or None,
+                identity_files=tuple(dict.fromkeys(jump_target.identity_files + t.identity_files)))
             self._jump = Connection(jump_target, known_hosts=self.known_hosts,
                                     accept_new_host_keys=self.accept_new_host_keys,
                                     connect_timeout=self.connect_timeout, allow_agent=self.allow_agent,

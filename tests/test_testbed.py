@@ -1,0 +1,140 @@
+"""The test bed itself: hosts are separate SSH hosts that reach each other, and stop() leaves nothing behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from infra import testbed as tb
+from tests.testbed_fixtures import TESTBED_PREFIX, connect, needs_testbed
+
+pytestmark = [needs_testbed, pytest.mark.testbed]
+
+
+def leftovers(state: tb.BedState) -> list[str]:
+    """Everything of a bed still present on the machine (empty when it was cleaned up)."""
+    found = []
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    rules = subprocess.run(["iptables", "-w", "-S"], capture_output=True, text=True).stdout
+    if f" {state.bridge}:" in links or f" {state.bridge}@" in links:
+        found.append(f"bridge {state.bridge}")
+    if f"-i {state.bridge} " in rules:
+        found.append("iptables rule")
+    for host in state.hosts:
+        if host["netns"] in netns.split():
+            found.append(f"netns {host['netns']}")
+        if f" {host['veth']}@" in links:
+            found.append(f"veth {host['veth']}")
+        if subprocess.run(["id", host["user"]], capture_output=True).returncode == 0:
+            found.append(f"user {host['user']}")
+        if Path(host["home"]).exists():
+            found.append(f"home {host['home']}")
+        pid = tb._read_pid(Path(host["dir"], "sshd.pid"))
+        if pid and tb._state_of(pid) not in (None, "Z"):
+            found.append(f"sshd {pid}")
+    return found
+
+
+def test_hosts_are_separate_ssh_hosts_that_reach_each_other(testbed):
+    h0, h1 = testbed.hosts
+    assert (h0.port, h1.port) == (22, 2222)
+    assert h0.spec == f"{h0.user}@{h0.address}:22"
+    assert len({h0.user, h1.user}) == 2 and len({h0.home, h1.home}) == 2 and len({h0.netns, h1.netns}) == 2
+    assert testbed.known_hosts_path.read_text().splitlines() == [h0.known_hosts_line(), h1.known_hosts_line()]
+    assert h1.known_hosts_line().startswith(f"[{h1.address}]:2222 ssh-ed25519 ")
+    # Host 1 reaches host 0's sshd over the bridge, as its own user.
+    probe = ("import socket,sys; s=socket.create_connection((sys.argv[1], int(sys.argv[2])), 5); "
+             "print(s.recv(7).decode())")
+    out = h1.run_as_user(["python3", "-c", probe, h0.address, str(h0.port)]).stdout.decode()
+    assert out.strip() == "SSH-2.0"
+    assert h1.run_as_user(["id", "-un"]).stdout.decode().strip() == h1.user
+    # Each namespace has loopback and its own interface with its own address.
+    addrs = subprocess.run([*h0.nsenter(), "ip", "-o", "-4", "addr"], capture_output=True, text=True).stdout
+    assert f"{h0.iface}    inet {h0.address}/24" in addrs and "lo    inet 127.0.0.1/8" in addrs
+
+
+def test_ssh_environment_reaches_sessions(testbed):
+    host = testbed.hosts[0]
+    host.set_ssh_environment({"DDPCTL_TESTBED_VAR": "value with spaces"})
+    try:
+        with connect(testbed, host) as conn:
+            out = conn.run(["sh", "-c", 'printf %s "$DDPCTL_TESTBED_VAR"']).stdout
+        assert out == "value with spaces"
+    finally:
+        host.set_ssh_environment({})
+
+
+def test_add_and_remove_host(testbed):
+    host = testbed.add_host(port=2200)
+    try:
+        assert host.known_hosts_line() in testbed.known_hosts_path.read_text()
+        with connect(testbed, host) as conn:
+            assert conn.run(["pwd"]).stdout.strip() == host.home
+    finally:
+        testbed.remove_host(host)
+    assert host.name not in [h.name for h in testbed.hosts]
+    assert host.known_hosts_line() not in testbed.known_hosts_path.read_text()
+    state = tb.BedState(**{**testbed.state.__dict__, "hosts": [host.__dict__], "iptables_rule": None,
+                           "bridge": "ddpnosuchbr"})
+    assert leftovers(state) == []
+
+
+def test_stop_removes_everything_even_with_user_processes():
+    bed = tb.Testbed(TESTBED_PREFIX, n_hosts=1)
+    state = bed.state
+    host = bed.hosts[0]
+    # A process of the test user, detached into its own session, as a launched job would be.
+    subprocess.Popen([*host.nsenter(), "setpriv", f"--reuid={host.user}", f"--regid={host.user}",
+                      "--init-groups", "setsid", "sleep", "300"], start_new_session=True)
+    assert leftovers(state) != []
+    bed.stop()
+    bed.stop()  # twice is harmless
+    assert leftovers(state) == []
+    assert not bed.dir.exists()
+
+
+def test_cleanup_stale_removes_beds_of_dead_owners(tmp_path):
+    code = ("from infra.testbed import Testbed; import sys, time; "
+            f"b = Testbed({TESTBED_PREFIX!r}, n_hosts=1); print(b.dir, flush=True); time.sleep(300)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                            cwd=Path(__file__).parent.parent)
+    try:
+        assert proc.stdout is not None
+        bed_dir = Path(proc.stdout.readline().strip())
+        state = tb.load_state(bed_dir)
+        assert state is not None and tb.owner_alive(state)
+        assert state.idx not in tb.cleanup_stale(TESTBED_PREFIX)  # a live owner's bed is kept
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert leftovers(state) != []
+    assert state.idx in tb.cleanup_stale(TESTBED_PREFIX)
+    assert leftovers(state) == [] and not bed_dir.exists()
+
+
+def test_command_line_start_list_stop():
+    def cli(*args: str) -> str:
+        proc = subprocess.run([sys.executable, "-m", "infra.testbed", *args], capture_output=True, text=True,
+                              cwd=Path(__file__).parent.parent, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    out = cli("start", "--hosts", "1", "--ports", "2022")
+    idx = int(out.split()[2])
+    state = tb.load_state(tb.STATE_ROOT / f"bed-{idx}")
+    assert state is not None and state.owner_pid is None
+    try:
+        assert f"{state.hosts[0]['address']}:2022" in out and "known_hosts:" in out
+        assert f"bed {idx} [{TESTBED_PREFIX}] by hand" in cli("list")
+        assert idx not in tb.cleanup_stale(TESTBED_PREFIX)  # a bed started by hand lives until `stop`
+    finally:
+        stopped = cli("stop", "--bed", str(idx))
+    assert str(idx) in stopped
+    assert leftovers(state) == []
+    assert not os.path.exists(tb.STATE_ROOT / f"bed-{idx}")

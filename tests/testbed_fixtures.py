@@ -1,0 +1,64 @@
+"""pytest fixtures for tests on the real multi-host test bed (network namespaces + sshd; needs root).
+
+Other test modules use them through tests/conftest.py (`testbed`), and `connect()` to reach a host:
+
+    @needs_testbed
+    def test_x(testbed):
+        with connect(testbed, testbed.hosts[0]) as conn:
+            assert conn.run(["true"]).ok
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.testbed import SSHD, Testbed, TestHost, cleanup_stale
+from launcher.hosts import parse_host
+from launcher.known_hosts import KnownHosts
+from launcher.ssh import Connection, resolve_target
+
+TESTBED_PREFIX = "ddptb"
+
+_missing = [tool for tool in ("ip", "iptables", "nsenter", "setpriv", "useradd", "ssh-keygen")
+            if shutil.which(tool) is None]
+needs_testbed = pytest.mark.skipif(
+    os.geteuid() != 0 or not os.path.exists(SSHD) or bool(_missing),
+    reason=f"the test bed needs root, {SSHD} and {', '.join(_missing) or 'iproute2/iptables'} "
+           "(infra/setup.sh --test installs them)",
+)
+
+
+def bed_known_hosts(bed: Testbed) -> KnownHosts:
+    """Trust exactly the bed's hosts (their keys in the bed's file); the user's ~/.ssh/known_hosts is not read."""
+    return KnownHosts(ddpctl_file=bed.known_hosts_path, system_file=Path("/nonexistent/known_hosts"))
+
+
+def connect(bed: Testbed, host: TestHost, *, known_hosts: KnownHosts | None = None, **kwargs: Any) -> Connection:
+    """A Connection to `host` as its login user with the bed's client key (no agent, no ~/.ssh/config)."""
+    target = resolve_target(parse_host(host.spec), ssh_config=Path("/nonexistent/ssh_config"),
+                            identity_file=Path(bed.client_key_path))
+    kwargs.setdefault("connect_timeout", 10)
+    return Connection(target, known_hosts=known_hosts or bed_known_hosts(bed), allow_agent=False, **kwargs)
+
+
+def _start_bed(n_hosts: int, ports: list[int]) -> Testbed:
+    cleanup_stale(TESTBED_PREFIX)  # beds left by killed test runs (their owner process is gone)
+    return Testbed(TESTBED_PREFIX, n_hosts=n_hosts, ports=ports)
+
+
+@pytest.fixture(scope="module")
+def testbed() -> Iterator[Testbed]:
+    """Two hosts (ports 22 and 2222), shared by the tests of one module; removed at the module's end."""
+    if os.geteuid() != 0:
+        pytest.skip("the test bed needs root")
+    bed = _start_bed(2, [22, 2222])
+    try:
+        yield bed
+    finally:
+        bed.stop()
