@@ -1,6 +1,9 @@
 """A stand-in of the Vast.ai API for tests: a real HTTP server following the official contract (paths,
 methods, request schemas, status codes, documented error bodies), whose instances are hosts made by an
-injected factory (real test-bed SSH hosts, or BannerHosts for client-level tests). Not shipped."""
+injected factory (real test-bed SSH hosts, or BannerHosts for client-level tests). Not shipped.
+
+One addition to the documented show-instance object: `ssh_user`, the host's login user (Vast's is always
+root and it sends no such field; test-bed hosts each have their own user)."""
 
 from __future__ import annotations
 
@@ -95,6 +98,7 @@ class Instance:
     created: float
     host: Any = None
     address: tuple[str, int] = ("", 0)  # the host's SSH address, kept after the host is removed
+    user: str = "root"
     destroyed_at: float | None = None
     keys: list[str] = field(default_factory=list)
 
@@ -127,7 +131,7 @@ class VastStandIn:
         handler = type("Handler", (_Handler,), {"standin": self})
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -227,6 +231,7 @@ class VastStandIn:
         self.instances[iid] = inst
         inst.host = self.host_factory(iid)
         inst.address = (inst.host.address, int(inst.host.port))
+        inst.user = inst.host.user
         for key in self.account_keys:
             self._add_key(inst, key)
         return 200, example("create_instance.put.200", new_contract=iid)
@@ -340,7 +345,7 @@ class VastStandIn:
             dph_base=inst.offer["dph_base"], storage_cost=inst.offer["storage_cost"],
             storage_total_cost=inst.offer["storage_cost"] * disk / 720,
             dph_total=inst.offer["dph_base"] + inst.offer["storage_cost"] * disk / 720,
-            start_date=time.time() - age, uptime_mins=age / 60,
+            start_date=time.time() - age, uptime_mins=age / 60, ssh_user=inst.user,
         )
         return obj
 

@@ -31,6 +31,23 @@ URL_ENV = "DDPCTL_VAST_URL"
 _RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 
 
+class _Secret:
+    """Holds the key so that repr(), str(), vars() and tracebacks with locals show only `***`."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "_Secret(***)"
+
+    __str__ = __repr__
+
+
 class VastClient:
     """Calls the Vast.ai API with retries (exponential backoff with jitter, bounded in count and time).
 
@@ -54,7 +71,7 @@ class VastClient:
         if not api_key or any(c.isspace() for c in api_key):
             raise VastAuthError("the Vast.ai API key is empty or contains whitespace; set it again with "
                                 "`ddpctl vast login`")
-        self.__key = api_key  # name-mangled: not found by a casual getattr, and never in repr
+        self._key = _Secret(api_key)
         self.base_url = (base_url or os.environ.get(URL_ENV) or DEFAULT_URL).rstrip("/")
         self.timeout = timeout
         self.max_retries = max_retries
@@ -165,7 +182,7 @@ class VastClient:
             try:
                 resp = self._session.request(
                     method, self.base_url + path, json=json, params=params, timeout=self.timeout,
-                    headers={"Authorization": f"Bearer {self.__key}", "Accept": "application/json"},
+                    headers={"Authorization": f"Bearer {self._key.reveal()}", "Accept": "application/json"},
                 )
             except requests.RequestException as exc:
                 surely_unsent = isinstance(exc, requests.ConnectTimeout) or (
@@ -234,4 +251,4 @@ class VastClient:
     def _clean(self, text: Any) -> str:
         """A server message made safe to show: one line, bounded, and never echoing the key."""
         out = " ".join(str(text or "").split())[:300]
-        return out.replace(self.__key, "***") if self.__key else out
+        return out.replace(self._key.reveal(), "***")

@@ -86,6 +86,7 @@ class InstanceState:
     ssh_address: tuple[str, int] | None
     dph_total: float
     start_date: float | None
+    ssh_user: str = "root"
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> InstanceState:
@@ -101,6 +102,8 @@ class InstanceState:
             ssh_address=_ssh_address(obj, public_ip),
             dph_total=_num(obj.get("dph_total")),
             start_date=_num(obj["start_date"]) if obj.get("start_date") is not None else None,
+            # Vast logs in as root and reports no user; the test stand-in's hosts have their own users
+            ssh_user=str(obj.get("ssh_user") or "root"),
         )
 
     @property

@@ -69,7 +69,7 @@ def provision(
 ) -> list[RentedInstance]:
     """Rent `nodes` instances from `offers` (tried cheapest first, see offers.choose_offers) running `image`.
 
-    Returns them in node order once each runs and answers SSH as root. An instance that fails or is not
+    Returns them in node order once each runs and answers SSH (as root on Vast). An instance that fails or is not
     ready within `ready_timeout` seconds is destroyed and the next offer tried (never the same machine
     again). `label` must be unique to this call (e.g. the run id): it tags the instances. On any failure or
     interrupt every instance this call created is destroyed (verified) before the exception propagates.
@@ -180,7 +180,7 @@ class _Starter:
                 dph = state.dph_total or slot.offer.hourly_price(self.disk)
                 self.emit({"event": "vast.instance_ready", "node": slot.node, "instance_id": slot.instance_id,
                            "ssh_host": host, "ssh_port": port})
-                return RentedInstance(slot.instance_id, slot.offer, host, port, "root", state.public_ipaddr,
+                return RentedInstance(slot.instance_id, slot.offer, host, port, state.ssh_user, state.public_ipaddr,
                                       dph, slot.created_at)
         if self.clock() - slot.created_at > ready_timeout:
             return f"not running and answering SSH after {ready_timeout:.0f}s (status {state.actual_status})"
