@@ -27,11 +27,10 @@ TESTBED_PREFIX = "ddptb"
 
 _missing = [tool for tool in ("ip", "iptables", "nsenter", "setpriv", "useradd", "ssh-keygen")
             if shutil.which(tool) is None]
-needs_testbed = pytest.mark.skipif(
-    os.geteuid() != 0 or not os.path.exists(SSHD) or bool(_missing),
-    reason=f"the test bed needs root, {SSHD} and {', '.join(_missing) or 'iproute2/iptables'} "
-           "(infra/setup.sh --test installs them)",
-)
+TESTBED_UNAVAILABLE = os.geteuid() != 0 or not os.path.exists(SSHD) or bool(_missing)
+TESTBED_SKIP_REASON = (f"the test bed needs root, {SSHD} and {', '.join(_missing) or 'iproute2/iptables'} "
+                       "(infra/setup.sh --test installs them)")
+needs_testbed = pytest.mark.skipif(TESTBED_UNAVAILABLE, reason=TESTBED_SKIP_REASON)
 
 
 def bed_known_hosts(bed: Testbed) -> KnownHosts:
@@ -55,8 +54,8 @@ def _start_bed(n_hosts: int, ports: list[int]) -> Testbed:
 @pytest.fixture(scope="module")
 def testbed() -> Iterator[Testbed]:
     """Two hosts (ports 22 and 2222), shared by the tests of one module; removed at the module's end."""
-    if os.geteuid() != 0:
-        pytest.skip("the test bed needs root")
+    if TESTBED_UNAVAILABLE:
+        pytest.skip(TESTBED_SKIP_REASON)
     bed = _start_bed(2, [22, 2222])
     try:
         yield bed

@@ -1,0 +1,223 @@
+"""launcher.ssh and launcher.parallel against real sshd hosts of the test bed."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher.errors import DdpctlError, HostError
+from launcher.hosts import parse_host
+from launcher.known_hosts import KnownHosts, host_key_name
+from launcher.parallel import HostTimeoutError, raise_for_errors, run_on_hosts
+from launcher.ssh import Connection, command_line, resolve_target
+from tests.testbed_fixtures import bed_known_hosts, connect
+
+pytestmark = pytest.mark.testbed  # the `testbed` fixture skips where no bed can run
+
+ECHO_ARGV = "import json, sys; print(json.dumps(sys.argv[1:]))"
+NASTY = ["it's", 'say "hi"', "a b  c", "x; touch pwned1", "$(touch pwned2)", "`touch pwned3`", "line1\nline2",
+         "*", "~", "$HOME", "-n", "", "é ü 日本", "back\\slash", "&& touch pwned4 ||", "| cat"]
+
+
+def test_arguments_arrive_intact_and_nothing_else_runs(testbed):
+    host = testbed.hosts[0]
+    with connect(testbed, host) as conn:
+        result = conn.run(["python3", "-c", ECHO_ARGV, *NASTY], timeout=30)
+        assert result.ok, result.stderr
+        assert json.loads(result.stdout) == NASTY
+        assert conn.run(["ls", "-a"]).stdout.split().count("pwned1") == 0
+    assert not [p for p in Path(host.home).iterdir() if p.name.startswith("pwned")]
+
+
+def test_run_exit_code_stderr_stdin_env_cwd_and_timeout(testbed):
+    with connect(testbed, testbed.hosts[1]) as conn:
+        result = conn.run(["sh", "-c", "cat; echo err >&2; exit 3"], stdin=b"from stdin")
+        assert (result.exit_code, result.stdout, result.stderr) == (3, "from stdin", "err\n")
+        assert conn.run(["cat"]).stdout == ""  # no stdin: EOF at once, no hang
+        out = conn.run(["sh", "-c", 'echo "$A|$B|$(pwd)"'], env={"A": "x y", "B": "$(no)"}, cwd="/tmp").stdout
+        assert out == "x y|$(no)|/tmp\n"
+        with pytest.raises(DdpctlError, match="not valid"):
+            conn.run(["true"], env={"A;B": "1"})
+        with pytest.raises(HostError, match="check failed .exit 1.: boom"):
+            conn.check(["sh", "-c", "echo boom >&2; exit 1"], "the check")
+        t0 = time.monotonic()
+        with pytest.raises(HostError, match=r"did not finish within 0\.5 s"):
+            conn.run(["sleep", "20"], timeout=0.5)
+        assert time.monotonic() - t0 < 5
+        assert conn.run(["echo", "still usable"]).stdout == "still usable\n"
+
+
+def test_streaming_channel_and_sftp(testbed):
+    with connect(testbed, testbed.hosts[0]) as conn:
+        chan = conn.open_channel_command(["sh", "-c", "wc -c > streamed.count"])
+        for _ in range(10):
+            chan.sendall(b"x" * 100_000)
+        chan.shutdown_write()
+        assert chan.recv_exit_status() == 0
+        with conn.sftp.open("streamed.count") as f:
+            assert f.read().strip() == b"1000000"
+        assert conn.sftp is conn.sftp  # memoized
+
+
+def test_command_line_is_quoted_once():
+    assert command_line(["echo", "a b"]) == "exec echo 'a b'"
+    assert command_line(["ls"], env={"K": "v w"}, cwd="my dir") == "cd 'my dir' && exec env 'K=v w' ls"
+
+
+def test_unknown_host_refused_then_trusted_with_flag(testbed, tmp_path):
+    host = testbed.hosts[1]  # port 2222: recorded as [address]:2222
+    own = KnownHosts(ddpctl_file=tmp_path / "ddpctl" / "known_hosts", system_file=tmp_path / "none")
+    with pytest.raises(HostError) as refused, connect(testbed, host, known_hosts=own) as conn:
+        conn.run(["true"])
+    message = str(refused.value)
+    assert host.spec in message and "ssh-ed25519" in message and host.host_key_fingerprint in message
+    assert "--accept-new-host-keys" in message
+    assert not own.ddpctl_file.exists()
+    with connect(testbed, host, known_hosts=own, accept_new_host_keys=True) as conn:
+        assert conn.run(["true"]).ok
+    assert own.ddpctl_file.read_text() == host.known_hosts_line() + "\n"
+    assert (own.ddpctl_file.stat().st_mode & 0o777) == 0o600
+    with connect(testbed, host, known_hosts=own) as conn:  # trusted now, without the flag
+        assert conn.run(["true"]).ok
+
+
+def test_hashed_system_known_hosts_entry_is_honoured(testbed, tmp_path):
+    host = testbed.hosts[1]
+    system = tmp_path / "known_hosts"
+    shutil.copy(testbed.known_hosts_path, system)
+    subprocess.run(["ssh-keygen", "-H", "-f", str(system)], check=True, capture_output=True)
+    assert host_key_name(host.address, host.port) not in system.read_text()
+    known = KnownHosts(ddpctl_file=tmp_path / "own", system_file=system)
+    with connect(testbed, host, known_hosts=known) as conn:
+        assert conn.run(["true"]).ok
+
+
+def test_changed_host_key_always_refused(testbed, tmp_path):
+    host = testbed.hosts[0]
+    old = tmp_path / "known_hosts"
+    old.write_text("# a comment\n" + testbed.known_hosts_path.read_text())
+    known = KnownHosts(ddpctl_file=old, system_file=tmp_path / "none")
+    host.regenerate_host_key()
+    try:
+        for accept in (False, True):
+            with pytest.raises(HostError) as refused, connect(testbed, host, known_hosts=known,
+                                                              accept_new_host_keys=accept) as conn:
+                conn.run(["true"])
+            assert "HOST KEY CHANGED" in str(refused.value) and f"{old}:2" in str(refused.value)
+            assert host.host_key_fingerprint in str(refused.value)
+    finally:
+        testbed.write_known_hosts()
+    with connect(testbed, host) as conn:
+        assert conn.run(["true"]).ok
+
+
+def test_unreachable_host_named_within_timeout(testbed):
+    host = testbed.hosts[1]
+    host.link_down()
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(HostError) as unreachable, connect(testbed, host, connect_timeout=2) as conn:
+            conn.run(["true"])
+        assert time.monotonic() - t0 < 6
+        assert str(unreachable.value).startswith(f"{host.spec}: host unreachable")
+        assert f"{host.address}:{host.port}" in str(unreachable.value)
+    finally:
+        host.link_up()
+
+
+def test_wrong_key_names_the_key_tried(testbed, tmp_path):
+    key = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    host = testbed.hosts[0]
+    target = resolve_target(parse_host(host.spec), ssh_config=tmp_path / "none", identity_file=key)
+    with pytest.raises(HostError) as failed, Connection(target, known_hosts=bed_known_hosts(testbed),
+                                                        allow_agent=False, connect_timeout=10) as conn:
+        conn.run(["true"])
+    assert f"authentication as {host.user!r}" in str(failed.value) and str(key) in str(failed.value)
+    missing = resolve_target(parse_host(host.spec), ssh_config=tmp_path / "none", identity_file=tmp_path / "nope")
+    with pytest.raises(HostError, match="nope .not found."), Connection(
+            missing, known_hosts=bed_known_hosts(testbed), allow_agent=False) as conn:
+        conn.run(["true"])
+
+
+def test_ssh_config_alias_and_proxy_jump(testbed, tmp_path):
+    h0, h1 = testbed.hosts
+    config = tmp_path / "ssh_config"
+    config.write_text(f"""Host node1
+    HostName {h1.address}
+    User {h1.user}
+    Port {h1.port}
+    IdentityFile {testbed.client_key_path}
+
+Host via0
+    HostName {h1.address}
+    User {h1.user}
+    Port {h1.port}
+    ProxyJump {h0.user}@{h0.address}:{h0.port}
+    IdentityFile {testbed.client_key_path}
+""")
+    target = resolve_target(parse_host("node1"), ssh_config=config)
+    assert (target.label, target.hostname, target.user, target.port) == ("node1", h1.address, h1.user, 2222)
+    assert target.identity_files == (testbed.client_key_path,)
+    with Connection(target, known_hosts=bed_known_hosts(testbed), allow_agent=False) as conn:
+        assert conn.run(["id", "-un"]).stdout.strip() == h1.user
+    # Explicit user/port in the host text win over the config.
+    assert resolve_target(parse_host("other@node1:23"), ssh_config=config).port == 23
+    jumped = resolve_target(parse_host("via0"), ssh_config=config)
+    assert jumped.proxy_jump == f"{h0.user}@{h0.address}:{h0.port}"
+    with Connection(jumped, known_hosts=bed_known_hosts(testbed), allow_agent=False, ssh_config=config) as conn:
+        client = conn.run(["sh", "-c", "echo $SSH_CLIENT"]).stdout.split()[0]
+    assert client == h0.address  # the session came through host 0
+
+
+def test_fan_out_over_hosts_preserves_order_and_names_failures(testbed):
+    hosts = testbed.hosts
+
+    def whoami(host):
+        with connect(testbed, host) as conn:
+            return conn.check(["id", "-un"], "whoami").stdout.strip()
+
+    outcomes = run_on_hosts(hosts, whoami, timeout=30, label=lambda h: h.spec)
+    assert [o.value for o in outcomes] == [h.user for h in hosts]
+    assert raise_for_errors(outcomes, "whoami") == [h.user for h in hosts]
+
+    def fail_on_second(host):
+        with connect(testbed, host) as conn:
+            return conn.check(["sh", "-c", f"test {host.index} = 0 || {{ echo no way >&2; exit 2; }}"], "probe")
+
+    outcomes = run_on_hosts(hosts, fail_on_second, timeout=30, label=lambda h: h.spec)
+    assert outcomes[0].ok and not outcomes[1].ok
+    with pytest.raises(DdpctlError) as failed:
+        raise_for_errors(outcomes, "probe")
+    assert str(failed.value).splitlines() == ["probe failed on 1 of 2 host(s):",
+                                              f"  {hosts[1].spec}: probe failed (exit 2): no way"]
+
+
+def test_stuck_host_times_out_without_blocking():
+    release = threading.Event()
+
+    def work(item: str) -> str:
+        if item == "stuck":
+            release.wait(60)  # a host that never answers
+        if item == "bad":
+            raise ValueError("broken\nacross lines")
+        return item.upper()
+
+    t0 = time.monotonic()
+    outcomes = run_on_hosts(["a", "stuck", "bad", "b"], work, timeout=0.5, max_workers=3)
+    assert time.monotonic() - t0 < 3
+    release.set()
+    assert [o.label for o in outcomes] == ["a", "stuck", "bad", "b"]
+    assert outcomes[0].value == "A" and outcomes[3].value == "B"
+    assert isinstance(outcomes[1].error, HostTimeoutError) and isinstance(outcomes[1].error, TimeoutError)
+    with pytest.raises(DdpctlError) as failed:
+        raise_for_errors(outcomes, "probe")
+    assert str(failed.value).splitlines() == ["probe failed on 2 of 4 host(s):",
+                                              "  stuck: did not finish within 0.5 s",
+                                              "  bad: broken across lines"]
