@@ -50,7 +50,7 @@ def test_every_endpoint_round_trip(standin):
     with pytest.raises(VastNotFound):
         c.destroy_instance(iid)
     methods = [(r["method"], r["path"]) for r in standin.requests]
-    assert ("PUT", f"/api/v0/asks/2/") in methods and ("GET", "/api/v1/instances/") in methods
+    assert ("PUT", "/api/v0/asks/2/") in methods and ("GET", "/api/v1/instances/") in methods
 
 
 def test_the_stand_in_rejects_requests_that_break_the_contract(standin):
