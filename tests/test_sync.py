@@ -1,0 +1,235 @@
+"""launcher.sync against real hosts of the test bed: incremental ship, verified pull, hostile hosts."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher.errors import HostError
+from launcher.sync import PART_MARK, pull_tree, ship_tree
+from tests.testbed_fixtures import connect
+
+pytestmark = pytest.mark.testbed
+
+QUOTED = "it's a \"quoted\" name.txt"
+
+# Makes files on the host: argv = root, then JSON {relative path: size}; content is deterministic per path.
+MAKE_FILES = r"""
+import json, os, sys, hashlib
+root, files = sys.argv[1], json.loads(sys.argv[2])
+for rel, size in files.items():
+    path = os.path.join(root, rel)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    seed = hashlib.sha256(rel.encode()).digest()
+    with open(path, "wb") as f:
+        f.write((seed * (size // 32 + 1))[:size])
+"""
+# Prints {relative path: sha256} of every file under argv[1], computed on the host.
+SUMS = r"""
+import hashlib, json, os, sys
+out = {}
+for top, _, files in os.walk(sys.argv[1]):
+    for name in files:
+        p = os.path.join(top, name)
+        out[os.path.relpath(p, sys.argv[1])] = hashlib.sha256(open(p, "rb").read()).hexdigest()
+print(json.dumps(out))
+"""
+
+
+def remote_sums(conn, root: str) -> dict[str, str]:
+    return json.loads(conn.check(["python3", "-c", SUMS, root], "sums").stdout)
+
+
+def local_sums(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in root.rglob("*") if p.is_file()}
+
+
+def make_remote(host, root: str, files: dict[str, int]) -> None:
+    host.run_as_user(["python3", "-c", MAKE_FILES, root, json.dumps(files)])
+
+
+def test_ship_is_incremental_and_honours_ignore_files(testbed, tmp_path):
+    src = tmp_path / "src"
+    (src / "pkg").mkdir(parents=True)
+    (src / "__pycache__").mkdir()
+    (src / "data").mkdir()
+    (src / "train.py").write_text("".join(f"line {i}\n" for i in range(200)))
+    (src / "pkg" / "model.py").write_text("x = 1\n")
+    (src / "pkg" / QUOTED).write_text("quoted\n")
+    (src / "run.sh").write_text("#!/bin/sh\necho hi\n")
+    (src / "run.sh").chmod(0o755)
+    (src / "__pycache__" / "train.cpython-311.pyc").write_bytes(b"\0" * 100)
+    (src / "data" / "big.bin").write_bytes(b"\1" * 100_000)
+    (src / "notes.log").write_text("log\n")
+    (src / ".gitignore").write_text("*.log\n")
+    (src / ".ddpctlignore").write_text("data/\n")
+    remote = "ws ship/code"
+    with connect(testbed, testbed.hosts[0]) as conn:
+        first = ship_tree(conn, src, remote)
+        shipped = {"train.py", "pkg/model.py", f"pkg/{QUOTED}", "run.sh", ".gitignore", ".ddpctlignore"}
+        assert (first.files_sent, first.files_unchanged) == (len(shipped), 0)
+        sums = remote_sums(conn, remote)
+        assert set(sums) == shipped
+        assert sums == {k: v for k, v in local_sums(src).items() if k in shipped}
+        assert conn.run(["./run.sh"], cwd=remote).stdout == "hi\n"  # the executable bit travelled
+
+        again = ship_tree(conn, src, remote)
+        assert (again.files_sent, again.bytes_sent, again.files_unchanged) == (0, 0, len(shipped))
+
+        lines = (src / "train.py").read_text().splitlines(keepends=True)
+        lines[100] = "line 100 changed\n"
+        (src / "train.py").write_text("".join(lines))
+        changed = ship_tree(conn, src, remote)
+        assert (changed.files_sent, changed.bytes_sent) == (1, (src / "train.py").stat().st_size)
+        assert remote_sums(conn, remote)["train.py"] == local_sums(src)["train.py"]
+
+        (src / "pkg" / "model.py").unlink()
+        (src / "pkg" / QUOTED).unlink()
+        pruned = ship_tree(conn, src, remote)
+        assert (pruned.files_sent, pruned.files_deleted) == (0, 2)
+        assert set(remote_sums(conn, remote)) == shipped - {"pkg/model.py", f"pkg/{QUOTED}"}
+        assert conn.run(["test", "-e", "pkg"], cwd=remote).exit_code == 1  # emptied directory removed
+
+
+def test_pull_fetches_then_moves_nothing(testbed, tmp_path):
+    host = testbed.hosts[1]
+    files = {"out/timing.jsonl": 500, "out/snapshots/epoch 1.pt": 300_000, f"out/{QUOTED}": 10,
+             "logs/attempt_0/0/stdout.log": 2_000, "out/empty": 0}
+    make_remote(host, "ws pull", files)
+    dest = tmp_path / "nodes" / "0"
+    with connect(testbed, host) as conn:
+        first = pull_tree(conn, "ws pull", dest)
+        assert (first.files_fetched, first.bytes_fetched, first.verified) == (5, sum(files.values()), 5)
+        assert local_sums(dest) == remote_sums(conn, "ws pull")
+        second = pull_tree(conn, "ws pull", dest)
+        assert (second.files_fetched, second.bytes_fetched, second.files_unchanged) == (0, 0, 5)
+        make_remote(host, "ws pull", {"out/timing.jsonl": 700})
+        third = pull_tree(conn, "ws pull", dest)
+        assert (third.files_fetched, third.bytes_fetched) == (1, 700)
+        assert local_sums(dest) == remote_sums(conn, "ws pull")
+        only_logs = pull_tree(conn, "ws pull", tmp_path / "logs-only", include=["logs/"])
+        assert only_logs.files_fetched == 1 and (tmp_path / "logs-only/logs/attempt_0/0/stdout.log").is_file()
+        with pytest.raises(HostError, match="does not exist"):
+            pull_tree(conn, "no such dir", tmp_path / "x")
+        assert pull_tree(conn, "no such dir", tmp_path / "x", missing_ok=True).files_fetched == 0
+
+
+def test_interrupted_pull_leaves_no_partial_file_and_next_pull_completes(testbed, tmp_path):
+    host = testbed.hosts[0]
+    files = {"a.bin": 200_000, "b.bin": 400_000, "c.bin": 1_000}
+    make_remote(host, "ws interrupted", files)
+    dest = tmp_path / "dest"
+
+    def interrupt(path: str, done: int) -> None:
+        if path == "b.bin" and done > 0:
+            raise KeyboardInterrupt  # the user pressed Ctrl-C in the middle of b.bin
+
+    with connect(testbed, host) as conn:
+        with pytest.raises(KeyboardInterrupt):
+            pull_tree(conn, "ws interrupted", dest, progress=interrupt)
+        assert sorted(p.name for p in dest.iterdir()) == ["a.bin"]  # b.bin neither final nor as a temporary
+        stats = pull_tree(conn, "ws interrupted", dest)
+        assert (stats.files_fetched, stats.files_unchanged, stats.bytes_fetched) == (2, 1, 401_000)
+        assert local_sums(dest) == remote_sums(conn, "ws interrupted")
+
+
+KILLED_PULL = r"""
+import os, signal, sys
+from pathlib import Path
+from launcher.hosts import parse_host
+from launcher.known_hosts import KnownHosts
+from launcher.ssh import Connection, resolve_target
+from launcher.sync import pull_tree
+spec, key, known, dest = sys.argv[1:5]
+target = resolve_target(parse_host(spec), ssh_config=Path("/nonexistent"), identity_file=Path(key))
+conn = Connection(target, known_hosts=KnownHosts(Path(known), Path("/nonexistent")), allow_agent=False)
+def die(path, done):
+    if path == "b.bin" and done >= 65536:
+        os.kill(os.getpid(), signal.SIGKILL)  # the launcher machine loses power mid-file
+pull_tree(conn, "ws killed", Path(dest), progress=die)
+"""
+
+
+def test_killed_pull_resumes_and_cleans_its_temporary_file(testbed, tmp_path):
+    host = testbed.hosts[1]
+    make_remote(host, "ws killed", {"a.bin": 100_000, "b.bin": 500_000})
+    dest = tmp_path / "dest"
+    proc = subprocess.run([sys.executable, "-c", KILLED_PULL, host.spec, testbed.client_key_path,
+                           str(testbed.known_hosts_path), str(dest)],
+                          cwd=Path(__file__).parent.parent, capture_output=True, timeout=60)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    names = sorted(p.name for p in dest.iterdir())
+    assert len(names) == 2 and names[0].startswith(".b.bin" + PART_MARK) and names[1] == "a.bin"
+    with connect(testbed, host) as conn:
+        stats = pull_tree(conn, "ws killed", dest)
+        assert (stats.files_fetched, stats.files_unchanged) == (1, 1)
+        assert local_sums(dest) == remote_sums(conn, "ws killed")
+    assert sorted(p.name for p in dest.iterdir()) == ["a.bin", "b.bin"]
+
+
+def test_symlink_on_host_is_refused_and_special_files_skipped(testbed, tmp_path):
+    host = testbed.hosts[0]
+    make_remote(host, "ws evil link", {"out/ok.txt": 10})
+    host.run_as_user(["ln", "-s", "/etc/passwd", "ws evil link/out/passwd"])
+    dest = tmp_path / "dest"
+    with connect(testbed, host) as conn:
+        with pytest.raises(HostError) as refused:
+            pull_tree(conn, "ws evil link", dest)
+        assert str(refused.value).startswith(f"{host.spec}: refusing to pull ws evil link/out/passwd")
+        assert not dest.exists() or not any(dest.rglob("*"))
+        host.run_as_user(["rm", "ws evil link/out/passwd"])
+        host.run_as_user(["mkfifo", "ws evil link/out/fifo"])
+        stats = pull_tree(conn, "ws evil link", dest)
+        assert (stats.files_fetched, stats.skipped_special) == (1, 1)
+
+
+def test_local_symlink_cannot_redirect_a_pull_outside(testbed, tmp_path):
+    host = testbed.hosts[0]
+    make_remote(host, "ws redirect", {"out/x.txt": 5})
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "out").symlink_to(outside)
+    with connect(testbed, host) as conn, pytest.raises(HostError, match="leads outside"):
+        pull_tree(conn, "ws redirect", dest)
+    assert list(outside.iterdir()) == []
+
+
+@pytest.mark.parametrize("evil_path", ["../escaped.txt", "out/../../escaped.txt", "/tmp/escaped.txt", "a//b"])
+def test_lying_host_cannot_write_outside(testbed, tmp_path, evil_path):
+    """A compromised host answers the manifest with an escaping path: refused before anything is written."""
+    host = testbed.hosts[1]
+    fake = Path(host.home, "evilbin", "python3")
+    fake.parent.mkdir(exist_ok=True)
+    manifest = {"exists": True, "entries": [
+        {"path": "good.txt", "type": "file", "size": 3, "sha256": hashlib.sha256(b"abc").hexdigest()},
+        {"path": evil_path, "type": "file", "size": 3, "sha256": hashlib.sha256(b"abc").hexdigest()}]}
+    fake.write_text(f"#!/bin/sh\ncat <<'EOF'\n{json.dumps(manifest)}\nEOF\n")
+    fake.chmod(0o755)
+    os.chown(fake.parent, *(_ids(host.user)))
+    host.set_ssh_environment({"PATH": f"{fake.parent}:/usr/bin:/bin"})
+    dest = tmp_path / "dest"
+    try:
+        with connect(testbed, host) as conn, pytest.raises(HostError) as refused:
+            pull_tree(conn, "anything", dest)
+    finally:
+        host.set_ssh_environment({})
+    assert "escapes the directory" in str(refused.value) and repr(evil_path) in str(refused.value)
+    assert not dest.exists()
+    assert not (tmp_path / "escaped.txt").exists() and not Path("/tmp/escaped.txt").exists()
+
+
+def _ids(user: str) -> tuple[int, int]:
+    import pwd
+
+    entry = pwd.getpwnam(user)
+    return entry.pw_uid, entry.pw_gid
