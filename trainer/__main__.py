@@ -1,0 +1,117 @@
+"""`python -m trainer ...`: the command line (run under torchrun, or alone as a world of one)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn
+
+import torch
+
+from trainer.data import load_dataset
+from trainer.distributed import setup
+from trainer.errors import TrainerError
+from trainer.models import MODELS, build_model
+from trainer.trainer import TrainConfig, Trainer, seed_rng
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message} (see python -m trainer --help)\n")
+
+
+def _positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+        return value
+
+    return parse
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
+    return value
+
+
+def _fault(text: str) -> tuple[int, int]:
+    rank, _, step = text.partition(":")
+    if not (rank.isdigit() and step.isdigit() and int(step) > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not RANK:STEP (e.g. 1:40)")
+    return int(rank), int(step)
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, str, Path]:
+    """The command line as a TrainConfig (plus the backend and data folder, which are not the run's identity)."""
+    p = _OneLineParser(prog="python -m trainer", description="DDP trainer (run it under torchrun).")
+    p.add_argument("--model", choices=MODELS, default="mnist-cnn")
+    p.add_argument("--dataset", choices=("synthetic", "mnist", "cifar10"), default="synthetic")
+    p.add_argument("--data-dir", type=Path, default=Path("data"), help="where data sets are (or go)")
+    p.add_argument("--epochs", type=_positive(int), default=3)
+    p.add_argument("--batch-size", type=_positive(int), default=32, help="per process")
+    p.add_argument("--lr", type=_positive(float), default=0.01)
+    p.add_argument("--momentum", type=_non_negative_float, default=0.0)
+    p.add_argument("--save-every", type=_positive(int), default=1, help="snapshot every N epochs")
+    p.add_argument("--keep-snapshots", type=_positive(int), default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto")
+    p.add_argument("--out-dir", type=Path, default=Path())
+    p.add_argument("--snapshot-dir", type=Path, default=None, help="default: OUT_DIR/snapshots")
+    p.add_argument("--synthetic-train-size", type=_positive(int), default=16384)
+    p.add_argument("--synthetic-test-size", type=_positive(int), default=2048)
+    p.add_argument("--fault-kill", type=_fault, default=None, metavar="RANK:STEP",
+                   help="tests: on the first attempt, global rank RANK SIGKILLs itself at global step STEP")
+    args = p.parse_args(argv)
+    if args.seed < 0:
+        p.error(f"--seed must be >= 0, got {args.seed}")
+    config = TrainConfig(
+        model=args.model, dataset=args.dataset, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+        momentum=args.momentum, save_every=args.save_every, keep_snapshots=args.keep_snapshots,
+        seed=args.seed, out_dir=args.out_dir, snapshot_dir=args.snapshot_dir,
+        synthetic_train_size=args.synthetic_train_size, synthetic_test_size=args.synthetic_test_size,
+        fault_kill=args.fault_kill,
+    )  # fmt: skip
+    return config, args.backend, args.data_dir
+
+
+def run(config: TrainConfig, backend: str, data_dir: Path) -> None:
+    """Set up, train, tear down."""
+    ctx = setup(backend)
+    try:
+        data = load_dataset(
+            config.dataset, data_dir, seed=config.seed,
+            synthetic_train_size=config.synthetic_train_size, synthetic_test_size=config.synthetic_test_size,
+        )  # fmt: skip
+        torch.manual_seed(config.seed)  # the same initial weights on every rank
+        model = build_model(config.model, data.image_shape)
+        seed_rng(config.seed, ctx.rank)
+        if ctx.is_rank0:
+            config.out_dir.mkdir(parents=True, exist_ok=True)
+        Trainer(config, ctx, data, model).train()
+    finally:
+        ctx.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    config, backend, data_dir = parse_args(argv)
+    try:
+        run(config, backend, data_dir)
+    except TrainerError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""torchrun's environment, the process group and the device of this process.
+
+Run without torchrun (no RANK in the environment) the trainer is a world of one with no process group.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trainer.errors import TrainerError
+
+
+@dataclass
+class DistContext:
+    """Who this process is in the job, its device, and the few collectives the trainer needs."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    nnodes: int
+    restart_count: int
+    device: torch.device
+    backend: str | None  # None: no process group (a world of one without torchrun)
+
+    @property
+    def grouped(self) -> bool:
+        return self.backend is not None
+
+    @property
+    def is_rank0(self) -> bool:
+        return self.rank == 0
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.grouped:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor
+
+    def min_int(self, value: int) -> int:
+        if not self.grouped:
+            return value
+        tensor = torch.tensor([value], dtype=torch.int64, device=self.device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
+        return int(tensor.item())
+
+    def gather_objects(self, obj: Any) -> list[Any]:
+        """Every rank's `obj`, indexed by global rank, on every rank."""
+        if not self.grouped:
+            return [obj]
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, obj)
+        return gathered
+
+    def close(self) -> None:
+        if self.grouped and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def setup(backend: str = "auto") -> DistContext:
+    """Read torchrun's environment, pick this process's device and join the process group."""
+    env = os.environ
+    under_torchrun = "RANK" in env and "WORLD_SIZE" in env
+    rank = int(env.get("RANK", "0"))
+    local_rank = int(env.get("LOCAL_RANK", "0"))
+    world_size = int(env.get("WORLD_SIZE", "1"))
+    local_world_size = int(env.get("LOCAL_WORLD_SIZE", str(world_size)))
+    nnodes = int(env.get("GROUP_WORLD_SIZE", str(max(1, world_size // max(1, local_world_size)))))
+    restart_count = int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+    if torch.cuda.is_available():
+        if local_rank >= torch.cuda.device_count():
+            raise TrainerError(
+                f"local rank {local_rank} has no GPU: this machine has {torch.cuda.device_count()}; "
+                "start at most that many processes per node"
+            )
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+
+    chosen: str | None = None
+    if under_torchrun:
+        chosen = ("nccl" if device.type == "cuda" else "gloo") if backend == "auto" else backend
+        if chosen == "nccl" and device.type != "cuda":
+            raise TrainerError("--backend nccl needs CUDA GPUs and none is available; use --backend gloo")
+        dist.init_process_group(backend=chosen)
+    return DistContext(rank, local_rank, world_size, local_world_size, nnodes, restart_count, device, chosen)
+
+
+def device_name(device: torch.device) -> str:
+    """A readable name for this process's device: the GPU model, or the CPU model."""
+    if device.type == "cuda":
+        return f"{device}: {torch.cuda.get_device_name(device)}"
+    return f"cpu: {cpu_model()}"
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

@@ -1,0 +1,106 @@
+"""Snapshot files: one per saved epoch, `snapshot-epoch-NNNNNN.pt`, each a header line carrying the sha256
+of the torch.save payload that follows. Written atomically; the newest K are kept; a corrupt or truncated
+one is reported and skipped in favour of the previous good one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer.errors import SnapshotError
+from trainer.files import atomic_write_bytes, is_temp_file
+
+MAGIC = b"DDPCTL-SNAPSHOT 1 sha256="
+STALE_TEMP_SECONDS = 600
+_NAME = re.compile(r"^snapshot-epoch-(\d{6,})\.pt$")
+
+
+def snapshot_path(directory: Path, epoch: int) -> Path:
+    """Where the snapshot taken after `epoch` finished lives."""
+    return directory / f"snapshot-epoch-{epoch:06d}.pt"
+
+
+def list_snapshots(directory: Path) -> list[tuple[int, Path]]:
+    """(epoch, path) of every snapshot file in `directory`, newest first (validity not checked)."""
+    if not directory.is_dir():
+        return []
+    found = []
+    for path in directory.iterdir():
+        match = _NAME.match(path.name)
+        if match and path.is_file():
+            found.append((int(match.group(1)), path))
+    return sorted(found, reverse=True)
+
+
+def save_snapshot(directory: Path, epoch: int, state: dict[str, Any], keep: int) -> Path:
+    """Write `state` as the snapshot of `epoch` (atomically, with its checksum); keep the newest `keep`."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    payload = buffer.getvalue()
+    header = MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n"
+    path = snapshot_path(directory, epoch)
+    atomic_write_bytes(path, header + payload)
+    _prune(directory, keep)
+    return path
+
+
+def read_snapshot(path: Path) -> dict[str, Any]:
+    """The state saved in `path`, after checking its checksum; SnapshotError if it is corrupt or truncated."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise SnapshotError(f"cannot read snapshot {path}: {exc}") from None
+    newline = raw.find(b"\n")
+    if not raw.startswith(MAGIC) or newline != len(MAGIC) + 64:
+        raise SnapshotError(f"snapshot {path} has no valid header (truncated or not a ddpctl snapshot)")
+    expected = raw[len(MAGIC) : newline].decode("ascii", "replace")
+    payload = raw[newline + 1 :]
+    if hashlib.sha256(payload).hexdigest() != expected:
+        raise SnapshotError(f"snapshot {path} fails its sha256 check (truncated or corrupt)")
+    try:
+        state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise SnapshotError(f"snapshot {path} cannot be loaded: {exc}") from None
+    if not isinstance(state, dict):
+        raise SnapshotError(f"snapshot {path} does not hold a state dictionary")
+    return state
+
+
+def newest_valid(
+    directory: Path, warn: Callable[[str], None], at_most: int | None = None
+) -> tuple[int, dict[str, Any]] | None:
+    """The newest snapshot (of an epoch <= at_most) whose checksum holds, as (epoch, state); None if none.
+
+    Every invalid one met on the way is named through `warn`.
+    """
+    for epoch, path in list_snapshots(directory):
+        if at_most is not None and epoch > at_most:
+            continue
+        try:
+            return epoch, read_snapshot(path)
+        except SnapshotError as exc:
+            warn(f"{exc}; trying the previous one")
+    return None
+
+
+def _prune(directory: Path, keep: int) -> None:
+    for _, path in list_snapshots(directory)[keep:]:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    # Temporary files left by a writer killed mid-write; only stale ones, since another node's writer may
+    # share this folder (a shared file system) and be writing right now.
+    now = time.time()
+    for path in directory.iterdir():
+        if is_temp_file(path) and path.name.startswith(".snapshot-"):
+            with contextlib.suppress(FileNotFoundError):
+                if now - path.stat().st_mtime > STALE_TEMP_SECONDS:
+                    path.unlink()

@@ -1,0 +1,291 @@
+"""The Trainer: DistributedDataParallel training over tensors already in memory, with per-epoch metrics
+reduced once, atomic per-node snapshots and exact resume after the last finished epoch.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import random
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from trainer.data import DataSplits
+from trainer.distributed import DistContext, device_name
+from trainer.errors import SnapshotError
+from trainer.files import atomic_write_bytes
+from trainer.records import ProgressReporter, TimingLog, build_summary, versions, write_summary
+from trainer.sharding import samples_per_rank, shard_indices
+from trainer.snapshot import newest_valid, read_snapshot, save_snapshot, snapshot_path
+
+EVAL_BATCH_SIZE = 1024
+SNAPSHOT_FORMAT = 1
+# Settings that must match for a snapshot to be resumed (epochs may grow: a run can be extended).
+RUN_IDENTITY = ("model", "dataset", "batch_size", "lr", "momentum", "seed", "synthetic_train_size",
+                "synthetic_test_size")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The experiment's settings, as given on the command line."""
+
+    model: str = "mnist-cnn"
+    dataset: str = "synthetic"
+    epochs: int = 3
+    batch_size: int = 32
+    lr: float = 0.01
+    momentum: float = 0.0
+    save_every: int = 1
+    keep_snapshots: int = 3
+    seed: int = 0
+    out_dir: Path = Path()
+    snapshot_dir: Path | None = None
+    synthetic_train_size: int = 16384
+    synthetic_test_size: int = 2048
+    fault_kill: tuple[int, int] | None = None  # (global rank, global step), first attempt only
+
+    def identity(self) -> dict[str, Any]:
+        return {key: asdict(self)[key] for key in RUN_IDENTITY}
+
+
+@dataclass
+class EpochResult:
+    seconds: float
+    steps: int
+    samples: int
+    loss: float
+    acc: float
+
+
+class Trainer:
+    """Trains `model` on `data` with DDP; snapshots let a restarted job continue after its last saved epoch."""
+
+    def __init__(self, config: TrainConfig, ctx: DistContext, data: DataSplits, model: nn.Module) -> None:
+        self.config = config
+        self.ctx = ctx
+        self.data = data.to(ctx.device)
+        self.model = model.to(ctx.device)
+        device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+        self.ddp: nn.Module = DistributedDataParallel(self.model, device_ids=device_ids) if ctx.grouped else model
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=config.lr, momentum=config.momentum)
+        self.snapshot_dir = config.snapshot_dir or config.out_dir / "snapshots"
+        self.per_rank = samples_per_rank(len(self.data.train_y), ctx.world_size)
+        self.steps_per_epoch = math.ceil(self.per_rank / config.batch_size)
+        self.epochs_done = 0
+        self.records: list[dict[str, Any]] = []
+        self.wall_start = time.time()
+        self.timing = TimingLog(config.out_dir / "timing.jsonl") if ctx.is_rank0 else None
+        self.progress = (
+            ProgressReporter(config.out_dir / "progress.json", config.epochs, self.steps_per_epoch)
+            if ctx.is_rank0
+            else None
+        )
+
+    # --- one step, one epoch ---------------------------------------------------------------------------
+
+    def _run_batch(self, images: torch.Tensor, labels: torch.Tensor, sums: torch.Tensor) -> None:
+        """One optimizer step; adds the batch's loss and correct count to `sums` on the device (no sync)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        output = self.ddp(images)
+        loss = F.nll_loss(output, labels)
+        loss.backward()
+        self.optimizer.step()
+        with torch.no_grad():
+            sums[0] += loss.detach() * labels.shape[0]
+            sums[1] += (output.argmax(dim=1) == labels).sum()
+
+    def _run_epoch(self, epoch: int) -> EpochResult:
+        """Train one epoch (1-based number); metrics are reduced across ranks once, at its end."""
+        cfg, ctx = self.config, self.ctx
+        order = shard_indices(len(self.data.train_y), ctx.world_size, ctx.rank, epoch - 1, cfg.seed)
+        order = order.to(ctx.device)
+        sums = torch.zeros(2, dtype=torch.float64, device=ctx.device)
+        kill_step = self._kill_step()
+        self.ddp.train()
+        start = time.perf_counter()
+        for step in range(self.steps_per_epoch):
+            if kill_step is not None and (epoch - 1) * self.steps_per_epoch + step + 1 == kill_step:
+                os.kill(os.getpid(), signal.SIGKILL)
+            batch = order[step * cfg.batch_size : (step + 1) * cfg.batch_size]
+            self._run_batch(self.data.train_x.index_select(0, batch), self.data.train_y.index_select(0, batch), sums)
+            if self.progress is not None and self.progress.due():
+                rate = (step + 1) * cfg.batch_size * ctx.world_size / max(time.perf_counter() - start, 1e-9)
+                self.progress.write(epoch=epoch, step=step + 1, samples_per_s=rate, state="training")
+        counts = torch.tensor([float(self.per_rank)], dtype=torch.float64, device=ctx.device)
+        totals = ctx.all_reduce_sum(torch.cat([sums, counts])).tolist()  # the epoch's one host sync
+        seconds = time.perf_counter() - start
+        return EpochResult(seconds, self.steps_per_epoch, int(totals[2]), totals[0] / totals[2], totals[1] / totals[2])
+
+    def _kill_step(self) -> int | None:
+        fault = self.config.fault_kill
+        if fault is None or self.ctx.restart_count != 0 or fault[0] != self.ctx.rank:
+            return None
+        return fault[1]
+
+    @torch.no_grad()
+    def _evaluate(self) -> tuple[float, float]:
+        """Loss and accuracy on the test split, sharded across ranks (no padding) and summed."""
+        ctx = self.ctx
+        self.model.eval()
+        test_x, test_y = self.data.test_x, self.data.test_y
+        mine = torch.arange(ctx.rank, len(test_y), ctx.world_size, device=ctx.device)
+        sums = torch.zeros(3, dtype=torch.float64, device=ctx.device)
+        for first in range(0, len(mine), EVAL_BATCH_SIZE):
+            batch = mine[first : first + EVAL_BATCH_SIZE]
+            output = self.model(test_x.index_select(0, batch))
+            labels = test_y.index_select(0, batch)
+            sums[0] += F.nll_loss(output, labels, reduction="sum")
+            sums[1] += (output.argmax(dim=1) == labels).sum()
+            sums[2] += labels.shape[0]
+        loss_sum, correct, count = ctx.all_reduce_sum(sums).tolist()
+        return loss_sum / max(count, 1.0), correct / max(count, 1.0)
+
+    # --- snapshots -------------------------------------------------------------------------------------
+
+    def _save_snapshot(self) -> None:
+        """Every rank hands its RNG state to the local rank 0s, which each write one copy for their node."""
+        rng_states = self.ctx.gather_objects(capture_rng(self.ctx.device))
+        if self.ctx.local_rank != 0:
+            return
+        state = {
+            "format": SNAPSHOT_FORMAT,
+            "epochs_done": self.epochs_done,
+            "identity": self.config.identity(),
+            "world_size": self.ctx.world_size,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "rng": rng_states,
+            "records": self.records,
+            "wall_start": self.wall_start,
+        }
+        save_snapshot(self.snapshot_dir, self.epochs_done, state, self.config.keep_snapshots)
+
+    def _load_snapshot(self) -> bool:
+        """Resume from the newest snapshot that is valid on every node; False when there is none."""
+        ctx = self.ctx
+        found = newest_valid(self.snapshot_dir, self._warn if ctx.local_rank == 0 else _quiet)
+        agreed = ctx.min_int(found[0] if found else 0)
+        if agreed == 0:
+            return False
+        assert found is not None
+        epoch, state = found
+        if epoch != agreed:  # another node's newest is older: all resume from that one
+            state = read_snapshot(snapshot_path(self.snapshot_dir, agreed))
+        if state.get("format") != SNAPSHOT_FORMAT or state.get("identity") != self.config.identity():
+            raise SnapshotError(
+                f"{snapshot_path(self.snapshot_dir, agreed)} belongs to another run "
+                f"({state.get('identity')}); use another --snapshot-dir or remove it"
+            )
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        rng_states = state["rng"]
+        if state["world_size"] == ctx.world_size:
+            restore_rng(rng_states[ctx.rank], ctx.device)
+        else:
+            self._warn(f"snapshot was taken by {state['world_size']} processes, now {ctx.world_size}: "
+                       "dropout RNG reseeded, the run will not match an uninterrupted one bit for bit")
+            seed_rng(self.config.seed + 1000 * agreed, ctx.rank)
+        self.records = list(state["records"])
+        self.wall_start = float(state["wall_start"])
+        self.epochs_done = int(state["epochs_done"])
+        if ctx.local_rank == 0:
+            self._warn(f"resuming after epoch {self.epochs_done} from {snapshot_path(self.snapshot_dir, agreed)}")
+        return True
+
+    def _warn(self, message: str) -> None:
+        print(f"trainer[rank {self.ctx.rank}] warning: {message}", file=sys.stderr, flush=True)
+
+    # --- the whole run ---------------------------------------------------------------------------------
+
+    def train(self) -> dict[str, Any]:
+        """Train the remaining epochs, report, snapshot; returns the summary (on every rank)."""
+        cfg, ctx = self.config, self.ctx
+        self._load_snapshot()
+        if self.timing is not None:
+            self.timing.rewrite(self.records)
+        for epoch in range(self.epochs_done + 1, cfg.epochs + 1):
+            result = self._run_epoch(epoch)
+            if self.progress is not None:
+                self.progress.write(epoch=epoch, step=result.steps,
+                                    samples_per_s=result.samples / result.seconds, state="validating")
+            val_start = time.perf_counter()
+            val_loss, val_acc = self._evaluate()
+            record = {
+                "epoch": epoch, "epochs": cfg.epochs, "seconds": result.seconds,
+                "val_seconds": time.perf_counter() - val_start, "samples": result.samples,
+                "samples_per_s": result.samples / result.seconds, "steps": result.steps,
+                "train_loss": result.loss, "train_acc": result.acc, "val_loss": val_loss, "val_acc": val_acc,
+                "world_size": ctx.world_size, "restart_count": ctx.restart_count, "time": time.time(),
+            }  # fmt: skip
+            self.records.append(record)
+            if self.timing is not None:
+                self.timing.append(record)
+            self.epochs_done = epoch
+            if epoch % cfg.save_every == 0 or epoch == cfg.epochs:
+                self._save_snapshot()
+        return self._finish()
+
+    def _finish(self) -> dict[str, Any]:
+        devices = self.ctx.gather_objects(device_name(self.ctx.device))
+        summary = build_summary(self.records, wall_start=self.wall_start, restarts=self.ctx.restart_count,
+                                extra=self._summary_extra(devices))  # fmt: skip
+        if self.ctx.is_rank0:
+            out = self.config.out_dir
+            atomic_write_bytes(out / "final_model.pt", _state_bytes(self.model.state_dict()))
+            write_summary(out / "summary.json", summary)
+            if self.progress is not None:
+                last = self.records[-1] if self.records else {"samples_per_s": 0.0}
+                self.progress.write(epoch=self.epochs_done, step=self.steps_per_epoch,
+                                    samples_per_s=last["samples_per_s"], state="done")  # fmt: skip
+        return summary
+
+    def _summary_extra(self, devices: list[str]) -> dict[str, Any]:
+        cfg = self.config
+        return {
+            "world_size": self.ctx.world_size, "nnodes": self.ctx.nnodes, "model": cfg.model,
+            "dataset": cfg.dataset, "batch_size": cfg.batch_size, "lr": cfg.lr, "momentum": cfg.momentum,
+            "seed": cfg.seed, "versions": versions(), "devices": devices,
+        }  # fmt: skip
+
+
+# --- random number generators (dropout draws from torch's; each rank has its own stream) ---------------
+
+def seed_rng(seed: int, rank: int) -> None:
+    """Give this rank its own dropout stream (after the model was built from the shared seed)."""
+    torch.manual_seed(seed * 7919 + rank + 1)
+    random.seed(seed * 7919 + rank + 1)
+
+
+def capture_rng(device: torch.device) -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def restore_rng(state: dict[str, Any], device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def _quiet(message: str) -> None:
+    """Other local ranks read the same files: only local rank 0 names the bad ones."""
+
+
+def _state_bytes(state: dict[str, Any]) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
