@@ -90,6 +90,7 @@ class Faults:
     oci_machines: set[int] = field(default_factory=set)  # instances there fail with an OCI runtime error
     exited_machines: set[int] = field(default_factory=set)  # instances there exit right away
     failing_creates: dict[int, int] = field(default_factory=dict)  # k-th create (1-based) -> status
+    lost_create_answers: set[int] = field(default_factory=set)  # k-th create rents, then answers 500
     destroy_lag_s: float = 0.0  # destroyed instances stay visible this long
 
 
@@ -237,6 +238,8 @@ class VastStandIn:
         inst.user = inst.host.user
         for key in self.account_keys:
             self._add_key(inst, key)
+        if self._creates in self.faults.lost_create_answers:
+            return 500, {"detail": "Internal Server Error"}
         return 200, example("create_instance.put.200", new_contract=iid)
 
     def _show_instance_get(self, iid: int, _body: Any, _query: Any) -> tuple[int, Any]:

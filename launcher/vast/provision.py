@@ -108,9 +108,11 @@ def provision(
             rented = _join_overlay(client, rented, overlay, emit)
         return rented
     except BaseException as exc:
-        emit({"event": "vast.provision_failed", "error": str(exc) or type(exc).__name__,
-              "destroying": list(created)})
-        _cleanup(client, created, overlay, clock, sleep, emit)
+        try:  # even an on_event that raises (a second Ctrl-C) must not skip the cleanup
+            emit({"event": "vast.provision_failed", "error": str(exc) or type(exc).__name__,
+                  "destroying": list(created)})
+        finally:
+            _cleanup(client, created, overlay, clock, sleep, emit)
         raise
 
 

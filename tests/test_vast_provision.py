@@ -1,0 +1,204 @@
+"""Provisioning and teardown against the stand-in, fault by fault: whatever fails, nothing is left rented."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+import pytest
+
+from infra.vast_standin import VastStandIn, make_offer
+from launcher.vast.client import VastClient
+from launcher.vast.errors import ProvisionError, VastError
+from launcher.vast.models import Offer, RentedInstance
+from launcher.vast.offers import OfferError, OfferFilter, choose_offers, search_offers
+from launcher.vast.provision import cost_so_far, provision, teardown
+
+KEY = "sk-prov-77aa88bb99cc"
+PUB = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJdd ddpctl-test"
+DISK = 20
+
+
+@pytest.fixture
+def standin():
+    catalogue = [make_offer(i, 100 + i, dph_base=0.1 * i, cluster_id=7 if i <= 4 else None) for i in range(1, 7)]
+    with VastStandIn(api_key=KEY, offers=catalogue, boot_delay_s=0.2) as s:
+        yield s
+        assert s.validation_failures() == []  # every request the client sent follows the OpenAPI schemas
+        assert s.live_instances() == [], "instances left rented"
+
+
+def _offers(standin: VastStandIn, nodes: int = 1) -> tuple[VastClient, list[Offer]]:
+    client = VastClient(KEY, base_url=standin.url, backoff_base=0.001)
+    return client, choose_offers(search_offers(client, OfferFilter(disk_gb=DISK)), nodes, DISK)
+
+
+def _provision(standin: VastStandIn, nodes: int = 1, events: list | None = None, **kw) -> list[RentedInstance]:
+    client, offers = _offers(standin, nodes)
+    kw.setdefault("ready_timeout", 5.0)
+    kw.setdefault("poll_interval", 0.05)
+    kw.setdefault("on_event", events.append if events is not None else None)
+    return provision(client, offers, nodes=nodes, image="ddpctl/trainer:1", disk=DISK, label="run-test",
+                     ssh_public_key=PUB, **kw)
+
+
+def _teardown(standin: VastStandIn, rented: list[RentedInstance]) -> None:
+    client = VastClient(KEY, base_url=standin.url, backoff_base=0.001)
+    results = teardown(client, [r.instance_id for r in rented], overlay_name=rented[0].overlay_name,
+                       poll_interval=0.05)
+    assert all(r.destroyed for r in results), results
+
+
+def _machines_created(standin: VastStandIn) -> Counter[int]:
+    return Counter(i.offer["machine_id"] for i in standin.instances.values())
+
+
+def test_two_nodes_in_one_cluster_with_an_overlay(standin):
+    events: list[dict] = []
+    rented = _provision(standin, nodes=2, events=events)
+    assert [r.offer.id for r in rented] == [1, 2] and all(r.offer.cluster_id == 7 for r in rented)
+    assert all(r.ssh_user == "root" and r.ssh_host == "127.0.0.1" for r in rented)
+    assert rented[0].dph == pytest.approx(0.1 + 0.15 * DISK / 720)
+    overlay = standin.overlays["run-test-net"]
+    assert overlay["instances"] == [r.instance_id for r in rented] and overlay["cluster_id"] == 7
+    assert all(r.overlay_name == "run-test-net" and r.overlay_subnet == "127.0.0.0/24" for r in rented)
+    for r in rented:  # the key reached every instance (account key at create, attached per instance)
+        assert standin.instances[r.instance_id].keys.count(PUB) == 2
+        req = standin.instances[r.instance_id].request
+        assert req["env"] == "-p 22:22" and req["onstart"] == "touch ~/.no_auto_tmux" and req["disk"] == DISK
+    assert [e["event"] for e in events].count("vast.instance_ready") == 2
+    _teardown(standin, rented)
+    assert standin.overlays == {}
+
+
+@pytest.mark.parametrize("status", [404, 410])
+def test_offer_gone_between_search_and_create_moves_to_the_next(standin, status):
+    standin.faults.vanished_offers[1] = status
+    events: list[dict] = []
+    rented = _provision(standin, events=events)
+    assert rented[0].offer.id == 2
+    assert {"event": "vast.offer_gone", "offer_id": 1, "status": status} in events
+    _teardown(standin, rented)
+
+
+def test_instance_stuck_loading_is_destroyed_and_the_next_offer_tried(standin):
+    standin.faults.stuck_machines.add(101)
+    events: list[dict] = []
+    rented = _provision(standin, events=events, ready_timeout=0.6)
+    assert rented[0].offer.machine_id == 102
+    stuck = next(i for i in standin.instances.values() if i.offer["machine_id"] == 101)
+    assert stuck.destroyed_at is not None
+    assert any(e["event"] == "vast.instance_failed" and "not running" in e["reason"] for e in events)
+    _teardown(standin, rented)
+
+
+@pytest.mark.parametrize("fault", ["oci_machines", "exited_machines"])
+def test_failed_start_fails_fast_and_moves_on(standin, fault):
+    getattr(standin.faults, fault).add(101)
+    events: list[dict] = []
+    rented = _provision(standin, events=events, ready_timeout=30)  # must not wait for the timeout
+    assert rented[0].offer.machine_id == 102
+    reason = next(e["reason"] for e in events if e["event"] == "vast.instance_failed")
+    assert ("OCI runtime" in reason) if fault == "oci_machines" else ("exited" in reason)
+    _teardown(standin, rented)
+
+
+def test_second_create_failing_destroys_the_first(standin):
+    standin.faults.failing_creates[2] = 400
+    with pytest.raises(VastError) as err:
+        _provision(standin, nodes=2)
+    assert err.value.status == 400 and "\n" not in str(err.value)
+    assert len(standin.instances) == 1  # the first was created, and the fixture checks it is gone
+
+
+def test_a_lost_create_answer_is_found_by_label_and_destroyed(standin):
+    standin.faults.lost_create_answers.add(1)  # rented, but the answer was a 500
+    with pytest.raises(VastError):
+        _provision(standin)
+    assert len(standin.instances) == 1
+
+
+def test_ctrl_c_during_provisioning_leaves_nothing(standin):
+    def interrupt(_seconds: float) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        _provision(standin, nodes=2, sleep=interrupt)
+    assert len(standin.instances) == 2
+
+
+def test_ctrl_c_twice_still_destroys_everything(standin):
+    presses = iter([True, True])
+
+    def on_event(event: dict) -> None:
+        if event["event"] in {"vast.instance_created", "vast.provision_failed"} and next(presses, False):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        _provision(standin, nodes=2, on_event=on_event)
+    assert len(standin.instances) == 1  # interrupted after the first create; the fixture checks it is gone
+
+
+def test_running_out_of_offers_is_one_line_and_no_machine_is_tried_twice(standin):
+    standin.faults.exited_machines.update({101, 102, 103, 104, 105, 106})
+    with pytest.raises(ProvisionError) as err:
+        _provision(standin)
+    assert "\n" not in str(err.value) and "no usable Vast.ai offer" in str(err.value)
+    assert set(_machines_created(standin).values()) == {1} and len(standin.instances) == 6
+
+
+def test_429s_during_provisioning_are_ridden_out(standin):
+    standin.faults.burst = [429, 429, 503]
+    rented = _provision(standin)
+    assert [r["status"] for r in standin.requests[:3]] == [429, 429, 503]
+    _teardown(standin, rented)
+
+
+def test_multi_node_refuses_offers_from_different_clusters(standin):
+    client, _ = _offers(standin, 2)
+    loose = [Offer.from_json(make_offer(9, 900)), Offer.from_json(make_offer(10, 901))]
+    with pytest.raises(OfferError):
+        provision(client, loose, nodes=2, image="x", disk=DISK, label="l", ssh_public_key=PUB)
+    assert standin.instances == {}
+
+
+def test_teardown_waits_until_destroy_is_verified(standin):
+    rented = _provision(standin)
+    standin.faults.destroy_lag_s = 0.3  # show still answers for a while after destroy
+    client = VastClient(KEY, base_url=standin.url, backoff_base=0.001)
+    [result] = teardown(client, [rented[0].instance_id], poll_interval=0.05)
+    assert result.destroyed and client.show_instance(rented[0].instance_id) is None
+    [again] = teardown(client, [rented[0].instance_id], poll_interval=0.05)  # already gone counts as gone
+    assert again.destroyed
+
+
+def test_teardown_reports_an_instance_that_will_not_go(standin):
+    rented = _provision(standin)
+    standin.faults.destroy_lag_s = 60
+    client = VastClient(KEY, base_url=standin.url, backoff_base=0.001)
+    [result] = teardown(client, [rented[0].instance_id], poll_interval=0.05, verify_timeout=0.3)
+    assert not result.destroyed and "still exists" in result.error and "billing" in result.error
+    standin.faults.destroy_lag_s = 0
+
+
+def test_cost_so_far_counts_each_instance_until_it_ended():
+    offer = Offer.from_json(make_offer(1, 1))
+    a = RentedInstance(1, offer, "h", 22, "root", None, dph=0.50, created_at=1000.0)
+    b = RentedInstance(2, offer, "h", 22, "root", None, dph=1.20, created_at=1000.0 + 1800)
+    assert cost_so_far([a, b], now=1000.0 + 3600) == pytest.approx(0.50 + 0.60)
+    assert cost_so_far([a, b], now=1000.0 + 7200, ended_at={1: 1000.0 + 3600}) == pytest.approx(0.50 + 1.20 * 1.5)
+    assert cost_so_far([b], now=0.0) == 0.0
+
+
+def test_the_key_never_appears_in_events_logs_or_errors(standin, caplog, capsys):
+    caplog.set_level(logging.DEBUG)
+    events: list[dict] = []
+    standin.faults.burst = [429]
+    standin.faults.oci_machines.add(101)
+    standin.faults.failing_creates[3] = 403
+    with pytest.raises(VastError) as err:
+        _provision(standin, nodes=2, events=events)
+    texts = [str(err.value), repr(err.value), repr(events)] + [r.getMessage() for r in caplog.records]
+    texts += list(capsys.readouterr())
+    assert len(events) > 3 and any("retrying" in t for t in texts)
+    assert not [t for t in texts if KEY in t]
