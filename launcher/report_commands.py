@@ -150,7 +150,11 @@ def sweep_command(
         typer.echo(f"layout {spec.nnodes}x{spec.nproc_per_node} (world size {spec.world_size}, lr {spec.lr:g}): "
                    f"run {spec.run_id}")
 
-    run_sweep(sweep_dir, execute, announce)
+    try:
+        run_sweep(sweep_dir, execute, announce)
+    except KeyboardInterrupt:
+        # A message that says how to go on is worth more than the bare exit status of Ctrl-C.
+        raise SweepError(f"sweep interrupted; continue it with `ddpctl sweep --resume {sweep_dir}`") from None
     report, files = finish_sweep(sweep_dir)
     _print_table(report.rows)
     typer.echo(f"report: {files[0]}")

@@ -91,14 +91,15 @@ def new_sweep(base: RunSpec, layouts: list[Layout], runs_dir: Path, scale_lr: st
     `launch` is what the caller needs to run the entries again on resume (hosts, runtime), stored as given."""
     if not layouts:
         raise SpecError("a sweep needs at least one layout: give --gpus, e.g. --gpus 1,2,4")
-    smallest = min(layout.world_size for layout in layouts)
     sweep_id = f"sweep-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(2)}"
+    # Validate every entry's spec now, so a bad value fails before the first run, not after it.
+    for layout in layouts:
+        replace(base, run_id=f"{sweep_id}-{layout.label}").with_layout(
+            nnodes=layout.nnodes, nproc_per_node=layout.nproc_per_node)
+    smallest = min(layout.world_size for layout in layouts)
     entries = []
     for layout in layouts:
         lr = scaled_lr(base.lr, layout.world_size, smallest, scale_lr)
-        # Validate every entry's spec now, so a bad value fails before the first run, not after it.
-        replace(base, run_id=f"{sweep_id}-{layout.label}", lr=lr).with_layout(
-            nnodes=layout.nnodes, nproc_per_node=layout.nproc_per_node)
         entries.append({"nnodes": layout.nnodes, "nproc_per_node": layout.nproc_per_node,
                         "world_size": layout.world_size, "lr": lr, "status": "pending", "attempts": 0,
                         "run_dir": None, "error": None})

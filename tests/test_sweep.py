@@ -1,0 +1,268 @@
+"""Sweeps: layouts, lr scaling, the manifest and resume (with a run executor that writes contract-format run
+directories), then real local sweeps through `ddpctl sweep` with torchrun, gloo and the trainer."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launcher import cli
+from launcher.errors import DdpctlError, SpecError
+from launcher.report import load_run, scaling_table
+from launcher.rundir import read_jsonl
+from launcher.spec import RunSpec
+from launcher.sweep import (
+    Layout,
+    SweepError,
+    _sweep_lock,
+    load_manifest,
+    new_sweep,
+    parse_counts,
+    plan_layouts,
+    run_sweep,
+    scaled_lr,
+)
+from tests.test_report import median, write_run
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = ["--epochs", "1", "--synthetic-train-size", "256", "--synthetic-test-size", "64"]
+
+
+class WritingExecutor:
+    """Runs nothing: writes each spec's run directory as a finished run would, and remembers the calls."""
+
+    def __init__(self, fail_on: int | None = None, interrupt_on: int | None = None, epochs_done: int | None = None):
+        self.calls: list[RunSpec] = []
+        self.manifests_seen: list[dict[str, Any]] = []
+        self.fail_on, self.interrupt_on, self.epochs_done = fail_on, interrupt_on, epochs_done
+
+    def __call__(self, spec: RunSpec, runs_dir: Path) -> Path:
+        self.calls.append(spec)
+        self.manifests_seen.append(load_manifest(runs_dir))
+        if len(self.calls) == self.interrupt_on:
+            raise KeyboardInterrupt
+        if len(self.calls) == self.fail_on:
+            raise DdpctlError("training failed (exit 1)")
+        write_run(runs_dir, spec.run_id, spec.world_size, epochs=self.epochs_done or spec.epochs,
+                  nnodes=spec.nnodes)
+        return runs_dir / spec.run_id
+
+
+def base_spec(**fields: Any) -> RunSpec:
+    return RunSpec(run_id="base", epochs=2, lr=0.02, **fields)
+
+
+@pytest.mark.parametrize("text", ["0,2", "", " ", "1,,2", "a,2", "1.5", "-1", "2,"])
+def test_bad_counts_are_one_line_errors(text: str) -> None:
+    with pytest.raises(SpecError) as info:
+        parse_counts(text, "--gpus")
+    assert "\n" not in str(info.value) and "--gpus" in str(info.value)
+
+
+def test_layouts_are_ordered_by_world_size_once_each() -> None:
+    assert parse_counts(" 4, 1,2", "--gpus") == [4, 1, 2]
+    layouts = plan_layouts([4, 1, 2, 2], [2, 1])
+    assert [(lay.nnodes, lay.nproc_per_node) for lay in layouts] == [(1, 1), (1, 2), (2, 1), (1, 4), (2, 2), (2, 4)]
+
+
+def test_lr_scaling_modes() -> None:
+    assert scaled_lr(0.01, 4, 1, "none") == 0.01
+    assert scaled_lr(0.01, 4, 1, "linear") == pytest.approx(0.04)
+    assert scaled_lr(0.01, 8, 2, "sqrt") == pytest.approx(0.02)
+    with pytest.raises(SpecError, match="--scale-lr"):
+        scaled_lr(0.01, 2, 1, "cubic")
+
+
+def test_sweep_runs_each_layout_and_writes_the_manifest_after_each_step(tmp_path: Path) -> None:
+    sweep_dir = new_sweep(base_spec(), plan_layouts([1, 2, 4], [1]), tmp_path, "linear", "mnist")
+    execute = WritingExecutor()
+    manifest = run_sweep(sweep_dir, execute)
+    assert [s.world_size for s in execute.calls] == [1, 2, 4]
+    assert [s.lr for s in execute.calls] == pytest.approx([0.02, 0.04, 0.08])
+    assert all(s.run_id.startswith(sweep_dir.name) for s in execute.calls)
+    # What was on disk when the second run started: the first done, the second running.
+    seen = [e["status"] for e in execute.manifests_seen[1]["entries"]]
+    assert seen == ["done", "running", "pending"]
+    assert manifest == load_manifest(sweep_dir)
+    assert [e["status"] for e in manifest["entries"]] == ["done"] * 3
+    assert [(sweep_dir / e["run_dir"]).is_dir() for e in manifest["entries"]] == [True] * 3
+    assert manifest["preset"] == "mnist" and manifest["base_spec"]["lr"] == 0.02
+
+
+def test_an_interrupted_sweep_resumes_with_the_entry_it_stopped_at(tmp_path: Path) -> None:
+    sweep_dir = new_sweep(base_spec(), plan_layouts([1, 2, 4], [1]), tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(sweep_dir, WritingExecutor(interrupt_on=2))
+    entries = load_manifest(sweep_dir)["entries"]
+    assert [e["status"] for e in entries] == ["done", "interrupted", "pending"]
+    again = WritingExecutor()
+    manifest = run_sweep(sweep_dir, again)
+    # The first layout is not run again; the interrupted one restarts from scratch in a new run directory.
+    assert [s.world_size for s in again.calls] == [2, 4]
+    assert again.calls[0].run_id == f"{sweep_dir.name}-1x2-r2"
+    assert [e["status"] for e in manifest["entries"]] == ["done"] * 3
+
+
+def test_a_failed_run_stops_the_sweep_with_a_one_line_error_saying_how_to_continue(tmp_path: Path) -> None:
+    sweep_dir = new_sweep(base_spec(), plan_layouts([1, 2], [1]), tmp_path)
+    with pytest.raises(SweepError) as info:
+        run_sweep(sweep_dir, WritingExecutor(fail_on=1))
+    message = str(info.value)
+    assert "\n" not in message and "layout 1x1" in message and f"--resume {sweep_dir}" in message
+    assert [e["status"] for e in load_manifest(sweep_dir)["entries"]] == ["failed", "pending"]
+
+
+def test_a_run_that_ends_before_its_last_epoch_is_a_failure(tmp_path: Path) -> None:
+    sweep_dir = new_sweep(base_spec(), plan_layouts([1], [1]), tmp_path)
+    with pytest.raises(SweepError, match="ended before its last epoch"):
+        run_sweep(sweep_dir, WritingExecutor(epochs_done=1))
+
+
+def test_a_run_that_finished_before_the_manifest_said_so_is_not_run_again(tmp_path: Path) -> None:
+    sweep_dir = new_sweep(base_spec(), plan_layouts([1, 2], [1]), tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(sweep_dir, WritingExecutor(interrupt_on=2))
+    manifest = load_manifest(sweep_dir)
+    write_run(sweep_dir, manifest["entries"][1]["run_dir"], 2, epochs=2)  # it had finished after all
+    again = WritingExecutor()
+    assert [e["status"] for e in run_sweep(sweep_dir, again)["entries"]] == ["done", "done"]
+    assert again.calls == []
+
+
+def test_one_sweep_is_driven_by_one_process_at_a_time(tmp_path: Path) -> None:
+    sweep_dir = new_sweep(base_spec(), plan_layouts([1], [1]), tmp_path)
+    with _sweep_lock(sweep_dir), pytest.raises(SweepError, match="being run by another ddpctl"):
+        run_sweep(sweep_dir, WritingExecutor())
+
+
+def test_an_invalid_entry_fails_before_any_run(tmp_path: Path) -> None:
+    with pytest.raises(SpecError):
+        new_sweep(base_spec(), [Layout(1, 0)], tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["--gpus", "0,2"], "'0' is not a positive integer"),
+    (["--gpus", ""], "is not a list"),
+    (["--gpus", "1,x"], "'x' is not a positive integer"),
+    (["--gpus", "1", "--nodes", "2"], "needs at least 2 --host"),
+    (["--gpus", "1", "--scale-lr", "cubic"], "--scale-lr 'cubic'"),
+    (["--gpus", "1", "--preset", "imagenet"], "unknown preset 'imagenet'"),
+    (["--resume", "RUNS"], "is not a sweep directory"),
+    (["--resume", "RUNS", "--gpus", "2"], "leave out --gpus"),
+])  # fmt: skip
+def test_sweep_command_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                            args: list[str], expected: str) -> None:
+    args = [str(tmp_path) if a == "RUNS" else a for a in args]
+    with pytest.raises(SystemExit) as info:
+        cli.main(["sweep", *args, "--runs-dir", str(tmp_path / "runs")])
+    err = capsys.readouterr().err
+    assert info.value.code == 1 and err.count("\n") == 1 and expected in err, err
+    assert not (tmp_path / "runs").exists()
+
+
+def ddpctl(*args: str, **kwargs: Any) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "launcher", *args], cwd=REPO, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
+
+
+def sweep_dir_in(runs: Path) -> Path:
+    (sweep_dir,) = runs.glob("sweep-*")
+    return sweep_dir
+
+
+def check_report(sweep_dir: Path) -> None:
+    """The report's table equals the figures computed here from each run's timing records; plots open."""
+    from matplotlib.image import imread
+
+    manifest = load_manifest(sweep_dir)
+    records = {e["world_size"]: read_jsonl(sweep_dir / e["run_dir"] / "timing.jsonl") for e in manifest["entries"]}
+    report = json.loads((sweep_dir / "report.json").read_text())
+    totals = {ws: sum(r["seconds"] for r in recs) for ws, recs in records.items()}
+    assert [row["world_size"] for row in report["rows"]] == sorted(records)
+    for row in report["rows"]:
+        recs = records[row["world_size"]]
+        assert row["epoch_seconds"] == pytest.approx(median([r["seconds"] for r in recs]))
+        assert row["train_seconds"] == pytest.approx(totals[row["world_size"]])
+        assert row["speedup"] == pytest.approx(totals[1] / totals[row["world_size"]])
+        assert row["samples_per_s"] == pytest.approx(sum(r["samples"] for r in recs) / totals[row["world_size"]])
+        assert (row["train_acc"], row["val_acc"]) == (recs[-1]["train_acc"], recs[-1]["val_acc"])
+        assert row["steps_per_epoch"] == math.ceil(math.ceil(256 / row["world_size"]) / 32)
+        assert row["dataset"] == "synthetic"
+    for png in report["plots"]:
+        assert imread(sweep_dir / png).shape[:2] == (500, 800)
+    markdown = (sweep_dir / "report.md").read_text()
+    assert "| 1x2 |" in markdown and "![scaling](scaling.png)" in markdown
+    assert scaling_table([load_run(sweep_dir / e["run_dir"]) for e in manifest["entries"]])[1].world_size == 2
+
+
+def stop_orphaned_torchruns(runs: Path) -> None:
+    """torchrun runs in a session of its own; if ddpctl itself had to be killed, stop what it started."""
+    for run_json in runs.glob("sweep-*/*/run.json"):
+        pid = json.loads(run_json.read_text()).get("local_pid")
+        if pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+@pytest.mark.timeout(300)
+def test_local_sweep_on_synthetic_data_runs_both_layouts_and_reports(tmp_path: Path) -> None:
+    proc = ddpctl("sweep", "--gpus", "1,2", "--preset", "mnist-cpu", "--dataset", "synthetic", *TINY,
+                  "--runs-dir", str(tmp_path), "--no-progress")
+    out, err = proc.communicate(timeout=280)
+    assert proc.returncode == 0, out + err
+    sweep_dir = sweep_dir_in(tmp_path)
+    manifest = load_manifest(sweep_dir)
+    assert [(e["world_size"], e["status"]) for e in manifest["entries"]] == [(1, "done"), (2, "done")]
+    assert manifest["report"] == "report.md" and "report.md" in out
+    check_report(sweep_dir)
+    assert "reference: MNIST on CPU" in (sweep_dir / "report.md").read_text()
+
+
+@pytest.mark.timeout(300)
+def test_local_sweep_interrupted_after_its_first_run_resumes_with_the_second(tmp_path: Path) -> None:
+    # More epochs than the first test so that the second run is still training when Ctrl-C comes.
+    proc = ddpctl("sweep", "--gpus", "1,2", *TINY[:1], "40", *TINY[2:], "--runs-dir", str(tmp_path),
+                  "--no-progress", start_new_session=True)
+    try:
+        deadline = time.monotonic() + 200
+        while time.monotonic() < deadline and proc.poll() is None:
+            dirs = list(tmp_path.glob("sweep-*/sweep.json"))
+            entries = json.loads(dirs[0].read_text())["entries"] if dirs else []
+            if len(entries) == 2 and entries[1]["status"] == "running" and (
+                    dirs[0].parent / entries[1]["run_dir"] / "progress.json").exists():
+                break
+            time.sleep(0.2)
+        os.kill(proc.pid, signal.SIGINT)  # Ctrl-C reaches ddpctl alone; it stops torchrun itself
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            stop_orphaned_torchruns(tmp_path)
+    assert proc.returncode == 1 and err.strip().endswith(f"--resume {sweep_dir_in(tmp_path)}`"), out + err
+    sweep_dir = sweep_dir_in(tmp_path)
+    entries = load_manifest(sweep_dir)["entries"]
+    assert [e["status"] for e in entries] == ["done", "interrupted"], entries
+    first = sweep_dir / entries[0]["run_dir"]
+    first_timing = (first / "timing.jsonl").read_text()
+
+    resumed = ddpctl("sweep", "--resume", str(sweep_dir), "--no-progress")
+    out, err = resumed.communicate(timeout=280)
+    assert resumed.returncode == 0, out + err
+    entries = load_manifest(sweep_dir)["entries"]
+    assert [(e["status"], e["attempts"]) for e in entries] == [("done", 1), ("done", 2)]
+    assert entries[1]["run_dir"].endswith("-1x2-r2") and "layout 1x1" not in out
+    assert (first / "timing.jsonl").read_text() == first_timing  # the first run was not touched
+    assert len(read_jsonl(sweep_dir / entries[1]["run_dir"] / "timing.jsonl")) == 40
+    check_report(sweep_dir)
