@@ -23,8 +23,8 @@ from urllib.parse import parse_qsl, urlsplit
 
 from infra.vast_contract import example, find_operation, validate_request
 
-HostFactory = Callable[[int], Any]  # instance id -> object with .address, .port, .user
-HostRemover = Callable[[Any], None]
+HostFactory = Callable[[int], Any]  # instance id -> object with .address, .port, .user (e.g. Testbed.add_host)
+HostRemover = Callable[[Any], None]  # e.g. Testbed.remove_host
 
 
 class BannerHost:
