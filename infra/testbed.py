@@ -30,6 +30,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -94,6 +95,18 @@ class TestHost:
         """Replace the variables every SSH session of this host's user gets (e.g. DOCKER_HOST, PATH)."""
         text = "".join(f"{k}={v}\n" for k, v in env.items())
         _write_user_file(Path(self.ssh_environment_path), text, self.user, 0o600)
+
+    def ssh_environment(self) -> dict[str, str]:
+        """The variables now in ~/.ssh/environment."""
+        try:
+            lines = Path(self.ssh_environment_path).read_text().splitlines()
+        except FileNotFoundError:
+            return {}
+        return dict(line.split("=", 1) for line in lines if "=" in line and not line.startswith("#"))
+
+    def update_ssh_environment(self, env: dict[str, str]) -> None:
+        """Add or change variables of the user's SSH sessions, keeping the others (e.g. PATH from host_python)."""
+        self.set_ssh_environment({**self.ssh_environment(), **env})
 
     def run_as_user(self, argv: Sequence[str], *, check: bool = True, timeout: float = 60,
                     input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
@@ -202,7 +215,8 @@ class Testbed:
     __test__ = False
 
     def __init__(self, name_prefix: str = "ddptb", n_hosts: int = 2, ports: Sequence[int] | None = None,
-                 *, persistent: bool = False) -> None:
+                 *, persistent: bool = False, host_python: bool = False) -> None:
+        """`host_python`: hosts' SSH sessions get this machine's Python (with torch) first on PATH."""
         if not _PREFIX_RE.match(name_prefix):
             raise ValueError(f"name_prefix {name_prefix!r}: use 1-8 lower-case letters or digits, first a letter")
         if os.geteuid() != 0:
@@ -213,6 +227,7 @@ class Testbed:
         self.prefix = name_prefix
         self.dir, idx = _claim_index()
         self.hosts: list[TestHost] = []
+        self.host_env = shared_python_env() if host_python else {}
         owner = None if persistent else os.getpid()
         self.state = BedState(idx=idx, prefix=name_prefix, owner_pid=owner,
                               owner_start=_start_time(owner) if owner else None,
@@ -261,6 +276,8 @@ class Testbed:
         self._create_user(host)
         host._make_host_key()
         host.start_sshd()
+        if self.host_env:
+            host.set_ssh_environment(self.host_env)
         self.hosts.append(host)
         self._sync_state()
         return host
@@ -338,6 +355,29 @@ class Testbed:
         pub = Path(self.client_key_path + ".pub").read_text()
         _write_user_file(Path(host.home, ".ssh", "authorized_keys"), pub, host.user, 0o600)
         _write_user_file(Path(host.home, ".ssh", "environment"), "", host.user, 0o600)
+
+
+def shared_python_env(source: str | None = None) -> dict[str, str]:
+    """Environment giving test users this machine's Python and its packages (torch) as `python3`.
+
+    The interpreter lives under /root (mode 0700, closed to test users), so it is hard-linked once (seconds,
+    no space) to /opt/ddpctl-testbed/; its RPATH still names /root, hence LD_LIBRARY_PATH.
+    """
+    prefix = Path(source or sys.prefix)
+    if not source and sys.prefix != sys.base_prefix:
+        raise TestbedError("host_python needs the base interpreter, not a virtual environment")
+    site = next((prefix / "lib").glob("python3*/site-packages"))
+    tag = hashlib.sha256(f"{prefix}:{site.stat().st_mtime_ns}".encode()).hexdigest()[:12]
+    copy = Path("/opt/ddpctl-testbed") / f"python-{tag}"
+    if not copy.exists():
+        copy.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        tmp = copy.parent / f".{copy.name}.{os.getpid()}"
+        _sh("cp", "-al", str(prefix), str(tmp))
+        try:
+            os.rename(tmp, copy)
+        except OSError:  # another bed made it first
+            shutil.rmtree(tmp, ignore_errors=True)
+    return {"PATH": f"{copy}/bin:/usr/local/bin:/usr/bin:/bin", "LD_LIBRARY_PATH": f"{copy}/lib"}
 
 
 def _write_user_file(path: Path, text: str, user: str, mode: int) -> None:

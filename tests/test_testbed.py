@@ -62,10 +62,12 @@ def test_hosts_are_separate_ssh_hosts_that_reach_each_other(testbed):
 def test_ssh_environment_reaches_sessions(testbed):
     host = testbed.hosts[0]
     host.set_ssh_environment({"DDPCTL_TESTBED_VAR": "value with spaces"})
+    host.update_ssh_environment({"OTHER": "2"})
     try:
+        assert host.ssh_environment() == {"DDPCTL_TESTBED_VAR": "value with spaces", "OTHER": "2"}
         with connect(testbed, host) as conn:
-            out = conn.run(["sh", "-c", 'printf %s "$DDPCTL_TESTBED_VAR"']).stdout
-        assert out == "value with spaces"
+            out = conn.run(["sh", "-c", 'printf %s "$DDPCTL_TESTBED_VAR/$OTHER"']).stdout
+        assert out == "value with spaces/2"
     finally:
         host.set_ssh_environment({})
 
@@ -138,3 +140,11 @@ def test_command_line_start_list_stop():
     assert str(idx) in stopped
     assert leftovers(state) == []
     assert not os.path.exists(tb.STATE_ROOT / f"bed-{idx}")
+
+
+def test_host_python_gives_sessions_torch():
+    with tb.Testbed(TESTBED_PREFIX, n_hosts=1, host_python=True) as bed:
+        with connect(bed, bed.hosts[0]) as conn:
+            result = conn.run(["python3", "-c", "import sys, torch; print(sys.prefix)"], timeout=120)
+        assert result.ok, result.stderr
+        assert result.stdout.startswith("/opt/ddpctl-testbed/python-")
