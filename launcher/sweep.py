@@ -205,6 +205,10 @@ def run_sweep(sweep_dir: Path, execute: Execute,
 
 
 def _fail(sweep_dir: Path, manifest: dict[str, Any], entry: dict[str, Any], reason: str) -> None:
+    # Per-host failures arrive one host per line; the sweep's own error stays one line.
+    lines = [line.strip() for line in reason.splitlines() if line.strip()]
+    reason = " ".join(line if line.endswith(":") or i == len(lines) - 1 else line + ";"
+                      for i, line in enumerate(lines))
     entry.update(status="failed", error=reason)
     write_json_atomic(sweep_dir / SWEEP_FILE, manifest)
     label = f"{entry['nnodes']}x{entry['nproc_per_node']}"

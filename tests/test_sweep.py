@@ -52,7 +52,7 @@ class WritingExecutor:
         if len(self.calls) == self.interrupt_on:
             raise KeyboardInterrupt
         if len(self.calls) == self.fail_on:
-            raise DdpctlError("training failed (exit 1)")
+            raise DdpctlError("pull failed on 1 of 2 host(s):\n  h1: timed out")
         write_run(runs_dir, spec.run_id, spec.world_size, epochs=self.epochs_done or spec.epochs,
                   nnodes=spec.nnodes)
         return runs_dir / spec.run_id
@@ -119,6 +119,7 @@ def test_a_failed_run_stops_the_sweep_with_a_one_line_error_saying_how_to_contin
         run_sweep(sweep_dir, WritingExecutor(fail_on=1))
     message = str(info.value)
     assert "\n" not in message and "layout 1x1" in message and f"--resume {sweep_dir}" in message
+    assert "host(s): h1: timed out;" in message
     assert [e["status"] for e in load_manifest(sweep_dir)["entries"]] == ["failed", "pending"]
 
 
