@@ -35,8 +35,8 @@ def leftovers(state: tb.BedState) -> list[str]:
             found.append(f"user {host['user']}")
         if Path(host["home"]).exists():
             found.append(f"home {host['home']}")
-        pid = tb._read_pid(Path(host["dir"], "sshd.pid"))
-        if pid and tb._state_of(pid) not in (None, "Z"):
+        pid = tb.read_pid(Path(host["dir"], "sshd.pid"))
+        if pid and tb.process_state(pid) not in (None, "Z"):
             found.append(f"sshd {pid}")
     return found
 
