@@ -14,6 +14,12 @@ for beds whose owner died) removes exactly what was made, even after a partial s
         host = bed.hosts[0]          # host.spec == "ddptb7h0@10.231.7.2:22"
         bed.write_known_hosts(path)  # trust the hosts' keys
 
+For what runs on a host (a per-host Docker engine, jobs): `host.nsenter()` enters its network namespace
+(nsenter, not `ip netns exec`, which remounts /sys), `host.user`/`host.home` are its login user and workspace,
+`host.update_ssh_environment({...})` sets variables of that user's SSH sessions (~/.ssh/environment,
+PermitUserEnvironment yes), `Testbed(..., host_python=True)` gives sessions this machine's python3 with torch.
+stop() SIGKILLs every process in a host's namespace or of its user: stop your own daemons first.
+
 Usable by hand: `python -m infra.testbed start --hosts 3 | list | stop`.
 """
 

@@ -194,6 +194,8 @@ class Connection:
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             chan.exec_command(line)
+            if timeout is not None:
+                chan.settimeout(timeout)  # bounds sendall when the command does not read its input
             if stdin:
                 chan.sendall(stdin)
             chan.shutdown_write()  # EOF on the remote stdin, so a command reading it does not wait for us
@@ -210,6 +212,8 @@ class Connection:
                         raise HostError(self.label, f"`{_short(shown)}` did not finish within {timeout:g} s")
                     select.select([chan], [], [], wait)
             code = chan.recv_exit_status()
+        except TimeoutError as e:
+            raise HostError(self.label, f"`{_short(shown)}` did not finish within {timeout:g} s") from e
         except (paramiko.SSHException, EOFError, OSError) as e:
             raise HostError(self.label, f"connection lost while running `{_short(shown)}`: {e}") from e
         finally:

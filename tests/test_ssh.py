@@ -50,6 +50,10 @@ def test_run_exit_code_stderr_stdin_env_cwd_and_timeout(testbed):
         with pytest.raises(HostError, match=r"did not finish within 0\.5 s"):
             conn.run(["sleep", "20"], timeout=0.5)
         assert time.monotonic() - t0 < 5
+        t0 = time.monotonic()  # a command that never reads a large stdin cannot block us either
+        with pytest.raises(HostError, match=r"did not finish within 1 s"):
+            conn.run(["sleep", "20"], stdin=b"x" * 20_000_000, timeout=1)
+        assert time.monotonic() - t0 < 5
         assert conn.run(["echo", "still usable"]).stdout == "still usable\n"
 
 
