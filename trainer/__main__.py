@@ -70,8 +70,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, str, Path]:
     p.add_argument("--snapshot-dir", type=Path, default=None, help="default: OUT_DIR/snapshots")
     p.add_argument("--synthetic-train-size", type=_positive(int), default=16384)
     p.add_argument("--synthetic-test-size", type=_positive(int), default=2048)
-    p.add_argument("--fault-kill", type=_fault, default=None, metavar="RANK:STEP",
-                   help="tests: on the first attempt, global rank RANK SIGKILLs itself at global step STEP")
+    p.add_argument(
+        "--fault-kill",
+        type=_fault,
+        default=None,
+        metavar="RANK:STEP",
+        help="tests: on the first attempt, global rank RANK SIGKILLs itself at global step STEP",
+    )
     args = p.parse_args(argv)
     if args.seed < 0:
         p.error(f"--seed must be >= 0, got {args.seed}")

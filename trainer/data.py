@@ -84,6 +84,7 @@ def normalise(images: torch.Tensor, mean: tuple[float, ...], std: tuple[float, .
 
 # --- synthetic -----------------------------------------------------------------------------------------
 
+
 def synthetic_images(n: int, seed: int, split: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """n MNIST-shaped uint8 images (n, 1, 28, 28) of 10 classes, deterministic from (seed, split).
 
@@ -117,6 +118,7 @@ def _prototypes(seed: int) -> torch.Tensor:
 
 
 # --- MNIST (IDX files) ---------------------------------------------------------------------------------
+
 
 def read_idx(path: Path) -> torch.Tensor:
     """One IDX file (raw, or gzip-compressed when its name ends in .gz) as a tensor of its shape."""
@@ -171,6 +173,7 @@ def _find_mnist_file(data_dir: Path, name: str) -> Path | None:
 
 # --- CIFAR-10 (python pickle batches) ------------------------------------------------------------------
 
+
 class _NumpyOnlyUnpickler(pickle.Unpickler):
     """Unpickles CIFAR-10 batches: plain containers and numpy arrays, nothing that could run code."""
 
@@ -181,6 +184,7 @@ class _NumpyOnlyUnpickler(pickle.Unpickler):
         ("numpy._core.multiarray", "_reconstruct"),
         ("numpy.core.multiarray", "scalar"),
         ("numpy._core.multiarray", "scalar"),
+        ("_codecs", "encode"),  # how Python 3's protocol-2 pickles spell bytes
     }
 
     def find_class(self, module: str, name: str) -> Any:

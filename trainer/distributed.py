@@ -89,8 +89,20 @@ def setup(backend: str = "auto") -> DistContext:
         chosen = ("nccl" if device.type == "cuda" else "gloo") if backend == "auto" else backend
         if chosen == "nccl" and device.type != "cuda":
             raise TrainerError("--backend nccl needs CUDA GPUs and none is available; use --backend gloo")
-        dist.init_process_group(backend=chosen)
+        _init_process_group(chosen, rank, world_size, restart_count)
     return DistContext(rank, local_rank, world_size, local_world_size, nnodes, restart_count, device, chosen)
+
+
+def _init_process_group(backend: str, rank: int, world_size: int, restart_count: int) -> None:
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        dist.init_process_group(backend=backend)  # rank 0 hosts a fresh store on every attempt
+        return
+    # torchrun's agent keeps one store across restarts, and the keys of the previous attempt's process group
+    # (its peers' dead addresses) are still in it: a restarted rank may connect to those and fail
+    # (pytorch/pytorch#135712). A prefix per attempt keeps every attempt's keys apart.
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False)
+    attempt_store = dist.PrefixStore(f"ddpctl-trainer/attempt-{restart_count}", store)
+    dist.init_process_group(backend=backend, store=attempt_store, rank=rank, world_size=world_size)
 
 
 def device_name(device: torch.device) -> str:

@@ -97,5 +97,4 @@ def versions() -> dict[str, str | None]:
         ddpctl: str | None = metadata.version("ddpctl")
     except metadata.PackageNotFoundError:  # the trainer shipped as plain code to a host
         ddpctl = None
-    return {"python": platform.python_version(), "torch": torch.__version__, "torchvision": vision,
-            "ddpctl": ddpctl}
+    return {"python": platform.python_version(), "torch": torch.__version__, "torchvision": vision, "ddpctl": ddpctl}

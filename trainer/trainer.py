@@ -192,8 +192,10 @@ class Trainer:
         if state["world_size"] == ctx.world_size:
             restore_rng(rng_states[ctx.rank], ctx.device)
         else:
-            self._warn(f"snapshot was taken by {state['world_size']} processes, now {ctx.world_size}: "
-                       "dropout RNG reseeded, the run will not match an uninterrupted one bit for bit")
+            self._warn(
+                f"snapshot was taken by {state['world_size']} processes, now {ctx.world_size}: "
+                "dropout RNG reseeded, the run will not match an uninterrupted one bit for bit"
+            )
             seed_rng(self.config.seed + 1000 * agreed, ctx.rank)
         self.records = list(state["records"])
         self.wall_start = float(state["wall_start"])
@@ -216,8 +218,9 @@ class Trainer:
         for epoch in range(self.epochs_done + 1, cfg.epochs + 1):
             result = self._run_epoch(epoch)
             if self.progress is not None:
-                self.progress.write(epoch=epoch, step=result.steps,
-                                    samples_per_s=result.samples / result.seconds, state="validating")
+                self.progress.write(
+                    epoch=epoch, step=result.steps, samples_per_s=result.samples / result.seconds, state="validating"
+                )
             val_start = time.perf_counter()
             val_loss, val_acc = self._evaluate()
             record = {
@@ -259,6 +262,7 @@ class Trainer:
 
 
 # --- random number generators (dropout draws from torch's; each rank has its own stream) ---------------
+
 
 def seed_rng(seed: int, rank: int) -> None:
     """Give this rank its own dropout stream (after the model was built from the shared seed)."""

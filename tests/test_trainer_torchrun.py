@@ -1,0 +1,125 @@
+"""The trainer under a real torchrun (2 processes, gloo, CPU): a whole run, a killed rank that torchrun
+restarts from the snapshot (bitwise the same final weights), and a snapshot destroyed mid-write."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from tests.trainer_support import (
+    SMALL_RUN,
+    assert_same_weights,
+    describe,
+    load_weights,
+    read_json,
+    read_timing,
+    run_torchrun,
+    run_trainer,
+)
+from trainer.snapshot import list_snapshots, read_snapshot, snapshot_path
+
+TRAIN_SIZE, WORLD, BATCH = 4095, 2, 32
+PER_RANK = math.ceil(TRAIN_SIZE / WORLD)  # DistributedSampler pads 4095 to 2 x 2048
+STEPS = math.ceil(PER_RANK / BATCH)  # 64 steps per epoch per process
+
+
+@pytest.fixture(scope="module")
+def clean_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An uninterrupted 2-process run of SMALL_RUN; its final weights are the reference for resumed runs."""
+    out = tmp_path_factory.mktemp("clean")
+    result = run_torchrun([*SMALL_RUN, "--out-dir", str(out)])
+    assert result.returncode == 0, describe(result)
+    return out
+
+
+def test_two_process_run_writes_consistent_outputs(clean_run: Path) -> None:
+    timing = read_timing(clean_run)
+    summary = read_json(clean_run / "summary.json")
+    progress = read_json(clean_run / "progress.json")
+
+    assert [r["epoch"] for r in timing] == [1, 2] and all(r["epochs"] == 2 for r in timing)
+    for record in timing:
+        assert record["world_size"] == WORLD and record["restart_count"] == 0
+        assert record["samples"] == PER_RANK * WORLD == 4096  # padding counted, as DistributedSampler pads
+        assert record["steps"] == STEPS
+        assert record["samples_per_s"] == pytest.approx(record["samples"] / record["seconds"])
+        assert record["seconds"] > 0 and record["val_seconds"] > 0
+        assert 0 <= record["train_acc"] <= 1 and 0 <= record["val_acc"] <= 1
+    # Learnable but not trivial: not solved after one epoch, clearly above chance (10%) after two.
+    assert timing[0]["train_acc"] < 0.95
+    assert timing[-1]["val_acc"] > 0.3 and timing[-1]["val_loss"] < timing[0]["val_loss"]
+
+    assert summary["epochs"] == 2 and summary["world_size"] == WORLD and summary["nnodes"] == 1
+    assert summary["restarts"] == 0
+    assert summary["final_val_acc"] == timing[-1]["val_acc"]
+    assert summary["final_train_loss"] == timing[-1]["train_loss"]
+    assert summary["train_seconds"] == pytest.approx(sum(r["seconds"] for r in timing))
+    assert summary["samples_per_s"] == pytest.approx(sum(r["samples"] for r in timing) / summary["train_seconds"])
+    assert summary["wall_seconds"] >= summary["train_seconds"]
+    assert (summary["model"], summary["dataset"], summary["batch_size"], summary["lr"], summary["seed"]) == (
+        "mnist-cnn", "synthetic", BATCH, 0.05, 3,
+    )  # fmt: skip
+    assert summary["versions"]["torch"] and summary["versions"]["python"]
+    assert len(summary["devices"]) == WORLD and all(d.startswith("cpu") for d in summary["devices"])
+
+    assert progress["state"] == "done" and progress["epoch"] == 2 and progress["steps_per_epoch"] == STEPS
+    assert [e for e, _ in list_snapshots(clean_run / "snapshots")] == [2, 1]
+    final = load_weights(clean_run / "final_model.pt")
+    assert_same_weights(final, read_snapshot(snapshot_path(clean_run / "snapshots", 2))["model"])
+
+
+def test_killed_rank_restarts_from_snapshot_with_identical_weights(clean_run: Path, tmp_path: Path) -> None:
+    kill_step = STEPS + STEPS // 2  # the middle of epoch 2: epoch 1's snapshot exists, epoch 2 is lost
+    result = run_torchrun([*SMALL_RUN, "--out-dir", str(tmp_path), "--fault-kill", f"1:{kill_step}"], max_restarts=1)
+    assert result.returncode == 0, describe(result)
+    assert "resuming after epoch 1" in result.stderr, describe(result)
+
+    summary = read_json(tmp_path / "summary.json")
+    timing = read_timing(tmp_path)
+    assert summary["restarts"] == 1 and summary["epochs"] == 2
+    assert [(r["epoch"], r["restart_count"]) for r in timing] == [(1, 0), (2, 1)]
+    # wall time runs from the first attempt's start, carried through the snapshot.
+    assert summary["wall_seconds"] > summary["train_seconds"]
+    assert_same_weights(load_weights(tmp_path / "final_model.pt"), load_weights(clean_run / "final_model.pt"))
+    assert timing[1]["val_acc"] == read_timing(clean_run)[1]["val_acc"]
+
+
+def test_kill_without_restarts_fails_the_run(tmp_path: Path) -> None:
+    result = run_torchrun([*SMALL_RUN, "--epochs", "1", "--out-dir", str(tmp_path), "--fault-kill", "0:5"])
+    assert result.returncode != 0
+    assert not (tmp_path / "summary.json").exists()
+
+
+def test_snapshot_destroyed_mid_write_falls_back_to_previous(tmp_path: Path) -> None:
+    """A world of one without torchrun: the newest snapshot is truncated and a temp file is left over, as a
+    kill during the write would leave them; the run names the bad file, resumes after epoch 1 and ends with
+    the same weights as before."""
+    args = [*SMALL_RUN, "--synthetic-train-size", "1024", "--out-dir", str(tmp_path)]
+    first = run_trainer(args)
+    assert first.returncode == 0, describe(first)
+    reference = load_weights(tmp_path / "final_model.pt")
+    snapshots = tmp_path / "snapshots"
+    newest = snapshot_path(snapshots, 2)
+    newest.write_bytes(newest.read_bytes()[:5000])
+    (snapshots / ".snapshot-epoch-000002.pt.tmp-k1ll3d").write_bytes(b"\x00" * 100)
+    (tmp_path / "final_model.pt").unlink()
+
+    second = run_trainer(args)
+    assert second.returncode == 0, describe(second)
+    warnings = [line for line in second.stderr.splitlines() if "warning" in line]
+    assert any(str(newest) in line and "sha256" in line for line in warnings), describe(second)
+    assert any("resuming after epoch 1" in line for line in warnings), describe(second)
+    assert [r["epoch"] for r in read_timing(tmp_path)] == [1, 2]
+    assert_same_weights(load_weights(tmp_path / "final_model.pt"), reference)
+    assert read_snapshot(newest)["epochs_done"] == 2  # rewritten whole
+
+
+def test_snapshots_of_another_run_are_refused(tmp_path: Path) -> None:
+    args = [*SMALL_RUN, "--epochs", "1", "--synthetic-train-size", "256", "--out-dir", str(tmp_path)]
+    assert run_trainer(args).returncode == 0
+    other = run_trainer([*args, "--lr", "0.1"])
+    assert other.returncode == 2
+    lines = other.stderr.strip().splitlines()
+    assert len(lines) == 1 and "belongs to another run" in lines[0], describe(other)
