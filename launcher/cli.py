@@ -10,7 +10,7 @@ from typing import Any
 
 import typer
 
-from launcher.errors import DdpctlError, SpecError
+from launcher.errors import DdpctlError, Interrupted, SpecError
 from launcher.hosts import parse_host
 from launcher.progress import console, summary_table
 from launcher.spec import RUNTIMES, RunSpec, new_run_id
@@ -140,6 +140,8 @@ def finish_up(result: Any, json_out: bool) -> None:
     elif result.summary:
         console.print(summary_table(result.summary, f"run {result.run_dir.name}"))
         console.print(f"results in {result.run_dir}")
+    if result.exit_code == 130:
+        raise Interrupted(f"stopped by Ctrl-C; snapshots and logs are in {result.run_dir}")
     if result.exit_code != 0:
         raise DdpctlError(_failure_message(result))
 
@@ -147,8 +149,6 @@ def finish_up(result: Any, json_out: bool) -> None:
 def _failure_message(result: Any) -> str:
     from launcher.local import log_tail
 
-    if result.exit_code == 130:
-        return f"stopped by Ctrl-C; snapshots and logs are in {result.run_dir}"
     tail = log_tail(result.run_dir, 15) if result.run_dir else ""
     return f"training failed (exit {result.exit_code}); logs in {result.run_dir}" + (f"\n{tail}" if tail else "")
 
@@ -171,18 +171,18 @@ def main(argv: list[str] | None = None) -> None:
         app(args=argv, standalone_mode=False)
     except DdpctlError as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+        sys.exit(e.exit_code)
     except (typer.Abort, KeyboardInterrupt):
         print("error: interrupted", file=sys.stderr)
         sys.exit(130)
-    except _CLICK_ERROR as e:
+    except _CLICK_ERROR as e:  # a click.ClickException: format_message() and exit_code
         if e.__class__.__name__ == "NoArgsIsHelpError":
             sys.exit(0)
-        print(f"error: {e.format_message()} (see --help)", file=sys.stderr)
-        sys.exit(e.exit_code)
+        print(f"error: {e.format_message()} (see --help)", file=sys.stderr)  # type: ignore[attr-defined]
+        sys.exit(e.exit_code)  # type: ignore[attr-defined]
     except typer.Exit as e:
         sys.exit(e.exit_code)
 
 
 # typer >= 0.20 vendors its own click; its usage errors share only the class name with click's.
-_CLICK_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+_CLICK_ERROR: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")

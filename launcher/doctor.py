@@ -23,12 +23,13 @@ def run_doctor(options: UpOptions, *, gpus: int, python: str, rdzv_port: int, js
     targets = [resolve_target(h, options.ssh_config, options.identity_file) for h in options.hosts]
     rows: list[dict[str, Any]] = []
     with HostSession(targets, options) as session:
-        outcomes = run_on_hosts(list(range(len(targets))), lambda i: probe_host(session.conn(i), python, session.labels[i]),
+        outcomes = run_on_hosts(list(range(len(targets))),
+                                lambda i: probe_host(session.conn(i), python, session.label_of(i)),
                                 timeout=options.connect_timeout + 90, label=session.label_of)
         facts: list[HostFacts] = []
         for outcome in outcomes:
             row: dict[str, Any] = {"host": outcome.label, "ok": outcome.error is None, "problems": []}
-            if outcome.error is not None:
+            if outcome.value is None:
                 row["problems"].append(_short(outcome.error))
             else:
                 facts.append(outcome.value)
@@ -73,5 +74,5 @@ def run_doctor(options: UpOptions, *, gpus: int, python: str, rdzv_port: int, js
     return ok
 
 
-def _short(error: BaseException) -> str:
+def _short(error: BaseException | None) -> str:
     return str(error).split(": ", 1)[-1] if str(error) else type(error).__name__

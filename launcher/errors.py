@@ -6,6 +6,14 @@ from __future__ import annotations
 class DdpctlError(Exception):
     """An error with a message meant for the user: what was wrong and what to do."""
 
+    exit_code = 1
+
+
+class Interrupted(DdpctlError):
+    """The user stopped the run (Ctrl-C); what exists was kept."""
+
+    exit_code = 130
+
 
 class SpecError(DdpctlError):
     """The run specification is invalid (bad option value, unknown model, ...)."""

@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,7 @@ def run_local(plan: RunPlan, run_dir: RunDir, show_progress: bool = True) -> int
     run_dir.update_record(local_pid=proc.pid)
     run_dir.event("started", node=0, pid=proc.pid, command=list(node.command))
     progress_file = run_dir.path / "progress.json"
+    previous = _stop_on_hangup()
     try:
         with RunProgress([node.host.label], enabled=show_progress) as progress:
             while proc.poll() is None:
@@ -73,8 +75,24 @@ def run_local(plan: RunPlan, run_dir: RunDir, show_progress: bool = True) -> int
         _stop(proc)
         run_dir.event("stopped", node=0, exit_code=proc.returncode)
         return 130
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     run_dir.event("exited", node=0, exit_code=proc.returncode)
     return int(proc.returncode)
+
+
+def _stop_on_hangup() -> dict[int, Any]:
+    """torchrun runs in its own session, so a SIGTERM or SIGHUP to us must stop it too: treat them as Ctrl-C."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            previous[sig] = signal.signal(sig, interrupt)
+    return previous
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from launcher.errors import DdpctlError
 from launcher.hostsession import HostSession, target_from_json, target_to_json
 from launcher.parallel import raise_for_errors, run_on_hosts
-from launcher.plan import NodeHost, NodePlan, RunPlan, plan_remote, remote_workspace
+from launcher.plan import NodeHost, RunPlan, plan_remote
 from launcher.preflight import (
     HostFacts,
     check_public_rendezvous,
@@ -24,7 +24,7 @@ from launcher.preflight import (
 )
 from launcher.progress import RunProgress, console
 from launcher.remote_node import NodeState, log_tail, read_state, start_node, stop_node
-from launcher.rundir import RunDir, read_jsonl, write_json_atomic
+from launcher.rundir import RunDir
 from launcher.spec import RunSpec
 from launcher.sync import pull_tree, ship_tree
 
@@ -35,6 +35,8 @@ POLL_SECONDS = 1.0
 # Files copied from node 0 to the top of the run directory, so every run reads the same way.
 TOP_LEVEL_FILES = ("timing.jsonl", "summary.json", "progress.json")
 CODE_CACHE = ".ddpctl/code"
+# What comes back from a node's workspace (gitignore patterns): everything but the shipped code.
+PULLED = ("/out/", "/logs/", "/torchrun.out", "/exit_code", "/pid")
 
 
 def trainer_source_dir() -> Path:
@@ -89,17 +91,13 @@ def prepare(spec: RunSpec, options: UpOptions, session: HostSession,
     outcomes = run_on_hosts(list(range(len(session.targets))),
                             lambda i: probe_host(session.conn(i), spec.python, session.labels[i]),
                             timeout=options.connect_timeout + 90, label=session.label_of)
-    raise_for_errors(outcomes, "preflight")
-    facts: list[HostFacts] = [o.value for o in outcomes]
+    facts: list[HostFacts] = raise_for_errors(outcomes, "preflight")
     gpus = spec.nproc_per_node or min(int(f.info.get("gpus") or 0) or 1 for f in facts)
     spec = spec.with_layout(nnodes=len(facts), nproc_per_node=gpus)
     problems = check_requirements(facts, gpus, need_torch=options.runtime == "native")
     if problems:
         raise DdpctlError("preflight failed:\n" + "\n".join(f"  {p}" for p in problems))
-    if provider_hosts:
-        hosts = provider_hosts
-    else:
-        hosts = [NodeHost(f.label, f.address, f.iface_of(f.address)) for f in facts]
+    hosts = provider_hosts or [NodeHost(f.label, f.address, f.iface_of(f.address)) for f in facts]
     addr0 = options.rdzv_addr or hosts[0].address or session.targets[0].hostname
     if spec.nnodes > 1:
         check_public_rendezvous(addr0, bool(options.extra.get("allow_public_rendezvous")))
@@ -132,9 +130,8 @@ def ship_code(session: HostSession, plan: RunPlan, run_dir: RunDir) -> None:
         return asdict(stats)
 
     outcomes = run_on_hosts(list(range(len(plan.nodes))), ship, timeout=600, label=session.label_of)
-    raise_for_errors(outcomes, "ship")
-    for index, outcome in enumerate(outcomes):
-        run_dir.event("shipped", node=index, **outcome.value)
+    for index, stats in enumerate(raise_for_errors(outcomes, "ship")):
+        run_dir.event("shipped", node=index, **stats)
 
 
 def start_nodes(session: HostSession, plan: RunPlan, run_dir: RunDir) -> None:
@@ -218,20 +215,22 @@ def pull_run(session: HostSession, run_dir: RunDir) -> list[dict[str, Any]]:
 
     def pull(index: int) -> dict[str, Any]:
         stats = pull_tree(session.conn(index), workspaces[index], run_dir.path / "nodes" / str(index),
-                          exclude=("code",))
+                          include=PULLED, missing_ok=True)
         return asdict(stats)
 
     outcomes = run_on_hosts(list(range(len(workspaces))), pull, timeout=1800, label=session.label_of)
     for index, outcome in enumerate(outcomes):
-        run_dir.event("pulled", node=index, **(outcome.value if outcome.error is None else {"error": str(outcome.error)}))
+        if outcome.value is not None:
+            run_dir.event("pulled", node=index, **outcome.value)
+        else:
+            run_dir.event("pull_failed", node=index, error=str(outcome.error))
     node0 = run_dir.path / "nodes" / "0" / "out"
     for name in TOP_LEVEL_FILES:
         if (node0 / name).is_file():
             tmp = run_dir.path / f".{name}.tmp"
             shutil.copyfile(node0 / name, tmp)
             os.replace(tmp, run_dir.path / name)
-    raise_for_errors(outcomes, "pull")
-    return [o.value for o in outcomes]
+    return raise_for_errors(outcomes, "pull")
 
 
 def _read_summary(run_dir: RunDir) -> dict[str, Any] | None:
@@ -248,6 +247,3 @@ def reattach(run_dir: RunDir, options: UpOptions) -> HostSession:
         raise DdpctlError(f"run {run_dir.run_id} ran locally: it has no hosts to reach")
     return HostSession(targets, options, settings=record.get("ssh", {}))
 
-
-__all__ = ["follow", "pull_run", "reattach", "remote_workspace", "run_remote_up", "stop_all", "write_json_atomic",
-           "read_jsonl"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING
 
 import typer
 from rich.table import Table
@@ -13,7 +13,10 @@ from rich.table import Table
 from launcher.errors import DdpctlError
 from launcher.hosts import parse_host
 from launcher.progress import console
-from launcher.rundir import RunDir, find_run
+from launcher.rundir import find_run
+
+if TYPE_CHECKING:
+    from launcher.up import UpOptions
 
 RUN_ARG = typer.Argument(None, help="Run id or directory (default: the newest run).")
 RUNS_DIR = typer.Option(Path("runs"), "--runs-dir", help="Where run directories live.")
@@ -22,15 +25,16 @@ IDENTITY = typer.Option(None, "--identity-file", "-i", help="SSH private key.")
 TIMEOUT = typer.Option(10.0, "--connect-timeout", help="Seconds to wait for each SSH connection.")
 
 
-def _options(runs_dir: Path, identity_file: Path | None = None, accept: bool = False, timeout: float = 10.0):  # type: ignore[no-untyped-def]
+def _options(runs_dir: Path, identity_file: Path | None = None, accept: bool = False,
+             timeout: float = 10.0) -> UpOptions:
     from launcher.up import UpOptions
 
     return UpOptions(runs_dir=runs_dir, identity_file=identity_file, accept_new_host_keys=accept,
                      connect_timeout=timeout, show_progress=False)
 
 
-def status(run: Optional[str] = RUN_ARG, runs_dir: Path = RUNS_DIR, json_out: bool = typer.Option(False, "--json"),
-           identity_file: Optional[Path] = IDENTITY, connect_timeout: float = TIMEOUT) -> None:
+def status(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, json_out: bool = typer.Option(False, "--json"),
+           identity_file: Path | None = IDENTITY, connect_timeout: float = TIMEOUT) -> None:
     """Where a run stands: each node's process state and progress, and what was pulled."""
     from launcher.remote import poll_states, reattach
 
@@ -50,8 +54,8 @@ def status(run: Optional[str] = RUN_ARG, runs_dir: Path = RUNS_DIR, json_out: bo
         events = run_dir.events()
         exited = [e for e in events if e["event"] in ("exited", "stopped")]
         summary_exists = (run_dir.path / "summary.json").exists()
-        state = "finished" if summary_exists else ("ended" if exited else "running or interrupted")
-        rows.append({"node": 0, "host": "local", "state": state,
+        local_state = "finished" if summary_exists else ("ended" if exited else "running or interrupted")
+        rows.append({"node": 0, "host": "local", "state": local_state,
                      "exit_code": exited[-1].get("exit_code") if exited else None, "epoch": None, "epochs": None})
     extra = {k: record[k] for k in ("instances",) if k in record}
     if json_out:
@@ -62,14 +66,14 @@ def status(run: Optional[str] = RUN_ARG, runs_dir: Path = RUNS_DIR, json_out: bo
         table.add_column(column)
     for row in rows:
         epoch = f"{row['epoch']}/{row['epochs']}" if row["epoch"] else "-"
-        table.add_row(str(row["node"]), row["host"], row["state"], str(row["exit_code"] if row["exit_code"] is not None else "-"),
-                      epoch)
+        exit_code = "-" if row["exit_code"] is None else str(row["exit_code"])
+        table.add_row(str(row["node"]), str(row["host"]), str(row["state"]), exit_code, epoch)
     console.print(table)
 
 
-def logs(run: Optional[str] = RUN_ARG, runs_dir: Path = RUNS_DIR, node: int = typer.Option(0, "--node"),
+def logs(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, node: int = typer.Option(0, "--node"),
          follow: bool = typer.Option(False, "--follow", "-f"), lines: int = typer.Option(50, "--lines", "-n"),
-         identity_file: Optional[Path] = IDENTITY, connect_timeout: float = TIMEOUT) -> None:
+         identity_file: Path | None = IDENTITY, connect_timeout: float = TIMEOUT) -> None:
     """Print a node's torchrun output (`-f` to keep following it)."""
     from launcher.remote import node_workspaces, reattach
     from launcher.remote_node import read_state
@@ -98,7 +102,7 @@ def logs(run: Optional[str] = RUN_ARG, runs_dir: Path = RUNS_DIR, node: int = ty
             time.sleep(1.0)
 
 
-def pull(run: Optional[str] = RUN_ARG, runs_dir: Path = RUNS_DIR, identity_file: Optional[Path] = IDENTITY,
+def pull(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, identity_file: Path | None = IDENTITY,
          connect_timeout: float = TIMEOUT) -> None:
     """Fetch every node's outputs into the run directory (incremental, sha256-verified)."""
     from launcher.remote import pull_run, reattach
@@ -110,7 +114,7 @@ def pull(run: Optional[str] = RUN_ARG, runs_dir: Path = RUNS_DIR, identity_file:
     console.print(f"pulled {moved:,} bytes into {run_dir.path}/nodes (all files verified)")
 
 
-def down(run: Optional[str] = RUN_ARG, runs_dir: Path = RUNS_DIR, identity_file: Optional[Path] = IDENTITY,
+def down(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, identity_file: Path | None = IDENTITY,
          connect_timeout: float = TIMEOUT, force: bool = typer.Option(False, "--force", help="Destroy rented "
          "machines even when their results could not be verified.")) -> None:
     """Stop every node's processes, then pull what they wrote (and release rented machines)."""
@@ -129,8 +133,8 @@ def down(run: Optional[str] = RUN_ARG, runs_dir: Path = RUNS_DIR, identity_file:
 
 def doctor(host: list[str] = typer.Option(..., "--host", help="Hosts to check; repeat."),
            gpus: int = typer.Option(1, "--gpus"), python: str = typer.Option("python3", "--python"),
-           rdzv_addr: Optional[str] = typer.Option(None, "--rdzv-addr"), rdzv_port: int = typer.Option(29400),
-           identity_file: Optional[Path] = IDENTITY, accept_new_host_keys: bool = ACCEPT,
+           rdzv_addr: str | None = typer.Option(None, "--rdzv-addr"), rdzv_port: int = typer.Option(29400),
+           identity_file: Path | None = IDENTITY, accept_new_host_keys: bool = ACCEPT,
            connect_timeout: float = TIMEOUT, json_out: bool = typer.Option(False, "--json")) -> None:
     """Check hosts before a run: login, python/torch, GPUs or cores, disk, and reachability of node 0."""
     from launcher.doctor import run_doctor
