@@ -10,7 +10,7 @@ from typing import Any
 
 import typer
 
-from launcher.errors import SpecError
+from launcher.errors import Interrupted, SpecError
 from launcher.hosts import parse_host
 from launcher.presets import apply_preset, get_preset
 from launcher.spec import RunSpec
@@ -140,7 +140,7 @@ def sweep_command(
         run_sweep(sweep_dir, up_executor(launch, progress), _announce)
     except KeyboardInterrupt:
         # A message that says how to go on is worth more than the bare exit status of Ctrl-C.
-        raise SweepError(f"sweep interrupted; continue it with `ddpctl sweep --resume {sweep_dir}`") from None
+        raise Interrupted(f"sweep interrupted; continue it with `ddpctl sweep --resume {sweep_dir}`") from None
     report, files = finish_sweep(sweep_dir)
     _print_table(report.rows)
     typer.echo(f"report: {files[0]}")

@@ -33,6 +33,7 @@ from launcher.sweep import (
     scaled_lr,
 )
 from tests.test_report import median, write_run
+from tests.testbed_fixtures import needs_testbed
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["--epochs", "1", "--synthetic-train-size", "256", "--synthetic-test-size", "64"]
@@ -203,7 +204,9 @@ def check_report(sweep_dir: Path) -> None:
     for png in report["plots"]:
         assert imread(sweep_dir / png).shape[:2] == (500, 800)
     markdown = (sweep_dir / "report.md").read_text()
-    assert "| 1x2 |" in markdown and "![scaling](scaling.png)" in markdown
+    assert "![scaling](scaling.png)" in markdown
+    for entry in manifest["entries"]:
+        assert f"| {entry['nnodes']}x{entry['nproc_per_node']} |" in markdown
     assert scaling_table([load_run(sweep_dir / e["run_dir"]) for e in manifest["entries"]])[1].world_size == 2
 
 
@@ -251,7 +254,7 @@ def test_local_sweep_interrupted_after_its_first_run_resumes_with_the_second(tmp
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             stop_orphaned_torchruns(tmp_path)
-    assert proc.returncode == 1 and err.strip().endswith(f"--resume {sweep_dir_in(tmp_path)}`"), out + err
+    assert proc.returncode == 130 and err.strip().endswith(f"--resume {sweep_dir_in(tmp_path)}`"), out + err
     sweep_dir = sweep_dir_in(tmp_path)
     entries = load_manifest(sweep_dir)["entries"]
     assert [e["status"] for e in entries] == ["done", "interrupted"], entries
@@ -267,3 +270,33 @@ def test_local_sweep_interrupted_after_its_first_run_resumes_with_the_second(tmp
     assert (first / "timing.jsonl").read_text() == first_timing  # the first run was not touched
     assert len(read_jsonl(sweep_dir / entries[1]["run_dir"] / "timing.jsonl")) == 40
     check_report(sweep_dir)
+
+
+@needs_testbed
+@pytest.mark.testbed
+@pytest.mark.timeout(500)
+def test_sweep_over_ssh_hosts_reports_the_runs_pulled_from_them(tmp_path: Path) -> None:
+    from infra.testbed import Testbed
+
+    bed = Testbed("ddpsw", n_hosts=2, ports=[22, 2222], host_python=True)
+    try:
+        env = {**os.environ, "DDPCTL_KNOWN_HOSTS": str(bed.write_known_hosts(tmp_path / "known_hosts"))}
+        hosts = [arg for h in bed.hosts for arg in ("--host", h.spec)]
+        proc = ddpctl("sweep", "--gpus", "1", "--nodes", "1,2", *hosts, "-i", bed.client_key_path, *TINY,
+                      "--runs-dir", str(tmp_path / "runs"), "--no-progress", env=env)
+        out, err = proc.communicate(timeout=450)
+    finally:
+        bed.stop()
+    assert proc.returncode == 0, out + err
+    sweep_dir = sweep_dir_in(tmp_path / "runs")
+    entries = load_manifest(sweep_dir)["entries"]
+    assert [(e["nnodes"], e["status"]) for e in entries] == [(1, "done"), (2, "done")]
+    for entry in entries:
+        assert (sweep_dir / entry["run_dir"] / "nodes" / "0").is_dir()  # pulled from the host
+    check_report(sweep_dir)
+    # `ddpctl report` over the pulled run directories reads them the same way.
+    report = ddpctl("report", *(str(sweep_dir / e["run_dir"]) for e in entries), "--json",
+                    "--out", str(tmp_path / "report"))
+    out, err = report.communicate(timeout=120)
+    assert report.returncode == 0, err
+    assert [row["layout"] for row in json.loads(out)["rows"]] == ["1x1", "2x1"]
