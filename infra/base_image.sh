@@ -28,6 +28,15 @@ if docker image inspect "$tag" >/dev/null 2>&1; then
   exit 0
 fi
 
+# Test runs started side by side build it once: the others wait here, then find it.
+exec 9>"/tmp/ddpctl-base-$hash.lock"
+flock 9
+if docker image inspect "$tag" >/dev/null 2>&1; then
+  log "$tag already built"
+  echo "$tag"
+  exit 0
+fi
+
 for tool in docker mmdebstrap; do
   command -v "$tool" >/dev/null || { log "$tool is missing: run 'bash infra/setup.sh --test'"; exit 1; }
 done
@@ -43,14 +52,15 @@ python3 -m pip download -q --disable-pip-version-check -d "$work/wheels" \
   --platform any "torch==$TORCH_VERSION" "$NUMPY_SPEC" >&2
 ls "$work"/wheels/torch-* >/dev/null || { log "pip download produced no torch wheel"; exit 1; }
 
-# Docs, man pages and translations are useless in a test image and cost tens of MB.
+# Docs, man pages and translations are useless in a test image and cost tens of MB. The pip in the chroot
+# gets a clean environment: this machine's PIP_* settings point at paths that exist only here.
 log "building the $SUITE root file system with mmdebstrap"
 mmdebstrap --quiet --variant=minbase --include="$PACKAGES" \
   --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
   --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \
   --customize-hook="cp -r '$work/wheels' \"\$1/tmp/wheels\"" \
   --customize-hook='chroot "$1" python3 -m venv /opt/venv' \
-  --customize-hook="chroot \"\$1\" /opt/venv/bin/pip install -q --no-cache-dir --no-index --find-links /tmp/wheels \
+  --customize-hook="chroot \"\$1\" env -i PATH=/usr/bin:/bin /opt/venv/bin/pip install -q --no-cache-dir --no-index --find-links /tmp/wheels \
       'torch==$TORCH_VERSION' '$NUMPY_SPEC'" \
   --customize-hook='rm -rf "$1/tmp/wheels" "$1/var/lib/apt/lists/"* "$1/var/cache/apt/"*' \
   "$SUITE" "$work/rootfs.tar" >&2
@@ -62,6 +72,8 @@ docker import \
   --change "LABEL org.ddpctl.base.torch=$TORCH_VERSION org.ddpctl.base.hash=$hash" \
   --change 'CMD ["python3"]' \
   "$work/rootfs.tar" "$tag" >&2
+# Older builds of this script are superseded; an image still in use only loses its tag.
+docker image ls --format '{{.Repository}}:{{.Tag}}' "$REPO" | grep -vxF "$tag" | xargs -r docker image rm >&2 || true
 docker run --rm "$tag" python -c "import torch, numpy; print('torch', torch.__version__, 'numpy', numpy.__version__)" >&2
 log "built $tag in $((SECONDS - start)) s"
 echo "$tag"

@@ -1,0 +1,42 @@
+# The image ddpctl runs: an official PyTorch CUDA runtime image plus the trainer (`python -m trainer`).
+#
+#   docker build -t ddpctl .                                   # or: ddpctl image build
+#   docker run --rm ddpctl python -m torch.distributed.run --standalone --nproc-per-node 2 -m trainer --epochs 1
+#   docker run --rm -v "$PWD:/workspace" ddpctl python -m torch.distributed.run --standalone my_script.py
+#
+# The default base carries torch 2.11 built for CUDA 12.8 (sm_70 up to sm_120: V100, Ampere such as the
+# RTX 3080 (sm_86), Ada, Hopper, Blackwell). The host's NVIDIA driver must support CUDA 12.8: driver >= 570
+# (Vast.ai offers: cuda_max_good >= 12.8). Tests and CI build on an offline CPU base instead:
+#   docker build --build-arg BASE_IMAGE=$(bash infra/base_image.sh) -t ddpctl:test .
+ARG BASE_IMAGE=pytorch/pytorch:2.11.0-cuda12.8-cudnn9-runtime
+FROM ${BASE_IMAGE}
+ARG BASE_IMAGE
+LABEL org.ddpctl.base-image="${BASE_IMAGE}" \
+      org.ddpctl.cuda="12.8 (default base; see org.ddpctl.base-image)"
+
+# Optional: a directory of wheels in the build context (e.g. `.whl`) for machines where pip cannot reach the
+# registry; numpy is installed from it when the base lacks numpy, and any other wheel there is installed too.
+# `Dockerfile` is named only so that the COPY has a source when WHEEL_DIR does not exist.
+ARG WHEEL_DIR=.whl
+COPY Dockerfile ${WHEEL_DIR}* /tmp/wheels/
+RUN set -eu; \
+    python -c "import torch" || { echo "BASE_IMAGE must provide python with torch" >&2; exit 1; }; \
+    offline=""; if ls /tmp/wheels/*.whl >/dev/null 2>&1; then offline="--no-index --find-links /tmp/wheels"; fi; \
+    python -c "import numpy" 2>/dev/null || pip install --no-cache-dir $offline numpy; \
+    if [ -n "$offline" ]; then pip install --no-cache-dir $offline /tmp/wheels/*.whl; fi; \
+    rm -rf /tmp/wheels
+
+ENV PYTHONUNBUFFERED=1 \
+    PYTHONPATH=/opt/ddpctl
+WORKDIR /workspace
+
+# Code last: a change to the trainer rebuilds only this small layer. A run's shipped code mounted at
+# /workspace/code with PYTHONPATH=/workspace/code overrides it (the Docker runtime on SSH hosts does that).
+COPY trainer/ /opt/ddpctl/trainer/
+
+ARG DDPCTL_VERSION=unknown
+ARG CODE_HASH=unknown
+LABEL org.ddpctl.version="${DDPCTL_VERSION}" \
+      org.ddpctl.code-hash="${CODE_HASH}" \
+      org.opencontainers.image.title="ddpctl trainer"
+CMD ["python", "-m", "trainer", "--help"]

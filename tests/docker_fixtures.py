@@ -1,0 +1,46 @@
+"""Session fixtures for tests on the real Docker engine: the offline CPU base image and the test image.
+
+Use them from a test module with `from tests.docker_fixtures import base_image, test_image  # noqa: F401`.
+Both are cached: the base by a content hash (infra/base_image.sh), the test image by Docker's layer cache.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+TEST_IMAGE = "ddpctl:test"
+
+
+def docker_available() -> bool:
+    """True when a Docker engine answers on this machine (CI starts one with infra/dockerd.sh)."""
+    try:
+        return subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+requires_docker = pytest.mark.skipif(not docker_available(),
+                                     reason="no Docker engine answers here: start one with `bash infra/dockerd.sh`")
+
+
+@pytest.fixture(scope="session")
+def base_image() -> str:
+    """The offline CPU base (Debian, python3, CPU torch, numpy), built once per content hash."""
+    done = subprocess.run(["bash", str(REPO / "infra" / "base_image.sh")], capture_output=True, text=True,
+                          timeout=900)
+    if done.returncode != 0:
+        pytest.fail(f"infra/base_image.sh failed:\n{done.stderr[-3000:]}")
+    return done.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="session")
+def test_image(base_image: str) -> str:
+    """The real Dockerfile built on the offline base, tagged ddpctl:test."""
+    from launcher.image import build_image
+
+    build_image(REPO, TEST_IMAGE, base_image, show_progress=False)
+    return TEST_IMAGE

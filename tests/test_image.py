@@ -1,0 +1,199 @@
+"""The trainer image on the real Docker engine: build, labels, layers, torchrun inside, push, errors."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import socket
+import subprocess
+import tarfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import requests
+
+import launcher
+from launcher.errors import DdpctlError
+from launcher.image import ImageError, build_image, docker_client, push_image, trainer_code_hash
+from tests.docker_fixtures import REPO, base_image, requires_docker, test_image  # noqa: F401
+
+pytestmark = [requires_docker, pytest.mark.docker]
+
+USER_SCRIPT = """\
+import os, sys
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.tensor([dist.get_rank() + 1.0])
+dist.all_reduce(t)
+if dist.get_rank() == 0:
+    open(os.path.join(sys.argv[1], "allreduce.txt"), "w").write(str(int(t.item())))
+dist.destroy_process_group()
+"""
+
+
+def test_image_labels_say_version_and_code_hash(test_image: str) -> None:  # noqa: F811
+    labels = docker_client().images.get(test_image).labels
+    assert labels["org.ddpctl.version"] == launcher.__version__
+    assert labels["org.ddpctl.code-hash"] == trainer_code_hash(REPO)
+    assert labels["org.ddpctl.base-image"].startswith("ddpctl-base:cpu-")
+
+
+def test_torchrun_trains_in_the_image_and_runs_a_mounted_script(test_image: str, tmp_path: Path) -> None:  # noqa: F811
+    (tmp_path / "out").mkdir()
+    (tmp_path / "mine.py").write_text(USER_SCRIPT)
+    torchrun = "python -m torch.distributed.run --standalone --nproc-per-node 2"
+    script = (f"{torchrun} -m trainer --epochs 1 --backend gloo --out-dir /workspace/out "
+              "--synthetic-train-size 128 --synthetic-test-size 32 "
+              f"&& {torchrun} mine.py /workspace/out")
+    done = subprocess.run(["docker", "run", "--rm", "-v", f"{tmp_path}:/workspace", test_image, "sh", "-c", script],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["epochs"] == 1
+    assert len((tmp_path / "out" / "timing.jsonl").read_text().splitlines()) == 1
+    assert (tmp_path / "out" / "allreduce.txt").read_text() == "3"  # ranks 1 + 2
+
+
+def test_a_code_change_rebuilds_only_the_code_layer(base_image: str, tmp_path: Path) -> None:  # noqa: F811
+    context = tmp_path / "ctx"
+    context.mkdir()
+    for name in ("Dockerfile", ".dockerignore"):
+        shutil.copy(REPO / name, context / name)
+    shutil.copytree(REPO / "trainer", context / "trainer", ignore=shutil.ignore_patterns("__pycache__"))
+    tag = f"ddpctl-layers:{uuid.uuid4().hex[:8]}"
+    client = docker_client()
+    try:
+        first = build_image(context, tag, base_image, show_progress=False)
+        with (context / "trainer" / "__init__.py").open("a") as f:
+            f.write("# a change\n")
+        second = build_image(context, tag, base_image, show_progress=False)
+        assert first != second
+        old = [layer["Id"] for layer in client.images.get(first).history()]
+        new = [layer["Id"] for layer in client.images.get(second).history()]
+        created_by = [layer["CreatedBy"] for layer in client.images.get(second).history()]
+        copy_at = next(i for i, step in enumerate(created_by) if "/opt/ddpctl/trainer/" in step)
+        # history() lists newest first: everything below the trainer COPY is reused, the RUN with pip included.
+        assert new[copy_at + 1:] == old[copy_at + 1:]
+        assert new[copy_at] != old[copy_at]
+    finally:
+        for image in (tag,):
+            subprocess.run(["docker", "image", "rm", "-f", image], capture_output=True)
+        client.images.prune(filters={"dangling": True})
+
+
+def test_build_context_holds_only_the_trainer(tmp_path: Path) -> None:
+    from docker.utils.build import tar as context_tar
+
+    patterns = [line for line in (REPO / ".dockerignore").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+    (tmp_path / "runs" / "x").mkdir(parents=True)
+    (tmp_path / "runs" / "x" / "big.pt").write_bytes(b"0" * 1000)
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "trainer" / "__pycache__").mkdir(parents=True)
+    (tmp_path / "trainer" / "__init__.py").write_text("")
+    (tmp_path / "trainer" / "__pycache__" / "x.pyc").write_bytes(b"")
+    (tmp_path / "launcher").mkdir()
+    (tmp_path / "launcher" / "cli.py").write_text("")
+    (tmp_path / "Dockerfile").write_text("FROM scratch\n")
+    with tarfile.open(fileobj=context_tar(str(tmp_path), exclude=patterns)) as tar:
+        names = {name for name in tar.getnames() if not tar.getmember(name).isdir()}
+    assert names == {"Dockerfile", "trainer/__init__.py"}
+
+
+@pytest.fixture
+def local_registry(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A real registry (Debian's docker-registry) on a free loopback port; Docker trusts 127.0.0.0/8 over HTTP."""
+    binary = shutil.which("docker-registry")
+    if binary is None:
+        pytest.skip("docker-registry is not installed: run `bash infra/setup.sh --test`")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = tmp_path / "registry.yml"
+    config.write_text(f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {tmp_path / 'data'}\n"
+                      f"http:\n  addr: 127.0.0.1:{port}\n")
+    proc = subprocess.Popen([binary, "serve", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(50):
+            try:
+                if requests.get(f"http://127.0.0.1:{port}/v2/", timeout=1).ok:
+                    break
+            except requests.ConnectionError:
+                time.sleep(0.2)
+        else:
+            pytest.fail("docker-registry did not answer within 10 s")
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def _tiny_image(tag: str) -> None:
+    """Import a one-file image: pushing it is quick, unlike the 1 GB test image."""
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w") as tar:
+        info = tarfile.TarInfo("hello.txt")
+        payload = uuid.uuid4().hex.encode()
+        info.size = len(payload)
+        tar.addfile(info, io.BytesIO(payload))
+    subprocess.run(["docker", "import", "-", tag], input=data.getvalue(), check=True, capture_output=True)
+
+
+def test_push_reaches_a_real_registry(local_registry: str) -> None:
+    tag = f"ddpctl-push:{uuid.uuid4().hex[:8]}"
+    _tiny_image(tag)
+    try:
+        ref = push_image(tag, f"{local_registry}/team/ddpctl", show_progress=False)
+        assert ref == f"{local_registry}/team/ddpctl:{tag.split(':')[1]}"
+        tags = requests.get(f"http://{local_registry}/v2/team/ddpctl/tags/list", timeout=5).json()["tags"]
+        assert tag.split(":")[1] in tags
+    finally:
+        subprocess.run(["docker", "image", "rm", "-f", tag, f"{local_registry}/team/ddpctl:{tag.split(':')[1]}"],
+                       capture_output=True)
+
+
+def test_push_to_an_unreachable_registry_is_one_line() -> None:
+    tag = f"ddpctl-push:{uuid.uuid4().hex[:8]}"
+    _tiny_image(tag)
+    try:
+        with pytest.raises(ImageError) as err:
+            push_image(tag, "127.0.0.1:1/ddpctl", show_progress=False)
+        assert "push failed" in str(err.value) and "\n" not in str(err.value)
+    finally:
+        subprocess.run(["docker", "image", "rm", "-f", tag, "127.0.0.1:1/ddpctl:" + tag.split(":")[1]],
+                       capture_output=True)
+
+
+def test_push_of_a_missing_image_says_build_it() -> None:
+    with pytest.raises(ImageError, match="ddpctl image build"):
+        push_image("ddpctl-no-such-image:nope", "127.0.0.1:1/x", show_progress=False)
+
+
+def test_a_base_image_that_cannot_be_pulled_fails_the_build_in_one_error(tmp_path: Path) -> None:
+    with pytest.raises(ImageError, match="image build failed") as err:
+        build_image(REPO, f"ddpctl-broken:{uuid.uuid4().hex[:8]}", "ddpctl-no-such-base:none", show_progress=False)
+    assert "ddpctl-no-such-base" in str(err.value).splitlines()[0]
+
+
+def test_a_context_without_a_dockerfile_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ImageError, match="not a ddpctl source tree"):
+        build_image(tmp_path, "x:y", show_progress=False)
+
+
+def test_an_engine_that_is_not_running_says_how_to_start_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-docker.sock")
+    with pytest.raises(DdpctlError, match="cannot reach the Docker engine.*start it"):
+        docker_client()
+
+
+def test_cli_image_push_error_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from launcher.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["image", "push", "--registry", "127.0.0.1:1/x", "--tag", "ddpctl-no-such-image:nope"])
+    assert exit_.value.code == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: no local image") and "\n" not in err
