@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up ddpctl on this machine: the CPU torch (pinned, so pip never pulls the multi-GB CUDA build), then ddpctl
 # with its training extra. `infra/setup.sh --test` also installs what the test suite needs: OpenSSH (test hosts),
-# iproute2/iptables (network namespaces), Docker's engine, docker-compose and mmdebstrap (offline base image).
+# iproute2/iptables (network namespaces), Docker's engine, docker-compose and mmdebstrap (offline base image),
+# docker-registry (a local registry for `ddpctl image push` tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,7 +10,7 @@ as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 if [ "${1:-}" = "--test" ]; then
   missing=()
-  for pkg in openssh-server openssh-client iproute2 iptables procps docker.io docker-compose mmdebstrap; do
+  for pkg in openssh-server openssh-client iproute2 iptables procps docker.io docker-compose mmdebstrap docker-registry; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
   done
   if [ ${#missing[@]} -gt 0 ]; then
