@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.trainer_support import (
     SMALL_RUN,
@@ -123,3 +124,12 @@ def test_snapshots_of_another_run_are_refused(tmp_path: Path) -> None:
     assert other.returncode == 2
     lines = other.stderr.strip().splitlines()
     assert len(lines) == 1 and "belongs to another run" in lines[0], describe(other)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="asks for nccl on a machine without CUDA")
+def test_nccl_without_gpu_is_one_line_error(tmp_path: Path) -> None:
+    result = run_trainer([*SMALL_RUN, "--backend", "nccl", "--out-dir", str(tmp_path)])
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: --backend nccl needs CUDA GPUs and none is available; use --backend gloo or auto"
+    ], describe(result)

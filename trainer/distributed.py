@@ -84,11 +84,11 @@ def setup(backend: str = "auto") -> DistContext:
     else:
         device = torch.device("cpu")
 
+    if backend == "nccl" and device.type != "cuda":
+        raise TrainerError("--backend nccl needs CUDA GPUs and none is available; use --backend gloo or auto")
     chosen: str | None = None
     if under_torchrun:
         chosen = ("nccl" if device.type == "cuda" else "gloo") if backend == "auto" else backend
-        if chosen == "nccl" and device.type != "cuda":
-            raise TrainerError("--backend nccl needs CUDA GPUs and none is available; use --backend gloo")
         _init_process_group(chosen, rank, world_size, restart_count)
     return DistContext(rank, local_rank, world_size, local_world_size, nnodes, restart_count, device, chosen)
 
