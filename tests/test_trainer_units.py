@@ -285,7 +285,7 @@ def test_snapshot_payload_cannot_run_code(tmp_path: Path) -> None:
 
     import hashlib
 
-    payload = pickle.dumps({"x": Evil()})
+    payload = pickle.dumps({"x": Evil()}, protocol=2)
     buffer = io.BytesIO()
     buffer.write(b"DDPCTL-SNAPSHOT 1 sha256=" + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
     path = snapshot_path(tmp_path, 1)
