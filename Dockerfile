@@ -24,14 +24,15 @@ RUN set -eu; \
     offline=""; if ls /tmp/wheels/*.whl >/dev/null 2>&1; then offline="--no-index --find-links /tmp/wheels"; fi; \
     python -c "import numpy" 2>/dev/null || pip install --no-cache-dir $offline numpy; \
     if [ -n "$offline" ]; then pip install --no-cache-dir $offline /tmp/wheels/*.whl; fi; \
-    rm -rf /tmp/wheels
+    rm -rf /tmp/wheels; \
+    python -c "import site; open(site.getsitepackages()[0] + '/ddpctl.pth', 'w').write('/opt/ddpctl\\n')"
 
-ENV PYTHONUNBUFFERED=1 \
-    PYTHONPATH=/opt/ddpctl
+ENV PYTHONUNBUFFERED=1
 WORKDIR /workspace
 
-# Code last: a change to the trainer rebuilds only this small layer. A run's shipped code mounted at
-# /workspace/code with PYTHONPATH=/workspace/code overrides it (the Docker runtime on SSH hosts does that).
+# Code last: a change to the trainer rebuilds only this small layer. /opt/ddpctl is on the path through a .pth
+# file, after PYTHONPATH: a run's shipped code mounted at /workspace/code with PYTHONPATH=/workspace/code
+# overrides it (the Docker runtime on SSH hosts does that).
 COPY trainer/ /opt/ddpctl/trainer/
 
 ARG DDPCTL_VERSION=unknown

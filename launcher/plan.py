@@ -23,6 +23,8 @@ class NodeHost:
     label: str
     address: str | None = None
     iface: str | None = None
+    # The host's Docker engine has the NVIDIA runtime: containers get `--gpus all` (--runtime docker only).
+    gpus: bool = False
 
 
 @dataclass(frozen=True)

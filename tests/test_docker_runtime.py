@@ -1,0 +1,280 @@
+"""The Docker runtime: the pure node plan, its wrapper run on the real local engine, and shipping images over SSH
+to test-bed hosts that each have their own Docker engine."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import tarfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from infra.testbed import Testbed, cleanup_stale
+from infra.testbed_docker import HostEngine, start_engine
+from launcher.docker_runtime import (
+    RUN_SCRIPT,
+    container_name,
+    docker_node_plan,
+    ensure_image,
+    host_docker_info,
+)
+from launcher.errors import DdpctlError, HostError
+from launcher.image import docker_client
+from launcher.parallel import raise_for_errors
+from launcher.plan import NodeHost, plan_remote
+from launcher.spec import RunSpec
+from launcher.torchrun import NodeRole, torchrun_argv
+from tests.docker_fixtures import REPO, base_image, requires_docker, test_image  # noqa: F401
+from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, connect
+
+# ---- the pure plan -------------------------------------------------------------------------------------------
+
+
+def test_docker_node_plan_wraps_the_native_torchrun_argv() -> None:
+    spec = RunSpec(run_id="r1", nnodes=2, nproc_per_node=2, epochs=1, python="/opt/venv/bin/python",
+                   extra_env=(("FOO", "bar baz"),))
+    hosts = [NodeHost("h0", "10.0.0.2", "eth0"), NodeHost("h1", "10.0.0.3", "eth1")]
+    plan = plan_remote(spec, hosts, runtime="docker", image="ddpctl:1")
+    node = plan.nodes[1]
+    assert (node.runtime, node.workspace, node.cwd, node.env) == ("docker", ".ddpctl/runs/r1", ".ddpctl/runs/r1", ())
+    role = NodeRole(node_rank=1, out_dir="/workspace/out", log_dir="/workspace/logs", rdzv_addr="10.0.0.2",
+                    local_addr="10.0.0.3", snapshot_dir="/workspace/out/snapshots")
+    assert list(node.command) == [
+        "sh", "-c", RUN_SCRIPT, "ddpctl-docker", ".ddpctl/runs/r1", "", "ddpctl-r1-n1",
+        "--init", "--label", "ddpctl.run=r1", "--label", "ddpctl.node=1", "--network", "host", "--ipc", "host",
+        "-w", "/workspace",
+        "-e", "FOO=bar baz", "-e", "GLOO_SOCKET_IFNAME=eth1", "-e", "HOME=/tmp", "-e", "NCCL_SOCKET_IFNAME=eth1",
+        "-e", "PYTHONPATH=/workspace/code", "-e", "PYTHONUNBUFFERED=1",
+        "ddpctl:1",
+        *torchrun_argv(replace(spec, python="python3"), role),
+    ]  # fmt: skip
+    assert "--gpus" not in node.command
+
+
+def test_gpus_data_dir_and_user_command() -> None:
+    spec = RunSpec(run_id="r2", nnodes=1, nproc_per_node=1, data_dir="data/mnist", user_command=("python3", "my.py"))
+    node = docker_node_plan(spec, 0, NodeHost("g", "10.0.0.9", gpus=True), "10.0.0.9", ".ddpctl/runs/r2", None)
+    argv = list(node.command)
+    assert argv[4:7] == [".ddpctl/runs/r2", "data/mnist", container_name("r2", 0)]
+    assert argv[argv.index("--gpus") + 1] == "all"
+    assert argv[argv.index("-w") + 1] == "/workspace/code"
+    assert "ddpctl:latest" in argv  # the default image
+    assert argv[-3:] == ["--no-python", "python3", "my.py"]
+    assert "--standalone" in argv  # one node: no rendezvous address
+
+
+# ---- the wrapper on the real local engine ---------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _containers(run_id: str) -> str:
+    return subprocess.run(["docker", "ps", "-aq", "--filter", f"label=ddpctl.run={run_id}"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def _start(command: tuple[str, ...], home: Path, workspace: str) -> subprocess.Popen[bytes]:
+    """Run a node's command as the remote executor does: in its own session, from its workspace."""
+    env = {"PATH": os.environ["PATH"], "HOME": str(home)}
+    return subprocess.Popen(command, cwd=home / workspace, env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+@requires_docker
+@pytest.mark.docker
+def test_two_docker_nodes_train_on_the_local_engine(test_image: str, tmp_path: Path) -> None:  # noqa: F811
+    sizes = ("--synthetic-train-size", "128", "--synthetic-test-size", "32")
+    spec = RunSpec(run_id=f"dk-{secrets.token_hex(3)}", nnodes=2, nproc_per_node=1, epochs=1, backend="gloo",
+                   rdzv_port=_free_port(), trainer_args=sizes)
+    hosts = [NodeHost("a", "127.0.0.1", "lo"), NodeHost("b", "127.0.0.1", "lo")]
+    plan = plan_remote(spec, hosts, runtime="docker", image=test_image)
+    homes = [tmp_path / "home0", tmp_path / "home1"]
+    for home, node in zip(homes, plan.nodes, strict=True):
+        (home / node.workspace).mkdir(parents=True)
+    # Node 0's shipped trainer leaves a mark: code in the workspace wins over the image's copy.
+    code = homes[0] / plan.nodes[0].workspace / "code"
+    shutil.copytree(REPO / "trainer", code / "trainer", ignore=shutil.ignore_patterns("__pycache__"))
+    with (code / "trainer" / "__init__.py").open("a") as f:
+        f.write("open('/workspace/out/shipped-code-ran', 'w').close()\n")
+    procs = [_start(node.command, home, node.workspace) for home, node in zip(homes, plan.nodes, strict=True)]
+    try:
+        deadline = time.monotonic() + 300
+        # A failed node leaves the other waiting in rendezvous: stop at the first failure.
+        while any(p.poll() is None for p in procs) and not any(p.poll() for p in procs):
+            assert time.monotonic() < deadline, "the nodes did not finish within 300 s"
+            time.sleep(0.5)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+                p.wait(timeout=60)
+    outputs = [p.stdout.read().decode(errors="replace") if p.stdout else "" for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-2000:] for o in outputs)
+    out0 = homes[0] / plan.nodes[0].workspace / "out"
+    summary = json.loads((out0 / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["nnodes"] == 2
+    assert (out0 / "shipped-code-ran").exists()
+    assert not (homes[1] / plan.nodes[1].workspace / "out" / "shipped-code-ran").exists()
+    for home, node in zip(homes, plan.nodes, strict=True):
+        assert list((home / node.workspace / "out" / "snapshots").glob("*.pt"))
+        assert list((home / node.workspace / "logs").iterdir())  # torchrun's --log-dir
+    assert _containers(spec.run_id) == ""  # removed once they ended
+
+
+@requires_docker
+@pytest.mark.docker
+def test_the_wrapper_exits_with_the_container_and_stops_it_on_sigterm(test_image: str, tmp_path: Path) -> None:  # noqa: F811
+    failing = RunSpec(run_id=f"dk-{secrets.token_hex(3)}", nnodes=1, nproc_per_node=1, user_command=("false",))
+    node = docker_node_plan(failing, 0, NodeHost("a", "127.0.0.1"), "127.0.0.1", "ws", test_image)
+    (tmp_path / "ws" / "code").mkdir(parents=True)
+    proc = _start(node.command, tmp_path, "ws")
+    out = proc.communicate(timeout=120)[0].decode(errors="replace")
+    assert proc.returncode == 1, out[-2000:]  # torchrun's code for a failed worker
+    assert _containers(failing.run_id) == ""
+
+    sleeping = replace(failing, run_id=f"dk-{secrets.token_hex(3)}", user_command=("sleep", "300"))
+    node = docker_node_plan(sleeping, 0, NodeHost("a", "127.0.0.1"), "127.0.0.1", "ws", test_image)
+    proc = _start(node.command, tmp_path, "ws")
+    try:
+        deadline = time.monotonic() + 60
+        while "running" not in subprocess.run(
+                ["docker", "inspect", "-f", "{{.State.Status}}", container_name(sleeping.run_id, 0)],
+                capture_output=True, text=True).stdout:
+            assert time.monotonic() < deadline and proc.poll() is None, "the container did not start"
+            time.sleep(0.5)
+        started = time.monotonic()
+        os.killpg(proc.pid, signal.SIGTERM)  # what `ddpctl down` does to a node's process group
+        proc.wait(timeout=60)
+        assert time.monotonic() - started < 40
+        assert proc.returncode != 0
+        assert _containers(sleeping.run_id) == ""
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        subprocess.run(["docker", "rm", "-f", container_name(sleeping.run_id, 0)], capture_output=True)
+
+
+# ---- images shipped over SSH to hosts with their own engines --------------------------------------------------
+
+@pytest.fixture(scope="module")
+def docker_bed() -> Iterator[tuple[Testbed, list[HostEngine]]]:
+    """Three SSH hosts; hosts 0 and 1 have a Docker engine each, host 2 has none."""
+    if TESTBED_UNAVAILABLE:
+        pytest.skip(TESTBED_SKIP_REASON)
+    cleanup_stale("ddptd")
+    bed = Testbed("ddptd", n_hosts=3, ports=[22, 22, 22])
+    engines: list[HostEngine] = []
+    try:
+        engines = [start_engine(bed.hosts[0]), start_engine(bed.hosts[1])]
+        yield bed, engines
+    finally:
+        for engine in engines:
+            engine.stop()
+        bed.stop()
+
+
+def _small_image(tag: str, size: int = 2 << 20) -> str:
+    """A real image of `size` random bytes (incompressible, so bytes on the wire are meaningful); its ID."""
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w") as tar:
+        payload = os.urandom(size)
+        info = tarfile.TarInfo("payload.bin")
+        info.size = len(payload)
+        tar.addfile(info, io.BytesIO(payload))
+    subprocess.run(["docker", "import", "-", tag], input=data.getvalue(), check=True, capture_output=True)
+    return str(docker_client().images.get(tag).id)
+
+
+@pytest.fixture
+def small_image() -> Iterator[tuple[str, str]]:
+    tag = f"ddpctl-ship:{uuid.uuid4().hex[:8]}"
+    image_id = _small_image(tag)
+    try:
+        yield tag, image_id
+    finally:
+        subprocess.run(["docker", "image", "rm", "-f", tag], capture_output=True)
+
+
+@requires_docker
+@pytest.mark.docker
+def test_image_ships_to_two_hosts_once_and_replaces_a_different_one(
+        docker_bed: tuple[Testbed, list[HostEngine]], small_image: tuple[str, str]) -> None:
+    bed, engines = docker_bed
+    tag, image_id = small_image
+    conns = [connect(bed, host) for host in bed.hosts[:2]]
+    try:
+        info = host_docker_info(conns[0], tag)
+        assert info.has_engine and not info.nvidia_runtime and info.image_id is None
+
+        first = raise_for_errors(ensure_image(conns, tag, docker_client(), show_progress=False), "ship")
+        assert all(r.bytes_sent > 2 << 20 and not r.skipped and not r.replaced for r in first)
+        for engine in engines:
+            assert engine.docker("image", "inspect", "-f", "{{.Id}}", tag).stdout.decode().strip() == image_id
+
+        again = raise_for_errors(ensure_image(conns, tag, docker_client(), show_progress=False), "ship")
+        assert [(r.bytes_sent, r.skipped) for r in again] == [(0, True), (0, True)]
+
+        # Host 1 gets another image under our name: it must be replaced, not reused.
+        other = f"ddpctl-other:{uuid.uuid4().hex[:8]}"
+        other_id = _small_image(other, 1 << 10)
+        try:
+            saved = subprocess.run(["docker", "save", other], capture_output=True, check=True).stdout
+            engines[1].docker("load", "-q", input=saved)
+            engines[1].docker("tag", other, tag)
+            engines[1].docker("image", "rm", other)
+        finally:
+            subprocess.run(["docker", "image", "rm", "-f", other], capture_output=True)
+        assert host_docker_info(conns[1], tag).image_id == other_id
+        third = raise_for_errors(ensure_image(conns, tag, docker_client(), show_progress=False), "ship")
+        assert third[0].skipped and third[0].bytes_sent == 0
+        assert third[1].replaced and third[1].bytes_sent > 2 << 20
+        assert engines[1].docker("image", "inspect", "-f", "{{.Id}}", tag).stdout.decode().strip() == image_id
+        assert engines[1].docker("image", "inspect", other_id, check=False).returncode != 0  # old one removed
+    finally:
+        for conn in conns:
+            conn.close()
+        for engine in engines:
+            engine.docker("image", "rm", "-f", tag, check=False)
+
+
+@requires_docker
+@pytest.mark.docker
+def test_a_host_without_docker_is_named_in_one_line(
+        docker_bed: tuple[Testbed, list[HostEngine]], small_image: tuple[str, str]) -> None:
+    bed, engines = docker_bed
+    tag, _ = small_image
+    conns = [connect(bed, bed.hosts[0]), connect(bed, bed.hosts[2])]
+    try:
+        outcomes = ensure_image(conns, tag, docker_client(), show_progress=False)
+        assert outcomes[0].ok and outcomes[0].value is not None and outcomes[0].value.bytes_sent > 0
+        assert isinstance(outcomes[1].error, HostError) and outcomes[1].error.host == conns[1].label
+        with pytest.raises(DdpctlError) as err:
+            raise_for_errors(outcomes, "ship the image")
+        lines = str(err.value).splitlines()
+        assert len(lines) == 2 and lines[1].startswith(f"  {conns[1].label}: no usable Docker engine")
+        assert "--runtime native" in lines[1]
+    finally:
+        for conn in conns:
+            conn.close()
+        engines[0].docker("image", "rm", "-f", tag, check=False)
+
+
+@requires_docker
+@pytest.mark.docker
+def test_a_missing_local_image_says_how_to_build_it() -> None:
+    with pytest.raises(DdpctlError, match="ddpctl image build"):
+        ensure_image([], "ddpctl-no-such:image", docker_client())
