@@ -13,7 +13,7 @@ import typer
 from launcher.errors import DdpctlError, Interrupted, SpecError
 from launcher.hosts import parse_host
 from launcher.progress import console, summary_table
-from launcher.spec import RUNTIMES, RunSpec, new_run_id
+from launcher.spec import DEFAULT_RDZV_PORT, RUNTIMES, RunSpec, new_run_id
 
 app = typer.Typer(
     name="ddpctl",
@@ -93,7 +93,7 @@ def up(
     accept_new_host_keys: bool = typer.Option(False, help="Trust and record unknown host keys (never changed ones)."),
     connect_timeout: float = typer.Option(10.0, help="Seconds to wait for each SSH connection."),
     rdzv_addr: str | None = typer.Option(None, help="Node 0's address as the other nodes reach it."),
-    rdzv_port: int = typer.Option(29400, help="Rendezvous port on node 0."),
+    rdzv_port: int | None = typer.Option(None, help="Rendezvous port on node 0 [default: 29400, or a free one]."),
     detach: bool = typer.Option(False, help="Start the run on the hosts and return; follow with status/logs."),
     synthetic_train_size: int | None = typer.Option(None, help="Synthetic data set: training samples."),
     synthetic_test_size: int | None = typer.Option(None, help="Synthetic data set: test samples."),
@@ -110,23 +110,21 @@ def up(
     if runtime == "docker" and not hosts:
         raise SpecError("--runtime docker needs --host (locally, use `docker compose up`)")
     spec = spec_from_options(
-        gpus=gpus if gpus is not None else (0 if hosts else default_local_procs()),
+        gpus=gpus if gpus is not None else (1 if hosts else default_local_procs()),
         nnodes=max(1, len(hosts)), model=model, dataset=dataset, data_dir=data_dir, epochs=epochs,
         batch_size=batch_size, lr=lr, save_every=save_every, seed=seed, max_restarts=max_restarts, name=name,
-        command=command or [], python=python, rdzv_port=rdzv_port, synthetic_train_size=synthetic_train_size,
-        synthetic_test_size=synthetic_test_size, trainer_arg=trainer_arg, env=env,
-    ) if gpus != 0 or hosts else _bad_gpus()  # fmt: skip
+        command=command or [], python=python, rdzv_port=rdzv_port or DEFAULT_RDZV_PORT,
+        synthetic_train_size=synthetic_train_size, synthetic_test_size=synthetic_test_size, trainer_arg=trainer_arg,
+        env=env,
+    )  # fmt: skip
     options = UpOptions(
         runs_dir=runs_dir, hosts=hosts, runtime=runtime, show_progress=not json_out, dry_run=dry_run,
         detach=detach, identity_file=identity_file, accept_new_host_keys=accept_new_host_keys,
-        connect_timeout=connect_timeout, rdzv_addr=rdzv_addr, image=image,
+        connect_timeout=connect_timeout, rdzv_addr=rdzv_addr, image=image, auto_gpus=gpus is None and bool(hosts),
+        auto_rdzv_port=rdzv_port is None,
     )  # fmt: skip
     result = run_up(spec, options)
     finish_up(result, json_out)
-
-
-def _bad_gpus() -> RunSpec:
-    raise SpecError("--gpus must be an integer >= 1, got 0")
 
 
 def finish_up(result: Any, json_out: bool) -> None:
@@ -168,7 +166,9 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app, turning our errors and usage errors into one line on stderr."""
     _register_commands()
     try:
-        app(args=argv, standalone_mode=False)
+        status = app(args=argv, standalone_mode=False)  # click returns an Exit's code instead of raising it
+        if isinstance(status, int) and status:
+            sys.exit(status)
     except DdpctlError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(e.exit_code)

@@ -60,15 +60,18 @@ def run_doctor(options: UpOptions, *, gpus: int, python: str, rdzv_port: int, js
         print(json.dumps({"ok": ok, "hosts": rows, "problems": general, "network": network}, indent=2))
         return ok
     table = Table(title="ddpctl doctor")
-    for column in ("host", "python", "torch", "GPUs", "cores", "free disk", "address", "problems"):
+    for column in ("host", "python", "torch", "GPUs", "cores", "free disk", "address", "ready"):
         table.add_column(column)
     for row in rows:
         table.add_row(row["host"], str(row.get("python", "-")), str(row.get("torch", "-")), str(row.get("gpus", "-")),
                       str(row.get("cpus", "-")), f"{row.get('disk_free_gb', '-')} GB", str(row.get("address", "-")),
-                      "; ".join(row["problems"]) or "ok")
+                      "no" if row["problems"] else "yes")
     console.print(table)
+    for row in rows:
+        for problem in row["problems"]:
+            console.print(f"{row['host']}: {problem}", markup=False)
     for problem in general:
-        console.print(f"[red]{problem}[/red]")
+        console.print(problem, markup=False)
     if network:
         console.print(network)
     return ok

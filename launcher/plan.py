@@ -111,7 +111,9 @@ def plan_remote(spec: RunSpec, hosts: list[NodeHost], rdzv_addr: str | None = No
 
 
 def _env(spec: RunSpec, iface: str | None) -> tuple[tuple[str, str], ...]:
-    env: dict[str, str] = {"PYTHONUNBUFFERED": "1"}
+    # A restarted worker must not reuse the dead attempt's addresses from torchrun's shared store
+    # (pytorch/pytorch#135712): gloo then fails with "connectFullMesh ... Connection refused".
+    env: dict[str, str] = {"PYTHONUNBUFFERED": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     if iface:
         env["GLOO_SOCKET_IFNAME"] = iface
         env["NCCL_SOCKET_IFNAME"] = iface

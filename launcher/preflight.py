@@ -47,16 +47,27 @@ print(json.dumps(info))
 LISTEN_SCRIPT = r"""
 import os, socket, sys, time
 addr, port, expect, seconds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+any_free = sys.argv[5] == "1"
 fam = socket.AF_INET6 if ":" in addr else socket.AF_INET
 s = socket.socket(fam, socket.SOCK_STREAM)
 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 try:
-    s.bind((addr, port)); s.listen(16)
+    try:
+        s.bind((addr, port))
+    except OSError:
+        if not any_free:
+            raise
+        s.bind((addr, 0))
+    s.listen(16)
 except OSError as e:
     print("bind-failed: %s" % e); sys.exit(1)
+sys.stdout.flush()
 if os.fork():
-    print("listening"); sys.exit(0)
+    print("listening %d" % s.getsockname()[1]); sys.exit(0)
 os.setsid()
+null = os.open(os.devnull, os.O_RDWR)  # let the SSH channel close: the child keeps none of its streams
+for fd in (0, 1, 2):
+    os.dup2(null, fd)
 deadline = time.time() + seconds
 s.settimeout(1.0)
 while expect > 0 and time.time() < deadline:
@@ -147,15 +158,18 @@ def _major_minor(version: Any) -> str:
 
 
 def check_rendezvous_reachable(conns: list[Runner], labels: list[str], python: str, addr: str, port: int,
-                               timeout: float = 10.0) -> None:
-    """Open node 0's rendezvous port for a moment and connect to it from every other node."""
+                               timeout: float = 10.0, any_free_port: bool = False) -> int:
+    """Open node 0's rendezvous port for a moment and connect to it from every other node; return the port.
+
+    With `any_free_port`, a port already in use (another run's store) is replaced by one the host picks."""
     if len(conns) < 2:
-        return
-    result = conns[0].run([python, "-c", LISTEN_SCRIPT, addr, str(port), str(len(conns) - 1), str(timeout + 20)],
-                          timeout=timeout + 10)
-    if result.exit_code != 0:
+        return port
+    result = conns[0].run([python, "-c", LISTEN_SCRIPT, addr, str(port), str(len(conns) - 1), str(timeout + 20),
+                           "1" if any_free_port else "0"], timeout=timeout + 10)
+    if result.exit_code != 0 or not result.stdout.startswith("listening "):
         raise HostError(labels[0], f"cannot listen on rendezvous address {addr}:{port} "
                         f"({result.stdout.strip() or result.stderr.strip()}); pass --rdzv-addr or --rdzv-port")
+    port = int(result.stdout.split()[1])
 
     def connect(index: int) -> str:
         r = conns[index].run([python, "-c", CONNECT_SCRIPT, addr, str(port), str(timeout)], timeout=timeout + 10)
@@ -166,6 +180,7 @@ def check_rendezvous_reachable(conns: list[Runner], labels: list[str], python: s
 
     outcomes = run_on_hosts(list(range(1, len(conns))), connect, timeout=timeout + 15, label=lambda i: labels[i])
     raise_for_errors(outcomes, "rendezvous check")
+    return port
 
 
 def check_public_rendezvous(addr: str, allow_public: bool) -> None:

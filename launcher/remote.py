@@ -7,11 +7,11 @@ import importlib.util
 import os
 import shutil
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from launcher.errors import DdpctlError
+from launcher.errors import DdpctlError, Interrupted
 from launcher.hostsession import HostSession, target_from_json, target_to_json
 from launcher.parallel import raise_for_errors, run_on_hosts
 from launcher.plan import NodeHost, RunPlan, plan_remote
@@ -53,8 +53,7 @@ def run_remote_up(spec: RunSpec, options: UpOptions, session: HostSession | None
     from launcher.up import UpResult
 
     if options.dry_run:
-        gpus = spec.nproc_per_node or 1
-        spec = spec.with_layout(nnodes=len(options.hosts), nproc_per_node=gpus)
+        spec = spec.with_layout(nnodes=len(options.hosts), nproc_per_node=spec.nproc_per_node)
         hosts = provider_hosts or [NodeHost(h.text, h.hostname) for h in options.hosts]
         return UpResult(None, 0, None, plan_remote(spec, hosts, options.rdzv_addr, options.runtime, options.image))
     own_session = session is None
@@ -76,7 +75,14 @@ def run_remote_up(spec: RunSpec, options: UpOptions, session: HostSession | None
                           f"terminal. Follow with `ddpctl status {spec.run_id}`, `ddpctl logs {spec.run_id} -f`; "
                           f"fetch with `ddpctl pull {spec.run_id}`; stop with `ddpctl down {spec.run_id}`.")
             return UpResult(run_dir.path, 0, None, plan)
-        code = follow(session, run_dir, show_progress=options.show_progress)
+        try:
+            code = follow(session, run_dir, show_progress=options.show_progress)
+        except KeyboardInterrupt:
+            # Ctrl-C means stop: a run to keep going without this terminal is what --detach is for.
+            run_dir.event("interrupted")
+            stop_all(session, run_dir)
+            pull_run(session, run_dir)
+            raise Interrupted(f"stopped by Ctrl-C on every node; what they wrote is in {run_dir.path}") from None
         pull_run(session, run_dir)
         summary = _read_summary(run_dir)
         return UpResult(run_dir.path, code, summary, plan)
@@ -92,7 +98,9 @@ def prepare(spec: RunSpec, options: UpOptions, session: HostSession,
                             lambda i: probe_host(session.conn(i), spec.python, session.labels[i]),
                             timeout=options.connect_timeout + 90, label=session.label_of)
     facts: list[HostFacts] = raise_for_errors(outcomes, "preflight")
-    gpus = spec.nproc_per_node or min(int(f.info.get("gpus") or 0) or 1 for f in facts)
+    gpus = spec.nproc_per_node
+    if options.auto_gpus:
+        gpus = min(int(f.info.get("gpus") or 0) or min(2, int(f.info.get("cpus") or 1)) for f in facts)
     spec = spec.with_layout(nnodes=len(facts), nproc_per_node=gpus)
     problems = check_requirements(facts, gpus, need_torch=options.runtime == "native")
     if problems:
@@ -101,8 +109,9 @@ def prepare(spec: RunSpec, options: UpOptions, session: HostSession,
     addr0 = options.rdzv_addr or hosts[0].address or session.targets[0].hostname
     if spec.nnodes > 1:
         check_public_rendezvous(addr0, bool(options.extra.get("allow_public_rendezvous")))
-        check_rendezvous_reachable([session.conn(i) for i in range(len(hosts))], session.labels, spec.python,
-                                   addr0, spec.rdzv_port)
+        port = check_rendezvous_reachable([session.conn(i) for i in range(len(hosts))], session.labels, spec.python,
+                                          addr0, spec.rdzv_port, any_free_port=options.auto_rdzv_port)
+        spec = replace(spec, rdzv_port=port)
     return spec, plan_remote(spec, hosts, addr0, options.runtime, options.image)
 
 
@@ -224,13 +233,27 @@ def pull_run(session: HostSession, run_dir: RunDir) -> list[dict[str, Any]]:
             run_dir.event("pulled", node=index, **outcome.value)
         else:
             run_dir.event("pull_failed", node=index, error=str(outcome.error))
-    node0 = run_dir.path / "nodes" / "0" / "out"
+    primary = primary_node_out(run_dir.path, len(workspaces))
     for name in TOP_LEVEL_FILES:
-        if (node0 / name).is_file():
+        if primary and (primary / name).is_file():
             tmp = run_dir.path / f".{name}.tmp"
-            shutil.copyfile(node0 / name, tmp)
+            shutil.copyfile(primary / name, tmp)
             os.replace(tmp, run_dir.path / name)
     return raise_for_errors(outcomes, "pull")
+
+
+def primary_node_out(run_path: Path, nodes: int) -> Path | None:
+    """The out/ folder of the node that held global rank 0 last. c10d rendezvous assigns ranks itself (it
+    ignores --node-rank), so that can be any node, and another one after a restart: take the newest summary,
+    else the longest timing record."""
+    outs = [run_path / "nodes" / str(k) / "out" for k in range(nodes)]
+    with_summary = [o for o in outs if (o / "summary.json").is_file()]
+    if with_summary:
+        return max(with_summary, key=lambda o: (o / "summary.json").stat().st_mtime)
+    with_timing = [o for o in outs if (o / "timing.jsonl").is_file()]
+    if with_timing:
+        return max(with_timing, key=lambda o: len((o / "timing.jsonl").read_bytes().splitlines()))
+    return None
 
 
 def _read_summary(run_dir: RunDir) -> dict[str, Any] | None:

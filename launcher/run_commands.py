@@ -143,9 +143,8 @@ def doctor(host: list[str] = typer.Option(..., "--host", help="Hosts to check; r
     options = UpOptions(hosts=tuple(parse_host(h) for h in host), identity_file=identity_file,
                         accept_new_host_keys=accept_new_host_keys, connect_timeout=connect_timeout,
                         rdzv_addr=rdzv_addr)
-    ok = run_doctor(options, gpus=gpus, python=python, rdzv_port=rdzv_port, json_out=json_out)
-    if not ok:
-        raise typer.Exit(1)
+    if not run_doctor(options, gpus=gpus, python=python, rdzv_port=rdzv_port, json_out=json_out):
+        raise DdpctlError("some hosts are not ready for a run: see the problems listed above")
 
 
 def register(app: typer.Typer) -> None:

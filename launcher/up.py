@@ -31,6 +31,10 @@ class UpOptions:
     rdzv_addr: str | None = None
     image: str | None = None
     ssh_config: Path | None = None
+    # No --gpus with hosts: one process per GPU of the hosts (the fewest any has), or 2 on CPU-only hosts.
+    auto_gpus: bool = False
+    # No --rdzv-port: when the default port is taken on node 0 (another run), use one the host picks.
+    auto_rdzv_port: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
 

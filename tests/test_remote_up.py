@@ -1,0 +1,226 @@
+"""`ddpctl up --host ...` on the real multi-host test bed: sshd in network namespaces, real torchrun with gloo."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from infra.testbed import Testbed, TestHost, cleanup_stale
+from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE
+
+pytestmark = pytest.mark.skipif(TESTBED_UNAVAILABLE, reason=TESTBED_SKIP_REASON)
+SMALL = ["--synthetic-train-size", "1024", "--synthetic-test-size", "256"]
+
+
+@pytest.fixture(scope="module")
+def bed() -> Iterator[Testbed]:
+    """Three hosts on different ports, each its own login user, with this machine's python and torch."""
+    cleanup_stale("ddpup")
+    testbed = Testbed("ddpup", n_hosts=3, ports=[22, 2222, 2022], host_python=True)
+    try:
+        yield testbed
+    finally:
+        testbed.stop()
+
+
+def ddpctl(bed: Testbed, *args: str, known_hosts: Path | None = None, cwd: Path | None = None,
+           timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DDPCTL_KNOWN_HOSTS": str(known_hosts or bed.known_hosts_path)}
+    command, *rest = args  # the key option goes before any `-- CMD...`
+    return subprocess.run([sys.executable, "-m", "launcher", command, "-i", bed.client_key_path, *rest],
+                          capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+
+
+def host_args(hosts: list[TestHost]) -> list[str]:
+    return [arg for h in hosts for arg in ("--host", h.spec)]
+
+
+def up(bed: Testbed, hosts: list[TestHost], runs: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return ddpctl(bed, "up", *host_args(hosts), "--runs-dir", str(runs), "--epochs", "2", *SMALL, *extra)
+
+
+def the_run(runs: Path) -> Path:
+    (run,) = [p for p in runs.iterdir() if p.is_dir()]
+    return run
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def host_sha256(host: TestHost, path: str) -> str:
+    out = host.run_as_user(["sha256sum", path]).stdout
+    return (out.decode() if isinstance(out, bytes) else out).split()[0]
+
+
+def test_dry_run_prints_each_node_and_connects_to_nothing(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "launcher", "up", "--dry-run", "--gpus", "2", "--host",
+                             "alice@203.0.113.9:2200", "--host", "bob@198.51.100.7", "--runs-dir", str(tmp_path)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "node 0 [alice@203.0.113.9:2200, native]" in result.stdout
+    assert "--rdzv-conf is_host=0" in result.stdout and "--node-rank 1" in result.stdout
+    assert not any(tmp_path.iterdir())
+
+
+def test_two_hosts_train_and_everything_is_pulled_and_verified(bed: Testbed, tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    result = up(bed, bed.hosts[:2], runs, "--gpus", "2", "--json")
+    assert result.returncode == 0, result.stderr
+    run = the_run(runs)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["world_size"] == 4 and summary["nnodes"] == 2 and summary["epochs"] == 2
+    assert [json.loads(x)["epoch"] for x in (run / "timing.jsonl").read_text().splitlines()] == [1, 2]
+    workspace = f".ddpctl/runs/{run.name}"
+    for k, host in enumerate(bed.hosts[:2]):
+        node = run / "nodes" / str(k)
+        snapshots = list((node / "out" / "snapshots").iterdir())
+        assert snapshots, f"node {k} keeps its own snapshot copy"
+        assert any((node / "logs").rglob("*.log"))
+        assert (node / "exit_code").read_text().strip() == "0"
+        for file in [*snapshots, node / "torchrun.out"]:
+            remote = f"{host.home}/{workspace}/{file.relative_to(node)}"
+            assert sha256(file) == host_sha256(host, remote)
+        assert not (node / "code").exists(), "shipped code is not pulled back"
+
+    again = ddpctl(bed, "pull", str(run))
+    assert again.returncode == 0, again.stderr
+    assert "pulled 0 bytes" in again.stderr
+
+    # An interrupted or damaged local copy: the next pull restores it, verified against the host.
+    snapshot = sorted((run / "nodes" / "1" / "out" / "snapshots").iterdir())[-1]
+    snapshot.write_bytes(snapshot.read_bytes()[:100])
+    (run / "nodes" / "0" / "torchrun.out").unlink()
+    repaired = ddpctl(bed, "pull", str(run))
+    assert repaired.returncode == 0, repaired.stderr
+    remote = f"{bed.hosts[1].home}/{workspace}/out/snapshots/{snapshot.name}"
+    assert sha256(snapshot) == host_sha256(bed.hosts[1], remote)
+    assert (run / "nodes" / "0" / "torchrun.out").exists()
+
+    status = ddpctl(bed, "status", str(run), "--json")
+    assert [n["state"] for n in json.loads(status.stdout)["nodes"]] == ["finished", "finished"]
+
+
+def test_three_hosts_with_different_ports_and_users(bed: Testbed, tmp_path: Path) -> None:
+    assert len({h.port for h in bed.hosts}) == 3 and len({h.user for h in bed.hosts}) == 3
+    result = up(bed, bed.hosts, tmp_path / "runs", "--gpus", "1", "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)["summary"]
+    assert summary["world_size"] == 3 and summary["nnodes"] == 3
+
+
+def test_launcher_killed_mid_run_training_finishes_and_status_pull_get_it(bed: Testbed, tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    env = {**os.environ, "DDPCTL_KNOWN_HOSTS": str(bed.known_hosts_path)}
+    proc = subprocess.Popen([sys.executable, "-m", "launcher", "up", *host_args(bed.hosts[:2]), "--gpus", "1",
+                             "--runs-dir", str(runs), "--epochs", "4", *SMALL, "-i", bed.client_key_path],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not list(runs.glob("*/events.jsonl")):
+            time.sleep(0.2)
+        events = next(runs.glob("*/events.jsonl"))
+        while time.monotonic() < deadline and '"started"' not in events.read_text():
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGKILL)  # the launcher and its SSH connections vanish at once
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    run = the_run(runs)
+    deadline = time.monotonic() + 240
+    states: list[str] = []
+    while time.monotonic() < deadline:
+        status = ddpctl(bed, "status", str(run), "--json")
+        assert status.returncode == 0, status.stderr
+        states = [n["state"] for n in json.loads(status.stdout)["nodes"]]
+        if all(s != "running" for s in states):
+            break
+        time.sleep(2)
+    assert states == ["finished", "finished"]
+    pulled = ddpctl(bed, "pull", str(run))
+    assert pulled.returncode == 0, pulled.stderr
+    assert json.loads((run / "summary.json").read_text())["epochs"] == 4
+
+
+def test_worker_killed_on_node1_recovers_from_snapshots(bed: Testbed, tmp_path: Path) -> None:
+    # Global rank 2 is node 1's first worker (2 per node); it SIGKILLs itself mid-epoch on the first attempt.
+    result = up(bed, bed.hosts[:2], tmp_path / "runs", "--gpus", "2", "--epochs", "3", "--max-restarts", "1",
+                "--json", "--trainer-arg=--fault-kill", "--trainer-arg=2:10")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)["summary"]
+    assert summary["restarts"] == 1 and summary["epochs"] == 3
+    run = Path(json.loads(result.stdout)["run_dir"])
+    assert [json.loads(x)["epoch"] for x in (run / "timing.jsonl").read_text().splitlines()] == [1, 2, 3]
+
+
+def test_user_command_arguments_reach_torchrun_intact(bed: Testbed, tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    marker = "/tmp/ddpctl-injected"
+    (project / "show args.py").write_text(
+        "import json, os, sys\n"
+        "rank = os.environ['RANK']\n"
+        "json.dump([sys.argv[1:], os.environ['EVIL']], open(f'../out/args-{rank}.json', 'w'))\n"
+    )
+    hostile = ["a b", "it's", '"quoted"', "x; touch " + marker, "$(touch " + marker + ")", "`touch " + marker + "`"]
+    env_value = "v; $(touch " + marker + ") `id`"
+    result = ddpctl(bed, "up", *host_args(bed.hosts[:2]), "--gpus", "1", "--runs-dir", str(tmp_path / "runs"),
+                    "--env", f"EVIL={env_value}", "--", "python3", "show args.py", *hostile, cwd=project)
+    assert result.returncode == 0, result.stderr
+    run = the_run(tmp_path / "runs")
+    for rank, node in ((0, 0), (1, 1)):
+        args, evil = json.loads((run / "nodes" / str(node) / "out" / f"args-{rank}.json").read_text())
+        assert args == hostile and evil == env_value
+    assert not os.path.exists(marker)
+
+
+def test_link_down_before_start_is_named_by_preflight(bed: Testbed, tmp_path: Path) -> None:
+    bed.hosts[1].link_down()
+    try:
+        result = ddpctl(bed, "up", *host_args(bed.hosts[:2]), "--runs-dir", str(tmp_path), "--connect-timeout", "3",
+                        timeout=120)
+    finally:
+        bed.hosts[1].link_up()
+    assert result.returncode == 1
+    assert bed.hosts[1].spec in result.stderr and "unreachable" in result.stderr
+    assert bed.hosts[0].spec not in result.stderr.split("\n", 1)[1]
+    assert not any(tmp_path.iterdir()), "no run directory for a run that never started"
+
+
+def test_host_keys_unknown_refused_then_accepted_changed_always_refused(bed: Testbed, tmp_path: Path) -> None:
+    known = tmp_path / "known_hosts"
+    host = bed.hosts[2]
+    refused = ddpctl(bed, "doctor", "--host", host.spec, known_hosts=known)
+    assert refused.returncode == 1
+    assert host.host_key_fingerprint in refused.stderr and "--accept-new-host-keys" in refused.stderr
+    accepted = ddpctl(bed, "doctor", "--host", host.spec, "--accept-new-host-keys", "--json", known_hosts=known)
+    assert accepted.returncode == 0, accepted.stderr
+    assert json.loads(accepted.stdout)["ok"] is True
+    assert host.known_hosts_line().split()[1:] == known.read_text().split()[1:3]
+    host.regenerate_host_key()
+    changed = ddpctl(bed, "doctor", "--host", host.spec, "--accept-new-host-keys", known_hosts=known)
+    assert changed.returncode == 1 and "changed" in changed.stderr.lower()
+    bed.write_known_hosts()
+
+
+def test_malicious_host_symlink_is_refused_by_pull(bed: Testbed, tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    result = up(bed, bed.hosts[:1], runs, "--gpus", "1", "--epochs", "1")
+    assert result.returncode == 0, result.stderr
+    run = the_run(runs)
+    host = bed.hosts[0]
+    host.run_as_user(["ln", "-s", "/etc/shadow", f"{host.home}/.ddpctl/runs/{run.name}/out/stolen"])
+    pulled = ddpctl(bed, "pull", str(run))
+    assert pulled.returncode == 1
+    assert "symbolic link" in pulled.stderr and "stolen" in pulled.stderr
+    assert not list(run.rglob("stolen"))
