@@ -87,7 +87,8 @@ def up(
     json_out: bool = typer.Option(False, "--json", help="Print the final summary as JSON on stdout."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print what each node would run; change nothing."),
     runtime: str = typer.Option("native", help="native, docker or auto (on SSH hosts)."),
-    image: str | None = typer.Option(None, help="Image for --runtime docker."),
+    image: str | None = typer.Option(None, help="Local image for --runtime docker [default: ddpctl:latest]."),
+    registry: str | None = typer.Option(None, help="With --runtime docker: hosts pull this image reference."),
     python: str = typer.Option("python3", help="Python on the hosts (e.g. a venv's bin/python)."),
     identity_file: Path | None = typer.Option(None, "--identity-file", "-i", help="SSH private key."),
     accept_new_host_keys: bool = typer.Option(False, help="Trust and record unknown host keys (never changed ones)."),
@@ -120,7 +121,8 @@ def up(
     options = UpOptions(
         runs_dir=runs_dir, hosts=hosts, runtime=runtime, show_progress=not json_out, dry_run=dry_run,
         detach=detach, identity_file=identity_file, accept_new_host_keys=accept_new_host_keys,
-        connect_timeout=connect_timeout, rdzv_addr=rdzv_addr, image=image, auto_gpus=gpus is None and bool(hosts),
+        connect_timeout=connect_timeout, rdzv_addr=rdzv_addr, image=image,
+        registry=registry, auto_gpus=gpus is None and bool(hosts),
         auto_rdzv_port=rdzv_port is None,
     )  # fmt: skip
     result = run_up(spec, options)

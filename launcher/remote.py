@@ -55,7 +55,8 @@ def run_remote_up(spec: RunSpec, options: UpOptions, session: HostSession | None
     if options.dry_run:
         spec = spec.with_layout(nnodes=len(options.hosts), nproc_per_node=spec.nproc_per_node)
         hosts = provider_hosts or [NodeHost(h.text, h.hostname) for h in options.hosts]
-        return UpResult(None, 0, None, plan_remote(spec, hosts, options.rdzv_addr, options.runtime, options.image))
+        runtime = "docker" if options.runtime == "docker" else "native"  # auto is decided by looking at hosts
+        return UpResult(None, 0, None, plan_remote(spec, hosts, options.rdzv_addr, runtime, image_name(options)))
     own_session = session is None
     session = session or HostSession.open(options)
     try:
@@ -68,6 +69,7 @@ def run_remote_up(spec: RunSpec, options: UpOptions, session: HostSession | None
             "ssh": session.settings_json(), **(record_extra or {}),
         })  # fmt: skip
         run_dir.event("planned", nodes=[n.shell_line() for n in plan.nodes])
+        ship_image(session, plan, run_dir, options)
         ship_code(session, plan, run_dir)
         start_nodes(session, plan, run_dir)
         if options.detach:
@@ -98,21 +100,65 @@ def prepare(spec: RunSpec, options: UpOptions, session: HostSession,
                             lambda i: probe_host(session.conn(i), spec.python, session.labels[i]),
                             timeout=options.connect_timeout + 90, label=session.label_of)
     facts: list[HostFacts] = raise_for_errors(outcomes, "preflight")
+    runtime, docker_infos = choose_runtime(options, session)
     gpus = spec.nproc_per_node
     if options.auto_gpus:
         gpus = min(int(f.info.get("gpus") or 0) or min(2, int(f.info.get("cpus") or 1)) for f in facts)
     spec = spec.with_layout(nnodes=len(facts), nproc_per_node=gpus)
-    problems = check_requirements(facts, gpus, need_torch=options.runtime == "native")
+    problems = check_requirements(facts, gpus, need_torch=runtime == "native")
     if problems:
         raise DdpctlError("preflight failed:\n" + "\n".join(f"  {p}" for p in problems))
     hosts = provider_hosts or [NodeHost(f.label, f.address, f.iface_of(f.address)) for f in facts]
+    if docker_infos:
+        hosts = [replace(h, gpus=info.nvidia_runtime) for h, info in zip(hosts, docker_infos, strict=True)]
     addr0 = options.rdzv_addr or hosts[0].address or session.targets[0].hostname
     if spec.nnodes > 1:
         check_public_rendezvous(addr0, bool(options.extra.get("allow_public_rendezvous")))
         port = check_rendezvous_reachable([session.conn(i) for i in range(len(hosts))], session.labels, spec.python,
                                           addr0, spec.rdzv_port, any_free_port=options.auto_rdzv_port)
         spec = replace(spec, rdzv_port=port)
-    return spec, plan_remote(spec, hosts, addr0, options.runtime, options.image)
+    return spec, plan_remote(spec, hosts, addr0, runtime, image_name(options))
+
+
+def image_name(options: UpOptions) -> str:
+    from launcher.docker_runtime import DEFAULT_IMAGE
+
+    return options.registry or options.image or DEFAULT_IMAGE
+
+
+def choose_runtime(options: UpOptions, session: HostSession) -> tuple[str, list[Any] | None]:
+    """native, or docker with each host's engine facts. `auto` takes docker when every host has a working
+    engine (one runtime per run: the nodes then share the image's python and torch), native otherwise."""
+    if options.runtime == "native":
+        return "native", None
+    from launcher.docker_runtime import host_docker_info, require_engine
+
+    image = image_name(options)
+    outcomes = run_on_hosts(list(range(len(session.targets))),
+                            lambda i: host_docker_info(session.conn(i), image), timeout=90, label=session.label_of)
+    infos = raise_for_errors(outcomes, "docker check")
+    if options.runtime == "auto":
+        return ("docker", infos) if all(i.has_engine for i in infos) else ("native", None)
+    outcomes = run_on_hosts(list(range(len(infos))), lambda i: require_engine(infos[i], session.label_of(i)),
+                            timeout=10, label=session.label_of)
+    return "docker", raise_for_errors(outcomes, "docker runtime")
+
+
+def ship_image(session: HostSession, plan: RunPlan, run_dir: RunDir, options: UpOptions) -> None:
+    """Put our image on every docker node: streamed from the local engine where missing or different (a second
+    run ships nothing), or pulled from --registry."""
+    if not any(n.runtime == "docker" for n in plan.nodes):
+        return
+    from launcher.docker_runtime import ensure_image
+    from launcher.image import docker_client
+
+    image = image_name(options)
+    engine = None if options.registry else docker_client()
+    outcomes = ensure_image([session.conn(n.index) for n in plan.nodes], image, engine,
+                            pull=bool(options.registry), show_progress=options.show_progress)
+    for node, result in zip(plan.nodes, raise_for_errors(outcomes, "image"), strict=True):
+        run_dir.event("image", node=node.index, image=image, bytes_sent=result.bytes_sent, skipped=result.skipped,
+                      replaced=result.replaced, pulled=result.pulled)
 
 
 def _cache_key(path: Path) -> str:

@@ -30,6 +30,7 @@ class UpOptions:
     connect_timeout: float = 10.0
     rdzv_addr: str | None = None
     image: str | None = None
+    registry: str | None = None  # hosts `docker pull` this reference instead of receiving our local image
     ssh_config: Path | None = None
     # No --gpus with hosts: one process per GPU of the hosts (the fewest any has), or 2 on CPU-only hosts.
     auto_gpus: bool = False

@@ -1,0 +1,90 @@
+"""`ddpctl up --runtime docker` on SSH test-bed hosts that each run their own Docker engine: the image really
+travels over SSH, and `--network host` containers really sit on each host's address."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from infra.testbed import Testbed, cleanup_stale
+from infra.testbed_docker import HostEngine, start_engine
+from tests.docker_fixtures import base_image, requires_docker, test_image  # noqa: F401
+from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE
+
+pytestmark = [pytest.mark.skipif(TESTBED_UNAVAILABLE, reason=TESTBED_SKIP_REASON), requires_docker,
+              pytest.mark.docker]
+SMALL = ["--synthetic-train-size", "1024", "--synthetic-test-size", "256"]
+
+
+@pytest.fixture(scope="module")
+def docker_hosts() -> Iterator[tuple[Testbed, list[HostEngine]]]:
+    """Three hosts without torch; the first two have a Docker engine of their own, the third none."""
+    cleanup_stale("ddpdk")
+    bed = Testbed("ddpdk", n_hosts=3)
+    engines: list[HostEngine] = []
+    try:
+        engines = [start_engine(host) for host in bed.hosts[:2]]
+        yield bed, engines
+    finally:
+        for engine in engines:
+            engine.stop()
+        bed.stop()
+
+
+def ddpctl(bed: Testbed, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DDPCTL_KNOWN_HOSTS": str(bed.known_hosts_path)}
+    command, *rest = args
+    return subprocess.run([sys.executable, "-m", "launcher", command, "-i", bed.client_key_path, *rest],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def image_events(run: Path) -> list[dict]:
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    return [e for e in events if e["event"] == "image"]
+
+
+def test_docker_runtime_trains_on_two_hosts_and_ships_the_image_once(
+        docker_hosts: tuple[Testbed, list[HostEngine]], test_image: str, tmp_path: Path) -> None:  # noqa: F811
+    bed, engines = docker_hosts
+    hosts = [arg for h in bed.hosts[:2] for arg in ("--host", h.spec)]
+    first = ddpctl(bed, "up", "--runtime", "docker", "--image", test_image, *hosts, "--gpus", "1", "--epochs", "2",
+                   "--runs-dir", str(tmp_path / "a"), "--json", *SMALL)
+    assert first.returncode == 0, first.stderr
+    out = json.loads(first.stdout)
+    run = Path(out["run_dir"])
+    assert out["summary"]["world_size"] == 2 and out["summary"]["epochs"] == 2
+    shipped = image_events(run)
+    assert len(shipped) == 2 and all(e["bytes_sent"] > 10_000_000 and not e["skipped"] for e in shipped)
+    local_id = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", test_image],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    for engine in engines:
+        remote_id = engine.docker("image", "inspect", "--format", "{{.Id}}", test_image).stdout.decode().strip()
+        assert remote_id == local_id
+        assert engine.docker("ps", "-aq", "--filter", f"label=ddpctl.run={run.name}").stdout.strip() == b""
+    for k in (0, 1):
+        assert list((run / "nodes" / str(k) / "out" / "snapshots").iterdir())
+
+    second = ddpctl(bed, "up", "--runtime", "docker", "--image", test_image, *hosts, "--gpus", "1",
+                    "--epochs", "1", "--runs-dir", str(tmp_path / "b"), "--json", *SMALL,
+                    "--max-restarts", "1", "--trainer-arg=--fault-kill", "--trainer-arg=1:5")
+    assert second.returncode == 0, second.stderr
+    out = json.loads(second.stdout)
+    assert out["summary"]["restarts"] == 1, "a worker killed inside its container is restarted by torchrun"
+    assert [e["bytes_sent"] for e in image_events(Path(out["run_dir"]))] == [0, 0]
+
+
+def test_a_host_without_docker_is_named_in_one_line(docker_hosts: tuple[Testbed, list[HostEngine]],
+                                                     tmp_path: Path) -> None:
+    bed, _ = docker_hosts
+    result = ddpctl(bed, "up", "--runtime", "docker", "--host", bed.hosts[0].spec, "--host", bed.hosts[2].spec,
+                    "--runs-dir", str(tmp_path), *SMALL)
+    assert result.returncode == 1
+    assert bed.hosts[2].spec in result.stderr and "no usable Docker engine" in result.stderr
+    assert bed.hosts[0].spec not in result.stderr
+    assert not any(tmp_path.iterdir())
