@@ -18,14 +18,20 @@ PROBE_SCRIPT = r"""
 import json, os, shutil, subprocess, sys
 info = {"python": "%d.%d.%d" % sys.version_info[:3], "executable": sys.executable, "cpus": os.cpu_count(),
         "home": os.path.expanduser("~"), "torch": None, "gpus": 0, "gpu_names": []}
+# torch's version from its metadata and the GPUs from nvidia-smi: importing torch would cost seconds per host.
 try:
-    import torch
-    info["torch"] = torch.__version__.split("+")[0]
-    info["cuda"] = bool(torch.cuda.is_available())
-    info["gpus"] = torch.cuda.device_count() if info["cuda"] else 0
-    info["gpu_names"] = [torch.cuda.get_device_name(i) for i in range(info["gpus"])]
+    from importlib import metadata
+    info["torch"] = metadata.version("torch").split("+")[0]
 except Exception as e:
     info["torch_error"] = (type(e).__name__ + ": " + str(e))[:200]
+if shutil.which("nvidia-smi"):
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=20).stdout
+        info["gpu_names"] = [line.strip() for line in out.splitlines() if line.strip()]
+        info["gpus"] = len(info["gpu_names"])
+    except Exception:
+        pass
 info["disk_free"] = shutil.disk_usage(info["home"]).free
 conn = os.environ.get("SSH_CONNECTION", "").split()
 info["ssh_server_addr"] = conn[2] if len(conn) >= 3 else None

@@ -27,6 +27,7 @@ class RunProgress:
             transient=False,
         )
         self._tasks: dict[int, TaskID] = {}
+        self._first_seen: dict[int, tuple[float, int]] = {}  # per node: (time, steps done) of the first record
         for index, label in enumerate(node_labels):
             self._tasks[index] = self._progress.add_task(
                 "", total=None, label=f"node {index} {label}", status="starting"
@@ -54,7 +55,8 @@ class RunProgress:
         total = epochs * steps
         rate = float(record.get("samples_per_s") or 0.0)
         status = f"epoch {epoch}/{epochs} step {step}/{steps} {rate:,.0f} samples/s"
-        eta = _eta(record, done, total)
+        first = self._first_seen.setdefault(node, (time.monotonic(), done))
+        eta = _eta(first, done, total)
         if eta is not None:
             status += f" ETA {eta}"
         if state and state != "running":
@@ -62,12 +64,13 @@ class RunProgress:
         self._progress.update(task, total=total, completed=done, status=f"{status} {extra}".strip())
 
 
-def _eta(record: Mapping[str, Any], done: int, total: int) -> str | None:
-    started = record.get("started")
-    now = record.get("time") or time.time()
-    if not started or done <= 0 or total <= done:
+def _eta(first: tuple[float, int], done: int, total: int) -> str | None:
+    """Time left at the pace seen since the first record (start-up excluded)."""
+    seen_at, seen_done = first
+    elapsed = time.monotonic() - seen_at
+    if done <= seen_done or total <= done or elapsed <= 0:
         return None
-    remaining = (float(now) - float(started)) / done * (total - done)
+    remaining = elapsed / (done - seen_done) * (total - done)
     minutes, seconds = divmod(int(remaining), 60)
     return f"{minutes}:{seconds:02d}"
 

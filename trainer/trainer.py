@@ -89,6 +89,7 @@ class Trainer:
         self.epochs_done = 0
         self.records: list[dict[str, Any]] = []
         self.wall_start = time.time()
+        self.first_step_time: float | None = None  # this attempt's first optimizer step (launch benchmarks)
         self.timing = TimingLog(config.out_dir / "timing.jsonl") if ctx.is_rank0 else None
         self.progress = (
             ProgressReporter(config.out_dir / "progress.json", config.epochs, self.steps_per_epoch)
@@ -100,6 +101,8 @@ class Trainer:
 
     def _run_batch(self, images: torch.Tensor, labels: torch.Tensor, sums: torch.Tensor) -> None:
         """One optimizer step; adds the batch's loss and correct count to `sums` on the device (no sync)."""
+        if self.first_step_time is None:
+            self.first_step_time = time.time()
         self.optimizer.zero_grad(set_to_none=True)
         output = self.ddp(images)
         loss = F.nll_loss(output, labels)
@@ -262,7 +265,7 @@ class Trainer:
         return {
             "world_size": self.ctx.world_size, "nnodes": self.ctx.nnodes, "model": cfg.model,
             "dataset": cfg.dataset, "batch_size": cfg.batch_size, "lr": cfg.lr, "momentum": cfg.momentum,
-            "seed": cfg.seed, "versions": versions(), "devices": devices,
+            "seed": cfg.seed, "versions": versions(), "devices": devices, "first_step_time": self.first_step_time,
         }  # fmt: skip
 
 
