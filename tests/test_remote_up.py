@@ -36,8 +36,14 @@ def ddpctl(bed: Testbed, *args: str, known_hosts: Path | None = None, cwd: Path 
            timeout: float = 300) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "DDPCTL_KNOWN_HOSTS": str(known_hosts or bed.known_hosts_path)}
     command, *rest = args  # the key option goes before any `-- CMD...`
-    return subprocess.run([sys.executable, "-m", "launcher", command, "-i", bed.client_key_path, *rest],
-                          capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+    try:
+        return subprocess.run([sys.executable, "-m", "launcher", command, "-i", bed.client_key_path, *rest],
+                              capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+    except subprocess.TimeoutExpired:
+        for host in bed.hosts:  # what the nodes were doing, for the failure report
+            for out in Path(host.home, ".ddpctl", "runs").glob("*/torchrun.out"):
+                print(f"== {out}\n" + "\n".join(out.read_text(errors="replace").splitlines()[-30:]))
+        raise
 
 
 def host_args(hosts: list[TestHost]) -> list[str]:
