@@ -100,6 +100,18 @@ def up(
     synthetic_test_size: int | None = typer.Option(None, help="Synthetic data set: test samples."),
     trainer_arg: list[str] = typer.Option([], "--trainer-arg", help="Extra option passed to the trainer.", hidden=True),
     env: list[str] = typer.Option([], "--env", help="NAME=VALUE set for torchrun on every node; repeat."),
+    provider: str | None = typer.Option(None, help="local, ssh or vast [default: ssh with --host, else local]."),
+    nodes: int = typer.Option(1, "--nodes", help="Vast.ai: machines to rent (one torchrun node each)."),
+    gpu_name: str | None = typer.Option(None, "--gpu-name", help='Vast.ai: GPU model, e.g. "RTX 3080".'),
+    max_price: float | None = typer.Option(None, "--max-price", help="Vast.ai: most $/hour per machine."),
+    min_reliability: float = typer.Option(0.95, "--min-reliability", help="Vast.ai: least reliability, 0..1."),
+    disk: float = typer.Option(32.0, "--disk", help="Vast.ai: disk per machine, GB."),
+    down: bool = typer.Option(False, "--down", help="Vast.ai: destroy the machines once results are verified."),
+    max_cost: float | None = typer.Option(None, "--max-cost", help="Vast.ai: stop, pull and destroy before the "
+                                          "run's spend passes this many USD."),
+    max_cost_reserve: float = typer.Option(120.0, "--max-cost-reserve", hidden=True,
+                                           help="Seconds of spend --max-cost keeps for the final pull and teardown."),
+    ready_timeout: float = typer.Option(900.0, "--ready-timeout", help="Vast.ai: seconds for a machine to start."),
 ) -> None:
     """Launch a DDP training run and follow it to the end."""
     from launcher.local import default_local_procs
@@ -108,12 +120,17 @@ def up(
     if runtime not in RUNTIMES:
         raise SpecError(f"--runtime {runtime!r}: choose one of {', '.join(RUNTIMES)}")
     hosts = tuple(parse_host(h) for h in host)
+    provider = provider or ("ssh" if hosts else "local")
+    vast = _vast_request(provider, hosts, runtime, nodes=nodes, gpu_name=gpu_name, max_price=max_price,
+                         min_reliability=min_reliability, disk=disk, down=down, max_cost=max_cost,
+                         max_cost_reserve_s=max_cost_reserve, ready_timeout=ready_timeout)
     if runtime == "docker" and not hosts:
         raise SpecError("--runtime docker needs --host (locally, use `docker compose up`)")
     spec = spec_from_options(
-        gpus=gpus if gpus is not None else (1 if hosts else default_local_procs()),
-        nnodes=max(1, len(hosts)), model=model, dataset=dataset, data_dir=data_dir, epochs=epochs,
-        batch_size=batch_size, lr=lr, save_every=save_every, seed=seed, max_restarts=max_restarts, name=name,
+        gpus=gpus if gpus is not None else (1 if hosts or vast else default_local_procs()),
+        nnodes=vast.nodes if vast else max(1, len(hosts)), model=model, dataset=dataset, data_dir=data_dir,
+        epochs=epochs, batch_size=batch_size, lr=lr, save_every=save_every, seed=seed, max_restarts=max_restarts,
+        name=name,
         command=command or [], python=python, rdzv_port=rdzv_port or DEFAULT_RDZV_PORT,
         synthetic_train_size=synthetic_train_size, synthetic_test_size=synthetic_test_size, trainer_arg=trainer_arg,
         env=env,
@@ -122,11 +139,28 @@ def up(
         runs_dir=runs_dir, hosts=hosts, runtime=runtime, show_progress=not json_out, dry_run=dry_run,
         detach=detach, identity_file=identity_file, accept_new_host_keys=accept_new_host_keys,
         connect_timeout=connect_timeout, rdzv_addr=rdzv_addr, image=image,
-        registry=registry, auto_gpus=gpus is None and bool(hosts),
-        auto_rdzv_port=rdzv_port is None,
+        registry=registry, auto_gpus=gpus is None and (bool(hosts) or vast is not None),
+        auto_rdzv_port=rdzv_port is None, provider=provider, vast=vast,
     )  # fmt: skip
     result = run_up(spec, options)
     finish_up(result, json_out)
+
+
+def _vast_request(provider: str, hosts: tuple[Any, ...], runtime: str, **vast_options: Any) -> Any:
+    """The VastRequest for --provider vast (None for the others), after checking the options fit the provider."""
+    if provider not in ("local", "ssh", "vast"):
+        raise SpecError(f"--provider {provider!r}: choose local, ssh or vast")
+    if provider == "ssh" and not hosts:
+        raise SpecError("--provider ssh needs --host (one per node)")
+    if provider != "ssh" and hosts:
+        raise SpecError(f"--host is for --provider ssh, not {provider}")
+    if provider != "vast":
+        return None
+    if runtime != "native":
+        raise SpecError("on Vast.ai our image is the machine: the run is native there (drop --runtime)")
+    from launcher.vast.rented_run import VastRequest
+
+    return VastRequest(**vast_options)
 
 
 def finish_up(result: Any, json_out: bool) -> None:

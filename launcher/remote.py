@@ -7,6 +7,7 @@ import importlib.util
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,9 +48,18 @@ def trainer_source_dir() -> Path:
     return Path(next(iter(found.submodule_search_locations)))
 
 
+class RunStopRequested(DdpctlError):
+    """Raised by a provider's `watch` hook (e.g. --max-cost): every node is stopped and pulled, then it propagates."""
+
+
 def run_remote_up(spec: RunSpec, options: UpOptions, session: HostSession | None = None,
-                  provider_hosts: list[NodeHost] | None = None, record_extra: dict[str, Any] | None = None) -> UpResult:
-    """Run on SSH hosts (or hosts a provider rented: pass its session and NodeHosts) and pull the results."""
+                  provider_hosts: list[NodeHost] | None = None, record_extra: dict[str, Any] | None = None,
+                  run_dir: RunDir | None = None, watch: Callable[[], str] | None = None) -> UpResult:
+    """Run on SSH hosts (or hosts a provider rented: pass its session and NodeHosts) and pull the results.
+
+    A provider may pass the run directory it already made (it records rented machines before they are
+    reachable) and `watch`, called on every poll: its text joins the progress display; it may raise
+    RunStopRequested."""
     from launcher.up import UpResult
 
     if options.dry_run:
@@ -61,13 +71,17 @@ def run_remote_up(spec: RunSpec, options: UpOptions, session: HostSession | None
     session = session or HostSession.open(options)
     try:
         spec, plan = prepare(spec, options, session, provider_hosts)
-        run_dir = RunDir.create(options.runs_dir, spec, {
+        fields = {
             "provider": "ssh", "runtime": options.runtime,
             "hosts": [target_to_json(t) for t in session.targets],
             "nodes": [{"index": n.index, "label": n.host.label, "address": n.host.address,
                        "workspace": n.workspace, "runtime": n.runtime} for n in plan.nodes],
             "ssh": session.settings_json(), **(record_extra or {}),
-        })  # fmt: skip
+        }  # fmt: skip
+        if run_dir is None:
+            run_dir = RunDir.create(options.runs_dir, spec, fields)
+        else:
+            run_dir.update_record(spec=spec.to_json(), **fields)
         run_dir.event("planned", nodes=[n.shell_line() for n in plan.nodes])
         ship_image(session, plan, run_dir, options)
         ship_code(session, plan, run_dir)
@@ -78,12 +92,14 @@ def run_remote_up(spec: RunSpec, options: UpOptions, session: HostSession | None
                           f"fetch with `ddpctl pull {spec.run_id}`; stop with `ddpctl down {spec.run_id}`.")
             return UpResult(run_dir.path, 0, None, plan)
         try:
-            code = follow(session, run_dir, show_progress=options.show_progress)
-        except KeyboardInterrupt:
+            code = follow(session, run_dir, show_progress=options.show_progress, watch=watch)
+        except (KeyboardInterrupt, RunStopRequested) as stop:
             # Ctrl-C means stop: a run to keep going without this terminal is what --detach is for.
-            run_dir.event("interrupted")
+            run_dir.event("interrupted" if isinstance(stop, KeyboardInterrupt) else "stop_requested", reason=str(stop))
             stop_all(session, run_dir)
             pull_run(session, run_dir)
+            if isinstance(stop, RunStopRequested):
+                raise
             raise Interrupted(f"stopped by Ctrl-C on every node; what they wrote is in {run_dir.path}") from None
         pull_run(session, run_dir)
         summary = _read_summary(run_dir)
@@ -220,7 +236,7 @@ def poll_states(session: HostSession, run_dir: RunDir) -> list[NodeState | None]
 
 
 def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
-           lost_contact_seconds: float = 180.0) -> int:
+           lost_contact_seconds: float = 180.0, watch: Callable[[], str] | None = None) -> int:
     """Show progress until every node has ended; return 0, or the first failing node's exit code."""
     labels = session.labels
     last_seen = [time.monotonic()] * len(labels)
@@ -228,6 +244,7 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
     with RunProgress(labels, enabled=show_progress) as progress:
         while True:
             states = poll_states(session, run_dir)
+            extra = watch() if watch else ""  # e.g. the live cost of rented machines, on node 0's line
             now = time.monotonic()
             for index, state in enumerate(states):
                 if state is None:
@@ -239,7 +256,7 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
                     continue
                 last_seen[index] = now
                 record = state.progress if index == 0 else None
-                progress.update(index, record if index == 0 else None, state.label)
+                progress.update(index, record if index == 0 else None, state.label, extra if index == 0 else "")
             known = [s for s in states if s is not None]
             failed = [(i, s) for i, s in enumerate(states) if s is not None and s.finished and s.exit_code != 0]
             if failed and not failed_reported:

@@ -34,14 +34,20 @@ def _options(runs_dir: Path, identity_file: Path | None = None, accept: bool = F
 
 
 def status(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, json_out: bool = typer.Option(False, "--json"),
-           identity_file: Path | None = IDENTITY, connect_timeout: float = TIMEOUT) -> None:
+           identity_file: Path | None = IDENTITY, connect_timeout: float = TIMEOUT,
+           rented: bool = typer.Option(False, "--rented", help="List every Vast.ai machine still rented (and "
+                                       "billing) by any run under --runs-dir.")) -> None:
     """Where a run stands: each node's process state and progress, and what was pulled."""
     from launcher.remote import poll_states, reattach
+    from launcher.vast.lifecycle import is_released, print_rented, rented_rows, say
 
+    if rented:
+        print_rented(runs_dir, json_out)
+        return
     run_dir = find_run(runs_dir, run)
     record = run_dir.record()
     rows = []
-    if record.get("hosts"):
+    if record.get("hosts") and not is_released(record):  # a destroyed machine's address may be someone else's now
         with reattach(run_dir, _options(runs_dir, identity_file, False, connect_timeout)) as session:
             states = poll_states(session, run_dir)
         for index, state in enumerate(states):
@@ -57,7 +63,7 @@ def status(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, json_out: bool 
         local_state = "finished" if summary_exists else ("ended" if exited else "running or interrupted")
         rows.append({"node": 0, "host": "local", "state": local_state,
                      "exit_code": exited[-1].get("exit_code") if exited else None, "epoch": None, "epochs": None})
-    extra = {k: record[k] for k in ("instances",) if k in record}
+    extra = {k: record[k] for k in ("instances", "cost_usd") if k in record}
     if json_out:
         print(json.dumps({"run": run_dir.run_id, "path": str(run_dir.path), "nodes": rows, **extra}, indent=2))
         return
@@ -69,6 +75,10 @@ def status(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, json_out: bool 
         exit_code = "-" if row["exit_code"] is None else str(row["exit_code"])
         table.add_row(str(row["node"]), str(row["host"]), str(row["state"]), exit_code, epoch)
     console.print(table)
+    still = rented_rows(runs_dir)
+    if still:
+        say(f"{len(still)} Vast.ai machine(s) of run(s) {', '.join(sorted({r['run'] for r in still}))} are still "
+            "rented and billing: see `ddpctl status --rented`; stop them with `ddpctl down RUN`", style="yellow")
 
 
 def logs(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, node: int = typer.Option(0, "--node"),
@@ -121,14 +131,15 @@ def down(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, identity_file: Pa
     from launcher.remote import pull_run, reattach, stop_all
 
     run_dir = find_run(runs_dir, run)
+    if run_dir.record().get("instances"):  # rented: pull and verify, then destroy (refused unverified w/o --force)
+        from launcher.vast.lifecycle import release_run
+
+        release_run(run_dir, _options(runs_dir, identity_file, False, connect_timeout), force=force)
+        return
     with reattach(run_dir, _options(runs_dir, identity_file, False, connect_timeout)) as session:
         stop_all(session, run_dir)
         pull_run(session, run_dir)
     console.print(f"stopped run {run_dir.run_id}; results in {run_dir.path}")
-    if run_dir.record().get("instances"):
-        from launcher.vast.lifecycle import release_run
-
-        release_run(run_dir, force=force)
 
 
 def doctor(host: list[str] = typer.Option(..., "--host", help="Hosts to check; repeat."),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launcher.datasets import check_local_data
 from launcher.hosts import HostSpec
@@ -13,6 +13,9 @@ from launcher.local import check_local_gpus, read_json, run_local
 from launcher.plan import RunPlan, plan_local
 from launcher.rundir import RunDir
 from launcher.spec import RunSpec
+
+if TYPE_CHECKING:
+    from launcher.vast.rented_run import VastRequest
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,8 @@ class UpOptions:
     # No --rdzv-port: when the default port is taken on node 0 (another run), use one the host picks.
     auto_rdzv_port: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    provider: str = ""  # "local", "ssh" or "vast"; empty: ssh when hosts are given, else local
+    vast: VastRequest | None = None  # what to rent, with provider "vast"
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,10 @@ class UpResult:
 
 def run_up(spec: RunSpec, options: UpOptions) -> UpResult:
     """Run one experiment to its end (or plan it, with dry_run) and return where its results are."""
+    if options.provider == "vast":
+        from launcher.vast.rented_run import run_vast_up
+
+        return run_vast_up(spec, options)
     if options.hosts:
         from launcher.remote import run_remote_up
 
