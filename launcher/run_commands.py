@@ -39,7 +39,7 @@ def status(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, json_out: bool 
                                        "billing) by any run under --runs-dir.")) -> None:
     """Where a run stands: each node's process state and progress, and what was pulled."""
     from launcher.remote import poll_states, reattach
-    from launcher.vast.lifecycle import is_released, print_rented, rented_rows, say
+    from launcher.vast.lifecycle import is_released, offline_rows, print_rented, rented_rows, say
 
     if rented:
         print_rented(runs_dir, json_out)
@@ -56,6 +56,8 @@ def status(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, json_out: bool 
                          "state": state.label if state else "unreachable",
                          "exit_code": state.exit_code if state else None,
                          "epoch": progress.get("epoch"), "epochs": progress.get("epochs")})
+    elif record.get("provider") == "vast":  # released, or never got as far as starting: nothing to reach
+        rows = offline_rows(run_dir)
     else:
         events = run_dir.events()
         exited = [e for e in events if e["event"] in ("exited", "stopped")]

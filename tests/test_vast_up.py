@@ -214,35 +214,56 @@ def test_left_running_status_lists_it_down_refuses_unverified_then_pulls_and_des
     assert json.loads(after.stdout)["rented"] == []
     again = ddpctl("down", run.name, "--runs-dir", str(ddpctl.runs))
     assert again.returncode == 0 and "no rented machine" in again.stderr
+    status = ddpctl("status", run.name, "--json", "--runs-dir", str(ddpctl.runs))  # asks no destroyed machine
+    assert [(n["state"], n["exit_code"]) for n in json.loads(status.stdout)["nodes"]] == [("machine destroyed", 0)]
     ddpctl.assert_key_nowhere()
 
 
-def test_ctrl_c_while_renting_leaves_nothing_rented(bed, standin, ddpctl) -> None:
-    standin.faults.stuck_machines.add(401)  # stays "loading": provisioning waits for it
+def _signal_while_renting(standin: VastStandIn, ddpctl: Launcher, signum: int) -> tuple[int, str, str]:
+    """Start `up` on an offer whose machine never finishes loading; once the instance exists and run.json
+    names it, send `signum` to the launcher."""
+    standin.faults.stuck_machines.add(401)
     proc = subprocess.Popen(ddpctl.argv("up", "--provider", "vast", "--image", IMAGE, "--disk", str(DISK),
                                         "--gpu-name", "RTX 3080", "--gpus", "1", "--ready-timeout", "120",
                                         "--runs-dir", str(ddpctl.runs)),
                             env=ddpctl.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # the instance exists, and run.json already names it
+        while time.monotonic() < deadline:
             runs = list(ddpctl.runs.glob("*/run.json")) if ddpctl.runs.exists() else []
             if standin.live_instances() and runs and json.loads(runs[0].read_text()).get("instances"):
                 break
             time.sleep(0.1)
         assert standin.live_instances(), "no instance was created"
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signum)
         stdout, stderr = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
     ddpctl.outputs += [stdout, stderr]
-    assert proc.returncode == 130, stderr
+    return proc.returncode, stdout, stderr
+
+
+def test_ctrl_c_while_renting_leaves_nothing_rented(bed, standin, ddpctl) -> None:
+    returncode, _, stderr = _signal_while_renting(standin, ddpctl, signal.SIGINT)
+    assert returncode == 130, stderr
     assert "Ctrl-C" in stderr and "destroyed" in stderr
     assert standin.live_instances() == [] and bed.hosts == []
     run = _the_run(ddpctl.runs)
     assert [i["state"] for i in _record(run)["instances"]] == ["destroyed"]
     assert "vast.instance_destroyed" in [e["event"] for e in _events(run)]
+
+
+def test_launcher_killed_while_renting_then_down_finds_and_destroys_the_instance(bed, standin, ddpctl) -> None:
+    returncode, _, _ = _signal_while_renting(standin, ddpctl, signal.SIGKILL)  # no cleanup can run
+    assert returncode == -signal.SIGKILL and len(standin.live_instances()) == 1
+    run = _the_run(ddpctl.runs)
+    rented = ddpctl("status", "--rented", "--json", "--runs-dir", str(ddpctl.runs))
+    assert [r["instance_id"] for r in json.loads(rented.stdout)["rented"]] == standin.live_instances()
+    down = ddpctl("down", run.name, "--runs-dir", str(ddpctl.runs))  # nothing was started: nothing to pull
+    assert down.returncode == 0, down.stderr
+    assert standin.live_instances() == [] and bed.hosts == []
+    assert _record(run)["released_at"]
 
 
 def test_failure_after_provisioning_destroys_what_up_created(bed, standin, ddpctl) -> None:
@@ -261,10 +282,11 @@ def test_failure_after_provisioning_destroys_what_up_created(bed, standin, ddpct
 
 
 def test_max_cost_stops_pulls_and_tears_down_before_the_budget_passes(bed, standin, ddpctl) -> None:
-    # $36/hour = 1 cent a second; 20 s of reserve: the run is stopped once $0.15 - $0.20... would be passed.
-    max_cost = 0.40
+    # $36/hour is a cent a second. With 10 s of spend kept for stopping, pulling and destroying, the run is
+    # stopped about 25 s after the machine was created, mid-training (200 epochs would take minutes).
+    max_cost = 0.35
     result = ddpctl.up("--gpus", "1", "--gpu-name", "H100", "--epochs", "200", "--max-cost", str(max_cost),
-                       "--max-cost-reserve", "20")
+                       "--max-cost-reserve", "10")
     assert result.returncode == 1, result.stderr
     assert "--max-cost" in result.stderr and "destroyed" in result.stderr
     assert standin.live_instances() == [] and bed.hosts == []

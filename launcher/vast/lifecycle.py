@@ -218,6 +218,21 @@ def is_released(record: dict[str, Any]) -> bool:
     return bool(record.get("instances")) and not live(record["instances"])
 
 
+def offline_rows(run_dir: RunDir) -> list[dict[str, Any]]:
+    """`ddpctl status` rows of a rented run that has no machine to ask: from what was pulled and recorded."""
+    record = run_dir.record()
+    rows = []
+    for node in record.get("nodes") or []:
+        code = run_dir.path / "nodes" / str(node["index"]) / "exit_code"
+        exit_code = int(code.read_text().strip()) if code.is_file() and code.read_text().strip().isdigit() else None
+        rows.append({"node": node["index"], "host": node["label"], "state": "machine destroyed",
+                     "exit_code": exit_code, "epoch": None, "epochs": None})
+    if not rows:  # provisioning never ended (or failed): one row per instance created
+        rows = [{"node": "-", "host": f"vast:{i['instance_id']}", "state": i["state"], "exit_code": None,
+                 "epoch": None, "epochs": None} for i in record.get("instances") or []]
+    return rows
+
+
 def rented_rows(runs_dir: Path, now: float | None = None) -> list[dict[str, Any]]:
     """Every instance that a run under `runs_dir` rented and did not verify destroyed."""
     now = time.time() if now is None else now
