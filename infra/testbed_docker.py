@@ -12,13 +12,15 @@ remounts /sys, and dockerd then fails with "Devices cgroup isn't mounted").
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
+import signal
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.testbed_host import TestbedError, TestHost, kill_and_wait, read_pid
+from infra.testbed_host import TestbedError, TestHost, kill_and_wait, process_state, read_pid
 
 
 @dataclass
@@ -51,10 +53,10 @@ class HostEngine:
         pid = read_pid(Path(self.pidfile))
         if pid:
             with contextlib.suppress(ProcessLookupError):
-                subprocess.run(["kill", "-TERM", str(pid)], capture_output=True)
+                os.kill(pid, signal.SIGTERM)
             deadline = time.monotonic() + 20
-            while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
-                time.sleep(0.2)
+            while process_state(pid) not in (None, "Z") and time.monotonic() < deadline:
+                time.sleep(0.1)
             kill_and_wait([pid])
         env = self.host.ssh_environment()
         if env.pop("DOCKER_HOST", None) is not None:
@@ -65,8 +67,11 @@ class HostEngine:
         Path(self.socket).unlink(missing_ok=True)
 
 
-def start_engine(host: TestHost, timeout: float = 60) -> HostEngine:
-    """Start a dockerd in `host`'s namespace, usable by its login user over SSH; wait until it answers."""
+def start_engine(host: TestHost, timeout: float = 60, insecure_registries: tuple[str, ...] = ()) -> HostEngine:
+    """Start a dockerd in `host`'s namespace, usable by its login user over SSH; wait until it answers.
+
+    `insecure_registries` (HOST:PORT) may be reached over plain HTTP, e.g. a test registry on the bed's bridge.
+    """
     engine = HostEngine(
         host=host,
         socket=f"/run/{host.name}-docker.sock",
@@ -78,10 +83,12 @@ def start_engine(host: TestHost, timeout: float = 60) -> HostEngine:
     )
     argv = [*host.nsenter(), "dockerd", "--data-root", engine.data_root, "--exec-root", engine.exec_root,
             "-H", engine.docker_host, "--pidfile", engine.pidfile, "--group", host.user,
-            "--bridge", "none", "--iptables=false", "--ip-masq=false", "--log-level", "warn"]
+            "--bridge", "none", "--iptables=false", "--ip-masq=false", "--log-level", "warn",
+            *(f"--insecure-registry={registry}" for registry in insecure_registries)]
+    # setsid --fork: dockerd becomes init's child, so once stopped it is reaped rather than left a zombie of ours.
     with open(engine.log, "ab") as log:
-        subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                         start_new_session=True)
+        subprocess.run(["setsid", "--fork", *argv], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                       check=True)
     deadline = time.monotonic() + timeout
     while engine.docker("info", check=False, timeout=30).returncode != 0:
         if time.monotonic() > deadline:

@@ -15,7 +15,7 @@ import tarfile
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -100,7 +100,8 @@ def test_two_docker_nodes_train_on_the_local_engine(test_image: str, tmp_path: P
     sizes = ("--synthetic-train-size", "128", "--synthetic-test-size", "32")
     spec = RunSpec(run_id=f"dk-{secrets.token_hex(3)}", nnodes=2, nproc_per_node=1, epochs=1, backend="gloo",
                    rdzv_port=_free_port(), trainer_args=sizes)
-    hosts = [NodeHost("a", "127.0.0.1", "lo"), NodeHost("b", "127.0.0.1", "lo")]
+    # Distinct addresses: c10d tells nodes apart by (address, pid), and torchrun has the same pid in both containers.
+    hosts = [NodeHost("a", "127.0.0.1", "lo"), NodeHost("b", "127.0.0.2", "lo")]
     plan = plan_remote(spec, hosts, runtime="docker", image=test_image)
     homes = [tmp_path / "home0", tmp_path / "home1"]
     for home, node in zip(homes, plan.nodes, strict=True):
@@ -112,10 +113,10 @@ def test_two_docker_nodes_train_on_the_local_engine(test_image: str, tmp_path: P
         f.write("open('/workspace/out/shipped-code-ran', 'w').close()\n")
     procs = [_start(node.command, home, node.workspace) for home, node in zip(homes, plan.nodes, strict=True)]
     try:
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + 180
         # A failed node leaves the other waiting in rendezvous: stop at the first failure.
         while any(p.poll() is None for p in procs) and not any(p.poll() for p in procs):
-            assert time.monotonic() < deadline, "the nodes did not finish within 300 s"
+            assert time.monotonic() < deadline, "the nodes did not finish within 180 s"
             time.sleep(0.5)
     finally:
         for p in procs:
@@ -170,20 +171,40 @@ def test_the_wrapper_exits_with_the_container_and_stops_it_on_sigterm(test_image
 
 # ---- images shipped over SSH to hosts with their own engines --------------------------------------------------
 
+@dataclass
+class DockerBed:
+    bed: Testbed
+    engines: list[HostEngine]  # of hosts 0 and 1; host 2 has no Docker engine
+    registry: str  # HOST:PORT of a real registry on the bed's bridge, trusted over HTTP by the hosts' engines
+
+
 @pytest.fixture(scope="module")
-def docker_bed() -> Iterator[tuple[Testbed, list[HostEngine]]]:
-    """Three SSH hosts; hosts 0 and 1 have a Docker engine each, host 2 has none."""
+def docker_bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DockerBed]:
+    """Three SSH hosts; hosts 0 and 1 have a Docker engine each, host 2 has none; a registry beside them."""
     if TESTBED_UNAVAILABLE:
         pytest.skip(TESTBED_SKIP_REASON)
+    registry_binary = shutil.which("docker-registry")
+    if registry_binary is None:
+        pytest.skip("docker-registry is not installed: run `bash infra/setup.sh --test`")
     cleanup_stale("ddptd")
     bed = Testbed("ddptd", n_hosts=3, ports=[22, 22, 22])
     engines: list[HostEngine] = []
+    registry_proc = None
     try:
-        engines = [start_engine(bed.hosts[0]), start_engine(bed.hosts[1])]
-        yield bed, engines
+        registry = f"{bed.state.bridge_address}:{_free_port()}"
+        root = tmp_path_factory.mktemp("registry")
+        (root / "config.yml").write_text(f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {root}/data\n"
+                                         f"http:\n  addr: {registry}\n")
+        registry_proc = subprocess.Popen([registry_binary, "serve", str(root / "config.yml")],
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        engines = [start_engine(host, insecure_registries=(registry,)) for host in bed.hosts[:2]]
+        yield DockerBed(bed, engines, registry)
     finally:
         for engine in engines:
             engine.stop()
+        if registry_proc is not None:
+            registry_proc.terminate()
+            registry_proc.wait(timeout=10)
         bed.stop()
 
 
@@ -211,9 +232,9 @@ def small_image() -> Iterator[tuple[str, str]]:
 
 @requires_docker
 @pytest.mark.docker
-def test_image_ships_to_two_hosts_once_and_replaces_a_different_one(
-        docker_bed: tuple[Testbed, list[HostEngine]], small_image: tuple[str, str]) -> None:
-    bed, engines = docker_bed
+def test_image_ships_to_two_hosts_once_and_replaces_a_different_one(docker_bed: DockerBed,
+                                                                     small_image: tuple[str, str]) -> None:
+    bed, engines = docker_bed.bed, docker_bed.engines
     tag, image_id = small_image
     conns = [connect(bed, host) for host in bed.hosts[:2]]
     try:
@@ -253,9 +274,8 @@ def test_image_ships_to_two_hosts_once_and_replaces_a_different_one(
 
 @requires_docker
 @pytest.mark.docker
-def test_a_host_without_docker_is_named_in_one_line(
-        docker_bed: tuple[Testbed, list[HostEngine]], small_image: tuple[str, str]) -> None:
-    bed, engines = docker_bed
+def test_a_host_without_docker_is_named_in_one_line(docker_bed: DockerBed, small_image: tuple[str, str]) -> None:
+    bed, engines = docker_bed.bed, docker_bed.engines
     tag, _ = small_image
     conns = [connect(bed, bed.hosts[0]), connect(bed, bed.hosts[2])]
     try:
@@ -271,6 +291,37 @@ def test_a_host_without_docker_is_named_in_one_line(
         for conn in conns:
             conn.close()
         engines[0].docker("image", "rm", "-f", tag, check=False)
+
+
+@requires_docker
+@pytest.mark.docker
+def test_with_a_registry_hosts_pull_the_image(docker_bed: DockerBed, small_image: tuple[str, str]) -> None:
+    bed, engines = docker_bed.bed, docker_bed.engines
+    tag, image_id = small_image
+    ref = f"{docker_bed.registry}/team/{tag}"
+    # The registry gets the image from host 0's engine (ours does not trust it over HTTP); we know it by ref.
+    subprocess.run(["docker", "tag", tag, ref], check=True, capture_output=True)
+    conns = [connect(bed, host) for host in bed.hosts[:2]]
+    try:
+        raise_for_errors(ensure_image(conns[:1], tag, docker_client(), show_progress=False), "ship")
+        engines[0].docker("tag", tag, ref)
+        engines[0].docker("push", ref)
+        pulled = raise_for_errors(ensure_image(conns[1:], ref, docker_client(), pull=True, show_progress=False),
+                                  "pull")
+        assert pulled[0].pulled and pulled[0].bytes_sent == 0 and not pulled[0].skipped
+        assert engines[1].docker("image", "inspect", "-f", "{{.Id}}", ref).stdout.decode().strip() == image_id
+        again = raise_for_errors(ensure_image(conns[1:], ref, docker_client(), pull=True, show_progress=False),
+                                 "pull")
+        assert again[0].skipped
+        missing = ensure_image(conns[1:], f"{docker_bed.registry}/team/nothing:here", None, pull=True,
+                               show_progress=False)
+        assert isinstance(missing[0].error, HostError) and "docker pull" in str(missing[0].error)
+    finally:
+        for conn in conns:
+            conn.close()
+        subprocess.run(["docker", "image", "rm", ref], capture_output=True)
+        for engine in engines:
+            engine.docker("image", "rm", "-f", tag, ref, check=False)
 
 
 @requires_docker
