@@ -328,6 +328,9 @@ def _read_summary(run_dir: RunDir) -> dict[str, Any] | None:
 def reattach(run_dir: RunDir, options: UpOptions) -> HostSession:
     """Connections to a run's hosts from its run directory alone."""
     record = run_dir.record()
+    if record.get("released_at"):  # a destroyed machine's address may belong to someone else now
+        raise DdpctlError(f"the rented machines of run {run_dir.run_id} were destroyed; what was pulled is in "
+                          f"{run_dir.path}")
     targets = [target_from_json(t) for t in record.get("hosts", [])]
     if not targets:
         raise DdpctlError(f"run {run_dir.run_id} ran locally: it has no hosts to reach")

@@ -254,6 +254,33 @@ def test_ctrl_c_while_renting_leaves_nothing_rented(bed, standin, ddpctl) -> Non
     assert "vast.instance_destroyed" in [e["event"] for e in _events(run)]
 
 
+def test_ctrl_c_while_training_stops_pulls_and_destroys(bed, standin, ddpctl) -> None:
+    proc = subprocess.Popen(ddpctl.argv("up", "--provider", "vast", "--image", IMAGE, "--disk", str(DISK),
+                                        "--gpu-name", "RTX 3080", "--gpus", "1", "--epochs", "200", *SMALL,
+                                        "--runs-dir", str(ddpctl.runs)),
+                            env=ddpctl.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:  # training is under way on the node
+            if ddpctl.runs.exists() and any('"started"' in p.read_text() for p in ddpctl.runs.glob("*/events.jsonl")):
+                break
+            time.sleep(0.2)
+        time.sleep(2)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    ddpctl.outputs += [stdout, stderr]
+    assert proc.returncode == 130, stderr
+    assert standin.live_instances() == [] and bed.hosts == []
+    run = _the_run(ddpctl.runs)
+    kinds = [e["event"] for e in _events(run)]
+    assert kinds.index("interrupted") < kinds.index("pulled") < kinds.index("vast.instance_destroyed")
+    assert (run / "nodes" / "0" / "torchrun.out").exists() and _record(run)["released_at"]
+    ddpctl.assert_key_nowhere()
+
+
 def test_launcher_killed_while_renting_then_down_finds_and_destroys_the_instance(bed, standin, ddpctl) -> None:
     returncode, _, _ = _signal_while_renting(standin, ddpctl, signal.SIGKILL)  # no cleanup can run
     assert returncode == -signal.SIGKILL and len(standin.live_instances()) == 1

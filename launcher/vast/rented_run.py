@@ -89,9 +89,9 @@ def run_vast_up(spec: RunSpec, options: UpOptions) -> UpResult:
     if not options.image:
         raise SpecError("--provider vast needs --image REF: the image Vast.ai starts on each machine (a registry "
                         "reference such as docker.io/you/ddpctl:1, pushed with `ddpctl image push`)")
-    if options.detach and req.down:
-        raise SpecError("--down destroys the machines once the results are pulled: it needs a followed run, "
-                        "not --detach")
+    if options.detach and (req.down or req.max_cost is not None):
+        raise SpecError("--down and --max-cost act while `up` follows the run: drop --detach (a detached run's "
+                        "machines bill until `ddpctl down`)")
     spec = spec.with_layout(nnodes=req.nodes, nproc_per_node=spec.nproc_per_node)
     flt = OfferFilter(gpu_name=req.gpu_name, num_gpus=None if options.auto_gpus else spec.nproc_per_node,
                       max_price=req.max_price, min_reliability=req.min_reliability, disk_gb=req.disk)
@@ -104,19 +104,22 @@ def run_vast_up(spec: RunSpec, options: UpOptions) -> UpResult:
                                                          "vast": {"label": spec.run_id, "image": options.image,
                                                                   "disk": req.disk, "max_cost": req.max_cost}})
         ledger = Ledger(run_dir)
-        rented = _provision(client, offers, spec, options, req, ledger, public_key)
-        targets = [SSHTarget(label=f"vast:{r.instance_id}", hostname=r.ssh_host, port=r.ssh_port, user=r.ssh_user,
-                             identity_files=(str(key_path),)) for r in rented]
-        session = HostSession(targets, replace(options, accept_new_host_keys=True),
-                              settings={"known_hosts_file": str(run_dir.path / "known_hosts")})
-        try:
+        rented = _provision(client, offers, spec, options, req, ledger, public_key)  # cleans up after itself
+        session: HostSession | None = None
+        try:  # from here on, whatever goes wrong destroys what this `up` rented (or says why it cannot)
+            _report_rented(ledger, rented)
+            targets = [SSHTarget(label=f"vast:{r.instance_id}", hostname=r.ssh_host, port=r.ssh_port,
+                                 user=r.ssh_user, identity_files=(str(key_path),)) for r in rented]
+            session = HostSession(targets, replace(options, accept_new_host_keys=True),
+                                  settings={"known_hosts_file": str(run_dir.path / "known_hosts")})
             result = _launch(spec, options, req, session, rented, ledger)
+            return _finish(client, options, req, ledger, result)
         except BaseException as exc:
             _after_failure(client, session, ledger, exc)
             raise  # what _after_failure did not replace with a message (an unexpected error)
         finally:
-            session.close()
-        return _finish(client, options, req, ledger, result)
+            if session is not None:
+                session.close()
 
 
 def _dry_run(spec: RunSpec, offers: list[Offer], req: VastRequest) -> UpResult:
@@ -145,17 +148,21 @@ def _provision(client: VastClient, offers: list[Offer], spec: RunSpec, options: 
         left = [i["instance_id"] for i in live(ledger.instances)]
         run_dir.event("vast.provision_ended", error=str(exc) or type(exc).__name__, still_rented=left)
         note = (f"; instance(s) {left} could not be verified destroyed: check https://console.vast.ai" if left
-                else f"; the {len(ledger.instances)} instance(s) it created were destroyed")
+                else f"; the {len(ledger.instances)} instance(s) it created were destroyed" if ledger.instances
+                else "; nothing was rented")
         if isinstance(exc, KeyboardInterrupt):
             raise Interrupted(f"stopped by Ctrl-C while renting{note}") from None
         if isinstance(exc, DdpctlError):
             raise DdpctlError(f"{exc}{note}") from None
         raise
+    return rented
+
+
+def _report_rented(ledger: Ledger, rented: list[RentedInstance]) -> None:
     ledger.rented(rented)
     for r in rented:
         say(f"  vast:{r.instance_id}: {r.offer.num_gpus}x {r.offer.gpu_name} at {r.ssh_host}:{r.ssh_port}, "
             f"${r.dph:.4f}/hour")
-    return rented
 
 
 def _launch(spec: RunSpec, options: UpOptions, req: VastRequest, session: HostSession, rented: list[RentedInstance],
@@ -216,7 +223,7 @@ def _overlay_hosts(session: HostSession, rented: list[RentedInstance]) -> list[N
     return raise_for_errors(outcomes, "overlay address")
 
 
-def _after_failure(client: VastClient, session: HostSession, ledger: Ledger, exc: BaseException) -> None:
+def _after_failure(client: VastClient, session: HostSession | None, ledger: Ledger, exc: BaseException) -> None:
     """A failure after provisioning: destroy exactly what this `up` created, and say what happened. Results
     that training wrote but that could not be pulled and verified keep their machines (they hold the only copy)."""
     run_dir = ledger.run_dir
@@ -225,7 +232,7 @@ def _after_failure(client: VastClient, session: HostSession, ledger: Ledger, exc
     reason = "max-cost" if stopped else "interrupted" if interrupted else "up failed"
     run_dir.event("vast.up_failed", reason=reason, error=str(exc) or type(exc).__name__)
     started = any(e.get("event") == "started" for e in run_dir.events())
-    if started and not (stopped or interrupted):  # those two pulled (verified) before they were raised
+    if session is not None and started and not (stopped or interrupted):  # those two pulled before raising
         problem = _final_pull(session, run_dir)
         if problem:
             run_dir.event("vast.kept_for_results", error=problem)
@@ -235,7 +242,8 @@ def _after_failure(client: VastClient, session: HostSession, ledger: Ledger, exc
     cost = destroy_all(client, ledger, reason)
     done = f"the rented machines were destroyed (verified); the run cost ${cost:.4f}"
     if stopped:
-        raise DdpctlError(f"stopped by {exc}; results pulled to {run_dir.path} (verified); {done}") from None
+        pulled = f"results pulled to {run_dir.path} (verified)" if started else "before training started"
+        raise DdpctlError(f"stopped by {exc}; {pulled}; {done}") from None
     if interrupted:
         raise Interrupted(f"stopped by Ctrl-C; what the nodes wrote is in {run_dir.path}; {done}") from None
     if isinstance(exc, DdpctlError):
@@ -265,8 +273,9 @@ def _finish(client: VastClient, options: UpOptions, req: VastRequest, ledger: Le
         cost = ledger.cost()
         write_summary_cost(ledger.run_dir, cost)  # so far: `ddpctl down` writes the final figure
         rate = ledger.hourly_rate()
+        unwatched = " (--max-cost is no longer watched)" if req.max_cost is not None else ""
         say(f"the {len(live(ledger.instances))} Vast.ai machine(s) of run {run_id} KEEP BILLING "
-            f"(${rate:.4f}/hour; ${cost:.4f} so far) until you run `ddpctl down {run_id}`",
+            f"(${rate:.4f}/hour; ${cost:.4f} so far) until you run `ddpctl down {run_id}`{unwatched}",
             style="bold yellow")
     summary = dict(result.summary) if result.summary else None
     if summary is not None:
