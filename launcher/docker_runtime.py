@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import queue
+import shlex
 import threading
 import zlib
 from collections.abc import Callable, Sequence
@@ -69,6 +70,15 @@ docker rm "$name" >/dev/null 2>&1
 rm -f "$ws/.docker-wait"
 exit "$code"
 """
+
+
+def display_line(node: NodePlan) -> str:
+    """What a docker node runs, as the `docker run` line the wrapper issues (for --dry-run and logs)."""
+    ws, data, name, *rest = node.command[len(("sh", "-c", RUN_SCRIPT, "ddpctl-docker")):]
+    home = lambda path: path if path.startswith("/") else f"$HOME/{path}"  # noqa: E731
+    mounts = f'-v "{home(ws)}:{CONTAINER_WORKSPACE}"' + (f' -v "{home(data)}:{CONTAINER_DATA}"' if data else "")
+    return (f'docker run -d --name {name} --user "$(id -u):$(id -g)" {mounts} {shlex.join(rest)}'
+            f"  # then follows its output and exits with its exit code")
 
 
 def container_name(run_id: str, index: int) -> str:

@@ -41,6 +41,10 @@ class NodePlan:
 
     def shell_line(self) -> str:
         """The command as one quoted shell line (for --dry-run and logs)."""
+        if self.runtime == "docker":
+            from launcher.docker_runtime import display_line
+
+            return display_line(self)
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env)
         cd = f"cd {shlex.quote(self.cwd)} && " if self.cwd else ""
         return f"{cd}{'env ' + env + ' ' if env else ''}{shlex.join(self.command)}"

@@ -74,6 +74,19 @@ def test_gpus_data_dir_and_user_command() -> None:
     assert "--standalone" in argv  # one node: no rendezvous address
 
 
+def test_dry_run_shows_the_docker_run_line() -> None:
+    spec = RunSpec(run_id="r3", nnodes=2, nproc_per_node=1, data_dir="/srv/data")
+    plan = plan_remote(spec, [NodeHost("a", "10.0.0.2"), NodeHost("b", "10.0.0.3", gpus=True)], runtime="docker",
+                       image="img:2")
+    lines = plan.describe().splitlines()
+    assert lines[1] == "node 0 [a, docker]:"
+    assert lines[2].startswith('  docker run -d --name ddpctl-r3-n0 --user "$(id -u):$(id -g)" '
+                               '-v "$HOME/.ddpctl/runs/r3:/workspace" -v "/srv/data:/data" --init ')
+    assert " img:2 python3 -m torch.distributed.run --nnodes 2 --node-rank 0 " in lines[2]
+    assert "--gpus all" in lines[4] and "--gpus" not in lines[2]
+    assert RUN_SCRIPT not in plan.describe()
+
+
 # ---- the wrapper on the real local engine ---------------------------------------------------------------------
 
 def _free_port() -> int:
