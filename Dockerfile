@@ -11,8 +11,10 @@
 ARG BASE_IMAGE=pytorch/pytorch:2.11.0-cuda12.8-cudnn9-runtime
 FROM ${BASE_IMAGE}
 ARG BASE_IMAGE
+# The CUDA version inside BASE_IMAGE, recorded for hosts to check against their driver: set it with the base.
+ARG BASE_CUDA=12.8
 LABEL org.ddpctl.base-image="${BASE_IMAGE}" \
-      org.ddpctl.cuda="12.8 (default base; see org.ddpctl.base-image)"
+      org.ddpctl.cuda="${BASE_CUDA}"
 
 # Optional: a directory of wheels in the build context (e.g. `.whl`) for machines where pip cannot reach the
 # registry; numpy is installed from it when the base lacks numpy, and any other wheel there is installed too.

@@ -19,6 +19,7 @@ from launcher.errors import DdpctlError
 
 # The Dockerfile's default base: torch 2.11 for CUDA 12.8 (Ampere sm_86 and newer; the host driver must be >= 570).
 DEFAULT_BASE_IMAGE = "pytorch/pytorch:2.11.0-cuda12.8-cudnn9-runtime"
+DEFAULT_BASE_CUDA = "12.8"
 DEFAULT_TAG = "ddpctl:latest"
 _STEP = re.compile(r"^Step (\d+)/(\d+) :")
 
@@ -53,14 +54,20 @@ def trainer_code_hash(context: Path) -> str:
 
 
 def build_image(context: Path, tag: str = DEFAULT_TAG, base_image: str | None = None,
-                labels: Mapping[str, str] | None = None, show_progress: bool = True) -> str:
-    """Build the Dockerfile in `context` as `tag`, labelled with the ddpctl version and code hash; return the ID."""
+                labels: Mapping[str, str] | None = None, show_progress: bool = True,
+                cuda: str | None = None) -> str:
+    """Build the Dockerfile in `context` as `tag`, labelled with the ddpctl version and code hash; return the ID.
+
+    `cuda` is the base image's CUDA version for the label (default: known for the default base, else "unknown").
+    """
     context = context.resolve()
     if not (context / "Dockerfile").is_file() or not (context / "trainer").is_dir():
         raise ImageError(f"{context} is not a ddpctl source tree (no Dockerfile or trainer/): pass --context")
     buildargs = {"DDPCTL_VERSION": launcher.__version__, "CODE_HASH": trainer_code_hash(context)}
     if base_image:
         buildargs["BASE_IMAGE"] = base_image
+    if cuda or (base_image and base_image != DEFAULT_BASE_IMAGE):
+        buildargs["BASE_CUDA"] = cuda or "unknown"
     client = docker_client()
     stream = client.api.build(path=str(context), tag=tag, buildargs=buildargs, labels=dict(labels or {}),
                               rm=True, forcerm=True, decode=True)
@@ -173,9 +180,10 @@ def register(app: typer.Typer) -> None:
         base_image: str = typer.Option(DEFAULT_BASE_IMAGE, "--base-image", help="FROM image (needs torch)."),
         tag: str = typer.Option(DEFAULT_TAG, "--tag", help="Name:tag of the image to build."),
         context: Path = typer.Option(Path("."), "--context", help="The ddpctl source tree (holds the Dockerfile)."),
+        cuda: str | None = typer.Option(None, "--cuda", help="The base image's CUDA version, for the image label."),
     ) -> None:
         """Build the trainer image from the Dockerfile."""
-        image_id = build_image(context, tag, base_image)
+        image_id = build_image(context, tag, base_image, cuda=cuda)
         print(f"{tag} {image_id}")
 
     @image_app.command("push")

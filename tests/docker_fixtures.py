@@ -42,5 +42,5 @@ def test_image(base_image: str) -> str:
     """The real Dockerfile built on the offline base, tagged ddpctl:test."""
     from launcher.image import build_image
 
-    build_image(REPO, TEST_IMAGE, base_image, show_progress=False)
+    build_image(REPO, TEST_IMAGE, base_image, show_progress=False, cuda="none (CPU)")
     return TEST_IMAGE

@@ -39,6 +39,7 @@ def test_image_labels_say_version_and_code_hash(test_image: str) -> None:  # noq
     assert labels["org.ddpctl.version"] == launcher.__version__
     assert labels["org.ddpctl.code-hash"] == trainer_code_hash(REPO)
     assert labels["org.ddpctl.base-image"].startswith("ddpctl-base:cpu-")
+    assert labels["org.ddpctl.cuda"] == "none (CPU)"
 
 
 def test_torchrun_trains_in_the_image_and_runs_a_mounted_script(test_image: str, tmp_path: Path) -> None:  # noqa: F811
