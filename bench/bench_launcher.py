@@ -20,9 +20,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from infra.testbed import Testbed, TestHost, cleanup_stale
-from launcher.plan import NodeHost, plan_remote
-from launcher.spec import RunSpec
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # infra/ is test support, not installed
+from infra.testbed import Testbed, TestHost, cleanup_stale  # noqa: E402
+from launcher.plan import NodeHost, plan_remote  # noqa: E402
+from launcher.spec import RunSpec  # noqa: E402
 
 TRAIN = ["--epochs", "1", "--synthetic-train-size", "512", "--synthetic-test-size", "128"]
 
