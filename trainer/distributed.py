@@ -59,6 +59,9 @@ class DistContext:
 
     def close(self) -> None:
         if self.grouped and dist.is_initialized():
+            # Every rank finishes its last collective before any tears gloo down; without it a rank can abort
+            # at exit ("terminate called without an active exception") while its peer is still connected.
+            dist.barrier()
             dist.destroy_process_group()
 
 
