@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from launcher.vast.apikey import load_api_key, save_api_key
-from launcher.vast.client import VastClient
-from launcher.vast.models import Offer
-from launcher.vast.offers import OfferFilter, search_offers
+
+if TYPE_CHECKING:
+    from launcher.vast.models import Offer
 
 vast_app = typer.Typer(help="Vast.ai account commands.", no_args_is_help=True)
 
@@ -28,6 +29,10 @@ def offers(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """List rentable Vast.ai offers, cheapest first (hourly price includes the disk asked for)."""
+    # Imported here: requests costs a tenth of a second at every `ddpctl` start otherwise.
+    from launcher.vast.client import VastClient
+    from launcher.vast.offers import OfferFilter, search_offers
+
     flt = OfferFilter(gpu_name=gpu_name, num_gpus=gpus, max_price=max_price, min_reliability=min_reliability,
                       disk_gb=disk, min_cuda=min_cuda, limit=max(limit, 64))
     with VastClient(load_api_key()) as client:
@@ -65,6 +70,8 @@ def login(
     tty = sys.stdin.isatty()
     key = (typer.prompt("Vast.ai API key", hide_input=True) if tty else sys.stdin.readline()).strip()
     if verify:
+        from launcher.vast.client import VastClient
+
         with VastClient(key or "-") as client:
             client.list_instances()
     path = save_api_key(key)
