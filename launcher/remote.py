@@ -12,7 +12,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from launcher.errors import DdpctlError, Interrupted
+from launcher.errors import DdpctlError, HostError, Interrupted
 from launcher.hostsession import HostSession, target_from_json, target_to_json
 from launcher.parallel import raise_for_errors, run_on_hosts
 from launcher.plan import NodeHost, RunPlan, plan_remote
@@ -36,6 +36,7 @@ POLL_SECONDS = 1.0
 # Files copied from node 0 to the top of the run directory, so every run reads the same way.
 TOP_LEVEL_FILES = ("timing.jsonl", "summary.json", "progress.json")
 CODE_CACHE = ".ddpctl/code"
+PULL_ATTEMPTS = 3
 # What comes back from a node's workspace (gitignore patterns): everything but the shipped code.
 PULLED = ("/out/", "/logs/", "/torchrun.out", "/exit_code", "/pid")
 
@@ -286,9 +287,17 @@ def pull_run(session: HostSession, run_dir: RunDir) -> list[dict[str, Any]]:
     workspaces = node_workspaces(run_dir)
 
     def pull(index: int) -> dict[str, Any]:
-        stats = pull_tree(session.conn(index), workspaces[index], run_dir.path / "nodes" / str(index),
-                          include=PULLED, missing_ok=True)
-        return asdict(stats)
+        # A running node rewrites progress.json and snapshots; a file caught mid-change is fetched again
+        # (what was already verified is not), a few times.
+        for attempt in range(PULL_ATTEMPTS):
+            try:
+                stats = pull_tree(session.conn(index), workspaces[index], run_dir.path / "nodes" / str(index),
+                                  include=PULLED, missing_ok=True)
+                return asdict(stats)
+            except HostError as e:
+                if "changed during the transfer" not in str(e) or attempt == PULL_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
 
     outcomes = run_on_hosts(list(range(len(workspaces))), pull, timeout=1800, label=session.label_of)
     for index, outcome in enumerate(outcomes):

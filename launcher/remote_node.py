@@ -43,17 +43,61 @@ echo "$pid|$ec|$alive"
 cat out/progress.json 2>/dev/null
 """
 
-# SIGTERM the node's process group (torchrun stops its workers), SIGKILL what is left after a grace period.
+# SIGTERM the node's process group (torchrun then stops its workers), and after a grace period SIGKILL every
+# process of the tree, found through /proc before anything is signalled: torchrun starts each worker in a
+# session of its own, so a torchrun killed outright would leave its workers running (and writing).
 STOP_SCRIPT = r"""
-cd "$1" 2>/dev/null || exit 0
-pid=$(cat pid 2>/dev/null)
-[ -n "$pid" ] || exit 0
-kill -TERM -- "-$pid" 2>/dev/null || exit 0
-i=0
-while kill -0 -- "-$pid" 2>/dev/null && [ "$i" -lt "$2" ]; do sleep 1; i=$((i+1)); done
-kill -KILL -- "-$pid" 2>/dev/null
-[ -f exit_code ] || echo 143 > exit_code
-exit 0
+import os, signal, sys, time
+workspace, grace = sys.argv[1], float(sys.argv[2])
+try:
+    os.chdir(os.path.expanduser("~"))
+    os.chdir(workspace)
+    pid = int(open("pid").read())
+except (OSError, ValueError):
+    sys.exit(0)
+
+def stat(p):
+    try:
+        with open("/proc/%d/stat" % p) as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+def tree(root):
+    kids = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            s = stat(int(d))
+            if s:
+                kids.setdefault(int(s[1]), []).append(int(d))
+    found, todo = [], [root]
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        todo.extend(kids.get(p, []))
+    return found
+
+def alive(p):
+    s = stat(p)
+    return bool(s) and s[0] != "Z"
+
+procs = tree(pid)
+try:
+    os.killpg(pid, signal.SIGTERM)
+except OSError:
+    pass
+deadline = time.time() + grace
+while time.time() < deadline and any(alive(p) for p in procs):
+    time.sleep(0.5)
+for p in set(procs + tree(pid)):
+    if alive(p):
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
+if not os.path.exists("exit_code"):
+    with open("exit_code", "w") as f:
+        f.write("143\n")
 """
 
 
@@ -111,7 +155,7 @@ def read_state(conn: Runner, workspace: str) -> NodeState:
 
 
 def stop_node(conn: Runner, workspace: str, grace_seconds: int = 20) -> None:
-    conn.run(["sh", "-c", STOP_SCRIPT, "ddpctl-stop", workspace, str(grace_seconds)], timeout=grace_seconds + 30)
+    conn.run(["python3", "-c", STOP_SCRIPT, workspace, str(grace_seconds)], timeout=grace_seconds + 30)
 
 
 def log_tail(conn: Runner, workspace: str, lines: int = 20) -> str:

@@ -143,3 +143,40 @@ def test_detach_script_passes_hostile_arguments_intact(tmp_path: Path) -> None:
     state = subprocess.run(["sh", "-c", shlex.join(["sh", "-c", STATE_SCRIPT, "s", "ws"])], cwd=home, env=env,
                            capture_output=True, text=True).stdout
     assert state.splitlines()[0].split("|")[:2] == [started.stdout.strip(), "0"]
+
+
+def test_stop_kills_workers_that_left_the_process_group(tmp_path: Path) -> None:
+    """torchrun puts each worker in a session of its own; a stop must still end them all."""
+    home = tmp_path
+    (home / "ws" / "code").mkdir(parents=True)
+    # A "torchrun" that ignores SIGTERM and starts a "worker" in a new session that ignores it too.
+    agent = ("import signal, subprocess, sys, time\n"
+             "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+             "w = subprocess.Popen([sys.executable, '-c', 'import signal,time; signal.signal(signal.SIGTERM, "
+             "signal.SIG_IGN); open(\"worker.pid\",\"w\").write(str(__import__(\"os\").getpid())); time.sleep(600)'],"
+             " start_new_session=True)\n"
+             "time.sleep(600)\n")
+    plan = plan_remote(RunSpec(run_id="r5", nnodes=1), [NodeHost("h", "127.0.0.1")])
+    node = plan.nodes[0]
+    node = type(node)(node.index, node.host, node.runtime, "ws", (sys.executable, "-c", agent), (), "ws")
+    env = {**os.environ, "HOME": str(home)}
+    subprocess.run(["sh", "-c", shlex.join(start_argv(node))], cwd=home, env=env, check=True, capture_output=True)
+    for _ in range(200):
+        if (home / "ws" / "worker.pid").exists() and (home / "ws" / "worker.pid").read_text():
+            break
+        time.sleep(0.05)
+    worker = int((home / "ws" / "worker.pid").read_text())
+    agent_pid = int((home / "ws" / "pid").read_text())
+    from launcher.remote_node import STOP_SCRIPT
+
+    subprocess.run([sys.executable, "-c", STOP_SCRIPT, "ws", "1"], cwd=home, env=env, check=True, timeout=30)
+
+    def gone(pid: int) -> bool:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return True
+        return state == "Z"
+
+    assert gone(worker) and gone(agent_pid)
+    assert (home / "ws" / "exit_code").read_text().strip() == "143"
