@@ -189,13 +189,7 @@ def _failure_message(result: Any) -> str:
 
 def _register_commands() -> None:
     for module_name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as e:
-            if not e.name or not module_name.startswith(e.name):
-                raise
-            continue
-        module.register(app)
+        importlib.import_module(module_name).register(app)
 
 
 def main(argv: list[str] | None = None) -> None:
