@@ -93,7 +93,16 @@ def setup(backend: str = "auto") -> DistContext:
     if under_torchrun:
         chosen = ("nccl" if device.type == "cuda" else "gloo") if backend == "auto" else backend
         _init_process_group(chosen, rank, world_size, restart_count)
+        restart_count = _run_restart_count(restart_count, device)
     return DistContext(rank, local_rank, world_size, local_world_size, nnodes, restart_count, device, chosen)
+
+
+def _run_restart_count(local_count: int, device: torch.device) -> int:
+    """The run's restart count: the most any node's agent has restarted. Each torchrun counts only its own
+    restarts, and a node that merely re-joined the rendezvous after another node's failure counts none."""
+    count = torch.tensor([local_count], dtype=torch.int64, device=device)
+    dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    return int(count.item())
 
 
 def _init_process_group(backend: str, rank: int, world_size: int, restart_count: int) -> None:
