@@ -96,6 +96,8 @@ def up(
     rdzv_addr: str | None = typer.Option(None, help="Node 0's address as the other nodes reach it."),
     rdzv_port: int | None = typer.Option(None, help="Rendezvous port on node 0 [default: 29400, or a free one]."),
     detach: bool = typer.Option(False, help="Start the run on the hosts and return; follow with status/logs."),
+    allow_public_rendezvous: bool = typer.Option(
+        False, help="Allow node 0's rendezvous on a public address (only behind a firewall: it is unauthenticated)."),
     synthetic_train_size: int | None = typer.Option(None, help="Synthetic data set: training samples."),
     synthetic_test_size: int | None = typer.Option(None, help="Synthetic data set: test samples."),
     trainer_arg: list[str] = typer.Option([], "--trainer-arg", help="Extra option passed to the trainer.", hidden=True),
@@ -137,7 +139,8 @@ def up(
     )  # fmt: skip
     options = UpOptions(
         runs_dir=runs_dir, hosts=hosts, runtime=runtime, show_progress=not json_out, dry_run=dry_run,
-        detach=detach, identity_file=identity_file, accept_new_host_keys=accept_new_host_keys,
+        detach=detach, allow_public_rendezvous=allow_public_rendezvous,
+        identity_file=identity_file, accept_new_host_keys=accept_new_host_keys,
         connect_timeout=connect_timeout, rdzv_addr=rdzv_addr, image=image,
         registry=registry, auto_gpus=gpus is None and (bool(hosts) or vast is not None),
         auto_rdzv_port=rdzv_port is None, provider=provider, vast=vast,

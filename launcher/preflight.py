@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from launcher.errors import DdpctlError, HostError
-from launcher.parallel import HostOutcome, raise_for_errors, run_on_hosts
+from launcher.parallel import raise_for_errors, run_on_hosts
 
 MIN_FREE_DISK = 1 << 30  # bytes: snapshots and logs of a small run fit easily
 
@@ -202,10 +202,3 @@ def check_public_rendezvous(addr: str, allow_public: bool) -> None:
             "restricts the port to the nodes, --allow-public-rendezvous"
         )
 
-
-def facts_json(facts: list[HostFacts | None], outcomes: list[HostOutcome]) -> list[dict[str, Any]]:
-    rows = []
-    for f, o in zip(facts, outcomes, strict=True):
-        rows.append({"host": o.label, "ok": o.error is None, "error": str(o.error) if o.error else None,
-                     **(f.info if f else {})})
-    return rows

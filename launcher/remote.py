@@ -130,7 +130,7 @@ def prepare(spec: RunSpec, options: UpOptions, session: HostSession,
         hosts = [replace(h, gpus=info.nvidia_runtime) for h, info in zip(hosts, docker_infos, strict=True)]
     addr0 = options.rdzv_addr or hosts[0].address or session.targets[0].hostname
     if spec.nnodes > 1:
-        check_public_rendezvous(addr0, bool(options.extra.get("allow_public_rendezvous")))
+        check_public_rendezvous(addr0, options.allow_public_rendezvous)
         port = check_rendezvous_reachable([session.conn(i) for i in range(len(hosts))], session.labels, spec.python,
                                           addr0, spec.rdzv_port, any_free_port=options.auto_rdzv_port)
         spec = replace(spec, rdzv_port=port)

@@ -39,6 +39,7 @@ class UpOptions:
     auto_gpus: bool = False
     # No --rdzv-port: when the default port is taken on node 0 (another run), use one the host picks.
     auto_rdzv_port: bool = False
+    allow_public_rendezvous: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
     provider: str = ""  # "local", "ssh" or "vast"; empty: ssh when hosts are given, else local
     vast: VastRequest | None = None  # what to rent, with provider "vast"

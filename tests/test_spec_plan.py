@@ -180,3 +180,14 @@ def test_stop_kills_workers_that_left_the_process_group(tmp_path: Path) -> None:
 
     assert gone(worker) and gone(agent_pid)
     assert (home / "ws" / "exit_code").read_text().strip() == "143"
+
+
+def test_a_public_rendezvous_address_is_refused_unless_allowed() -> None:
+    from launcher.errors import DdpctlError
+    from launcher.preflight import check_public_rendezvous
+
+    with pytest.raises(DdpctlError, match="--allow-public-rendezvous"):
+        check_public_rendezvous("8.8.8.8", allow_public=False)
+    check_public_rendezvous("8.8.8.8", allow_public=True)
+    check_public_rendezvous("10.231.1.2", allow_public=False)
+    check_public_rendezvous("gpu-box", allow_public=False)  # a name: resolved by the nodes, not judged here
