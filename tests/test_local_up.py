@@ -16,8 +16,14 @@ SMALL = ["--synthetic-train-size", "2048", "--synthetic-test-size", "512"]
 
 
 def ddpctl(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd)
+    try:
+        return subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True,
+                              timeout=timeout, cwd=cwd)
+    except subprocess.TimeoutExpired:
+        # The killed launcher cannot stop torchrun (a session of its own): end what runs in this test's runs dir.
+        if "--runs-dir" in args:
+            subprocess.run(["pkill", "-KILL", "-f", args[args.index("--runs-dir") + 1]], check=False)
+        raise
 
 
 def only_run(runs: Path) -> Path:
