@@ -46,7 +46,7 @@ def spec_from_options(*, gpus: int, nnodes: int, model: str, dataset: str, data_
                       name: str | None, command: list[str], python: str, rdzv_port: int,
                       synthetic_train_size: int | None, synthetic_test_size: int | None,
                       trainer_arg: list[str], env: list[str]) -> RunSpec:
-    """Build the validated RunSpec from `up`'s options (shared with `sweep`)."""
+    """Build the validated RunSpec from `up`'s options."""
     trainer_args: list[str] = []
     if synthetic_train_size is not None:
         trainer_args += ["--synthetic-train-size", str(synthetic_train_size)]

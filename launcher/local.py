@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -15,7 +14,7 @@ from typing import Any
 from launcher.errors import SpecError
 from launcher.plan import RunPlan
 from launcher.progress import RunProgress
-from launcher.rundir import RunDir
+from launcher.rundir import RunDir, read_json
 
 POLL_SECONDS = 0.5
 STOP_GRACE_SECONDS = 30.0
@@ -41,14 +40,6 @@ def check_local_gpus(nproc: int) -> None:
     gpus = local_gpu_count()
     if gpus and nproc > gpus:
         raise SpecError(f"--gpus {nproc} asks for more GPUs than this machine has ({gpus}); use --gpus {gpus} or less")
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def run_local(plan: RunPlan, run_dir: RunDir, show_progress: bool = True) -> int:
@@ -110,9 +101,6 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def log_tail(run_dir: Path, lines: int = 20) -> str:
-    """The last lines of torchrun's output and of the failing ranks' error files, for a failure message."""
-    parts = []
+    """The last lines of torchrun's output, for a failure message."""
     out = run_dir / "torchrun.out"
-    if out.exists():
-        parts.append("\n".join(out.read_text(errors="replace").splitlines()[-lines:]))
-    return "\n".join(parts)
+    return "\n".join(out.read_text(errors="replace").splitlines()[-lines:]) if out.exists() else ""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
@@ -25,7 +24,7 @@ from launcher.preflight import (
 )
 from launcher.progress import RunProgress, console
 from launcher.remote_node import NodeState, log_tail, read_state, start_node, stop_node
-from launcher.rundir import RunDir
+from launcher.rundir import RunDir, read_json, write_bytes_atomic
 from launcher.spec import RunSpec
 from launcher.sync import pull_tree, ship_tree
 
@@ -103,7 +102,7 @@ def run_remote_up(spec: RunSpec, options: UpOptions, session: HostSession | None
                 raise
             raise Interrupted(f"stopped by Ctrl-C on every node; what they wrote is in {run_dir.path}") from None
         pull_run(session, run_dir)
-        summary = _read_summary(run_dir)
+        summary = read_json(run_dir.path / "summary.json")
         return UpResult(run_dir.path, code, summary, plan)
     finally:
         if own_session:
@@ -308,9 +307,7 @@ def pull_run(session: HostSession, run_dir: RunDir) -> list[dict[str, Any]]:
     primary = primary_node_out(run_dir.path, len(workspaces))
     for name in TOP_LEVEL_FILES:
         if primary and (primary / name).is_file():
-            tmp = run_dir.path / f".{name}.tmp"
-            shutil.copyfile(primary / name, tmp)
-            os.replace(tmp, run_dir.path / name)
+            write_bytes_atomic(run_dir.path / name, (primary / name).read_bytes())
     return raise_for_errors(outcomes, "pull")
 
 
@@ -326,12 +323,6 @@ def primary_node_out(run_path: Path, nodes: int) -> Path | None:
     if with_timing:
         return max(with_timing, key=lambda o: len((o / "timing.jsonl").read_bytes().splitlines()))
     return None
-
-
-def _read_summary(run_dir: RunDir) -> dict[str, Any] | None:
-    from launcher.local import read_json
-
-    return read_json(run_dir.path / "summary.json")
 
 
 def reattach(run_dir: RunDir, options: UpOptions) -> HostSession:

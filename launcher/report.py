@@ -14,7 +14,7 @@ from typing import Any
 
 from launcher.errors import RunDirError
 from launcher.presets import ReferenceFigures
-from launcher.rundir import RUN_FILE, read_jsonl
+from launcher.rundir import RUN_FILE, read_json, read_jsonl
 
 TIMING_FILE = "timing.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -70,14 +70,6 @@ class Row:
         return f"{self.nnodes}x{self.world_size // self.nnodes}"
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def find_result_file(path: Path, name: str) -> Path | None:
     """`name` at the top of a run directory, else among node 0's pulled files; None when absent."""
     for place in _RESULT_PLACES:
@@ -109,9 +101,9 @@ def load_run(path: Path) -> RunFigures:
     """Read one run directory; RunDirError naming it when it is not a run or has no finished epoch."""
     if not path.is_dir():
         raise RunDirError(f"{path} is not a directory: give run directories (or a sweep directory) to report")
-    run = _read_json(path / RUN_FILE) or {}
+    run = read_json(path / RUN_FILE) or {}
     summary_path = find_result_file(path, SUMMARY_FILE)
-    summary = (_read_json(summary_path) if summary_path else None) or {}
+    summary = (read_json(summary_path) if summary_path else None) or {}
     timing = find_result_file(path, TIMING_FILE)
     if not run and not summary and timing is None:
         raise RunDirError(f"{path} is not a run directory (no {RUN_FILE}, {TIMING_FILE} or {SUMMARY_FILE})")
@@ -145,7 +137,7 @@ def expand_report_dirs(paths: list[Path]) -> tuple[list[Path], dict[str, Any] | 
     runs: list[Path] = []
     manifest = None
     for path in paths:
-        sweep = _read_json(path / SWEEP_FILE) if path.is_dir() else None
+        sweep = read_json(path / SWEEP_FILE) if path.is_dir() else None
         if sweep is None:
             runs.append(path)
             continue

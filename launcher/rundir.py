@@ -22,20 +22,34 @@ RUN_FILE = "run.json"
 EVENTS_FILE = "events.jsonl"
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON to a temporary file in the same directory, fsync it, then rename over `path`."""
+def write_bytes_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Write to a temporary file in the same directory (created with `mode`), fsync it, rename over `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # mkstemp: 0600 from the start
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-            f.write("\n")
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """JSON (indented, sorted keys) written with write_bytes_atomic."""
+    write_bytes_atomic(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object from `path`; None when the file is missing, unreadable, or not an object."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher.datasets import check_local_data
 from launcher.hosts import HostSpec
-from launcher.local import check_local_gpus, read_json, run_local
+from launcher.local import check_local_gpus, run_local
 from launcher.plan import RunPlan, plan_local
-from launcher.rundir import RunDir
+from launcher.rundir import RunDir, read_json
 from launcher.spec import RunSpec
 
 if TYPE_CHECKING:
@@ -40,7 +40,6 @@ class UpOptions:
     # No --rdzv-port: when the default port is taken on node 0 (another run), use one the host picks.
     auto_rdzv_port: bool = False
     allow_public_rendezvous: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
     provider: str = ""  # "local", "ssh" or "vast"; empty: ssh when hosts are given, else local
     vast: VastRequest | None = None  # what to rent, with provider "vast"
 

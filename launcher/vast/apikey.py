@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
+from launcher.rundir import write_bytes_atomic
 from launcher.vast.errors import ApiKeyMissing
 
 KEY_ENV = "VAST_API_KEY"
@@ -52,17 +52,6 @@ def save_api_key(key: str, path: Path | None = None) -> Path:
         raise ApiKeyMissing("the Vast.ai API key is empty or contains whitespace; paste it again")
     target = path or ddpctl_key_file()
     target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    # mkstemp creates the file with mode 0600 already, so the key is never readable by others, not even
-    # for an instant; the rename then replaces any older key in one step.
-    fd, tmp = tempfile.mkstemp(prefix=".vast_api_key.", dir=target.parent)
-    try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(key + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    # Created 0600 (never readable by others, not even for an instant); the rename replaces an older key at once.
+    write_bytes_atomic(target, (key + "\n").encode(), mode=0o600)
     return target
