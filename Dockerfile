@@ -29,7 +29,9 @@ RUN set -eu; \
     rm -rf /tmp/wheels; \
     python -c "import site; open(site.getsitepackages()[0] + '/ddpctl.pth', 'w').write('/opt/ddpctl\\n')"
 
-ENV PYTHONUNBUFFERED=1
+# Each torchrun attempt gets a fresh store hosted by rank 0, so a restarted rank never meets the dead attempt's
+# addresses (pytorch/pytorch#135712); the launcher and compose.yaml set it too, this covers a bare torchrun.
+ENV PYTHONUNBUFFERED=1 TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 WORKDIR /workspace
 
 # Code last: a change to the trainer rebuilds only this small layer. /opt/ddpctl is on the path through a .pth

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up ddpctl on this machine: the CPU torch (pinned, so pip never pulls the multi-GB CUDA build), then ddpctl
 # with its training extra. `infra/setup.sh --test` also installs what the test suite needs: OpenSSH (test hosts),
-# iproute2/iptables (network namespaces), Docker's engine, docker-compose and mmdebstrap (offline base image),
+# iproute2/iptables (network namespaces), Docker's engine, docker-compose 1.29 and Compose v2 (infra/compose_v2.sh),
+# mmdebstrap (offline base image),
 # docker-registry (a local registry for `ddpctl image push` tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +19,7 @@ if [ "${1:-}" = "--test" ]; then
     as_root apt-get update -q
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
   fi
+  as_root bash infra/compose_v2.sh  # `docker compose` (v2) beside Debian's docker-compose 1.29
   extras="train,dev"
 else
   extras="train"

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from launcher.errors import DdpctlError, HostError
 from launcher.parallel import HostOutcome, run_on_hosts
-from launcher.plan import NodeHost, NodePlan
+from launcher.plan import NodeHost, NodePlan, node_env
 from launcher.spec import RunSpec
 from launcher.torchrun import NodeRole, torchrun_argv
 
@@ -101,11 +101,7 @@ def docker_node_plan(spec: RunSpec, index: int, host: NodeHost, rdzv_addr: str, 
         snapshot_dir=f"{ws}/out/snapshots",
     )
     argv = torchrun_argv(replace(spec, python=IMAGE_PYTHON), role)
-    env = {"PYTHONUNBUFFERED": "1", "HOME": "/tmp", "PYTHONPATH": f"{ws}/code"}
-    if host.iface:
-        env["GLOO_SOCKET_IFNAME"] = host.iface
-        env["NCCL_SOCKET_IFNAME"] = host.iface
-    env.update(dict(spec.extra_env))
+    env = node_env(spec, host.iface, HOME="/tmp", PYTHONPATH=f"{ws}/code")
     options = [
         "--init",
         "--label", f"ddpctl.run={spec.run_id}",
@@ -116,7 +112,7 @@ def docker_node_plan(spec: RunSpec, index: int, host: NodeHost, rdzv_addr: str, 
     ]  # fmt: skip
     if host.gpus:
         options += ["--gpus", "all"]
-    for key, value in sorted(env.items()):
+    for key, value in env:
         options += ["-e", f"{key}={value}"]
     command = ("sh", "-c", RUN_SCRIPT, "ddpctl-docker", workspace, spec.data_dir or "",
                container_name(spec.run_id, index), *options, image or DEFAULT_IMAGE, *argv)

@@ -72,7 +72,7 @@ def plan_local(spec: RunSpec, run_dir: str, cwd: str) -> RunPlan:
         runtime="native",
         workspace=run_dir,
         command=tuple(torchrun_argv(spec, role)),
-        env=_env(spec, None),
+        env=node_env(spec, None),
         cwd=cwd,
     )
     return RunPlan(spec, (node,))
@@ -105,7 +105,7 @@ def plan_remote(spec: RunSpec, hosts: list[NodeHost], rdzv_addr: str | None = No
             snapshot_dir="out/snapshots",
         )
         cwd = f"{workspace}/code" if spec.user_command else workspace
-        env = _env(spec, host.iface)
+        env = node_env(spec, host.iface)
         if spec.user_command:
             # The user's command runs in its shipped directory; outputs are still collected from the workspace.
             role = NodeRole(node_rank=role.node_rank, out_dir="../out", log_dir="../logs",
@@ -114,10 +114,13 @@ def plan_remote(spec: RunSpec, hosts: list[NodeHost], rdzv_addr: str | None = No
     return RunPlan(spec, tuple(nodes))
 
 
-def _env(spec: RunSpec, iface: str | None) -> tuple[tuple[str, str], ...]:
+def node_env(spec: RunSpec, iface: str | None, **base: str) -> tuple[tuple[str, str], ...]:
+    """The environment torchrun starts with on a node, whatever runs it (a process or a container): `base`,
+    then ours, then the spec's own variables, each overriding the one before."""
     # A restarted worker must not reuse the dead attempt's addresses from torchrun's shared store
-    # (pytorch/pytorch#135712): gloo then fails with "connectFullMesh ... Connection refused".
-    env: dict[str, str] = {"PYTHONUNBUFFERED": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    # (pytorch/pytorch#135712): gloo then fails with "connectFullMesh ... Connection refused", or ranks whose
+    # agents count restarts differently wait for each other forever.
+    env: dict[str, str] = {**base, "PYTHONUNBUFFERED": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     if iface:
         env["GLOO_SOCKET_IFNAME"] = iface
         env["NCCL_SOCKET_IFNAME"] = iface

@@ -55,11 +55,23 @@ def test_docker_node_plan_wraps_the_native_torchrun_argv() -> None:
         "--init", "--label", "ddpctl.run=r1", "--label", "ddpctl.node=1", "--network", "host", "--ipc", "host",
         "-w", "/workspace",
         "-e", "FOO=bar baz", "-e", "GLOO_SOCKET_IFNAME=eth1", "-e", "HOME=/tmp", "-e", "NCCL_SOCKET_IFNAME=eth1",
-        "-e", "PYTHONPATH=/workspace/code", "-e", "PYTHONUNBUFFERED=1",
+        "-e", "PYTHONPATH=/workspace/code", "-e", "PYTHONUNBUFFERED=1", "-e", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
         "ddpctl:1",
         *torchrun_argv(replace(spec, python="python3"), role),
     ]  # fmt: skip
     assert "--gpus" not in node.command
+
+
+def test_a_container_gets_the_environment_a_native_node_gets() -> None:
+    """What torchrun needs to restart safely (a fresh store per attempt) must not depend on the runtime."""
+    spec = RunSpec(run_id="r3", nnodes=2, nproc_per_node=1, extra_env=(("NCCL_DEBUG", "INFO"),))
+    hosts = [NodeHost("h0", "10.0.0.2", "eth0"), NodeHost("h1", "10.0.0.3", "eth0")]
+    native = plan_remote(spec, hosts).nodes[1]
+    docker = plan_remote(spec, hosts, runtime="docker").nodes[1]
+    argv = list(docker.command)
+    passed = {argv[i + 1] for i, arg in enumerate(argv[:argv.index("ddpctl:latest")]) if arg == "-e"}
+    assert {f"{key}={value}" for key, value in native.env} <= passed
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in passed
 
 
 def test_gpus_data_dir_and_user_command() -> None:

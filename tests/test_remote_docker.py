@@ -4,9 +4,7 @@ travels over SSH, and `--network host` containers really sit on each host's addr
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +13,7 @@ import pytest
 from infra.testbed import Testbed, cleanup_stale
 from infra.testbed_docker import HostEngine, start_engine
 from tests.docker_fixtures import base_image, requires_docker, test_image  # noqa: F401
-from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE
+from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, run_ddpctl
 
 pytestmark = [pytest.mark.skipif(TESTBED_UNAVAILABLE, reason=TESTBED_SKIP_REASON), requires_docker,
               pytest.mark.docker]
@@ -37,11 +35,8 @@ def docker_hosts() -> Iterator[tuple[Testbed, list[HostEngine]]]:
         bed.stop()
 
 
-def ddpctl(bed: Testbed, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DDPCTL_KNOWN_HOSTS": str(bed.known_hosts_path)}
-    command, *rest = args
-    return subprocess.run([sys.executable, "-m", "launcher", command, "-i", bed.client_key_path, *rest],
-                          capture_output=True, text=True, timeout=timeout, env=env)
+def ddpctl(bed: Testbed, *args: str) -> subprocess.CompletedProcess[str]:
+    return run_ddpctl(bed, *args, timeout=420)
 
 
 def image_events(run: Path) -> list[dict]:

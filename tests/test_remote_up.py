@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from infra.testbed import Testbed, TestHost, cleanup_stale
-from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE
+from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, run_ddpctl
 
 pytestmark = pytest.mark.skipif(TESTBED_UNAVAILABLE, reason=TESTBED_SKIP_REASON)
 SMALL = ["--synthetic-train-size", "1024", "--synthetic-test-size", "256"]
@@ -32,18 +32,7 @@ def bed() -> Iterator[Testbed]:
         testbed.stop()
 
 
-def ddpctl(bed: Testbed, *args: str, known_hosts: Path | None = None, cwd: Path | None = None,
-           timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DDPCTL_KNOWN_HOSTS": str(known_hosts or bed.known_hosts_path)}
-    command, *rest = args  # the key option goes before any `-- CMD...`
-    try:
-        return subprocess.run([sys.executable, "-m", "launcher", command, "-i", bed.client_key_path, *rest],
-                              capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
-    except subprocess.TimeoutExpired:
-        for host in bed.hosts:  # what the nodes were doing, for the failure report
-            for out in Path(host.home, ".ddpctl", "runs").glob("*/torchrun.out"):
-                print(f"== {out}\n" + "\n".join(out.read_text(errors="replace").splitlines()[-30:]))
-        raise
+ddpctl = run_ddpctl
 
 
 def host_args(hosts: list[TestHost]) -> list[str]:

@@ -4,6 +4,7 @@ restarts from the snapshot (bitwise the same final weights), and a snapshot dest
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,11 +14,14 @@ from tests.trainer_support import (
     SMALL_RUN,
     assert_same_weights,
     describe,
+    finish_command,
+    free_port,
     load_weights,
     read_json,
     read_timing,
     run_torchrun,
     run_trainer,
+    start_command,
 )
 from trainer.snapshot import list_snapshots, read_snapshot, snapshot_path
 
@@ -85,6 +89,29 @@ def test_killed_rank_restarts_from_snapshot_with_identical_weights(clean_run: Pa
     assert summary["wall_seconds"] > summary["train_seconds"]
     assert_same_weights(load_weights(tmp_path / "final_model.pt"), load_weights(clean_run / "final_model.pt"))
     assert timing[1]["val_acc"] == read_timing(clean_run)[1]["val_acc"]
+
+
+def test_two_agents_sharing_torchruns_store_recover_from_a_killed_rank(tmp_path: Path) -> None:
+    """Two torchrun nodes that keep torchrun's own shared store across restarts (a bare torchrun; the launcher
+    turns that off). After rank 1 is killed, node 1's agent counts a restart; node 0's may only re-join and count
+    none. The restarted ranks must still meet, and not wait for each other forever."""
+    port = free_port()
+    procs = []
+    for node in (0, 1):
+        out = tmp_path / f"node{node}"
+        argv = [
+            sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "shared-store",
+            "--rdzv-conf", f"is_host={1 - node}", "--local-addr", "127.0.0.1", "--max-restarts", "1",
+            "-m", "trainer", *SMALL_RUN, "--epochs", "1", "--out-dir", str(out), "--fault-kill", "1:20",
+        ]  # fmt: skip
+        procs.append(start_command(argv, env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": None}))
+    results = [finish_command(proc, timeout=240) for proc in procs]
+    for result in results:
+        assert result.returncode == 0, describe(result)
+    summaries = [read_json(path) for path in tmp_path.glob("node*/summary.json")]  # rank 0's node writes it
+    assert len(summaries) == 1 and summaries[0]["epochs"] == 1
+    assert summaries[0]["restarts"] == 1, "the run's count: the most any node restarted"
 
 
 def test_kill_without_restarts_fails_the_run(tmp_path: Path) -> None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -44,6 +46,23 @@ def connect(bed: Testbed, host: TestHost, *, known_hosts: KnownHosts | None = No
                             identity_file=Path(bed.client_key_path))
     kwargs.setdefault("connect_timeout", 10)
     return Connection(target, known_hosts=known_hosts or bed_known_hosts(bed), allow_agent=False, **kwargs)
+
+
+def run_ddpctl(bed: Testbed, *args: str, known_hosts: Path | None = None, cwd: Path | None = None,
+               timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """`python -m launcher COMMAND -i BED_KEY ARGS...` trusting the bed's host keys. Past `timeout` the nodes'
+    torchrun.out tails are printed (what they were doing) before TimeoutExpired is raised."""
+    env = {**os.environ, "DDPCTL_KNOWN_HOSTS": str(known_hosts or bed.known_hosts_path)}
+    command, *rest = args  # the key option goes before any `-- CMD...`
+    try:
+        return subprocess.run([sys.executable, "-m", "launcher", command, "-i", bed.client_key_path, *rest],
+                              capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+    except subprocess.TimeoutExpired as e:
+        print(f"ddpctl {command} ran over {timeout}s; stderr:\n{e.stderr!r}")
+        for host in bed.hosts:
+            for out in Path(host.home, ".ddpctl", "runs").glob("*/torchrun.out"):
+                print(f"== {out}\n" + "\n".join(out.read_text(errors="replace").splitlines()[-30:]))
+        raise
 
 
 def _start_bed(n_hosts: int, ports: list[int]) -> Testbed:

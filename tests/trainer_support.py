@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -30,23 +31,44 @@ def torchvision_importable() -> bool:
     return True
 
 
-def run_command(argv: list[str], timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    """Run argv from the repo root in its own session; on timeout kill the whole group (torchrun's workers too)."""
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    proc = subprocess.Popen(
-        argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+def start_command(argv: list[str], env: dict[str, str | None] | None = None) -> subprocess.Popen[str]:
+    """Start argv from the repo root in its own session (so finish_command can kill its whole group);
+    `env` adds variables to ours, or removes those given as None."""
+    merged = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    for key, value in (env or {}).items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = value
+    return subprocess.Popen(
+        argv, cwd=REPO, env=merged, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
+
+
+def finish_command(proc: subprocess.Popen[str], timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """Wait for a start_command process; on timeout kill its whole group (torchrun's workers too)."""
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        raise AssertionError(f"{argv} ran over {timeout}s\nstdout:\n{out}\nstderr:\n{err}") from None
+        raise AssertionError(f"{proc.args} ran over {timeout}s\nstdout:\n{out}\nstderr:\n{err}") from None
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def run_command(argv: list[str], timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """Run argv from the repo root; on timeout kill the whole group (torchrun's workers too)."""
+    return finish_command(start_command(argv), timeout)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def run_trainer(args: list[str], timeout: float = 240) -> subprocess.CompletedProcess[str]:

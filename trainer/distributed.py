@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import os
 import platform
+import secrets
+import time
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -92,7 +95,7 @@ def setup(backend: str = "auto") -> DistContext:
     chosen: str | None = None
     if under_torchrun:
         chosen = ("nccl" if device.type == "cuda" else "gloo") if backend == "auto" else backend
-        _init_process_group(chosen, rank, world_size, restart_count)
+        _init_process_group(chosen, rank, world_size)
         restart_count = _run_restart_count(restart_count, device)
     return DistContext(rank, local_rank, world_size, local_world_size, nnodes, restart_count, device, chosen)
 
@@ -105,16 +108,48 @@ def _run_restart_count(local_count: int, device: torch.device) -> int:
     return int(count.item())
 
 
-def _init_process_group(backend: str, rank: int, world_size: int, restart_count: int) -> None:
+def _init_process_group(backend: str, rank: int, world_size: int) -> None:
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         dist.init_process_group(backend=backend)  # rank 0 hosts a fresh store on every attempt
         return
     # torchrun's agent keeps one store across restarts, and the keys of the previous attempt's process group
     # (its peers' dead addresses) are still in it: a restarted rank may connect to those and fail
-    # (pytorch/pytorch#135712). A prefix per attempt keeps every attempt's keys apart.
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False)
-    attempt_store = dist.PrefixStore(f"ddpctl-trainer/attempt-{restart_count}", store)
-    dist.init_process_group(backend=backend, store=attempt_store, rank=rank, world_size=world_size)
+    # (pytorch/pytorch#135712). Nor can a restart count name the attempt: a node that only re-joined after
+    # another node's failure does not count it. So each attempt's rank 0 hosts a store of its own.
+    shared = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+    store = attempt_store(shared, rank, os.environ["MASTER_ADDR"])
+    dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size)
+
+
+ATTEMPT_KEY = "ddpctl-trainer/attempt-store"
+_NONCE_KEY = "ddpctl-trainer/nonce"
+
+
+def attempt_store(shared: dist.Store, rank: int, master_addr: str, timeout: float = 300.0,
+                  probe_timeout: float = 3.0) -> dist.Store:
+    """A store for this attempt alone. Rank 0 starts one on a free port and announces "PORT NONCE" in the shared
+    store; the other ranks take the announcement once its store answers with that nonce. An announcement left by
+    a dead attempt points at a store that is gone (every worker of the old attempt is stopped before a new
+    rendezvous round completes), so they read again until this attempt's rank 0 has written its own."""
+    if rank == 0:
+        nonce = secrets.token_hex(8)
+        store = dist.TCPStore(master_addr, 0, is_master=True, wait_for_workers=False)
+        store.set(_NONCE_KEY, nonce)
+        shared.set(ATTEMPT_KEY, f"{store.port} {nonce}")
+        return store
+    deadline = time.monotonic() + timeout
+    while True:
+        port, nonce = shared.get(ATTEMPT_KEY).decode().split()
+        try:
+            store = dist.TCPStore(master_addr, int(port), is_master=False, timeout=timedelta(seconds=probe_timeout))
+            if store.get(_NONCE_KEY).decode() == nonce:
+                store.set_timeout(timedelta(minutes=30))
+                return store
+        except (RuntimeError, dist.DistError):  # nobody listens there (any more), or not our store
+            pass
+        if time.monotonic() > deadline:
+            raise TrainerError(f"rank {rank}: rank 0 announced no live store at {master_addr} within {timeout:.0f}s")
+        time.sleep(0.2)
 
 
 def device_name(device: torch.device) -> str:
