@@ -64,6 +64,45 @@ class RunProgress:
         self._progress.update(task, total=total, completed=done, status=f"{status} {extra}".strip())
 
 
+STALL_HINT_SECONDS = 300.0
+
+
+class FreshestProgress:
+    """Which node's progress record to show. Global rank 0 writes it, and rank 0 sits on whichever node has the
+    smallest rendezvous address, not always node 0, and can move after a restart; so the record shown is the one
+    that changed last as seen from here (host clocks may disagree). It also tells how long nothing has moved."""
+
+    def __init__(self, nodes: int) -> None:
+        self._records: list[Mapping[str, Any] | None] = [None] * nodes
+        self._changed: list[float] = [float("-inf")] * nodes
+        self._started = time.monotonic()
+
+    def observe(self, node: int, record: Mapping[str, Any] | None, now: float | None = None) -> None:
+        if record is not None and record != self._records[node]:
+            self._records[node] = record
+            self._changed[node] = time.monotonic() if now is None else now
+
+    def freshest(self) -> int | None:
+        """The node whose record changed last, or None before any record."""
+        best = max(range(len(self._records)), key=lambda i: self._changed[i], default=None)
+        return None if best is None or self._records[best] is None else best
+
+    def record(self, node: int) -> Mapping[str, Any] | None:
+        return self._records[node] if node == self.freshest() else None
+
+    def stalled_for(self, now: float | None = None) -> float | None:
+        """Seconds since the training record last moved, once that is over STALL_HINT_SECONDS; else None."""
+        node = self.freshest()
+        if node is None or (self._records[node] or {}).get("state") != "training":
+            return None
+        idle = (time.monotonic() if now is None else now) - self._changed[node]
+        return idle if idle > STALL_HINT_SECONDS else None
+
+
+def stall_note(seconds: float | None) -> str:
+    return "" if seconds is None else f"[no progress for {int(seconds // 60)} min: see `ddpctl logs`]"
+
+
 def _eta(first: tuple[float, int], done: int, total: int) -> str | None:
     """Time left at the pace seen since the first record (start-up excluded)."""
     seen_at, seen_done = first

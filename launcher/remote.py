@@ -22,7 +22,7 @@ from launcher.preflight import (
     check_requirements,
     probe_host,
 )
-from launcher.progress import RunProgress, console
+from launcher.progress import FreshestProgress, RunProgress, console, stall_note
 from launcher.remote_node import NodeState, log_tail, read_state, start_node, stop_node
 from launcher.rundir import RunDir, read_json, write_bytes_atomic
 from launcher.spec import RunSpec
@@ -241,11 +241,21 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
     labels = session.labels
     last_seen = [time.monotonic()] * len(labels)
     failed_reported = False
+    stall_reported = False
+    freshest = FreshestProgress(len(labels))
     with RunProgress(labels, enabled=show_progress) as progress:
         while True:
             states = poll_states(session, run_dir)
             extra = watch() if watch else ""  # e.g. the live cost of rented machines, on node 0's line
             now = time.monotonic()
+            for index, state in enumerate(states):
+                if state is not None:
+                    freshest.observe(index, state.progress, now)
+            stalled = freshest.stalled_for(now)
+            if stalled is not None and not stall_reported:
+                stall_reported = True
+                run_dir.event("stalled", seconds=round(stalled))
+            stall_reported = stall_reported and stalled is not None
             for index, state in enumerate(states):
                 if state is None:
                     progress.update(index, None, "unreachable")
@@ -255,8 +265,9 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
                             f"run goes on there: see `ddpctl status {run_dir.run_id}`, `ddpctl pull {run_dir.run_id}`")
                     continue
                 last_seen[index] = now
-                record = state.progress if index == 0 else None
-                progress.update(index, record if index == 0 else None, state.label, extra if index == 0 else "")
+                record = freshest.record(index)
+                notes = " ".join(n for n in (stall_note(stalled) if record else "", extra if index == 0 else "") if n)
+                progress.update(index, record, state.label, notes)
             known = [s for s in states if s is not None]
             failed = [(i, s) for i, s in enumerate(states) if s is not None and s.finished and s.exit_code != 0]
             if failed and not failed_reported:

@@ -34,7 +34,7 @@ echo $! > pid
 echo $!
 """
 
-# Prints `pid|exit_code|alive` then node 0's progress record, if any.
+# Prints `pid|exit_code|alive` then the node's progress record, if any (only global rank 0's node has one).
 STATE_SCRIPT = r"""
 cd "$1" 2>/dev/null || { echo "||gone"; exit 0; }
 pid=$(cat pid 2>/dev/null); ec=$(cat exit_code 2>/dev/null); alive=0

@@ -148,3 +148,35 @@ def test_killed_worker_is_restarted_and_the_run_completes(tmp_path: Path) -> Non
     assert summary["restarts"] == 1 and summary["epochs"] == 3
     timing = [json.loads(line) for line in (only_run(runs) / "timing.jsonl").read_text().splitlines()]
     assert [t["epoch"] for t in timing] == [1, 2, 3], "no epoch rerun after the restart"
+
+
+def test_kill_tree_reaches_workers_in_sessions_of_their_own() -> None:
+    """What a stuck torchrun leaves when only its process group is killed: workers in sessions of their own.
+    The local runner's last resort (and the tests' clean-up) kills the whole tree."""
+    from launcher.local import descendants, kill_tree
+
+    script = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], "
+              "start_new_session=True); time.sleep(120)")
+    parent = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not descendants(parent.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (worker,) = descendants(parent.pid)
+        kill_tree(parent.pid)
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(worker), "the worker in its own session outlived kill_tree"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

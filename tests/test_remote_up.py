@@ -107,10 +107,17 @@ def test_two_hosts_train_and_everything_is_pulled_and_verified(bed: Testbed, tmp
 
 def test_three_hosts_with_different_ports_and_users(bed: Testbed, tmp_path: Path) -> None:
     assert len({h.port for h in bed.hosts}) == 3 and len({h.user for h in bed.hosts}) == 3
-    result = up(bed, bed.hosts, tmp_path / "runs", "--gpus", "1", "--json")
+    # Hosts in reverse: node 0 hosts the rendezvous, but torchrun gives global rank 0 to the smallest address,
+    # the last node's; its outputs are the run's all the same.
+    result = up(bed, bed.hosts[::-1], tmp_path / "runs", "--gpus", "1", "--json")
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)["summary"]
     assert summary["world_size"] == 3 and summary["nnodes"] == 3
+    run = the_run(tmp_path / "runs")
+    assert (run / "nodes" / "2" / "out" / "summary.json").exists(), "rank 0 ran on the last node"
+    assert not (run / "nodes" / "0" / "out" / "summary.json").exists()
+    assert json.loads((run / "summary.json").read_text()) == summary
+    assert json.loads((run / "progress.json").read_text())["state"] == "done"
 
 
 def test_launcher_killed_mid_run_training_finishes_and_status_pull_get_it(bed: Testbed, tmp_path: Path) -> None:

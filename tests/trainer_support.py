@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -12,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from launcher.local import kill_tree
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -50,12 +51,12 @@ def finish_command(proc: subprocess.Popen[str], timeout: float = 240) -> subproc
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_tree(proc.pid)  # torchrun's workers sit in sessions of their own
         out, err = proc.communicate()
         raise AssertionError(f"{proc.args} ran over {timeout}s\nstdout:\n{out}\nstderr:\n{err}") from None
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_tree(proc.pid)
             proc.wait()
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 

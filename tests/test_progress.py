@@ -1,0 +1,36 @@
+"""Which progress record `up` shows while it follows a multi-node run, and when it says nothing has moved."""
+
+from __future__ import annotations
+
+from launcher.progress import STALL_HINT_SECONDS, FreshestProgress, stall_note
+
+
+def record(step: int, state: str = "training") -> dict[str, object]:
+    return {"epoch": 1, "epochs": 2, "step": step, "steps_per_epoch": 10, "samples_per_s": 5.0, "state": state}
+
+
+def test_the_record_shown_is_the_one_that_changed_last_whatever_node_writes_it() -> None:
+    picker = FreshestProgress(3)
+    assert picker.freshest() is None and picker.record(0) is None
+    # rank 0 is on node 1 (its address sorts first): node 0 has no record at all
+    picker.observe(0, None, now=1.0)
+    picker.observe(1, record(3), now=1.0)
+    assert picker.freshest() == 1 and picker.record(1) == record(3) and picker.record(0) is None
+    # after a restart rank 0 lands on node 2; node 1's file stays behind, unchanged
+    picker.observe(1, record(3), now=5.0)
+    picker.observe(2, record(1), now=5.0)
+    assert picker.freshest() == 2 and picker.record(1) is None and picker.record(2) == record(1)
+
+
+def test_a_stall_is_noted_only_while_training_and_only_after_the_threshold() -> None:
+    picker = FreshestProgress(2)
+    picker.observe(0, record(4), now=100.0)
+    assert picker.stalled_for(now=100.0 + STALL_HINT_SECONDS - 1) is None
+    stalled = picker.stalled_for(now=100.0 + STALL_HINT_SECONDS + 60)
+    assert stalled is not None and stall_note(stalled).startswith("[no progress for 6 min")
+    picker.observe(0, record(5), now=100.0 + STALL_HINT_SECONDS + 61)  # it moved again
+    assert picker.stalled_for(now=100.0 + STALL_HINT_SECONDS + 62) is None
+    picker.observe(0, record(10, state="done"), now=1000.0)
+    assert picker.stalled_for(now=10_000.0) is None
+    assert stall_note(None) == ""
+
