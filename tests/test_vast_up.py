@@ -349,3 +349,36 @@ def test_bad_key_missing_key_no_cluster_and_dry_run_rent_nothing(bed, standin, d
     assert not (ddpctl.tmp / "config" / "ddpctl" / "vast_api_key").exists()
     for text in ddpctl.outputs:
         assert KEY not in text
+
+
+def test_detached_run_keeps_billing_is_followed_by_status_and_down_ends_it(bed, standin, ddpctl) -> None:
+    refused = ddpctl.up("--gpu-name", "RTX 3080", "--detach", "--down")
+    assert refused.returncode == 1 and refused.stderr.count("\n") == 1 and "--detach" in refused.stderr
+    assert standin.instances == {} and not ddpctl.runs.exists()
+
+    result = ddpctl.up("--gpus", "1", "--gpu-name", "RTX 3080", "--detach")
+    assert result.returncode == 0, result.stderr
+    run = _the_run(ddpctl.runs)
+    assert "KEEP BILLING" in result.stderr and f"ddpctl down {run.name}" in result.stderr
+    assert len(standin.live_instances()) == 1
+    assert not (run / "summary.json").exists()  # nothing is pulled before the run ends
+
+    deadline = time.monotonic() + 180  # the run goes on without the launcher
+    states: list[str] = []
+    while time.monotonic() < deadline:
+        status = ddpctl("status", run.name, "--json", "--runs-dir", str(ddpctl.runs))
+        assert status.returncode == 0, status.stderr
+        states = [n["state"] for n in json.loads(status.stdout)["nodes"]]
+        if states == ["finished"]:
+            break
+        time.sleep(2)
+    assert states == ["finished"]
+
+    down = ddpctl("down", run.name, "--runs-dir", str(ddpctl.runs))
+    assert down.returncode == 0, down.stderr
+    assert standin.live_instances() == [] and bed.hosts == []
+    assert json.loads((run / "summary.json").read_text())["epochs"] == 2
+    assert list((run / "nodes" / "0" / "out" / "snapshots").iterdir())
+    record = _record(run)
+    assert record["released_at"] and record["cost_usd"] == pytest.approx(_expected_cost(record), abs=1e-6)
+    ddpctl.assert_key_nowhere()
