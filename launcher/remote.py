@@ -24,7 +24,7 @@ from launcher.preflight import (
 )
 from launcher.progress import FreshestProgress, RunProgress, console, stall_note
 from launcher.remote_node import NodeState, log_tail, read_state, start_node, stop_node
-from launcher.rundir import RunDir, read_json, write_bytes_atomic
+from launcher.rundir import RunDir, primary_node_out, read_json, write_bytes_atomic
 from launcher.spec import RunSpec
 from launcher.sync import pull_tree, ship_tree
 
@@ -293,7 +293,7 @@ def stop_all(session: HostSession, run_dir: RunDir) -> None:
 
 
 def pull_run(session: HostSession, run_dir: RunDir) -> list[dict[str, Any]]:
-    """Pull every node's outputs into nodes/<k>/ (verified), then copy node 0's records to the top."""
+    """Pull every node's outputs into nodes/<k>/ (verified), then copy rank 0's node's records to the top."""
     workspaces = node_workspaces(run_dir)
 
     def pull(index: int) -> dict[str, Any]:
@@ -320,20 +320,6 @@ def pull_run(session: HostSession, run_dir: RunDir) -> list[dict[str, Any]]:
         if primary and (primary / name).is_file():
             write_bytes_atomic(run_dir.path / name, (primary / name).read_bytes())
     return raise_for_errors(outcomes, "pull")
-
-
-def primary_node_out(run_path: Path, nodes: int) -> Path | None:
-    """The out/ folder of the node that held global rank 0 last. c10d rendezvous assigns ranks itself (it
-    ignores --node-rank), so that can be any node, and another one after a restart: take the newest summary,
-    else the longest timing record."""
-    outs = [run_path / "nodes" / str(k) / "out" for k in range(nodes)]
-    with_summary = [o for o in outs if (o / "summary.json").is_file()]
-    if with_summary:
-        return max(with_summary, key=lambda o: (o / "summary.json").stat().st_mtime)
-    with_timing = [o for o in outs if (o / "timing.jsonl").is_file()]
-    if with_timing:
-        return max(with_timing, key=lambda o: len((o / "timing.jsonl").read_bytes().splitlines()))
-    return None
 
 
 def reattach(run_dir: RunDir, options: UpOptions) -> HostSession:

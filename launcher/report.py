@@ -14,13 +14,11 @@ from typing import Any
 
 from launcher.errors import RunDirError
 from launcher.presets import ReferenceFigures
-from launcher.rundir import RUN_FILE, read_json, read_jsonl
+from launcher.rundir import RUN_FILE, primary_node_out, read_json, read_jsonl
 
 TIMING_FILE = "timing.jsonl"
 SUMMARY_FILE = "summary.json"
 SWEEP_FILE = "sweep.json"
-# Where a run's files may sit: the top (local runs, and copies of node 0's), then node 0's pulled files.
-_RESULT_PLACES = ("", "nodes/0/out", "nodes/0")
 
 
 @dataclass(frozen=True)
@@ -71,12 +69,13 @@ class Row:
 
 
 def find_result_file(path: Path, name: str) -> Path | None:
-    """`name` at the top of a run directory, else among node 0's pulled files; None when absent."""
-    for place in _RESULT_PLACES:
-        candidate = path / place / name if place else path / name
-        if candidate.is_file():
-            return candidate
-    return None
+    """`name` at the top of a run directory, else among the pulled files of the node that held global rank 0;
+    None when absent."""
+    if (path / name).is_file():
+        return path / name
+    nodes = sum(1 for p in (path / "nodes").glob("*") if p.name.isdigit())
+    primary = primary_node_out(path, nodes)
+    return primary / name if primary is not None and (primary / name).is_file() else None
 
 
 def epoch_records(timing: Path | None) -> tuple[dict[str, Any], ...]:

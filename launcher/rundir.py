@@ -159,3 +159,17 @@ def find_run(runs_dir: Path, run: str | None) -> RunDir:
     if not runs:
         raise RunDirError(f"no runs under {runs_dir}: start one with `ddpctl up`")
     return RunDir(runs[-1].parent)
+
+
+def primary_node_out(run_path: Path, nodes: int) -> Path | None:
+    """The out/ folder of the node that held global rank 0 last. c10d rendezvous assigns ranks itself (it
+    ignores --node-rank), so that can be any node, and another one after a restart: take the newest summary,
+    else the longest timing record."""
+    outs = [run_path / "nodes" / str(k) / "out" for k in range(nodes)]
+    with_summary = [o for o in outs if (o / "summary.json").is_file()]
+    if with_summary:
+        return max(with_summary, key=lambda o: (o / "summary.json").stat().st_mtime)
+    with_timing = [o for o in outs if (o / "timing.jsonl").is_file()]
+    if with_timing:
+        return max(with_timing, key=lambda o: len((o / "timing.jsonl").read_bytes().splitlines()))
+    return None

@@ -99,11 +99,13 @@ def test_compose_run_without_run_json_takes_its_world_size_from_the_records(tmp_
     assert scaling_table([run])[0].train_seconds == pytest.approx(sum(r["seconds"] for r in records))
 
 
-@pytest.mark.parametrize("place", ["nodes/0/out", "nodes/0"])
-def test_run_pulled_from_hosts_reads_node_0_files(tmp_path: Path, place: str) -> None:
-    records = write_run(tmp_path, "pulled", 4, nnodes=2, place=place)
-    # Another node's files must not be taken for node 0's.
-    other = tmp_path / "pulled" / "nodes" / "1" / "out"
+@pytest.mark.parametrize("rank0_node", [0, 1])
+def test_run_pulled_from_hosts_reads_the_files_of_rank_0s_node(tmp_path: Path, rank0_node: int) -> None:
+    """Without the top-level copies, the files are those of the node that held global rank 0 (the one with a
+    summary), which torchrun may have put on any node."""
+    records = write_run(tmp_path, "pulled", 4, nnodes=2, place=f"nodes/{rank0_node}/out")
+    # The other node may hold a stale timing file of an earlier attempt; it must not be taken for the run's.
+    other = tmp_path / "pulled" / "nodes" / str(1 - rank0_node) / "out"
     other.mkdir(parents=True)
     (other / "timing.jsonl").write_text(json.dumps({**records[0], "seconds": 1000.0}) + "\n")
     row = scaling_table([load_run(tmp_path / "pulled")])[0]
