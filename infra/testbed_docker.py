@@ -67,10 +67,13 @@ class HostEngine:
         Path(self.socket).unlink(missing_ok=True)
 
 
-def start_engine(host: TestHost, timeout: float = 60, insecure_registries: tuple[str, ...] = ()) -> HostEngine:
+def start_engine(host: TestHost, timeout: float = 60, insecure_registries: tuple[str, ...] = (),
+                 extra_runtimes: tuple[str, ...] = ()) -> HostEngine:
     """Start a dockerd in `host`'s namespace, usable by its login user over SSH; wait until it answers.
 
     `insecure_registries` (HOST:PORT) may be reached over plain HTTP, e.g. a test registry on the bed's bridge.
+    `extra_runtimes` are registered as OCI runtimes backed by runc: "nvidia" makes the engine look like one with
+    NVIDIA's container runtime, as far as `docker info` tells (there is no GPU behind it).
     """
     engine = HostEngine(
         host=host,
@@ -84,7 +87,8 @@ def start_engine(host: TestHost, timeout: float = 60, insecure_registries: tuple
     argv = [*host.nsenter(), "dockerd", "--data-root", engine.data_root, "--exec-root", engine.exec_root,
             "-H", engine.docker_host, "--pidfile", engine.pidfile, "--group", host.user,
             "--bridge", "none", "--iptables=false", "--ip-masq=false", "--log-level", "warn",
-            *(f"--insecure-registry={registry}" for registry in insecure_registries)]
+            *(f"--insecure-registry={registry}" for registry in insecure_registries),
+            *(f"--add-runtime={name}=runc" for name in extra_runtimes)]
     # setsid --fork: dockerd becomes init's child, so once stopped it is reaped rather than left a zombie of ours.
     with open(engine.log, "ab") as log:
         subprocess.run(["setsid", "--fork", *argv], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

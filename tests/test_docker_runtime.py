@@ -199,7 +199,7 @@ def test_the_wrapper_exits_with_the_container_and_stops_it_on_sigterm(test_image
 @dataclass
 class DockerBed:
     bed: Testbed
-    engines: list[HostEngine]  # of hosts 0 and 1; host 2 has no Docker engine
+    engines: list[HostEngine]  # of hosts 0 and 1 (1 registers a runtime named nvidia); host 2 has no engine
     registry: str  # HOST:PORT of a real registry on the bed's bridge, trusted over HTTP by the hosts' engines
 
 
@@ -222,7 +222,8 @@ def docker_bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DockerBed]:
                                          f"http:\n  addr: {registry}\n")
         registry_proc = subprocess.Popen([registry_binary, "serve", str(root / "config.yml")],
                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        engines = [start_engine(host, insecure_registries=(registry,)) for host in bed.hosts[:2]]
+        engines = [start_engine(host, insecure_registries=(registry,), extra_runtimes=runtimes)
+                   for host, runtimes in zip(bed.hosts[:2], [(), ("nvidia",)], strict=True)]
         yield DockerBed(bed, engines, registry)
     finally:
         for engine in engines:
@@ -265,6 +266,7 @@ def test_image_ships_to_two_hosts_once_and_replaces_a_different_one(docker_bed: 
     try:
         info = host_docker_info(conns[0], tag)
         assert info.has_engine and not info.nvidia_runtime and info.image_id is None
+        assert host_docker_info(conns[1], tag).nvidia_runtime  # --gpus all goes to this host's container only
 
         first = raise_for_errors(ensure_image(conns, tag, docker_client(), show_progress=False), "ship")
         assert all(r.bytes_sent > 2 << 20 and not r.skipped and not r.replaced for r in first)
