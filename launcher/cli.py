@@ -98,6 +98,9 @@ def up(
     detach: bool = typer.Option(False, help="Start the run on the hosts and return; follow with status/logs."),
     allow_public_rendezvous: bool = typer.Option(
         False, help="Allow node 0's rendezvous on a public address (only behind a firewall: it is unauthenticated)."),
+    stall_timeout: float = typer.Option(
+        0.0, "--stall-timeout", help="Hosts: stop every node and pull when no training step was seen for this many "
+        "seconds (a hung collective); 0: only note it after 300 s."),
     synthetic_train_size: int | None = typer.Option(None, help="Synthetic data set: training samples."),
     synthetic_test_size: int | None = typer.Option(None, help="Synthetic data set: test samples."),
     trainer_arg: list[str] = typer.Option([], "--trainer-arg", help="Extra option passed to the trainer.", hidden=True),
@@ -126,6 +129,11 @@ def up(
     vast = _vast_request(provider, hosts, runtime, nodes=nodes, gpu_name=gpu_name, max_price=max_price,
                          min_reliability=min_reliability, disk=disk, down=down, max_cost=max_cost,
                          max_cost_reserve_s=max_cost_reserve, ready_timeout=ready_timeout)
+    if stall_timeout < 0:
+        raise SpecError(f"--stall-timeout {stall_timeout:g}: give seconds >= 0 (0 turns it off)")
+    if stall_timeout and detach:
+        raise SpecError("--stall-timeout acts while `up` follows the run: drop --detach, or stop a stalled run "
+                        "with `ddpctl down`")
     if runtime == "docker" and not hosts:
         raise SpecError("--runtime docker needs --host (locally, use `docker compose up`)")
     spec = spec_from_options(
@@ -143,7 +151,7 @@ def up(
         identity_file=identity_file, accept_new_host_keys=accept_new_host_keys,
         connect_timeout=connect_timeout, rdzv_addr=rdzv_addr, image=image,
         registry=registry, auto_gpus=gpus is None and (bool(hosts) or vast is not None),
-        auto_rdzv_port=rdzv_port is None, provider=provider, vast=vast,
+        auto_rdzv_port=rdzv_port is None, provider=provider, vast=vast, stall_timeout=stall_timeout,
     )  # fmt: skip
     result = run_up(spec, options)
     finish_up(result, json_out)

@@ -90,13 +90,13 @@ class FreshestProgress:
     def record(self, node: int) -> Mapping[str, Any] | None:
         return self._records[node] if node == self.freshest() else None
 
-    def stalled_for(self, now: float | None = None) -> float | None:
-        """Seconds since the training record last moved, once that is over STALL_HINT_SECONDS; else None."""
+    def stalled_for(self, now: float | None = None, threshold: float = STALL_HINT_SECONDS) -> float | None:
+        """Seconds since the record last moved while training or validating, once over `threshold`; else None."""
         node = self.freshest()
-        if node is None or (self._records[node] or {}).get("state") != "training":
+        if node is None or (self._records[node] or {}).get("state") == "done":
             return None
         idle = (time.monotonic() if now is None else now) - self._changed[node]
-        return idle if idle > STALL_HINT_SECONDS else None
+        return idle if idle > threshold else None
 
 
 def stall_note(seconds: float | None) -> str:

@@ -49,7 +49,12 @@ def trainer_source_dir() -> Path:
 
 
 class RunStopRequested(DdpctlError):
-    """Raised by a provider's `watch` hook (e.g. --max-cost): every node is stopped and pulled, then it propagates."""
+    """Raised by a provider's `watch` hook (e.g. --max-cost) or by `follow` (--stall-timeout): every node is stopped
+    and pulled, then it propagates. `reason` names the trigger in events and teardown records."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def run_remote_up(spec: RunSpec, options: UpOptions, session: HostSession | None = None,
@@ -92,14 +97,16 @@ def run_remote_up(spec: RunSpec, options: UpOptions, session: HostSession | None
                           f"fetch with `ddpctl pull {spec.run_id}`; stop with `ddpctl down {spec.run_id}`.")
             return UpResult(run_dir.path, 0, None, plan)
         try:
-            code = follow(session, run_dir, show_progress=options.show_progress, watch=watch)
+            code = follow(session, run_dir, show_progress=options.show_progress, watch=watch,
+                          stall_timeout=options.stall_timeout)
         except (KeyboardInterrupt, RunStopRequested) as stop:
             # Ctrl-C means stop: a run to keep going without this terminal is what --detach is for.
             run_dir.event("interrupted" if isinstance(stop, KeyboardInterrupt) else "stop_requested", reason=str(stop))
             stop_all(session, run_dir)
             pull_run(session, run_dir)
             if isinstance(stop, RunStopRequested):
-                raise
+                raise RunStopRequested(f"{stop}; every node was stopped and what it wrote pulled to {run_dir.path}",
+                                       stop.reason) from None
             raise Interrupted(f"stopped by Ctrl-C on every node; what they wrote is in {run_dir.path}") from None
         pull_run(session, run_dir)
         summary = read_json(run_dir.path / "summary.json")
@@ -236,8 +243,10 @@ def poll_states(session: HostSession, run_dir: RunDir) -> list[NodeState | None]
 
 
 def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
-           lost_contact_seconds: float = 180.0, watch: Callable[[], str] | None = None) -> int:
-    """Show progress until every node has ended; return 0, or the first failing node's exit code."""
+           lost_contact_seconds: float = 180.0, watch: Callable[[], str] | None = None,
+           stall_timeout: float = 0.0) -> int:
+    """Show progress until every node has ended; return 0, or the first failing node's exit code. With a
+    `stall_timeout`, raise RunStopRequested once training has not moved for that many seconds."""
     labels = session.labels
     last_seen = [time.monotonic()] * len(labels)
     failed_reported = False
@@ -256,6 +265,9 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
                 stall_reported = True
                 run_dir.event("stalled", seconds=round(stalled))
             stall_reported = stall_reported and stalled is not None
+            if stall_timeout and freshest.stalled_for(now, stall_timeout) is not None:
+                raise RunStopRequested(f"--stall-timeout: no training step for {stall_timeout:g} s (a hung "
+                                       f"collective or data loader); see `ddpctl logs {run_dir.run_id}`", "stalled")
             for index, state in enumerate(states):
                 if state is None:
                     progress.update(index, None, "unreachable")

@@ -40,6 +40,8 @@ class UpOptions:
     # No --rdzv-port: when the default port is taken on node 0 (another run), use one the host picks.
     auto_rdzv_port: bool = False
     allow_public_rendezvous: bool = False
+    # Hosts: stop every node and pull when training has not moved for this many seconds (0: only say so).
+    stall_timeout: float = 0.0
     provider: str = ""  # "local", "ssh" or "vast"; empty: ssh when hosts are given, else local
     vast: VastRequest | None = None  # what to rent, with provider "vast"
 

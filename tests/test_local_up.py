@@ -88,6 +88,8 @@ def test_user_script_under_torchrun(tmp_path: Path) -> None:
     (["--name", "a/b"], "is not a valid name"),
     (["--dataset", "mnist", "--data-dir", "/nonexistent"], "data set mnist not found"),
     (["--epochs", "many"], "Invalid value for '--epochs'"),
+    (["--stall-timeout", "-1"], "--stall-timeout -1: give seconds >= 0"),
+    (["--host", "h", "--detach", "--stall-timeout", "60"], "--stall-timeout acts while `up` follows the run"),
 ])  # fmt: skip
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, args: list[str], message: str) -> None:
     runs = tmp_path / "runs"

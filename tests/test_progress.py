@@ -30,7 +30,9 @@ def test_a_stall_is_noted_only_while_training_and_only_after_the_threshold() -> 
     assert stalled is not None and stall_note(stalled).startswith("[no progress for 6 min")
     picker.observe(0, record(5), now=100.0 + STALL_HINT_SECONDS + 61)  # it moved again
     assert picker.stalled_for(now=100.0 + STALL_HINT_SECONDS + 62) is None
-    picker.observe(0, record(10, state="done"), now=1000.0)
+    picker.observe(0, record(10, state="validating"), now=1000.0)  # a hang in validation counts too
+    assert picker.stalled_for(now=1000.0 + 30, threshold=20) == 30
+    picker.observe(0, record(10, state="done"), now=2000.0)
     assert picker.stalled_for(now=10_000.0) is None
     assert stall_note(None) == ""
 

@@ -165,6 +165,28 @@ def test_worker_killed_on_node1_recovers_from_snapshots(bed: Testbed, tmp_path: 
     assert [json.loads(x)["epoch"] for x in (run / "timing.jsonl").read_text().splitlines()] == [1, 2, 3]
 
 
+def test_a_hung_rank_is_stopped_by_stall_timeout_and_what_was_written_is_pulled(bed: Testbed, tmp_path: Path) -> None:
+    # Rank 1 stops responding mid-epoch; rank 0 then waits in its collective (gloo would wait 30 minutes).
+    result = up(bed, bed.hosts[:2], tmp_path / "runs", "--gpus", "1", "--stall-timeout", "15",
+                "--trainer-arg=--fault-hang", "--trainer-arg=1:20")  # in epoch 2 of 16 steps each
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: --stall-timeout: no training step for 15 s") and "pulled to" in last, result.stderr
+    run = the_run(tmp_path / "runs")
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    kinds = [e["event"] for e in events]
+    assert "stop_requested" in kinds and kinds.index("stop_requested") < kinds.index("pulled")
+    for k in (0, 1):  # epoch 1's snapshots came back; the run never finished
+        assert [p.name for p in (run / "nodes" / str(k) / "out" / "snapshots").glob("*.pt")] == [
+            "snapshot-epoch-000001.pt"]
+    assert not (run / "summary.json").exists()
+    for host in bed.hosts[:2]:
+        left = host.run_as_user(["pgrep", "-u", host.user, "-f", "trainer"], check=False)
+        assert left.returncode == 1, f"{host.name} still runs: {left.stdout!r}"
+    status = ddpctl(bed, "status", str(run), "--json")
+    assert all(n["state"] != "running" for n in json.loads(status.stdout)["nodes"])
+
+
 def test_user_command_arguments_reach_torchrun_intact(bed: Testbed, tmp_path: Path) -> None:
     project = tmp_path / "project"
     project.mkdir()

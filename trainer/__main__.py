@@ -77,6 +77,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, str, Path]:
         metavar="RANK:STEP",
         help="tests: on the first attempt, global rank RANK SIGKILLs itself at global step STEP",
     )
+    p.add_argument(
+        "--fault-hang",
+        type=_fault,
+        default=None,
+        metavar="RANK:STEP",
+        help="tests: on the first attempt, global rank RANK stops responding at global step STEP",
+    )
     args = p.parse_args(argv)
     if args.seed < 0:
         p.error(f"--seed must be >= 0, got {args.seed}")
@@ -85,7 +92,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, str, Path]:
         momentum=args.momentum, save_every=args.save_every, keep_snapshots=args.keep_snapshots,
         seed=args.seed, out_dir=args.out_dir, snapshot_dir=args.snapshot_dir,
         synthetic_train_size=args.synthetic_train_size, synthetic_test_size=args.synthetic_test_size,
-        fault_kill=args.fault_kill,
+        fault_kill=args.fault_kill, fault_hang=args.fault_hang,
     )  # fmt: skip
     return config, args.backend, args.data_dir
 

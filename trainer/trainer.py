@@ -53,6 +53,7 @@ class TrainConfig:
     synthetic_train_size: int = 16384
     synthetic_test_size: int = 2048
     fault_kill: tuple[int, int] | None = None  # (global rank, global step), first attempt only
+    fault_hang: tuple[int, int] | None = None  # likewise: that rank stops responding (a hung collective)
 
     def identity(self) -> dict[str, Any]:
         return {key: asdict(self)[key] for key in RUN_IDENTITY}
@@ -118,12 +119,15 @@ class Trainer:
         order = shard_indices(len(self.data.train_y), ctx.world_size, ctx.rank, epoch - 1, cfg.seed)
         order = order.to(ctx.device)
         sums = torch.zeros(2, dtype=torch.float64, device=ctx.device)
-        kill_step = self._kill_step()
+        kill_step, hang_step = self._fault_step(self.config.fault_kill), self._fault_step(self.config.fault_hang)
         self.ddp.train()
         start = time.perf_counter()
         for step in range(self.steps_per_epoch):
-            if kill_step is not None and (epoch - 1) * self.steps_per_epoch + step + 1 == kill_step:
+            global_step = (epoch - 1) * self.steps_per_epoch + step + 1
+            if global_step == kill_step:
                 os.kill(os.getpid(), signal.SIGKILL)
+            while global_step == hang_step:
+                time.sleep(3600)
             batch = order[step * cfg.batch_size : (step + 1) * cfg.batch_size]
             self._run_batch(self.data.train_x.index_select(0, batch), self.data.train_y.index_select(0, batch), sums)
             if self.progress is not None and self.progress.due():
@@ -134,8 +138,8 @@ class Trainer:
         seconds = time.perf_counter() - start
         return EpochResult(seconds, self.steps_per_epoch, int(totals[2]), totals[0] / totals[2], totals[1] / totals[2])
 
-    def _kill_step(self) -> int | None:
-        fault = self.config.fault_kill
+    def _fault_step(self, fault: tuple[int, int] | None) -> int | None:
+        """The global step at which this rank's test fault strikes (first attempt only), or None."""
         if fault is None or self.ctx.restart_count != 0 or fault[0] != self.ctx.rank:
             return None
         return fault[1]

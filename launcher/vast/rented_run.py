@@ -78,7 +78,7 @@ class CostWatch:
                                       reserve_s=self.reserve_s)
             raise RunStopRequested(f"--max-cost ${self.max_cost:g} reached: ${cost:.4f} spent, and stopping, "
                                    f"pulling and destroying take about {self.reserve_s:g} s more at "
-                                   f"${rate:.2f}/hour")
+                                   f"${rate:.2f}/hour", "max-cost")
         return f"${cost:.4f} (${rate:.2f}/h)"
 
 
@@ -229,7 +229,7 @@ def _after_failure(client: VastClient, session: HostSession | None, ledger: Ledg
     run_dir = ledger.run_dir
     stopped = isinstance(exc, RunStopRequested)
     interrupted = isinstance(exc, KeyboardInterrupt | Interrupted)
-    reason = "max-cost" if stopped else "interrupted" if interrupted else "up failed"
+    reason = exc.reason if isinstance(exc, RunStopRequested) else "interrupted" if interrupted else "up failed"
     run_dir.event("vast.up_failed", reason=reason, error=str(exc) or type(exc).__name__)
     started = any(e.get("event") == "started" for e in run_dir.events())
     if session is not None and started and not (stopped or interrupted):  # those two pulled before raising
@@ -242,8 +242,7 @@ def _after_failure(client: VastClient, session: HostSession | None, ledger: Ledg
     cost = destroy_all(client, ledger, reason)
     done = f"the rented machines were destroyed (verified); the run cost ${cost:.4f}"
     if stopped:
-        pulled = f"results pulled to {run_dir.path} (verified)" if started else "before training started"
-        raise DdpctlError(f"stopped by {exc}; {pulled}; {done}") from None
+        raise DdpctlError(f"stopped: {exc}{'' if started else ' (before training started)'}; {done}") from None
     if interrupted:
         raise Interrupted(f"stopped by Ctrl-C; what the nodes wrote is in {run_dir.path}; {done}") from None
     if isinstance(exc, DdpctlError):
