@@ -75,7 +75,6 @@ class FreshestProgress:
     def __init__(self, nodes: int) -> None:
         self._records: list[Mapping[str, Any] | None] = [None] * nodes
         self._changed: list[float] = [float("-inf")] * nodes
-        self._started = time.monotonic()
 
     def observe(self, node: int, record: Mapping[str, Any] | None, now: float | None = None) -> None:
         if record is not None and record != self._records[node]:

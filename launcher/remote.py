@@ -262,9 +262,8 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
                     freshest.observe(index, state.progress, now)
             stalled = freshest.stalled_for(now)
             if stalled is not None and not stall_reported:
-                stall_reported = True
                 run_dir.event("stalled", seconds=round(stalled))
-            stall_reported = stall_reported and stalled is not None
+            stall_reported = stalled is not None  # once per stall
             if stall_timeout and freshest.stalled_for(now, stall_timeout) is not None:
                 raise RunStopRequested(f"--stall-timeout: no training step for {stall_timeout:g} s (a hung "
                                        f"collective or data loader); see `ddpctl logs {run_dir.run_id}`", "stalled")

@@ -122,6 +122,7 @@ def _init_process_group(backend: str, rank: int, world_size: int) -> None:
 
 
 ATTEMPT_KEY = "ddpctl-trainer/attempt-store"
+STORE_TIMEOUT = timedelta(minutes=30)  # torch's default for a process group's store operations
 _NONCE_KEY = "ddpctl-trainer/nonce"
 
 
@@ -133,19 +134,19 @@ def attempt_store(shared: dist.Store, rank: int, master_addr: str, timeout: floa
     rendezvous round completes), so they read again until this attempt's rank 0 has written its own."""
     if rank == 0:
         nonce = secrets.token_hex(8)
-        store = dist.TCPStore(master_addr, 0, is_master=True, wait_for_workers=False)
+        store = dist.TCPStore(master_addr, 0, is_master=True, wait_for_workers=False, timeout=STORE_TIMEOUT)
         store.set(_NONCE_KEY, nonce)
         shared.set(ATTEMPT_KEY, f"{store.port} {nonce}")
         return store
     deadline = time.monotonic() + timeout
     while True:
-        port, nonce = shared.get(ATTEMPT_KEY).decode().split()
         try:
+            port, nonce = shared.get(ATTEMPT_KEY).decode().split()
             store = dist.TCPStore(master_addr, int(port), is_master=False, timeout=timedelta(seconds=probe_timeout))
             if store.get(_NONCE_KEY).decode() == nonce:
-                store.set_timeout(timedelta(minutes=30))
+                store.set_timeout(STORE_TIMEOUT)
                 return store
-        except (RuntimeError, dist.DistError):  # nobody listens there (any more), or not our store
+        except (RuntimeError, dist.DistError):  # not announced yet, nobody listens there (any more), not ours
             pass
         if time.monotonic() > deadline:
             raise TrainerError(f"rank {rank}: rank 0 announced no live store at {master_addr} within {timeout:.0f}s")
