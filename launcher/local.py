@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
@@ -14,6 +13,7 @@ from typing import Any
 
 from launcher.errors import SpecError
 from launcher.plan import RunPlan
+from launcher.proctree import stop_tree
 from launcher.progress import RunProgress
 from launcher.rundir import RunDir, read_json
 
@@ -88,40 +88,9 @@ def _stop_on_hangup() -> dict[int, Any]:
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM torchrun's process group (it stops its workers), then SIGKILL after a grace period."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=STOP_GRACE_SECONDS)
-    except ProcessLookupError:
-        return
-    except subprocess.TimeoutExpired:
-        kill_tree(proc.pid)
-        proc.wait(timeout=10.0)
-
-
-def kill_tree(pid: int) -> None:
-    """SIGKILL a process and all its descendants, found before anything is signalled: torchrun starts each worker
-    in a session of its own, so killing its process group alone would leave the workers running."""
-    for victim in [*descendants(pid), pid]:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(victim, signal.SIGKILL)
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid`, read from /proc (empty where there is no /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue  # gone meanwhile
-        children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
+    """Stop torchrun and its workers: SIGTERM first (torchrun stops its workers), SIGKILL after a grace period."""
+    stop_tree(proc.pid, STOP_GRACE_SECONDS)
+    proc.wait(timeout=10.0)
 
 
 def log_tail(run_dir: Path, lines: int = 20) -> str:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from launcher import proctree
 from launcher.errors import HostError
 from launcher.plan import NodePlan
 
@@ -43,11 +45,10 @@ echo "$pid|$ec|$alive"
 cat out/progress.json 2>/dev/null
 """
 
-# SIGTERM the node's process group (torchrun then stops its workers), and after a grace period SIGKILL every
-# process of the tree, found through /proc before anything is signalled: torchrun starts each worker in a
-# session of its own, so a torchrun killed outright would leave its workers running (and writing).
-STOP_SCRIPT = r"""
-import os, signal, sys, time
+# Stop the node's torchrun and all its workers (launcher/proctree.py, whose source this is, plus the workspace's
+# pid file), and record exit status 143 unless the node recorded its own.
+STOP_SCRIPT = Path(proctree.__file__).read_text() + r"""
+import sys
 workspace, grace = sys.argv[1], float(sys.argv[2])
 try:
     os.chdir(os.path.expanduser("~"))
@@ -55,46 +56,7 @@ try:
     pid = int(open("pid").read())
 except (OSError, ValueError):
     sys.exit(0)
-
-def stat(p):
-    try:
-        with open("/proc/%d/stat" % p) as f:
-            return f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-def tree(root):
-    kids = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            s = stat(int(d))
-            if s:
-                kids.setdefault(int(s[1]), []).append(int(d))
-    found, todo = [], [root]
-    while todo:
-        p = todo.pop()
-        found.append(p)
-        todo.extend(kids.get(p, []))
-    return found
-
-def alive(p):
-    s = stat(p)
-    return bool(s) and s[0] != "Z"
-
-procs = tree(pid)
-try:
-    os.killpg(pid, signal.SIGTERM)
-except OSError:
-    pass
-deadline = time.time() + grace
-while time.time() < deadline and any(alive(p) for p in procs):
-    time.sleep(0.5)
-for p in set(procs + tree(pid)):
-    if alive(p):
-        try:
-            os.kill(p, signal.SIGKILL)
-        except OSError:
-            pass
+stop_tree(pid, grace)
 if not os.path.exists("exit_code"):
     with open("exit_code", "w") as f:
         f.write("143\n")

@@ -152,25 +152,25 @@ def test_killed_worker_is_restarted_and_the_run_completes(tmp_path: Path) -> Non
     assert [t["epoch"] for t in timing] == [1, 2, 3], "no epoch rerun after the restart"
 
 
-def test_kill_tree_reaches_workers_in_sessions_of_their_own() -> None:
+def test_stop_tree_reaches_workers_in_sessions_of_their_own() -> None:
     """What a stuck torchrun leaves when only its process group is killed: workers in sessions of their own.
     The local runner's last resort (and the tests' clean-up) kills the whole tree."""
-    from launcher.local import descendants, kill_tree
+    from launcher.proctree import process_tree, stop_tree
 
     script = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], "
               "start_new_session=True); time.sleep(120)")
     parent = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
     try:
         deadline = time.monotonic() + 30
-        while not descendants(parent.pid) and time.monotonic() < deadline:
+        while not process_tree(parent.pid)[1:] and time.monotonic() < deadline:
             time.sleep(0.05)
-        (worker,) = descendants(parent.pid)
-        kill_tree(parent.pid)
+        (worker,) = process_tree(parent.pid)[1:]
+        stop_tree(parent.pid, 0)
         parent.wait(timeout=10)
         deadline = time.monotonic() + 10
         while alive(worker) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not alive(worker), "the worker in its own session outlived kill_tree"
+        assert not alive(worker), "the worker in its own session outlived stop_tree"
     finally:
         if parent.poll() is None:
             parent.kill()

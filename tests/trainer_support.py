@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from launcher.local import kill_tree
+from launcher.proctree import stop_tree
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -51,12 +51,12 @@ def finish_command(proc: subprocess.Popen[str], timeout: float = 240) -> subproc
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        kill_tree(proc.pid)  # torchrun's workers sit in sessions of their own
+        stop_tree(proc.pid, 0)  # torchrun's workers sit in sessions of their own
         out, err = proc.communicate()
         raise AssertionError(f"{proc.args} ran over {timeout}s\nstdout:\n{out}\nstderr:\n{err}") from None
     finally:
         if proc.poll() is None:
-            kill_tree(proc.pid)
+            stop_tree(proc.pid, 0)
             proc.wait()
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
