@@ -1,4 +1,5 @@
-"""`ddpctl doctor`: every check `up` makes before starting, as a table (or JSON), one row per host."""
+"""`ddpctl doctor`: the preflight checks (login, python/torch, GPUs or cores, disk, rendezvous reachability)
+as a table or JSON, one row per host."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
-from launcher.errors import DdpctlError
+from launcher.errors import DdpctlError, HostError
 from launcher.hostsession import HostSession
 from launcher.parallel import run_on_hosts
-from launcher.preflight import HostFacts, check_rendezvous_reachable, check_requirements, probe_host
+from launcher.preflight import HostFacts, Problem, check_rendezvous_reachable, check_requirements, probe_host
 from launcher.progress import console
 from launcher.ssh import resolve_target
 
@@ -46,21 +47,25 @@ def run_doctor(options: UpOptions, *, gpus: int, python: str, rdzv_port: int, js
                 check_rendezvous_reachable([session.conn(i) for i in range(len(rows))], session.labels, python,
                                            addr0, rdzv_port)
                 network = f"every node reached node 0 at {addr0}:{rdzv_port}"
+            except HostError as e:
+                problems.append(Problem(e.host, e.reason))
             except DdpctlError as e:
-                problems.append(str(e))
+                problems.append(Problem(None, str(e)))
+    general: list[str] = []
+    rows_by_host = {r["host"]: r for r in rows}
     for problem in problems:
-        label = problem.split(":", 1)[0]
-        for row in rows:
-            if row["host"] == label:
-                row["problems"].append(problem.split(": ", 1)[1])
-                row["ok"] = False
-    general = [p for p in problems if p.split(":", 1)[0] not in {r["host"] for r in rows}]
+        if problem.host in rows_by_host:
+            rows_by_host[problem.host]["problems"].append(problem.text)
+            rows_by_host[problem.host]["ok"] = False
+        else:
+            general.append(str(problem))
     ok = not general and all(r["ok"] and not r["problems"] for r in rows)
     if json_out:
         print(json.dumps({"ok": ok, "hosts": rows, "problems": general, "network": network}, indent=2))
         return ok
     table = Table(title="ddpctl doctor")
-    for column in ("host", "python", "torch", "GPUs", "cores", "free disk", "address", "ready"):
+    table.add_column("host", overflow="fold")  # the whole user@host:port, wrapped if it must be
+    for column in ("python", "torch", "GPUs", "cores", "free disk", "address", "ready"):
         table.add_column(column)
     for row in rows:
         table.add_row(row["host"], str(row.get("python", "-")), str(row.get("torch", "-")), str(row.get("gpus", "-")),
@@ -68,10 +73,10 @@ def run_doctor(options: UpOptions, *, gpus: int, python: str, rdzv_port: int, js
                       "no" if row["problems"] else "yes")
     console.print(table)
     for row in rows:
-        for problem in row["problems"]:
-            console.print(f"{row['host']}: {problem}", markup=False)
-    for problem in general:
-        console.print(problem, markup=False)
+        for text in row["problems"]:
+            console.print(f"{row['host']}: {text}", markup=False)
+    for text in general:
+        console.print(text, markup=False)
     if network:
         console.print(network)
     return ok

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ipaddress
 import json
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from launcher.errors import DdpctlError, HostError
 from launcher.parallel import raise_for_errors, run_on_hosts
@@ -140,22 +140,33 @@ def probe_host(conn: Runner, python: str, label: str, timeout: float = 60.0) -> 
         raise HostError(label, f"unexpected preflight answer: {result.stdout[:200]!r}") from e
 
 
-def check_requirements(facts: list[HostFacts], gpus: int, need_torch: bool) -> list[str]:
+class Problem(NamedTuple):
+    """One reason a run cannot start: on one host (`host` is its label) or between hosts (`host` is None)."""
+
+    host: str | None
+    text: str
+
+    def __str__(self) -> str:
+        return f"{self.host}: {self.text}" if self.host else self.text
+
+
+def check_requirements(facts: list[HostFacts], gpus: int, need_torch: bool) -> list[Problem]:
     """Problems that stop a run: missing torch, too few GPUs/cores, little disk, versions that differ."""
     problems = []
     for f in facts:
         if need_torch and not f.info.get("torch"):
-            problems.append(f"{f.label}: torch is not importable ({f.info.get('torch_error', 'not installed')})")
+            problems.append(Problem(f.label, f"torch is not importable ({f.info.get('torch_error', 'not installed')})"))
         if f.slots < gpus:
             kind = "GPUs" if f.info.get("gpus") else "CPU cores (no GPU)"
-            problems.append(f"{f.label}: --gpus {gpus} but the host has {f.slots} {kind}")
+            problems.append(Problem(f.label, f"--gpus {gpus} but the host has {f.slots} {kind}"))
         if int(f.info.get("disk_free") or 0) < MIN_FREE_DISK:
-            problems.append(f"{f.label}: less than 1 GiB free in {f.info.get('home')}")
+            problems.append(Problem(f.label, f"less than 1 GiB free in {f.info.get('home')}"))
     for key in ("python", "torch"):
         versions = {f.label: _major_minor(f.info.get(key)) for f in facts}
         if len(set(versions.values())) > 1:
             listing = ", ".join(f"{label} {v}" for label, v in versions.items())
-            problems.append(f"{key} versions differ between nodes ({listing}): use the same on every node")
+            problems.append(Problem(None, f"{key} versions differ between nodes ({listing}): "
+                                          "use the same on every node"))
     return problems
 
 

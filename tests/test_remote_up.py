@@ -237,6 +237,24 @@ def test_host_keys_unknown_refused_then_accepted_changed_always_refused(bed: Tes
     bed.write_known_hosts()
 
 
+def test_doctor_marks_the_host_that_cannot_run_not_ready(bed: Testbed) -> None:
+    """Host labels hold ':' (user@addr:port): the problem must land on that host's row, not float free."""
+    short, fine = bed.hosts[0], bed.hosts[1]
+    result = ddpctl(bed, "doctor", "--host", short.spec, "--host", fine.spec, "--gpus", "64", "--json")
+    assert result.returncode == 1
+    report = json.loads(result.stdout)
+    rows = {row["host"]: row for row in report["hosts"]}
+    assert report["ok"] is False and report["problems"] == []
+    assert rows[short.spec]["ok"] is False
+    assert any("--gpus 64 but the host has" in p for p in rows[short.spec]["problems"])
+    table = ddpctl(bed, "doctor", "--host", short.spec, "--gpus", "64")
+    assert table.returncode == 1
+    assert f"{short.spec}: --gpus 64 but the host has" in table.stderr
+    first_row = next(line for line in table.stderr.splitlines() if line.startswith("│"))
+    assert first_row.split("│")[-2].strip() == "no", table.stderr
+    assert fine.spec in rows
+
+
 def test_malicious_host_symlink_is_refused_by_pull(bed: Testbed, tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     result = up(bed, bed.hosts[:1], runs, "--gpus", "1", "--epochs", "1")
