@@ -11,7 +11,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from launcher.errors import DdpctlError, HostError, Interrupted
+from launcher.errors import DdpctlError, Interrupted
 from launcher.hostsession import HostSession, target_from_json, target_to_json
 from launcher.parallel import raise_for_errors, run_on_hosts
 from launcher.plan import NodeHost, RunPlan, plan_remote
@@ -26,7 +26,7 @@ from launcher.progress import FreshestProgress, RunProgress, console, stall_note
 from launcher.remote_node import NodeState, log_tail, read_state, start_node, stop_node
 from launcher.rundir import RunDir, primary_node_out, read_json, write_bytes_atomic
 from launcher.spec import RunSpec
-from launcher.sync import pull_tree, ship_tree
+from launcher.sync import TransferChangedError, pull_tree, ship_tree
 
 if TYPE_CHECKING:
     from launcher.up import UpOptions, UpResult
@@ -199,7 +199,7 @@ def ship_code(session: HostSession, plan: RunPlan, run_dir: RunDir) -> None:
 
     def ship(index: int) -> dict[str, Any]:
         conn = session.conn(index)
-        stats = ship_tree(conn, source, cache)
+        stats = ship_tree(conn, source, cache, python=plan.spec.python)
         workspace = plan.nodes[index].workspace
         result = conn.run(["sh", "-c", 'mkdir -p "$1/code$3" && rm -rf "$1/code$3" && cp -R "$2" "$1/code$3"',
                            "ddpctl-copy", workspace, cache, dest], timeout=120)
@@ -297,15 +297,16 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
 
 
 def stop_all(session: HostSession, run_dir: RunDir) -> None:
-    workspaces = node_workspaces(run_dir)
-    outcomes = run_on_hosts(list(range(len(workspaces))), lambda i: stop_node(session.conn(i), workspaces[i]),
+    workspaces, python = node_workspaces(run_dir), run_dir.spec().python
+    outcomes = run_on_hosts(list(range(len(workspaces))),
+                            lambda i: stop_node(session.conn(i), workspaces[i], python),
                             timeout=90, label=session.label_of)
     run_dir.event("stopped", errors={o.label: str(o.error) for o in outcomes if o.error})
 
 
 def pull_run(session: HostSession, run_dir: RunDir) -> list[dict[str, Any]]:
     """Pull every node's outputs into nodes/<k>/ (verified), then copy rank 0's node's records to the top."""
-    workspaces = node_workspaces(run_dir)
+    workspaces, python = node_workspaces(run_dir), run_dir.spec().python
 
     def pull(index: int) -> dict[str, Any]:
         # A running node rewrites progress.json and snapshots; a file caught mid-change is fetched again
@@ -313,10 +314,10 @@ def pull_run(session: HostSession, run_dir: RunDir) -> list[dict[str, Any]]:
         for attempt in range(PULL_ATTEMPTS):
             try:
                 stats = pull_tree(session.conn(index), workspaces[index], run_dir.path / "nodes" / str(index),
-                                  include=PULLED, missing_ok=True)
+                                  include=PULLED, missing_ok=True, python=python)
                 return asdict(stats)
-            except HostError as e:
-                if "changed during the transfer" not in str(e) or attempt == PULL_ATTEMPTS - 1:
+            except TransferChangedError:
+                if attempt == PULL_ATTEMPTS - 1:
                     raise
         raise AssertionError("unreachable")
 

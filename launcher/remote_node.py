@@ -116,8 +116,9 @@ def read_state(conn: Runner, workspace: str) -> NodeState:
     )
 
 
-def stop_node(conn: Runner, workspace: str, grace_seconds: int = 20) -> None:
-    conn.run(["python3", "-c", STOP_SCRIPT, workspace, str(grace_seconds)], timeout=grace_seconds + 30)
+def stop_node(conn: Runner, workspace: str, python: str = "python3", grace_seconds: int = 20) -> None:
+    """TERM the node's torchrun tree, KILL what is left after `grace_seconds`; `python` is the host's."""
+    conn.run([python, "-c", STOP_SCRIPT, workspace, str(grace_seconds)], timeout=grace_seconds + 30)
 
 
 def log_tail(conn: Runner, workspace: str, lines: int = 20) -> str:

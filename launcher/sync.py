@@ -1,9 +1,10 @@
 """Ship a directory to a host and pull one back, incrementally, by sha256 manifests.
 
-The host computes its own manifest with a small python3 script (symlinks reported, never followed). Pull
-treats the host as untrusted: absolute paths, `..`, symlinks are refused before anything is written, every
-file lands in a temporary name beside its destination, is verified against the host's sha256, then renamed,
-so an interrupted pull leaves no partial final file and the next pull completes it.
+The host computes its own manifest with a small script run by its python (`--python`, default python3;
+symlinks reported, never followed). Pull treats the host as untrusted: absolute paths, `..`, symlinks are
+refused before anything is written, every file lands in a temporary name beside its destination, is verified
+against the host's sha256, then renamed, so an interrupted pull leaves no partial final file and the next pull
+completes it.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ IGNORE_FILES = (".gitignore", ".ddpctlignore")
 PART_MARK = ".ddpctl-part-"  # temporary files: `.NAME.ddpctl-part-RANDOM` in the destination's directory
 CHUNK = 1 << 16
 
-# Runs on the host as `python3 -c SCRIPT OP ROOT`; OP manifest prints JSON, mkdirs/prune read a JSON list on stdin.
+# Runs on the host as `PYTHON -c SCRIPT OP ROOT`; OP manifest prints JSON, mkdirs/prune read a JSON list on stdin.
 REMOTE_SCRIPT = r"""
 import hashlib, json, os, stat, sys
 op, root = sys.argv[1], sys.argv[2]
@@ -93,7 +94,11 @@ class RemoteEntry:
     mode: int = 0o644
 
 
-ProgressFn = Callable[[str, int], None]
+ProgressFn = Callable[[str, int], None]  # (relative path, bytes done so far)
+
+
+class TransferChangedError(HostError):
+    """A file's bytes did not match the sha256 the host listed: it changed while it was fetched; pull again."""
 
 
 def ignore_spec(local_dir: Path, extra: Sequence[str] = ()) -> pathspec.PathSpec:
@@ -123,10 +128,9 @@ def local_manifest(local_dir: Path, spec: pathspec.PathSpec) -> dict[str, tuple[
     return found
 
 
-def remote_manifest(conn: Connection, remote_dir: str) -> tuple[bool, list[RemoteEntry]]:
-    """(exists, entries) of remote_dir, computed on the host; raises HostError on a malformed answer."""
-    result = conn.check(["python3", "-c", REMOTE_SCRIPT, "manifest", remote_dir], f"listing {remote_dir}",
-                        timeout=600)
+def remote_manifest(conn: Connection, remote_dir: str, python: str = "python3") -> tuple[bool, list[RemoteEntry]]:
+    """(exists, entries) of remote_dir, computed on the host by `python`; HostError on a malformed answer."""
+    result = conn.check([python, "-c", REMOTE_SCRIPT, "manifest", remote_dir], f"listing {remote_dir}", timeout=600)
     try:
         data = json.loads(result.stdout)
         entries = [RemoteEntry(str(e["path"]), str(e["type"]), int(e.get("size", 0)), str(e.get("sha256", "")),
@@ -136,22 +140,22 @@ def remote_manifest(conn: Connection, remote_dir: str) -> tuple[bool, list[Remot
         raise HostError(conn.label, f"malformed manifest of {remote_dir}: {e}") from e
 
 
-def ship_tree(conn: Connection, local_dir: Path, remote_dir: str, *, ignore: Sequence[str] = (),
-              progress: ProgressFn | None = None) -> ShipStats:
-    """Make remote_dir equal local_dir (minus ignored files), sending only new or changed files."""
+def ship_tree(conn: Connection, local_dir: Path, remote_dir: str, *, python: str = "python3") -> ShipStats:
+    """Make remote_dir equal local_dir (minus ignored files), sending only new or changed files; `python` is
+    the host's interpreter, which lists, creates and prunes there."""
     local_dir = Path(local_dir)
     if not local_dir.is_dir():
         raise DdpctlError(f"cannot ship {local_dir}: not a directory")
-    spec = ignore_spec(local_dir, ignore)
+    spec = ignore_spec(local_dir)
     local = local_manifest(local_dir, spec)
-    _, entries = remote_manifest(conn, remote_dir)
+    _, entries = remote_manifest(conn, remote_dir, python)
     remote = {e.path: e for e in entries}
     to_send = [rel for rel, (_, sha, mode) in local.items()
                if rel not in remote or remote[rel].type != "file" or remote[rel].sha256 != sha
                or remote[rel].mode != mode]
     to_delete = [e.path for e in entries if e.path not in local and not spec.match_file(e.path)]
     dirs = sorted({os.path.dirname(rel) for rel in to_send} - {""})
-    conn.check(["python3", "-c", REMOTE_SCRIPT, "mkdirs", remote_dir], f"creating {remote_dir}",
+    conn.check([python, "-c", REMOTE_SCRIPT, "mkdirs", remote_dir], f"creating {remote_dir}",
                stdin=json.dumps(dirs).encode(), timeout=120)
     sent_bytes = 0
     sftp = conn.sftp if to_send else None
@@ -161,27 +165,27 @@ def ship_tree(conn: Connection, local_dir: Path, remote_dir: str, *, ignore: Seq
         head, name = os.path.split(final)
         tmp = f"{head}/.{name}{PART_MARK}{secrets.token_hex(4)}"
         try:
-            sftp.put(str(local_dir / rel), tmp, callback=_sftp_callback(progress, rel))
+            sftp.put(str(local_dir / rel), tmp)
             sftp.chmod(tmp, local[rel][2])
             sftp.posix_rename(tmp, final)
         except OSError as e:
             raise HostError(conn.label, f"sending {rel} to {remote_dir} failed: {e}") from e
         sent_bytes += local[rel][0]
     if to_delete:
-        conn.check(["python3", "-c", REMOTE_SCRIPT, "prune", remote_dir], f"removing old files in {remote_dir}",
+        conn.check([python, "-c", REMOTE_SCRIPT, "prune", remote_dir], f"removing old files in {remote_dir}",
                    stdin=json.dumps(to_delete).encode(), timeout=120)
     return ShipStats(len(to_send), sent_bytes, len(local) - len(to_send), len(to_delete))
 
 
 def pull_tree(conn: Connection, remote_dir: str, local_dir: Path, *, include: Sequence[str] | None = None,
-              missing_ok: bool = False, progress: ProgressFn | None = None) -> PullStats:
+              missing_ok: bool = False, python: str = "python3", progress: ProgressFn | None = None) -> PullStats:
     """Copy remote_dir's files into local_dir, fetching only those whose sha256 differs; each one verified.
 
     `include`: gitignore-style patterns; only matching paths are pulled. A host answer naming an unsafe
     path (absolute, `..`, a symlink) raises HostError before anything is written.
     """
     local_dir = Path(local_dir)
-    exists, entries = remote_manifest(conn, remote_dir)
+    exists, entries = remote_manifest(conn, remote_dir, python)
     if not exists:
         if missing_ok:
             return PullStats(0, 0, 0, 0)
@@ -210,12 +214,6 @@ def pull_tree(conn: Connection, remote_dir: str, local_dir: Path, *, include: Se
         fetched_bytes += _fetch_verified(conn, f"{remote_dir}/{entry.path}", dest, entry, progress)
         fetched += 1
     return PullStats(fetched, fetched_bytes, unchanged, fetched + unchanged, special)
-
-
-def _sftp_callback(progress: ProgressFn | None, rel: str) -> Callable[[int, int], None] | None:
-    if progress is None:
-        return None
-    return lambda done, _total: progress(rel, done)
 
 
 def file_sha256(path: Path) -> str:
@@ -266,7 +264,8 @@ def _fetch_verified(conn: Connection, remote_path: str, dest: Path, entry: Remot
                 if progress:
                     progress(entry.path, done)
         if h.hexdigest() != entry.sha256:
-            raise HostError(conn.label, f"{remote_path} changed during the transfer (sha256 mismatch); pull again")
+            raise TransferChangedError(conn.label, f"{remote_path} changed during the transfer (sha256 mismatch); "
+                                       "pull again")
         os.chmod(tmp, (entry.mode & 0o755) | 0o600)
         os.replace(tmp, dest)
     except OSError as e:

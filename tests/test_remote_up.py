@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.testbed import Testbed, TestHost, cleanup_stale
+from infra.testbed import Testbed, TestHost, cleanup_stale, write_user_file
 from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, run_ddpctl
 
 pytestmark = pytest.mark.skipif(TESTBED_UNAVAILABLE, reason=TESTBED_SKIP_REASON)
@@ -235,6 +235,27 @@ def test_host_keys_unknown_refused_then_accepted_changed_always_refused(bed: Tes
     changed = ddpctl(bed, "doctor", "--host", host.spec, "--accept-new-host-keys", known_hosts=known)
     assert changed.returncode == 1 and "changed" in changed.stderr.lower()
     bed.write_known_hosts()
+
+
+def test_python_option_serves_every_step_on_a_host_without_python3(bed: Testbed, tmp_path: Path) -> None:
+    """--python names the hosts' interpreter for all that runs there (preflight, shipping, torchrun, pull)."""
+    host = bed.hosts[1]
+    saved = host.ssh_environment()
+    real_python = saved["PATH"].split(":")[0] + "/python3"
+    write_user_file(Path(host.home, "nopython", "python3"), "#!/bin/sh\necho 'no python3 here' >&2\nexit 127\n",
+                    host.user, 0o755)
+    host.update_ssh_environment({"PATH": f"{host.home}/nopython:{saved['PATH']}"})
+    runs = tmp_path / "runs"
+    try:
+        without = up(bed, [host], runs, "--gpus", "1", "--epochs", "1")
+        assert without.returncode == 1 and "--python" in without.stderr
+        result = up(bed, [host], runs, "--gpus", "1", "--epochs", "1", "--python", real_python)
+    finally:
+        host.set_ssh_environment(saved)
+    assert result.returncode == 0, result.stderr
+    run = the_run(runs)
+    assert json.loads((run / "summary.json").read_text())["epochs"] == 1
+    assert (run / "nodes" / "0" / "torchrun.out").is_file()
 
 
 def test_doctor_marks_the_host_that_cannot_run_not_ready(bed: Testbed) -> None:
