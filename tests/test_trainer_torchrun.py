@@ -4,6 +4,7 @@ restarts from the snapshot (bitwise the same final weights), and a snapshot dest
 from __future__ import annotations
 
 import math
+import subprocess
 import sys
 from pathlib import Path
 
@@ -112,6 +113,44 @@ def test_two_agents_sharing_torchruns_store_recover_from_a_killed_rank(tmp_path:
     summaries = [read_json(path) for path in tmp_path.glob("node*/summary.json")]  # rank 0's node writes it
     assert len(summaries) == 1 and summaries[0]["epochs"] == 1
     assert summaries[0]["restarts"] == 1, "the run's count: the most any node restarted"
+
+
+def run_two_nodes(out_dirs: list[Path], args: list[str]) -> list[subprocess.CompletedProcess[str]]:
+    """Two torchrun nodes of one process each on this machine, each with its own out dir (its own disk)."""
+    port = free_port()
+    procs = []
+    for node, out in enumerate(out_dirs):
+        argv = [
+            sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "two-nodes",
+            "--rdzv-conf", f"is_host={1 - node}", "--local-addr", "127.0.0.1",
+            "-m", "trainer", *args, "--out-dir", str(out),
+        ]  # fmt: skip
+        procs.append(start_command(argv, env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}))
+    return [finish_command(proc, timeout=240) for proc in procs]
+
+
+def test_nodes_agree_on_a_snapshot_valid_on_both_when_one_nodes_copies_differ(tmp_path: Path) -> None:
+    """Node 0 lost its newest snapshot (epoch 3) and node 1's epoch-2 copy is corrupt: the only epoch valid on
+    both is 1, and the run resumes there and ends with the weights of the uninterrupted run."""
+    nodes = [tmp_path / "node0", tmp_path / "node1"]
+    args = [*SMALL_RUN, "--epochs", "3", "--synthetic-train-size", "1024"]
+    for result in run_two_nodes(nodes, args):
+        assert result.returncode == 0, describe(result)
+    (final,) = [p for p in tmp_path.glob("node*/final_model.pt")]  # rank 0's node writes it
+    reference = load_weights(final)
+    final.unlink()
+    snapshot_path(nodes[0] / "snapshots", 3).unlink()
+    corrupt = snapshot_path(nodes[1] / "snapshots", 2)
+    corrupt.write_bytes(corrupt.read_bytes()[:-100])
+
+    results = run_two_nodes(nodes, args)
+    for result in results:
+        assert result.returncode == 0, describe(result)
+    stderr = results[0].stderr + results[1].stderr
+    assert str(corrupt) in stderr and "resuming after epoch 1" in stderr, stderr
+    (final,) = [p for p in tmp_path.glob("node*/final_model.pt")]
+    assert_same_weights(load_weights(final), reference)
 
 
 def test_kill_without_restarts_fails_the_run(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ from trainer.errors import SnapshotError
 from trainer.files import atomic_write_bytes
 from trainer.records import ProgressReporter, TimingLog, build_summary, versions, write_summary
 from trainer.sharding import samples_per_rank, shard_indices
-from trainer.snapshot import newest_valid, read_snapshot, save_snapshot, snapshot_path
+from trainer.snapshot import newest_valid, save_snapshot, snapshot_path
 
 EVAL_BATCH_SIZE = 1024
 SNAPSHOT_FORMAT = 1
@@ -185,14 +185,22 @@ class Trainer:
     def _load_snapshot(self) -> bool:
         """Resume from the newest snapshot that is valid on every node; False when there is none."""
         ctx = self.ctx
-        found = newest_valid(self.snapshot_dir, self._warn if ctx.local_rank == 0 else _quiet)
+        warn = self._warn if ctx.local_rank == 0 else _quiet
+        found = newest_valid(self.snapshot_dir, warn)
         agreed = ctx.min_int(found[0] if found else 0)
+        # Another node's newest may be older, and this node's copy of that epoch may be pruned or corrupt:
+        # each round every rank offers its newest valid one up to the agreed epoch, until all offer the same.
+        while agreed:
+            if found is None or found[0] != agreed:
+                found = newest_valid(self.snapshot_dir, warn, at_most=agreed)
+            offered = ctx.min_int(found[0] if found else 0)
+            if offered == agreed:
+                break
+            agreed = offered
         if agreed == 0:
             return False
         assert found is not None
-        epoch, state = found
-        if epoch != agreed:  # another node's newest is older: all resume from that one
-            state = read_snapshot(snapshot_path(self.snapshot_dir, agreed))
+        state = found[1]
         if state.get("format") != SNAPSHOT_FORMAT or state.get("identity") != self.config.identity():
             raise SnapshotError(
                 f"{snapshot_path(self.snapshot_dir, agreed)} belongs to another run "
