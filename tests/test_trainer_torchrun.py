@@ -4,8 +4,10 @@ restarts from the snapshot (bitwise the same final weights), and a snapshot dest
 from __future__ import annotations
 
 import math
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -181,6 +183,21 @@ def test_snapshot_destroyed_mid_write_falls_back_to_previous(tmp_path: Path) -> 
     assert [r["epoch"] for r in read_timing(tmp_path)] == [1, 2]
     assert_same_weights(load_weights(tmp_path / "final_model.pt"), reference)
     assert read_snapshot(newest)["epochs_done"] == 2  # rewritten whole
+
+
+def test_sigterm_ends_the_trainer_through_its_clean_up(tmp_path: Path) -> None:
+    """torchrun stops workers with SIGTERM: the trainer leaves through SystemExit (status 143), so a snapshot
+    being written is removed rather than left as a temporary file."""
+    args = [*SMALL_RUN, "--epochs", "50", "--synthetic-train-size", "512", "--out-dir", str(tmp_path)]
+    proc = start_command([sys.executable, "-m", "trainer", *args])
+    deadline = time.monotonic() + 120
+    while not list_snapshots(tmp_path / "snapshots") and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert list_snapshots(tmp_path / "snapshots"), "no snapshot written in time"
+    proc.send_signal(signal.SIGTERM)
+    result = finish_command(proc, timeout=60)
+    assert result.returncode == 143, describe(result)
+    assert [p.name for p in (tmp_path / "snapshots").iterdir() if not p.name.startswith("snapshot-")] == []
 
 
 def test_snapshots_of_another_run_are_refused(tmp_path: Path) -> None:

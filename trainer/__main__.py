@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import math
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -10,9 +12,9 @@ from typing import Any, NoReturn
 
 import torch
 
-from trainer.data import load_dataset
-from trainer.distributed import setup
-from trainer.errors import TrainerError
+from trainer.data import DataSplits, load_dataset
+from trainer.distributed import DistContext, setup
+from trainer.errors import DataError, TrainerError
 from trainer.models import MODELS, build_model
 from trainer.trainer import TrainConfig, Trainer, seed_rng
 
@@ -28,8 +30,8 @@ def _positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+        if not (value > 0 and math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"{text!r} must be positive and finite")
         return value
 
     return parse
@@ -85,8 +87,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, str, Path]:
         help="tests: on the first attempt, global rank RANK stops responding at global step STEP",
     )
     args = p.parse_args(argv)
-    if args.seed < 0:
-        p.error(f"--seed must be >= 0, got {args.seed}")
+    if not 0 <= args.seed < 2**32:
+        p.error(f"--seed must be in 0..{2**32 - 1}, got {args.seed}")
     config = TrainConfig(
         model=args.model, dataset=args.dataset, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
         momentum=args.momentum, save_every=args.save_every, keep_snapshots=args.keep_snapshots,
@@ -101,10 +103,7 @@ def run(config: TrainConfig, backend: str, data_dir: Path) -> None:
     """Set up, train, tear down."""
     ctx = setup(backend)
     try:
-        data = load_dataset(
-            config.dataset, data_dir, seed=config.seed,
-            synthetic_train_size=config.synthetic_train_size, synthetic_test_size=config.synthetic_test_size,
-        )  # fmt: skip
+        data = _load_in_turn(ctx, config, data_dir)
         torch.manual_seed(config.seed)  # the same initial weights on every rank
         model = build_model(config.model, data.image_shape)
         seed_rng(config.seed, ctx.rank)
@@ -115,8 +114,35 @@ def run(config: TrainConfig, backend: str, data_dir: Path) -> None:
         ctx.close()
 
 
+def _load_in_turn(ctx: DistContext, config: TrainConfig, data_dir: Path) -> DataSplits:
+    """Each node's local rank 0 reads first, downloading what is missing; the other ranks read once every node
+    has its files, so no two processes download into one folder at once."""
+
+    def load() -> DataSplits:
+        return load_dataset(
+            config.dataset, data_dir, seed=config.seed,
+            synthetic_train_size=config.synthetic_train_size, synthetic_test_size=config.synthetic_test_size,
+        )  # fmt: skip
+
+    data, error = None, None
+    if ctx.local_rank == 0:
+        try:
+            data = load()
+        except DataError as exc:
+            error = exc
+    if not ctx.min_int(0 if error else 1):
+        raise error or DataError(f"the {config.dataset} data set could not be read on another node; see its log")
+    return data if data is not None else load()
+
+
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    """torchrun stops workers with SIGTERM: leave through SystemExit, so half-written files are removed."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     config, backend, data_dir = parse_args(argv)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         run(config, backend, data_dir)
     except TrainerError as exc:
