@@ -5,18 +5,21 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from launcher import failure_log
 from launcher.errors import DdpctlError, Interrupted
 from launcher.hostsession import HostSession, target_from_json, target_to_json
 from launcher.parallel import raise_for_errors, run_on_hosts
 from launcher.plan import NodeHost, RunPlan, plan_remote
 from launcher.preflight import (
     HostFacts,
+    Runner,
     check_public_rendezvous,
     check_rendezvous_reachable,
     check_requirements,
@@ -285,8 +288,9 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
                 failed_reported = True
                 index, state = failed[0]
                 run_dir.event("node_failed", node=index, exit_code=state.exit_code)
+                tail = failed_worker_log(session.conn(index), node_workspaces(run_dir)[index], run_dir.spec().python)
                 console.print(f"node {index} ({labels[index]}) {state.label}; its log ends with:\n"
-                              + log_tail(session.conn(index), node_workspaces(run_dir)[index]))
+                              + without_control_chars(tail), markup=False, highlight=False)
                 stop_all(session, run_dir)
             if len(known) == len(states) and all(s.finished for s in known):
                 break
@@ -294,6 +298,25 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
     codes = [s.exit_code if s and s.exit_code is not None else 1 for s in states]
     run_dir.event("finished", exit_codes=codes)
     return next((c for c in codes if c != 0), 0)
+
+
+# launcher/failure_log.py's source runs on the host as it is: `PYTHON -c SCRIPT WORKSPACE LINES`.
+FAILURE_LOG_SCRIPT = Path(failure_log.__file__).read_text()
+
+
+def failed_worker_log(conn: Runner, workspace: str, python: str, lines: int = 20) -> str:
+    """The end of the failing worker's log on a node (launcher/failure_log.py), else of torchrun's output."""
+    result = conn.run([python, "-c", FAILURE_LOG_SCRIPT, workspace, str(lines)], timeout=30)
+    return str(result.stdout if result.exit_code == 0 else log_tail(conn, workspace, lines))
+
+
+# Terminal escape sequences (colours, cursor moves), then any other control character but tab and newline.
+_CONTROL_CHARS = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-_]|[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def without_control_chars(text: str) -> str:
+    """A host's output made safe to show: escape sequences and other control characters dropped."""
+    return _CONTROL_CHARS.sub("", text)
 
 
 def stop_all(session: HostSession, run_dir: RunDir) -> None:
@@ -325,6 +348,10 @@ def pull_run(session: HostSession, run_dir: RunDir) -> list[dict[str, Any]]:
     for index, outcome in enumerate(outcomes):
         if outcome.value is not None:
             run_dir.event("pulled", node=index, **outcome.value)
+            if outcome.value["skipped_links"]:
+                links = ", ".join(outcome.value["skipped_links"])
+                console.print(f"node {index}: symbolic links are not pulled (never followed): {links}",
+                              markup=False, highlight=False)
         else:
             run_dir.event("pull_failed", node=index, error=str(outcome.error))
     primary = primary_node_out(run_dir.path, len(workspaces))

@@ -1,10 +1,10 @@
 """Ship a directory to a host and pull one back, incrementally, by sha256 manifests.
 
 The host computes its own manifest with a small script run by its python (`--python`, default python3;
-symlinks reported, never followed). Pull treats the host as untrusted: absolute paths, `..`, symlinks are
-refused before anything is written, every file lands in a temporary name beside its destination, is verified
-against the host's sha256, then renamed, so an interrupted pull leaves no partial final file and the next pull
-completes it.
+symlinks reported, never followed). Pull treats the host as untrusted: absolute paths and `..` are refused
+before anything is written, symbolic links are skipped (named, never followed), and every file lands in a
+temporary name beside its destination, is verified against the host's sha256, then renamed, so an
+interrupted pull leaves no partial final file and the next pull completes it.
 """
 
 from __future__ import annotations
@@ -83,6 +83,7 @@ class PullStats:
     files_unchanged: int
     verified: int  # files whose local copy was checked against the host's sha256 (fetched + unchanged)
     skipped_special: int = 0
+    skipped_links: tuple[str, ...] = ()  # symbolic links on the host: named, never followed nor recreated
 
 
 @dataclass(frozen=True)
@@ -182,7 +183,8 @@ def pull_tree(conn: Connection, remote_dir: str, local_dir: Path, *, include: Se
     """Copy remote_dir's files into local_dir, fetching only those whose sha256 differs; each one verified.
 
     `include`: gitignore-style patterns; only matching paths are pulled. A host answer naming an unsafe
-    path (absolute, `..`, a symlink) raises HostError before anything is written.
+    path (absolute, `..`) raises HostError before anything is written; symbolic links are never followed
+    nor recreated, only named in the stats.
     """
     local_dir = Path(local_dir)
     exists, entries = remote_manifest(conn, remote_dir, python)
@@ -191,7 +193,7 @@ def pull_tree(conn: Connection, remote_dir: str, local_dir: Path, *, include: Se
             return PullStats(0, 0, 0, 0)
         raise HostError(conn.label, f"{remote_dir} does not exist on the host")
     wanted = pathspec.GitIgnoreSpec.from_lines(include) if include else None
-    files, special = [], 0
+    files, special, links = [], 0, []
     for entry in entries:
         _check_remote_path(conn, remote_dir, entry)
         if wanted is not None and not wanted.match_file(entry.path):
@@ -201,7 +203,7 @@ def pull_tree(conn: Connection, remote_dir: str, local_dir: Path, *, include: Se
         elif entry.type == "file":
             files.append(entry)
         else:
-            raise HostError(conn.label, f"refusing to pull {remote_dir}/{entry.path}: it is a symbolic link")
+            links.append(entry.path)
     local_dir.mkdir(parents=True, exist_ok=True)
     root = local_dir.resolve()
     _remove_stale_parts(root)
@@ -213,7 +215,7 @@ def pull_tree(conn: Connection, remote_dir: str, local_dir: Path, *, include: Se
             continue
         fetched_bytes += _fetch_verified(conn, f"{remote_dir}/{entry.path}", dest, entry, progress)
         fetched += 1
-    return PullStats(fetched, fetched_bytes, unchanged, fetched + unchanged, special)
+    return PullStats(fetched, fetched_bytes, unchanged, fetched + unchanged, special, tuple(links))
 
 
 def file_sha256(path: Path) -> str:
