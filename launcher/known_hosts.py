@@ -22,9 +22,10 @@ ACCEPT_FLAG = "--accept-new-host-keys"
 
 
 def default_known_hosts_path() -> Path:
-    """ddpctl's own known-hosts file: $DDPCTL_KNOWN_HOSTS, else ~/.config/ddpctl/known_hosts."""
+    """ddpctl's own known-hosts file: $DDPCTL_KNOWN_HOSTS, else ~/.config/ddpctl/known_hosts (absolute: run.json
+    records it)."""
     env = os.environ.get("DDPCTL_KNOWN_HOSTS")
-    return Path(env) if env else Path.home() / ".config" / "ddpctl" / "known_hosts"
+    return Path(os.path.abspath(env)) if env else Path.home() / ".config" / "ddpctl" / "known_hosts"
 
 
 def host_key_name(hostname: str, port: int) -> str:
