@@ -44,7 +44,8 @@ class TestHost:
     veth: str  # root-namespace end of the veth pair (link_down/link_up act on it)
     dir: str  # host's private directory on this machine (sshd config, host key, pid and log files)
     client_key_path: str
-    host_key_public: str = ""
+    host_key_types: tuple[str, ...] = ("ed25519",)  # `ssh-keygen -t` names; sshd has a host key of each
+    host_key_public: str = ""  # the first type's public key line
 
     @property
     def spec(self) -> str:
@@ -52,7 +53,10 @@ class TestHost:
 
     @property
     def host_key_path(self) -> str:
-        return f"{self.dir}/ssh_host_ed25519_key"
+        return self.host_key_file(self.host_key_types[0])
+
+    def host_key_file(self, key_type: str) -> str:
+        return f"{self.dir}/ssh_host_{key_type}_key"
 
     @property
     def host_key_fingerprint(self) -> str:
@@ -65,9 +69,11 @@ class TestHost:
         """~/.ssh/environment: KEY=VALUE lines set in every SSH session (sshd has PermitUserEnvironment yes)."""
         return f"{self.home}/.ssh/environment"
 
-    def known_hosts_line(self) -> str:
+    def known_hosts_line(self, key_type: str | None = None) -> str:
+        """`name keytype base64` for the host's key of `key_type` (`ssh-keygen -t` name; default: the first)."""
         name = self.address if self.port == 22 else f"[{self.address}]:{self.port}"
-        keytype, key = self.host_key_public.split()[:2]
+        public = Path(self.host_key_file(key_type) + ".pub").read_text() if key_type else self.host_key_public
+        keytype, key = public.split()[:2]
         return f"{name} {keytype} {key}"
 
     def set_ssh_environment(self, env: dict[str, str]) -> None:
@@ -111,19 +117,23 @@ class TestHost:
     def link_up(self) -> None:
         sh("ip", "link", "set", self.veth, "up")
 
-    def regenerate_host_key(self) -> None:
-        """Give the host a new ed25519 host key and restart its sshd with it."""
+    def regenerate_host_key(self, key_types: Sequence[str] = ("ed25519",)) -> None:
+        """Give the host new host keys of these types (`ssh-keygen -t` names: ed25519, ecdsa, rsa), sshd's only
+        ones, and restart its sshd with them."""
         self.stop_sshd()
-        for suffix in ("", ".pub"):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.host_key_path + suffix)
+        for key_type in self.host_key_types:
+            for suffix in ("", ".pub"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.host_key_file(key_type) + suffix)
+        self.host_key_types = tuple(key_types)
         self._make_host_key()
         self.start_sshd()
 
     # -- life cycle (used by Testbed) --------------------------------------------------------------------
 
     def _make_host_key(self) -> None:
-        sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", self.name, "-f", self.host_key_path)
+        for key_type in self.host_key_types:
+            sh("ssh-keygen", "-q", "-t", key_type, "-N", "", "-C", self.name, "-f", self.host_key_file(key_type))
         self.host_key_public = Path(self.host_key_path + ".pub").read_text().strip()
 
     def start_sshd(self) -> None:
@@ -151,10 +161,11 @@ class TestHost:
 
 
 def _sshd_config(host: TestHost) -> str:
+    host_keys = "\n".join(f"HostKey {host.host_key_file(t)}" for t in host.host_key_types)
     return f"""# test bed host {host.name}
 Port {host.port}
 ListenAddress {host.address}
-HostKey {host.host_key_path}
+{host_keys}
 PidFile {host.dir}/sshd.pid
 UsePAM no
 PasswordAuthentication no

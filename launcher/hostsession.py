@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,9 +16,9 @@ if TYPE_CHECKING:
 
 
 def target_to_json(target: SSHTarget) -> dict[str, Any]:
-    """What run.json keeps of a host: enough to reconnect later (key paths, never key contents)."""
+    """What run.json keeps of a host: enough to reconnect later (absolute key paths, never key contents)."""
     return {"label": target.label, "hostname": target.hostname, "port": target.port, "user": target.user,
-            "identity_files": list(target.identity_files), "proxy_jump": target.proxy_jump}
+            "identity_files": [os.path.abspath(p) for p in target.identity_files], "proxy_jump": target.proxy_jump}
 
 
 def target_from_json(data: dict[str, Any]) -> SSHTarget:
@@ -48,6 +50,10 @@ class HostSession:
         return session
 
     def _connection(self, target: SSHTarget) -> Connection:
+        """The target's connection; -i/--identity-file is tried first, also for targets read back from run.json."""
+        if self.options.identity_file:
+            given = os.path.abspath(os.path.expanduser(self.options.identity_file))
+            target = replace(target, identity_files=tuple(dict.fromkeys((given, *target.identity_files))))
         return Connection(target, known_hosts=self._known_hosts, accept_new_host_keys=self.options.accept_new_host_keys,
                           connect_timeout=self.options.connect_timeout, ssh_config=self.options.ssh_config)
 

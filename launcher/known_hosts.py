@@ -1,8 +1,10 @@
 """Host-key trust: ~/.ssh/known_hosts (read only) plus ddpctl's own file, where first-use trust is recorded.
 
 A host is looked up under the name OpenSSH uses: `host` for port 22, `[host]:port` otherwise. Hashed entries
-(`|1|salt|hash`) and simple wildcards are understood. Keys are never added silently: only
-`record()` (called when the user passed --accept-new-host-keys) writes, and only to ddpctl's file.
+(`|1|salt|hash`), simple wildcards and negated patterns are understood. A host with any plain entry is known
+(even one of a key type paramiko cannot read: it pins the host all the same); `@revoked` lines name keys never
+to accept; `@cert-authority` lines are ignored (host certificates are not used). Keys are never added
+silently: only `record()` (called when the user passed --accept-new-host-keys) writes, and only to ddpctl's file.
 """
 
 from __future__ import annotations
@@ -15,15 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import paramiko
-from paramiko.hostkeys import HostKeyEntry
 
 ACCEPT_FLAG = "--accept-new-host-keys"
 
 
 def default_known_hosts_path() -> Path:
-    """ddpctl's own known-hosts file: $DDPCTL_KNOWN_HOSTS, else ~/.config/ddpctl/known_hosts."""
+    """ddpctl's own known-hosts file: $DDPCTL_KNOWN_HOSTS, else ~/.config/ddpctl/known_hosts (absolute: run.json
+    records it)."""
     env = os.environ.get("DDPCTL_KNOWN_HOSTS")
-    return Path(env) if env else Path.home() / ".config" / "ddpctl" / "known_hosts"
+    return Path(os.path.abspath(env)) if env else Path.home() / ".config" / "ddpctl" / "known_hosts"
 
 
 def host_key_name(hostname: str, port: int) -> str:
@@ -37,11 +39,15 @@ def fingerprint(key: paramiko.PKey) -> str:
 
 @dataclass(frozen=True)
 class KnownKey:
-    """One known_hosts entry that matches a host: its key and where it was written."""
+    """One known_hosts entry that matches a host: its key type, key and where it was written."""
 
-    key: paramiko.PKey
+    key_type: str
+    key: paramiko.PKey | None  # None: a key paramiko cannot read, which no presented key equals
     path: Path
     line: int
+
+    def holds(self, key: paramiko.PKey) -> bool:
+        return self.key is not None and self.key_type == key.get_name() and self.key.asbytes() == key.asbytes()
 
     @property
     def where(self) -> str:
@@ -56,10 +62,17 @@ class KnownHosts:
         self.system_file = system_file if system_file is not None else Path.home() / ".ssh" / "known_hosts"
 
     def lookup(self, name: str) -> list[KnownKey]:
-        """Every entry for `name` (as host_key_name gives it), from both files, in file order."""
+        """The keys pinned for `name` (as host_key_name gives it), from both files, in file order."""
+        return self._entries(name, revoked=False)
+
+    def revoked(self, name: str) -> list[KnownKey]:
+        """The `@revoked` entries that apply to `name`: keys never to accept."""
+        return self._entries(name, revoked=True)
+
+    def _entries(self, name: str, *, revoked: bool) -> list[KnownKey]:
         found: list[KnownKey] = []
         for path in (self.system_file, self.ddpctl_file):
-            found.extend(_matching_entries(path, name))
+            found.extend(_matching_entries(path, name, "@revoked" if revoked else None))
         return found
 
     def record(self, name: str, key: paramiko.PKey) -> None:
@@ -70,26 +83,32 @@ class KnownHosts:
             f.write(f"{name} {key.get_name()} {key.get_base64()}\n")
 
 
-def _matching_entries(path: Path, name: str) -> list[KnownKey]:
+def _matching_entries(path: Path, name: str, marker: str | None) -> list[KnownKey]:
+    """Entries for `name` with that marker (None: plain lines) in one file; `marker hosts keytype base64 ...`."""
     try:
         lines = path.read_text(errors="replace").splitlines()
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         return []
     found = []
     for lineno, line in enumerate(lines, start=1):
-        text = line.strip()
-        # '@cert-authority' / '@revoked' lines are not plain trust: skip them (they never grant trust here).
-        if not text or text.startswith(("#", "@")):
+        fields = line.split()
+        if not fields or fields[0].startswith("#"):
             continue
-        try:
-            entry = HostKeyEntry.from_line(text, lineno)
-        except (paramiko.SSHException, ValueError, TypeError):
+        line_marker = fields.pop(0) if fields[0].startswith("@") else None
+        if line_marker != marker or len(fields) < 3:
             continue
-        if entry is None or entry.key is None:
-            continue
-        if _names_match(entry.hostnames, name):
-            found.append(KnownKey(entry.key, path, lineno))
+        hosts, key_type, blob = fields[:3]
+        if _names_match(hosts.split(","), name):
+            found.append(KnownKey(key_type, _load_key(key_type, blob), path, lineno))
     return found
+
+
+def _load_key(key_type: str, blob: str) -> paramiko.PKey | None:
+    try:
+        key = paramiko.PKey.from_type_string(key_type, base64.b64decode(blob, validate=True))
+    except (paramiko.SSHException, paramiko.pkey.UnknownKeyType, ValueError, TypeError):  # binascii.Error: ValueError
+        return None
+    return key if key.get_name() == key_type else None
 
 
 def _names_match(patterns: list[str], name: str) -> bool:

@@ -80,7 +80,8 @@ def code_hash() -> str:
 
 @dataclass(frozen=True)
 class RunDir:
-    """A run directory on this machine."""
+    """A run directory on this machine. create/open make `path` absolute, so the paths run.json records from it
+    (such as a rented run's known_hosts) serve `status`/`pull`/`down` from any working directory."""
 
     path: Path
 
@@ -91,6 +92,7 @@ class RunDir:
     @classmethod
     def create(cls, runs_dir: Path, spec: RunSpec, extra: dict[str, Any] | None = None) -> RunDir:
         """Make runs_dir/<run_id> with run.json complete, or nothing at all."""
+        runs_dir = runs_dir.resolve()
         try:
             runs_dir.mkdir(parents=True, exist_ok=True)
             staging = Path(tempfile.mkdtemp(prefix=f".{spec.run_id}.", dir=runs_dir))
@@ -124,11 +126,25 @@ class RunDir:
     def open(cls, path: Path) -> RunDir:
         if not (path / RUN_FILE).is_file():
             raise RunDirError(f"{path} is not a ddpctl run directory (no {RUN_FILE})")
-        return cls(path)
+        return cls(path.resolve())
 
     def record(self) -> dict[str, Any]:
         data: dict[str, Any] = json.loads((self.path / RUN_FILE).read_text())
+        ssh = data.get("ssh")
+        if isinstance(ssh, dict) and ssh.get("known_hosts_file"):
+            ssh["known_hosts_file"] = str(self.recorded_path(ssh["known_hosts_file"]))
         return data
+
+    def recorded_path(self, recorded: str) -> Path:
+        """A path from run.json. Older versions wrote the run's own known_hosts relative to the working directory
+        of `up` (runs/<id>/known_hosts): a relative path is taken inside this run directory, wherever it is now."""
+        path = Path(recorded)
+        if path.is_absolute():
+            return path
+        parts = path.parts
+        if self.run_id in parts:  # keep what follows the (last) run id
+            parts = parts[len(parts) - parts[::-1].index(self.run_id):]
+        return self.path.joinpath(*parts)
 
     def spec(self) -> RunSpec:
         return RunSpec.from_json(self.record()["spec"])
@@ -158,7 +174,7 @@ def find_run(runs_dir: Path, run: str | None) -> RunDir:
     runs = sorted((p for p in runs_dir.glob("*/" + RUN_FILE)), key=lambda p: p.stat().st_mtime)
     if not runs:
         raise RunDirError(f"no runs under {runs_dir}: start one with `ddpctl up`")
-    return RunDir(runs[-1].parent)
+    return RunDir.open(runs[-1].parent)
 
 
 def primary_node_out(run_path: Path, nodes: int) -> Path | None:

@@ -1,8 +1,10 @@
 """SSH to hosts with paramiko: resolve what the user typed, verify host keys, authenticate, run quoted commands.
 
 Quoting happens in one place, `command_line()`: a remote command is always `shlex.join(argv)` for a POSIX
-login shell. Host keys are checked against ~/.ssh/known_hosts and ddpctl's own file (launcher.known_hosts);
-an unknown key is refused unless the user passed --accept-new-host-keys, a changed key is always refused.
+login shell. Host keys are checked against ~/.ssh/known_hosts and ddpctl's own file (launcher.known_hosts):
+a host with no entry at all is refused unless the user passed --accept-new-host-keys; a host that presents a
+key other than those pinned for it (of the same type or of another one) or a revoked key is always refused.
+As OpenSSH does, we ask a host first for the key types pinned for it, so one with several keys shows a pinned one.
 """
 
 from __future__ import annotations
@@ -24,11 +26,13 @@ import paramiko
 
 from launcher.errors import DdpctlError, HostError
 from launcher.hosts import HostSpec, parse_host
-from launcher.known_hosts import ACCEPT_FLAG, KnownHosts, fingerprint, host_key_name
+from launcher.known_hosts import ACCEPT_FLAG, KnownHosts, KnownKey, fingerprint, host_key_name
 
 DEFAULT_CONNECT_TIMEOUT = 15.0
 KEEPALIVE_S = 15
 _DEFAULT_KEYS = ("id_ed25519", "id_ecdsa", "id_rsa")
+# The host key algorithms that present an `ssh-rsa` key (paramiko 5 has dropped SHA-1 "ssh-rsa" itself).
+_RSA_ALGORITHMS = ("rsa-sha2-512", "rsa-sha2-256", "ssh-rsa")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -57,8 +61,9 @@ def resolve_target(host: HostSpec, ssh_config: Path | None = None, identity_file
         opts: dict[str, Any] = dict(config.lookup(host.hostname))
     except (OSError, paramiko.SSHException, ValueError) as e:
         raise DdpctlError(f"cannot read ssh config {path}: {e}") from e
-    identities = [str(identity_file)] if identity_file else []
-    identities += [os.path.expanduser(p) for p in opts.get("identityfile", [])]
+    # Absolute, so run.json's record of them serves `status`/`pull`/`down` from any working directory.
+    given = [str(identity_file)] if identity_file else []
+    identities = [os.path.abspath(os.path.expanduser(p)) for p in given + opts.get("identityfile", [])]
     jump = opts.get("proxyjump")
     try:
         port = host.port or int(opts.get("port", 22))
@@ -225,10 +230,8 @@ class Connection:
         transport = paramiko.Transport(sock)
         try:
             known = self.known_hosts.lookup(self.target.key_name)
-            # Prefer the key types we already know for this host, as OpenSSH does.
             opts = transport.get_security_options()
-            known_types = list(dict.fromkeys(k.key.get_name() for k in known))
-            opts.key_types = tuple(known_types + [t for t in opts.key_types if t not in known_types])
+            opts.key_types = _pinned_types_first(known, opts.key_types)
             transport.banner_timeout = self.connect_timeout
             transport.auth_timeout = self.connect_timeout
             transport.start_client(timeout=self.connect_timeout)
@@ -275,19 +278,31 @@ class Connection:
         except OSError as e:
             raise HostError(self.label, f"host unreachable ({self._where()}): {e.strerror or e}") from e
 
-    def _verify_host_key(self, key: paramiko.PKey, known: list[Any]) -> None:
-        same_type = [k for k in known if k.key.get_name() == key.get_name()]
-        if any(k.key == key for k in same_type):
+    def _verify_host_key(self, key: paramiko.PKey, known: list[KnownKey]) -> None:
+        """Accept a pinned key; record a new host's key with --accept-new-host-keys; refuse everything else."""
+        name, desc = self.target.key_name, f"{key.get_name()} {fingerprint(key)}"
+        revoked = [k for k in self.known_hosts.revoked(name) if k.holds(key)]
+        if revoked:
+            raise HostError(self.label, f"REVOKED HOST KEY for {name}: it presents {desc}, which {revoked[0].where} "
+                                        "marks @revoked; refusing to connect")
+        if any(k.holds(key) for k in known):
             return
-        desc = f"{key.get_name()} {fingerprint(key)}"
+        if not known:
+            if not self.accept_new_host_keys:
+                raise HostError(self.label, f"unknown host key for {name} ({desc}); check the fingerprint and "
+                                            f"pass {ACCEPT_FLAG} to trust it")
+            self.known_hosts.record(name, key)
+            return
+        same_type = [k for k in known if k.key_type == key.get_name()]
+        pin = (same_type or known)[0]
+        remove = f"delete that line (`ssh-keygen -R {shlex.quote(name)} -f {shlex.quote(str(pin.path))}`)"
         if same_type:
-            raise HostError(self.label, f"HOST KEY CHANGED for {self.target.key_name}: it now presents {desc}, "
-                                        f"but {same_type[0].where} holds another key. Possible attack; if the "
-                                        "host was really reinstalled, delete that line and connect again")
-        if not self.accept_new_host_keys:
-            raise HostError(self.label, f"unknown host key for {self.target.key_name} ({desc}); check the "
-                                        f"fingerprint and pass {ACCEPT_FLAG} to trust it")
-        self.known_hosts.record(self.target.key_name, key)
+            raise HostError(self.label, f"HOST KEY CHANGED for {name}: it now presents {desc}, but {pin.where} "
+                                        f"holds another key. Possible attack; if the host was really reinstalled, "
+                                        f"{remove} and connect again")
+        raise HostError(self.label, f"HOST KEY TYPE CHANGED for {name}: it presents {desc}, a key of another type, "
+                                    f"while {pin.where} pins its {pin.key_type} key. Possible attack; if the host "
+                                    f"really dropped that key, {remove} and connect again")
 
     def _authenticate(self, transport: paramiko.Transport) -> None:
         tried: list[str] = []
@@ -329,6 +344,13 @@ class Connection:
             if closable is not None:
                 closable.close()
         self._sftp = self._transport = self._jump = None
+
+
+def _pinned_types_first(known: list[KnownKey], offered: Sequence[str]) -> tuple[str, ...]:
+    """Host key algorithms to offer, those of the keys pinned for the host first (as OpenSSH orders them)."""
+    pinned = [a for k in known for a in (_RSA_ALGORITHMS if k.key_type == "ssh-rsa" else (k.key_type,))]
+    first = [a for a in dict.fromkeys(pinned) if a in offered]
+    return tuple(first + [a for a in offered if a not in first])
 
 
 def _short(text: str, limit: int = 80) -> str:

@@ -16,7 +16,7 @@ from launcher.hosts import parse_host
 from launcher.known_hosts import KnownHosts, host_key_name
 from launcher.parallel import HostTimeoutError, raise_for_errors, run_on_hosts
 from launcher.ssh import Connection, command_line, resolve_target
-from tests.testbed_fixtures import bed_known_hosts, connect
+from tests.testbed_fixtures import bed_known_hosts, connect, run_ddpctl
 
 pytestmark = pytest.mark.testbed  # the `testbed` fixture skips where no bed can run
 
@@ -119,6 +119,84 @@ def test_changed_host_key_always_refused(testbed, tmp_path):
         testbed.write_known_hosts()
     with connect(testbed, host) as conn:
         assert conn.run(["true"]).ok
+
+
+def test_key_of_another_type_refused_even_with_flag(testbed, tmp_path):
+    """known_hosts pins the host's ECDSA key; a man in the middle shows only an ed25519 key."""
+    host = testbed.hosts[1]
+    host.regenerate_host_key(["ecdsa"])
+    pinned = host.known_hosts_line()
+    host.regenerate_host_key(["ed25519"])
+    system = tmp_path / "known_hosts"
+    system.write_text(pinned + "\n")
+    own = KnownHosts(ddpctl_file=tmp_path / "ddpctl" / "known_hosts", system_file=system)
+    try:
+        for accept in (False, True):
+            with pytest.raises(HostError) as refused, connect(testbed, host, known_hosts=own,
+                                                              accept_new_host_keys=accept) as conn:
+                conn.run(["true"])
+            message = str(refused.value)
+            assert "\n" not in message and "HOST KEY TYPE CHANGED" in message
+            assert f"ssh-ed25519 {host.host_key_fingerprint}" in message
+            assert f"{system}:1 pins its ecdsa-sha2-nistp256 key" in message
+            assert "--accept-new-host-keys" not in message
+            assert not own.ddpctl_file.exists()
+        # The same through the command line, the key pinned in ddpctl's own file: refused, the file unchanged.
+        own_file = tmp_path / "own_known_hosts"
+        own_file.write_text(pinned + "\n")
+        doctor = run_ddpctl(testbed, "doctor", "--host", host.spec, "--accept-new-host-keys", "--json",
+                            known_hosts=own_file, timeout=120)
+        assert doctor.returncode == 1
+        (row,) = json.loads(doctor.stdout)["hosts"]
+        assert any("HOST KEY TYPE CHANGED" in p for p in row["problems"]), row
+        assert own_file.read_text() == pinned + "\n"
+        # The way out the message gives, for a host that really changed: remove the pin, then trust anew.
+        name = host_key_name(host.address, host.port)
+        assert f"ssh-keygen -R '{name}' -f {system}" in message
+        subprocess.run(["ssh-keygen", "-R", name, "-f", str(system)], check=True, capture_output=True)
+        with connect(testbed, host, known_hosts=own, accept_new_host_keys=True) as conn:
+            assert conn.run(["true"]).ok
+        assert own.ddpctl_file.read_text() == host.known_hosts_line() + "\n"
+    finally:
+        host.regenerate_host_key()
+        testbed.write_known_hosts()
+
+
+@pytest.mark.parametrize("pinned_type", ["ecdsa", "rsa"])
+def test_host_with_two_key_types_shows_the_pinned_one(testbed, tmp_path, pinned_type):
+    """A server with an ed25519 key (paramiko's first choice) and the pinned one of another type connects."""
+    host = testbed.hosts[0]
+    host.regenerate_host_key(["ed25519", pinned_type])
+    try:
+        pinned = host.known_hosts_line(pinned_type)
+        system = tmp_path / "known_hosts"
+        system.write_text(pinned + "\n")
+        known = KnownHosts(ddpctl_file=tmp_path / "own", system_file=system)
+        with connect(testbed, host, known_hosts=known) as conn:
+            assert conn.run(["true"]).ok
+            assert conn.transport.get_remote_server_key().get_base64() == pinned.split()[2]
+        assert not known.ddpctl_file.exists()
+    finally:
+        host.regenerate_host_key()
+        testbed.write_known_hosts()
+
+
+def test_revoked_key_refused_always(testbed, tmp_path):
+    host = testbed.hosts[0]
+    _, keytype, key = host.known_hosts_line().split()
+    known_file = tmp_path / "known_hosts"
+    known_file.write_text(f"{host.known_hosts_line()}\n@revoked * {keytype} {key}\n")  # pinned, then revoked
+    revoked_only = tmp_path / "revoked_only"
+    revoked_only.write_text(f"@revoked * {keytype} {key}\n")
+    for system, accept in ((known_file, False), (known_file, True), (revoked_only, True)):
+        own = KnownHosts(ddpctl_file=tmp_path / "own", system_file=system)
+        with pytest.raises(HostError) as refused, connect(testbed, host, known_hosts=own,
+                                                          accept_new_host_keys=accept) as conn:
+            conn.run(["true"])
+        message = str(refused.value)
+        assert "REVOKED HOST KEY" in message and host.host_key_fingerprint in message
+        assert f"{system}:{2 if system == known_file else 1}" in message
+        assert not own.ddpctl_file.exists()
 
 
 def test_unreachable_host_named_within_timeout(testbed):
