@@ -137,16 +137,21 @@ class TestHost:
         self.host_key_public = Path(self.host_key_path + ".pub").read_text().strip()
 
     def start_sshd(self) -> None:
-        """Start the host's sshd (it daemonizes and writes its pid file) and wait until it accepts connections."""
+        """Start the host's sshd and wait until it has written its pid file and accepts connections.
+
+        The pid file is written just after the port is bound: returning on the port alone let a stop right
+        after read no pid, leave the old sshd listening, and the next one fail to bind."""
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
         config = Path(self.dir, "sshd_config")
         config.write_text(_sshd_config(self))
+        pid_file = Path(self.dir, "sshd.pid")
+        pid_file.unlink(missing_ok=True)
         sh(*self.nsenter(), SSHD, "-f", str(config), "-E", f"{self.dir}/sshd.log")
         deadline = time.monotonic() + 10
         while True:
             with socket.socket() as sock:
                 sock.settimeout(1)
-                if sock.connect_ex((self.address, self.port)) == 0:
+                if sock.connect_ex((self.address, self.port)) == 0 and read_pid(pid_file):
                     return
             if time.monotonic() > deadline:
                 log = Path(self.dir, "sshd.log").read_text(errors="replace")[-2000:]
