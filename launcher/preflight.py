@@ -200,16 +200,26 @@ def check_rendezvous_reachable(conns: list[Runner], labels: list[str], python: s
     return port
 
 
-def check_public_rendezvous(addr: str, allow_public: bool) -> None:
-    """torchrun's store has no authentication: refuse to put it on a public address unless told to."""
-    try:
-        ip = ipaddress.ip_address(addr)
-    except ValueError:
+def check_public_rendezvous(addr: str, facts: list[HostFacts], allow_public: bool) -> None:
+    """torchrun's stores have no authentication and listen on every address of a node (node 0's, and the one
+    holding rank 0 opens another): refuse a run where the rendezvous address or any node's own address is
+    public, unless told that a firewall keeps the ports to the nodes."""
+    if allow_public:
         return
-    if ip.is_global and not allow_public:
+    public = [f"{addr} (the rendezvous address)"] if _is_global(addr) else []
+    public += [f"{a['addr']} on {f.label}" for f in facts for a in f.info.get("addrs", []) if _is_global(a["addr"])]
+    if public:
         raise DdpctlError(
-            f"rendezvous address {addr} is public: torchrun's store has no authentication and anyone reaching it "
-            "can run code on your nodes; use a private network address (--rdzv-addr) or, if a firewall "
-            "restricts the port to the nodes, --allow-public-rendezvous"
+            f"public address {public[0]}{f' and {len(public) - 1} more' if len(public) > 1 else ''}: torchrun's "
+            "rendezvous stores listen on every address of a node, have no authentication, and anyone reaching "
+            "them can run code on your nodes; use hosts on a private network without public addresses or, if a "
+            "firewall restricts the ports to the nodes, pass --allow-public-rendezvous"
         )
+
+
+def _is_global(addr: str) -> bool:
+    try:
+        return ipaddress.ip_address(addr).is_global
+    except ValueError:
+        return False  # a name: resolved by the nodes; their own addresses are judged instead
 

@@ -74,6 +74,8 @@ def run_remote_up(spec: RunSpec, options: UpOptions, session: HostSession | None
         spec = spec.with_layout(nnodes=len(options.hosts), nproc_per_node=spec.nproc_per_node)
         hosts = provider_hosts or [NodeHost(h.text, h.hostname) for h in options.hosts]
         runtime = "docker" if options.runtime == "docker" else "native"  # auto is decided by looking at hosts
+        if spec.nnodes > 1 and options.rdzv_addr:  # judged without connecting; the nodes' own at launch
+            check_public_rendezvous(options.rdzv_addr, [], options.allow_public_rendezvous)
         return UpResult(None, 0, None, plan_remote(spec, hosts, options.rdzv_addr, runtime, image_name(options)))
     own_session = session is None
     session = session or HostSession.open(options)
@@ -139,7 +141,7 @@ def prepare(spec: RunSpec, options: UpOptions, session: HostSession,
         hosts = [replace(h, gpus=info.nvidia_runtime) for h, info in zip(hosts, docker_infos, strict=True)]
     addr0 = options.rdzv_addr or hosts[0].address or session.targets[0].hostname
     if spec.nnodes > 1:
-        check_public_rendezvous(addr0, options.allow_public_rendezvous)
+        check_public_rendezvous(addr0, facts, options.allow_public_rendezvous)
         port = check_rendezvous_reachable([session.conn(i) for i in range(len(hosts))], session.labels, spec.python,
                                           addr0, spec.rdzv_port, any_free_port=options.auto_rdzv_port)
         spec = replace(spec, rdzv_port=port)

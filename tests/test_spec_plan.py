@@ -182,12 +182,24 @@ def test_stop_kills_workers_that_left_the_process_group(tmp_path: Path) -> None:
     assert (home / "ws" / "exit_code").read_text().strip() == "143"
 
 
-def test_a_public_rendezvous_address_is_refused_unless_allowed() -> None:
+def test_a_public_address_anywhere_is_refused_unless_allowed() -> None:
+    """torchrun's stores listen on every address of a node, so any node's own public address counts, not
+    only the rendezvous address: an IPv4 or IPv6 global address on any interface of any node."""
     from launcher.errors import DdpctlError
-    from launcher.preflight import check_public_rendezvous
+    from launcher.preflight import HostFacts, check_public_rendezvous
 
-    with pytest.raises(DdpctlError, match="--allow-public-rendezvous"):
-        check_public_rendezvous("8.8.8.8", allow_public=False)
-    check_public_rendezvous("8.8.8.8", allow_public=True)
-    check_public_rendezvous("10.231.1.2", allow_public=False)
-    check_public_rendezvous("gpu-box", allow_public=False)  # a name: resolved by the nodes, not judged here
+    def host(label: str, *addrs: str) -> HostFacts:
+        return HostFacts(label, {"addrs": [{"iface": f"eth{i}", "addr": a} for i, a in enumerate(addrs)]})
+
+    private = [host("n0", "127.0.0.1", "10.231.1.2", "fe80::1"), host("n1", "10.231.1.3", "fd00::3")]
+    check_public_rendezvous("10.231.1.2", private, allow_public=False)
+    check_public_rendezvous("gpu-box", private, allow_public=False)  # a name: the nodes' addresses are judged
+    for addr, facts, named in (
+        ("8.8.8.8", private, "8.8.8.8 (the rendezvous address)"),
+        ("10.231.1.2", [private[0], host("n1", "10.231.1.3", "1.2.3.4")], "1.2.3.4 on n1"),
+        ("10.231.1.2", [host("n0", "10.231.1.2", "2001:4860::1"), private[1]], "2001:4860::1 on n0"),
+    ):
+        with pytest.raises(DdpctlError, match="--allow-public-rendezvous") as refused:
+            check_public_rendezvous(addr, facts, allow_public=False)
+        assert named in str(refused.value)
+        check_public_rendezvous(addr, facts, allow_public=True)
