@@ -22,14 +22,28 @@ STOP_GRACE_SECONDS = 30.0
 
 
 def local_gpu_count() -> int:
-    """GPUs that nvidia-smi lists here (0 when there is no driver); no torch needed."""
+    """GPUs this machine's processes can use: those nvidia-smi lists (0 when there is no driver), narrowed by
+    CUDA_VISIBLE_DEVICES as CUDA reads it; no torch needed."""
     if shutil.which("nvidia-smi") is None:
         return 0
     try:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return 0
-    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+    present = sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return present if visible is None else min(present, visible_device_count(visible, present))
+
+
+def visible_device_count(value: str, present: int) -> int:
+    """How many devices CUDA_VISIBLE_DEVICES=value shows: its entries up to the first invalid one."""
+    count = 0
+    for entry in value.split(","):
+        entry = entry.strip()
+        if not ((entry.isdigit() and int(entry) < present) or entry.startswith(("GPU-", "MIG-"))):
+            break
+        count += 1
+    return count
 
 
 def default_local_procs() -> int:
@@ -40,7 +54,9 @@ def default_local_procs() -> int:
 def check_local_gpus(nproc: int) -> None:
     gpus = local_gpu_count()
     if gpus and nproc > gpus:
-        raise SpecError(f"--gpus {nproc} asks for more GPUs than this machine has ({gpus}); use --gpus {gpus} or less")
+        where = " (as CUDA_VISIBLE_DEVICES shows them)" if "CUDA_VISIBLE_DEVICES" in os.environ else ""
+        raise SpecError(f"--gpus {nproc} asks for more GPUs than this machine has{where} ({gpus}); "
+                        f"use --gpus {gpus} or less")
 
 
 def run_local(plan: RunPlan, run_dir: RunDir, show_progress: bool = True) -> int:

@@ -1,0 +1,95 @@
+"""The launcher as a laptop has it: no torch imported, GPUs counted without torch (nvidia-smi, narrowed by
+CUDA_VISIBLE_DEVICES as CUDA reads it). A stand-in nvidia-smi on PATH plays a 2-GPU machine: no GPU here."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import launcher
+from launcher.local import visible_device_count
+
+REPO = Path(__file__).resolve().parents[1]
+
+IMPORT_ALL = """
+import pkgutil, sys, importlib
+import launcher
+from launcher.cli import app
+names = [m.name for m in pkgutil.walk_packages(launcher.__path__, "launcher.") if m.name != "launcher.__main__"]
+for name in names:
+    importlib.import_module(name)
+try:
+    app(["up", "--help"], standalone_mode=False)
+except BaseException as exc:  # click ends --help with an Exit exception
+    pass
+heavy = sorted(m for m in ("torch", "numpy", "torchvision") if m in sys.modules)
+print(len(names), heavy)
+"""
+
+
+def test_importing_every_launcher_module_imports_no_torch() -> None:
+    result = subprocess.run([sys.executable, "-c", IMPORT_ALL], capture_output=True, text=True, cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert result.returncode == 0, result.stderr
+    count, heavy = result.stdout.strip().splitlines()[-1].split(" ", 1)
+    assert int(count) >= 40 and heavy == "[]", result.stdout
+    assert Path(launcher.__file__).parent == REPO / "launcher"
+
+
+@pytest.fixture
+def two_gpu_machine(tmp_path: Path) -> dict[str, str]:
+    """PATH with an nvidia-smi that lists two GPUs, as the real one prints them with -L."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0a)'\n"
+                    "echo 'GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-1b)'\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    return env
+
+
+def ddpctl(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=120)
+
+
+@pytest.mark.parametrize(("visible", "procs"), [(None, 2), ("1", 1), ("0,1", 2), ("", 2), ("1,7,0", 1)])
+def test_default_processes_follow_the_visible_gpus(two_gpu_machine: dict[str, str], tmp_path: Path,
+                                                   visible: str | None, procs: int) -> None:
+    """One process per visible GPU; none visible (empty) means a CPU run of 2 processes."""
+    env = dict(two_gpu_machine)
+    if visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible
+    result = ddpctl(env, tmp_path, "up", "--dry-run", "--epochs", "1")
+    assert result.returncode == 0, result.stderr
+    assert f"--nproc-per-node {procs} " in result.stdout
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(("visible", "asked", "shown"), [(None, 3, 2), ("0", 2, 1)])
+def test_more_gpus_than_visible_is_refused_in_one_line(two_gpu_machine: dict[str, str], tmp_path: Path,
+                                                       visible: str | None, asked: int, shown: int) -> None:
+    env = dict(two_gpu_machine)
+    if visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible
+    result = ddpctl(env, tmp_path, "up", "--gpus", str(asked), "--epochs", "1")
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"--gpus {asked} asks for more GPUs" in lines[0], result.stderr
+    assert f"({shown}); use --gpus {shown} or less" in lines[0]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_visible_device_count_reads_cuda_visible_devices_as_cuda_does() -> None:
+    assert visible_device_count("0,1", 2) == 2
+    assert visible_device_count("1", 2) == 1
+    assert visible_device_count("", 2) == 0
+    assert visible_device_count("-1", 2) == 0
+    assert visible_device_count("0,5,1", 2) == 1  # entries after an invalid one are not seen
+    assert visible_device_count("GPU-0a,GPU-1b", 2) == 2
