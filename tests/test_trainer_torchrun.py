@@ -48,7 +48,11 @@ def test_two_process_run_writes_consistent_outputs(clean_run: Path) -> None:
     progress = read_json(clean_run / "progress.json")
 
     assert [r["epoch"] for r in timing] == [1, 2] and all(r["epochs"] == 2 for r in timing)
+    assert timing[0]["time"] <= timing[1]["time"]
     for record in timing:
+        assert set(record) >= {"epoch", "seconds", "samples", "samples_per_s", "train_loss", "train_acc",
+                               "val_loss", "val_acc", "world_size", "restart_count", "time"}
+        assert 0 < time.time() - record["time"] < 3600  # a Unix timestamp of when the epoch ended
         assert record["world_size"] == WORLD and record["restart_count"] == 0
         assert record["samples"] == PER_RANK * WORLD == 4096  # padding counted, as DistributedSampler pads
         assert record["steps"] == STEPS
@@ -76,6 +80,16 @@ def test_two_process_run_writes_consistent_outputs(clean_run: Path) -> None:
     assert [e for e, _ in list_snapshots(clean_run / "snapshots")] == [2, 1]
     final = load_weights(clean_run / "final_model.pt")
     assert_same_weights(final, read_snapshot(snapshot_path(clean_run / "snapshots", 2))["model"])
+
+
+def test_synthetic_data_is_learnable_but_not_solved_in_one_epoch(tmp_path: Path) -> None:
+    """At the default size and the highest preset lr (0.1), a world of one: after one epoch validation accuracy
+    is far above chance and still below 99%, so accuracy differences between world sizes stay visible."""
+    result = run_trainer(["--epochs", "1", "--lr", "0.1", "--seed", "0", "--out-dir", str(tmp_path)])
+    assert result.returncode == 0, describe(result)
+    (record,) = read_timing(tmp_path)
+    assert record["samples"] == 16384
+    assert 0.5 < record["val_acc"] < 0.99, record
 
 
 def test_killed_rank_restarts_from_snapshot_with_identical_weights(clean_run: Path, tmp_path: Path) -> None:
