@@ -7,7 +7,11 @@
 (b) trainer.Trainer._run_epoch: pre-normalised tensors, index_select batches, metrics summed on the device
     and read once per epoch.
 
-    python bench/bench_trainer.py [--epochs 4 --train-size 16384 --test-size 8192 --seed 0 --threads 1]
+On a GPU (`--device cuda`, the default where CUDA is available) the reference loop moves each batch to the
+GPU as the write-ups do (DataLoader with pin_memory and one worker, as pytorch/examples' mnist sets them).
+
+    python bench/bench_trainer.py [--epochs 4 --train-size 16384 --test-size 8192 --seed 0 --threads 1
+                                   --device auto|cpu|cuda]
 """
 
 from __future__ import annotations
@@ -53,19 +57,23 @@ class ReferenceMnist(Dataset[tuple[torch.Tensor, int]]):
         return tensor.sub_(mean).div_(std), target
 
 
-def reference_run(data: tuple[torch.Tensor, ...], epochs: int, batch: int, lr: float, seed: int) -> dict[str, float]:
+def reference_run(data: tuple[torch.Tensor, ...], epochs: int, batch: int, lr: float, seed: int,
+                  device: torch.device) -> dict[str, float]:
     train_x, train_y, test_x, test_y = data
     torch.manual_seed(seed)
-    model = MnistCnn()
+    model = MnistCnn().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    train_loader = DataLoader(ReferenceMnist(train_x, train_y), batch_size=batch, shuffle=True)
-    test_loader = DataLoader(ReferenceMnist(test_x, test_y), batch_size=1000)
+    gpu = device.type == "cuda"
+    train_loader = DataLoader(ReferenceMnist(train_x, train_y), batch_size=batch, shuffle=True,
+                              num_workers=int(gpu), pin_memory=gpu)
+    test_loader = DataLoader(ReferenceMnist(test_x, test_y), batch_size=1000, num_workers=int(gpu), pin_memory=gpu)
     samples, seconds = 0, 0.0
     for _ in range(epochs):
         model.train()
         start = time.perf_counter()
         total_loss, correct = 0.0, 0
         for images, labels in train_loader:
+            images, labels = images.to(device), labels.to(device)
             optimizer.zero_grad()
             output = model(images)
             loss = F.nll_loss(output, labels)
@@ -79,18 +87,22 @@ def reference_run(data: tuple[torch.Tensor, ...], epochs: int, batch: int, lr: f
     test_correct = 0
     with torch.no_grad():
         for images, labels in test_loader:
+            images, labels = images.to(device), labels.to(device)
             test_correct += model(images).argmax(dim=1).eq(labels).sum().item()
     return {"samples_per_s": samples / seconds, "seconds": seconds, "val_acc": test_correct / len(test_y)}
 
 
-def trainer_run(data: tuple[torch.Tensor, ...], epochs: int, batch: int, lr: float, seed: int) -> dict[str, float]:
+def trainer_run(data: tuple[torch.Tensor, ...], epochs: int, batch: int, lr: float, seed: int,
+                device: torch.device) -> dict[str, float]:
     train_x, train_y, test_x, test_y = data
     splits = DataSplits(
         normalise(train_x, MNIST_MEAN, MNIST_STD), train_y, normalise(test_x, MNIST_MEAN, MNIST_STD), test_y
     )
     torch.manual_seed(seed)
     model = MnistCnn()
-    ctx = DistContext(0, 0, 1, 1, 1, 0, torch.device("cpu"), None)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    ctx = DistContext(0, 0, 1, 1, 1, 0, device, None)
     with tempfile.TemporaryDirectory() as out:
         config = TrainConfig(epochs=epochs, batch_size=batch, lr=lr, seed=seed, out_dir=Path(out))
         trainer = Trainer(config, ctx, splits, model)
@@ -112,18 +124,24 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: as torchrun sets per process)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: cuda where available")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    if use_cuda and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA GPU is available")
+    device = torch.device("cuda", 0) if use_cuda else torch.device("cpu")
 
     train_x, train_y = synthetic_images(args.train_size, args.seed, split=0)
     test_x, test_y = synthetic_images(args.test_size, args.seed, split=1)
     data = (train_x, train_y, test_x, test_y)
     print(f"machine: {cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__} "
           f"({torch.get_num_threads()} threads), python {platform.python_version()}")  # fmt: skip
+    print(f"device: {torch.cuda.get_device_name(device) if use_cuda else 'cpu'}")
     print(f"synthetic MNIST-shaped data: {args.train_size} train / {args.test_size} test, mnist-cnn, "
           f"batch {args.batch_size}, lr {args.lr}, {args.epochs} epochs, seed {args.seed}, world size 1")  # fmt: skip
-    reference = reference_run(data, args.epochs, args.batch_size, args.lr, args.seed)
-    ours = trainer_run(data, args.epochs, args.batch_size, args.lr, args.seed)
+    reference = reference_run(data, args.epochs, args.batch_size, args.lr, args.seed, device)
+    ours = trainer_run(data, args.epochs, args.batch_size, args.lr, args.seed, device)
     print(f"{'':28}{'samples/s':>12}{'train s':>10}{'val acc':>10}")
     for name, r in (("reference loop (DataLoader)", reference), ("ddpctl trainer", ours)):
         print(f"{name:28}{r['samples_per_s']:12.0f}{r['seconds']:10.2f}{100 * r['val_acc']:9.2f}%")
