@@ -8,7 +8,8 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from launcher.spec import RunSpec
+from launcher.errors import SpecError
+from launcher.spec import MASKED, RunSpec
 from launcher.torchrun import NodeRole, torchrun_argv
 
 LOCAL = "local"
@@ -29,7 +30,11 @@ class NodeHost:
 
 @dataclass(frozen=True)
 class NodePlan:
-    """What one node runs: the command, its environment and working directory, where its files go."""
+    """What one node runs: the command, its environment and working directory, where its files go.
+
+    `env` reaches a local node as its process environment, a host's node in a 0600 file in its workspace
+    (launcher/remote_node.py; for docker, the container's --env-file), never on a command line. The values of
+    `secret_names` (the user's --env) are never shown: shell_line() gives them as NAME=***."""
 
     index: int
     host: NodeHost
@@ -38,6 +43,11 @@ class NodePlan:
     command: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
     cwd: str
+    secret_names: tuple[str, ...] = ()
+
+    def shown_env(self) -> str:
+        """The environment as NAME=VALUE words for display, secret values as ***."""
+        return " ".join(f"{k}={MASKED if k in self.secret_names else shlex.quote(v)}" for k, v in self.env)
 
     def shell_line(self) -> str:
         """The command as one quoted shell line (for --dry-run and logs)."""
@@ -45,7 +55,7 @@ class NodePlan:
             from launcher.docker_runtime import display_line
 
             return display_line(self)
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env)
+        env = self.shown_env()
         cd = f"cd {shlex.quote(self.cwd)} && " if self.cwd else ""
         return f"{cd}{'env ' + env + ' ' if env else ''}{shlex.join(self.command)}"
 
@@ -74,6 +84,7 @@ def plan_local(spec: RunSpec, run_dir: str, cwd: str) -> RunPlan:
         command=tuple(torchrun_argv(spec, role)),
         env=node_env(spec, None),
         cwd=cwd,
+        secret_names=secret_names(spec),
     )
     return RunPlan(spec, (node,))
 
@@ -110,13 +121,18 @@ def plan_remote(spec: RunSpec, hosts: list[NodeHost], rdzv_addr: str | None = No
             # The user's command runs in its shipped directory; outputs are still collected from the workspace.
             role = NodeRole(node_rank=role.node_rank, out_dir="../out", log_dir="../logs",
                             rdzv_addr=role.rdzv_addr, local_addr=role.local_addr, snapshot_dir="../out/snapshots")
-        nodes.append(NodePlan(index, host, "native", workspace, tuple(torchrun_argv(spec, role)), env, cwd))
+        nodes.append(NodePlan(index, host, "native", workspace, tuple(torchrun_argv(spec, role)), env, cwd,
+                              secret_names(spec)))
     return RunPlan(spec, tuple(nodes))
 
 
 def node_env(spec: RunSpec, iface: str | None, **base: str) -> tuple[tuple[str, str], ...]:
     """The environment torchrun starts with on a node, whatever runs it (a process or a container): `base`,
     then ours, then the spec's own variables, each overriding the one before."""
+    if spec.withheld_env:
+        names = ", ".join(spec.withheld_env)
+        raise SpecError(f"the values of --env {names} were not stored (run.json and sweep.json keep names only): "
+                        "start a new run with --env NAME=VALUE for each")
     # A restarted worker must not reuse the dead attempt's addresses from torchrun's shared store
     # (pytorch/pytorch#135712): gloo then fails with "connectFullMesh ... Connection refused", or ranks whose
     # agents count restarts differently wait for each other forever.
@@ -126,3 +142,8 @@ def node_env(spec: RunSpec, iface: str | None, **base: str) -> tuple[tuple[str, 
         env["NCCL_SOCKET_IFNAME"] = iface
     env.update(dict(spec.extra_env))
     return tuple(sorted(env.items()))
+
+
+def secret_names(spec: RunSpec) -> tuple[str, ...]:
+    """The names whose values are shown as ***: the user's --env variables."""
+    return tuple(k for k, _ in spec.extra_env)

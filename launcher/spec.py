@@ -23,6 +23,8 @@ RUNTIMES = ("native", "docker", "auto")
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 DEFAULT_RDZV_PORT = 29400
+# What run.json and the sweep manifest hold in place of each --env value: they are API keys and tokens.
+MASKED = "***"
 
 
 def check_name(name: str, what: str = "--name") -> str:
@@ -66,6 +68,8 @@ class RunSpec:
     rdzv_port: int = DEFAULT_RDZV_PORT
     python: str = "python3"
     extra_env: tuple[tuple[str, str], ...] = field(default=())
+    # Names of --env variables whose values were not stored (a spec read back from JSON): it cannot run again.
+    withheld_env: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         check_name(self.run_id, "run id")
@@ -87,7 +91,7 @@ class RunSpec:
             raise SpecError(f"unknown backend {self.backend!r}: choose one of {', '.join(BACKENDS)}")
         if not 1024 <= self.rdzv_port <= 65535:
             raise SpecError(f"--rdzv-port must be between 1024 and 65535, got {self.rdzv_port}")
-        for key, _ in self.extra_env:
+        for key in [k for k, _ in self.extra_env] + list(self.withheld_env):
             if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
                 raise SpecError(f"environment variable name {key!r} is not valid")
 
@@ -100,18 +104,24 @@ class RunSpec:
         return replace(self, nnodes=nnodes, nproc_per_node=nproc_per_node)
 
     def to_json(self) -> dict[str, Any]:
+        """The spec as JSON, with `extra_env` as {NAME: "***"}: the values are never written anywhere."""
         data = asdict(self)
         data["user_command"] = list(self.user_command)
         data["trainer_args"] = list(self.trainer_args)
-        data["extra_env"] = dict(self.extra_env)
+        data["extra_env"] = {key: MASKED for key in sorted([k for k, _ in self.extra_env] + list(self.withheld_env))}
+        del data["withheld_env"]
         return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RunSpec:
+        """A spec from to_json(); its --env variables come back as `withheld_env` names (a value other than "***",
+        from a run.json written before values were masked, is kept)."""
         data = dict(data)
         data["user_command"] = tuple(data.get("user_command", ()))
         data["trainer_args"] = tuple(data.get("trainer_args", ()))
-        data["extra_env"] = tuple(sorted(dict(data.get("extra_env", {})).items()))
+        env = dict(data.get("extra_env", {}))
+        data["extra_env"] = tuple(sorted((k, v) for k, v in env.items() if v != MASKED))
+        data["withheld_env"] = tuple(sorted(k for k, v in env.items() if v == MASKED))
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in data.items() if k in known})
 

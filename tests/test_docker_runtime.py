@@ -24,6 +24,7 @@ from infra.testbed import Testbed, cleanup_stale
 from infra.testbed_docker import HostEngine, start_engine
 from launcher.docker_runtime import (
     RUN_SCRIPT,
+    STOP_GRACE_SECONDS,
     container_name,
     docker_node_plan,
     ensure_image,
@@ -32,8 +33,10 @@ from launcher.docker_runtime import (
 from launcher.errors import DdpctlError, HostError
 from launcher.image import docker_client
 from launcher.parallel import raise_for_errors
-from launcher.plan import NodeHost, plan_remote
+from launcher.plan import NodeHost, NodePlan, plan_remote
+from launcher.remote_node import env_file, start_argv, stop_node
 from launcher.spec import RunSpec
+from launcher.ssh import CommandResult
 from launcher.torchrun import NodeRole, torchrun_argv
 from tests.docker_fixtures import REPO, base_image, requires_docker, test_image  # noqa: F401
 from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, connect
@@ -47,15 +50,17 @@ def test_docker_node_plan_wraps_the_native_torchrun_argv() -> None:
     hosts = [NodeHost("h0", "10.0.0.2", "eth0"), NodeHost("h1", "10.0.0.3", "eth1")]
     plan = plan_remote(spec, hosts, runtime="docker", image="ddpctl:1")
     node = plan.nodes[1]
-    assert (node.runtime, node.workspace, node.cwd, node.env) == ("docker", ".ddpctl/runs/r1", ".ddpctl/runs/r1", ())
+    assert (node.runtime, node.workspace, node.cwd) == ("docker", ".ddpctl/runs/r1", ".ddpctl/runs/r1")
+    assert dict(node.env) == {"FOO": "bar baz", "GLOO_SOCKET_IFNAME": "eth1", "HOME": "/tmp",
+                              "NCCL_SOCKET_IFNAME": "eth1", "PYTHONPATH": "/workspace/code", "PYTHONUNBUFFERED": "1",
+                              "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     role = NodeRole(node_rank=1, out_dir="/workspace/out", log_dir="/workspace/logs", rdzv_addr="10.0.0.2",
                     local_addr="10.0.0.3", snapshot_dir="/workspace/out/snapshots")
     assert list(node.command) == [
-        "sh", "-c", RUN_SCRIPT, "ddpctl-docker", ".ddpctl/runs/r1", "", "ddpctl-r1-n1",
+        "sh", "-c", RUN_SCRIPT, "ddpctl-docker", ".ddpctl/runs/r1", "", "ddpctl-r1-n1", str(STOP_GRACE_SECONDS),
+        "docker.env",
         "--init", "--label", "ddpctl.run=r1", "--label", "ddpctl.node=1", "--network", "host", "--ipc", "host",
         "-w", "/workspace",
-        "-e", "FOO=bar baz", "-e", "GLOO_SOCKET_IFNAME=eth1", "-e", "HOME=/tmp", "-e", "NCCL_SOCKET_IFNAME=eth1",
-        "-e", "PYTHONPATH=/workspace/code", "-e", "PYTHONUNBUFFERED=1", "-e", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
         "ddpctl:1",
         *torchrun_argv(replace(spec, python="python3"), role),
     ]  # fmt: skip
@@ -68,8 +73,7 @@ def test_a_container_gets_the_environment_a_native_node_gets() -> None:
     hosts = [NodeHost("h0", "10.0.0.2", "eth0"), NodeHost("h1", "10.0.0.3", "eth0")]
     native = plan_remote(spec, hosts).nodes[1]
     docker = plan_remote(spec, hosts, runtime="docker").nodes[1]
-    argv = list(docker.command)
-    passed = {argv[i + 1] for i, arg in enumerate(argv[:argv.index("ddpctl:latest")]) if arg == "-e"}
+    passed = set(env_file(docker)[1].decode().splitlines())
     assert {f"{key}={value}" for key, value in native.env} <= passed
     assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in passed
 
@@ -78,7 +82,8 @@ def test_gpus_data_dir_and_user_command() -> None:
     spec = RunSpec(run_id="r2", nnodes=1, nproc_per_node=1, data_dir="data/mnist", user_command=("python3", "my.py"))
     node = docker_node_plan(spec, 0, NodeHost("g", "10.0.0.9", gpus=True), "10.0.0.9", ".ddpctl/runs/r2", None)
     argv = list(node.command)
-    assert argv[4:7] == [".ddpctl/runs/r2", "data/mnist", container_name("r2", 0)]
+    assert argv[4:9] == [".ddpctl/runs/r2", "data/mnist", container_name("r2", 0), str(STOP_GRACE_SECONDS),
+                         "docker.env"]
     assert argv[argv.index("--gpus") + 1] == "all"
     assert argv[argv.index("-w") + 1] == "/workspace/code"
     assert "ddpctl:latest" in argv  # the default image
@@ -93,7 +98,9 @@ def test_dry_run_shows_the_docker_run_line() -> None:
     lines = plan.describe().splitlines()
     assert lines[1] == "node 0 [a, docker]:"
     assert lines[2].startswith('  docker run -d --name ddpctl-r3-n0 --user "$(id -u):$(id -g)" '
-                               '-v "$HOME/.ddpctl/runs/r3:/workspace" -v "/srv/data:/data" --init ')
+                               '-v "$HOME/.ddpctl/runs/r3:/workspace" -v "/srv/data:/data" '
+                               '--env-file "$HOME/.ddpctl/runs/r3/docker.env" --init ')
+    assert "# docker.env: HOME=/tmp PYTHONPATH=/workspace/code PYTHONUNBUFFERED=1 " in lines[2]
     assert " img:2 python3 -m torch.distributed.run --nnodes 2 --node-rank 0 " in lines[2]
     assert "--gpus all" in lines[4] and "--gpus" not in lines[2]
     assert RUN_SCRIPT not in plan.describe()
@@ -112,10 +119,13 @@ def _containers(run_id: str) -> str:
                           capture_output=True, text=True, check=True).stdout.strip()
 
 
-def _start(command: tuple[str, ...], home: Path, workspace: str) -> subprocess.Popen[bytes]:
-    """Run a node's command as the remote executor does: in its own session, from its workspace."""
+def _start(node: NodePlan, home: Path) -> subprocess.Popen[bytes]:
+    """Run a node's command as the remote executor does: its environment file written, in its own session, from
+    its workspace."""
+    name, data = env_file(node)
+    (home / node.workspace / name).write_bytes(data)
     env = {"PATH": os.environ["PATH"], "HOME": str(home)}
-    return subprocess.Popen(command, cwd=home / workspace, env=env, start_new_session=True,
+    return subprocess.Popen(node.command, cwd=home / node.workspace, env=env, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
@@ -136,7 +146,7 @@ def test_two_docker_nodes_train_on_the_local_engine(test_image: str, tmp_path: P
     shutil.copytree(REPO / "trainer", code / "trainer", ignore=shutil.ignore_patterns("__pycache__"))
     with (code / "trainer" / "__init__.py").open("a") as f:
         f.write("open('/workspace/out/shipped-code-ran', 'w').close()\n")
-    procs = [_start(node.command, home, node.workspace) for home, node in zip(homes, plan.nodes, strict=True)]
+    procs = [_start(node, home) for home, node in zip(homes, plan.nodes, strict=True)]
     try:
         deadline = time.monotonic() + 180
         # A failed node leaves the other waiting in rendezvous: stop at the first failure.
@@ -167,14 +177,14 @@ def test_the_wrapper_exits_with_the_container_and_stops_it_on_sigterm(test_image
     failing = RunSpec(run_id=f"dk-{secrets.token_hex(3)}", nnodes=1, nproc_per_node=1, user_command=("false",))
     node = docker_node_plan(failing, 0, NodeHost("a", "127.0.0.1"), "127.0.0.1", "ws", test_image)
     (tmp_path / "ws" / "code").mkdir(parents=True)
-    proc = _start(node.command, tmp_path, "ws")
+    proc = _start(node, tmp_path)
     out = proc.communicate(timeout=120)[0].decode(errors="replace")
     assert proc.returncode == 1, out[-2000:]  # torchrun's code for a failed worker
     assert _containers(failing.run_id) == ""
 
     sleeping = replace(failing, run_id=f"dk-{secrets.token_hex(3)}", user_command=("sleep", "300"))
     node = docker_node_plan(sleeping, 0, NodeHost("a", "127.0.0.1"), "127.0.0.1", "ws", test_image)
-    proc = _start(node.command, tmp_path, "ws")
+    proc = _start(node, tmp_path)
     try:
         deadline = time.monotonic() + 60
         while "running" not in subprocess.run(
@@ -192,6 +202,49 @@ def test_the_wrapper_exits_with_the_container_and_stops_it_on_sigterm(test_image
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         subprocess.run(["docker", "rm", "-f", container_name(sleeping.run_id, 0)], capture_output=True)
+
+
+class _ThisMachine:
+    """stop_node's connection to a host whose home is `home`: what would run over SSH runs here."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+
+    def run(self, argv: list[str], *, timeout: float | None = None) -> CommandResult:
+        env = {"PATH": os.environ["PATH"], "HOME": str(self.home)}
+        done = subprocess.run(argv, cwd=self.home, env=env, capture_output=True, text=True, timeout=timeout)
+        return CommandResult(done.returncode, done.stdout, done.stderr)
+
+
+@requires_docker
+@pytest.mark.docker
+def test_stopping_a_docker_node_lets_its_wrapper_remove_the_container(test_image: str, tmp_path: Path) -> None:  # noqa: F811
+    """A container slow to stop (its worker ignores SIGTERM, torchrun waits 30 s for it) takes docker stop's whole
+    grace: stopping the node (what `ddpctl down` runs on the host) must leave the wrapper the time to finish
+    that stop and remove the container, instead of killing it mid-stop."""
+    stubborn = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                "open('/workspace/out/up', 'w').close(); time.sleep(600)")
+    spec = RunSpec(run_id=f"dk-{secrets.token_hex(3)}", nnodes=1, nproc_per_node=1,
+                   user_command=("python3", "-c", stubborn))
+    node = docker_node_plan(spec, 0, NodeHost("a", "127.0.0.1"), "127.0.0.1", "ws", test_image)
+    (tmp_path / "ws" / "code").mkdir(parents=True)
+    name, data = env_file(node)
+    (tmp_path / "ws" / name).write_bytes(data)
+    host = _ThisMachine(tmp_path)
+    started = host.run(start_argv(node), timeout=30)
+    assert started.exit_code == 0, started.stderr
+    try:
+        deadline = time.monotonic() + 90
+        while not (tmp_path / "ws" / "out" / "up").exists():
+            assert time.monotonic() < deadline, (tmp_path / "ws" / "torchrun.out").read_text()[-2000:]
+            time.sleep(0.5)
+        began = time.monotonic()
+        stop_node(host, "ws")
+        took = time.monotonic() - began
+        assert took >= STOP_GRACE_SECONDS, "the container stopped early: this test needs one that takes its grace"
+        assert _containers(spec.run_id) == "", f"the container outlived the stop ({took:.0f} s)"
+    finally:
+        subprocess.run(["docker", "rm", "-f", container_name(spec.run_id, 0)], capture_output=True)
 
 
 # ---- images shipped over SSH to hosts with their own engines --------------------------------------------------

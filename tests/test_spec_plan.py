@@ -7,14 +7,15 @@ import shlex
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from launcher.errors import SpecError
 from launcher.hosts import parse_host
-from launcher.plan import NodeHost, plan_local, plan_remote
-from launcher.remote_node import STATE_SCRIPT, start_argv
+from launcher.plan import NodeHost, NodePlan, plan_local, plan_remote
+from launcher.remote_node import STATE_SCRIPT, env_file, start_argv
 from launcher.spec import RunSpec, new_run_id
 from launcher.torchrun import NodeRole, torchrun_argv
 
@@ -64,9 +65,17 @@ def test_spec_rejects_bad_values(kwargs: dict, message: str) -> None:
         RunSpec(**{"run_id": "ok", **kwargs})
 
 
-def test_spec_round_trips_through_json() -> None:
-    spec = RunSpec(run_id="r1", user_command=("a", "b"), trainer_args=("--x", "1"), extra_env=(("K", "v"),))
-    assert RunSpec.from_json(spec.to_json()) == spec
+def test_spec_round_trips_through_json_without_env_values() -> None:
+    spec = RunSpec(run_id="r1", user_command=("a", "b"), trainer_args=("--x", "1"),
+                   extra_env=(("HF_TOKEN", "hf_secret"), ("K", "v")))
+    data = spec.to_json()
+    assert data["extra_env"] == {"HF_TOKEN": "***", "K": "***"}
+    back = RunSpec.from_json(data)
+    assert back.to_json() == data
+    assert replace(back, extra_env=spec.extra_env, withheld_env=()) == spec
+    # A spec read back cannot be run as if its values were "***": it names what to give again.
+    with pytest.raises(SpecError, match=r"^the values of --env HF_TOKEN, K were not stored .*--env NAME=VALUE"):
+        plan_remote(back, [NodeHost("h", "10.0.0.2")])
 
 
 def test_run_ids_are_safe_and_unique() -> None:
@@ -121,14 +130,13 @@ def test_detach_script_passes_hostile_arguments_intact(tmp_path: Path) -> None:
     (home / "ws" / "code").mkdir(parents=True)
     marker = tmp_path / "pwned"
     hostile = f"x'; touch {marker}; echo \"$(touch {marker})\" `touch {marker}`"
+    value = hostile + "\nline 2 \\n \\0101 %s \\"  # a newline, and backslashes printf %b would take
     probe = "import json,os,sys; print(json.dumps([sys.argv[1:], os.environ['K'], os.getcwd()]))"
-    plan = plan_remote(RunSpec(run_id="r4", nnodes=1, extra_env=(("K", hostile),)), [NodeHost("h", "127.0.0.1")])
-    node = plan.nodes[0]
-    node = type(node)(node.index, node.host, node.runtime, "ws", (sys.executable, "-c", probe, hostile, "a b"),
-                      node.env, "ws")
+    plan = plan_remote(RunSpec(run_id="r4", nnodes=1, extra_env=(("K", value),)), [NodeHost("h", "127.0.0.1")])
+    node = replace(plan.nodes[0], workspace="ws", command=(sys.executable, "-c", probe, hostile, "a b"), cwd="ws")
+    assert value not in " ".join(start_argv(node))
     env = {**os.environ, "HOME": str(home)}
-    started = subprocess.run(["sh", "-c", shlex.join(start_argv(node))], cwd=home, env=env, capture_output=True,
-                             text=True, check=True)
+    started = _start_locally(node, home, env)
     assert started.stdout.strip().isdigit()
     for _ in range(600):  # up to 30 s on a loaded machine
         if (home / "ws" / "exit_code").exists():
@@ -138,8 +146,9 @@ def test_detach_script_passes_hostile_arguments_intact(tmp_path: Path) -> None:
     import json
 
     argv, k, cwd = json.loads((home / "ws" / "torchrun.out").read_text())
-    assert argv == [hostile, "a b"] and k == hostile and cwd == str(home / "ws")
+    assert argv == [hostile, "a b"] and k == value and cwd == str(home / "ws")
     assert not marker.exists()
+    assert not (home / "ws" / env_file(node)[0]).exists(), "the environment file is deleted once read"
     state = subprocess.run(["sh", "-c", shlex.join(["sh", "-c", STATE_SCRIPT, "s", "ws"])], cwd=home, env=env,
                            capture_output=True, text=True).stdout
     assert state.splitlines()[0].split("|")[:2] == [started.stdout.strip(), "0"]
@@ -157,10 +166,9 @@ def test_stop_kills_workers_that_left_the_process_group(tmp_path: Path) -> None:
              " start_new_session=True)\n"
              "time.sleep(600)\n")
     plan = plan_remote(RunSpec(run_id="r5", nnodes=1), [NodeHost("h", "127.0.0.1")])
-    node = plan.nodes[0]
-    node = type(node)(node.index, node.host, node.runtime, "ws", (sys.executable, "-c", agent), (), "ws")
+    node = replace(plan.nodes[0], workspace="ws", command=(sys.executable, "-c", agent), cwd="ws")
     env = {**os.environ, "HOME": str(home)}
-    subprocess.run(["sh", "-c", shlex.join(start_argv(node))], cwd=home, env=env, check=True, capture_output=True)
+    _start_locally(node, home, env)
     for _ in range(600):  # up to 30 s on a loaded machine
         if (home / "ws" / "worker.pid").exists() and (home / "ws" / "worker.pid").read_text():
             break
@@ -169,7 +177,7 @@ def test_stop_kills_workers_that_left_the_process_group(tmp_path: Path) -> None:
     agent_pid = int((home / "ws" / "pid").read_text())
     from launcher.remote_node import STOP_SCRIPT
 
-    subprocess.run([sys.executable, "-c", STOP_SCRIPT, "ws", "1"], cwd=home, env=env, check=True, timeout=30)
+    subprocess.run([sys.executable, "-c", STOP_SCRIPT, "ws", "1", "20"], cwd=home, env=env, check=True, timeout=30)
 
     def gone(pid: int) -> bool:
         try:
@@ -180,6 +188,15 @@ def test_stop_kills_workers_that_left_the_process_group(tmp_path: Path) -> None:
 
     assert gone(worker) and gone(agent_pid)
     assert (home / "ws" / "exit_code").read_text().strip() == "143"
+
+
+def _start_locally(node: NodePlan, home: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """What start_node does over SSH, on this machine: the environment file, then the start command, quoted
+    once and run by a shell as sshd would."""
+    name, data = env_file(node)
+    (home / node.workspace / name).write_bytes(data)
+    return subprocess.run(["sh", "-c", shlex.join(start_argv(node))], cwd=home, env=env, capture_output=True,
+                          text=True, check=True)
 
 
 def test_a_public_address_anywhere_is_refused_unless_allowed() -> None:

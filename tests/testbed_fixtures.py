@@ -26,6 +26,7 @@ from launcher.known_hosts import KnownHosts
 from launcher.ssh import Connection, resolve_target
 
 TESTBED_PREFIX = "ddptb"
+REPO = Path(__file__).resolve().parent.parent
 
 _missing = [tool for tool in ("ip", "iptables", "nsenter", "setpriv", "useradd", "ssh-keygen")
             if shutil.which(tool) is None]
@@ -52,7 +53,8 @@ def run_ddpctl(bed: Testbed, *args: str, known_hosts: Path | None = None, cwd: P
                timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """`python -m launcher COMMAND -i BED_KEY ARGS...` trusting the bed's host keys. Past `timeout` the nodes'
     torchrun.out tails are printed (what they were doing) before TimeoutExpired is raised."""
-    env = {**os.environ, "DDPCTL_KNOWN_HOSTS": str(known_hosts or bed.known_hosts_path)}
+    # This checkout's launcher, whatever `cwd` is (elsewhere `-m launcher` would find an installed copy).
+    env = {**os.environ, "DDPCTL_KNOWN_HOSTS": str(known_hosts or bed.known_hosts_path), "PYTHONPATH": str(REPO)}
     command, *rest = args  # the key option goes before any `-- CMD...`
     try:
         return subprocess.run([sys.executable, "-m", "launcher", command, "-i", bed.client_key_path, *rest],
