@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -11,9 +12,10 @@ from typing import Any
 import typer
 
 from launcher.errors import DdpctlError, Interrupted, SpecError
-from launcher.hosts import parse_host
+from launcher.hosts import HostSpec, parse_hosts
 from launcher.progress import console, summary_table
-from launcher.spec import DEFAULT_RDZV_PORT, RUNTIMES, RunSpec, new_run_id
+from launcher.spec import DEFAULT_RDZV_PORT, RUNTIMES, RunSpec, check_port, new_run_id
+from launcher.validate import check_runs_dir, check_seconds
 
 app = typer.Typer(
     name="ddpctl",
@@ -70,6 +72,7 @@ def spec_from_options(*, gpus: int, nnodes: int, model: str, dataset: str, data_
 
 @app.command(context_settings={"allow_interspersed_args": False})
 def up(
+    ctx: typer.Context,
     command: list[str] | None = typer.Argument(None, help="After `--`: your own command to run under torchrun."),
     gpus: int | None = typer.Option(None, "--gpus", help="Processes per node (default: the node's GPUs, or 2 on CPU)."),
     host: list[str] = typer.Option([], "--host", help="[user@]host[:port] or ssh alias; repeat, node 0 first."),
@@ -87,9 +90,13 @@ def up(
     json_out: bool = typer.Option(False, "--json", help="Print the final summary as JSON on stdout."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print what each node would run; change nothing."),
     runtime: str = typer.Option("native", help="native, docker or auto (on SSH hosts)."),
-    image: str | None = typer.Option(None, help="Local image for --runtime docker [default: ddpctl:latest]."),
-    registry: str | None = typer.Option(None, help="With --runtime docker: hosts pull this image reference."),
-    python: str = typer.Option("python3", help="Python on the hosts (e.g. a venv's bin/python)."),
+    image: str | None = typer.Option(None, help="The image to run: with --runtime docker (or auto), a local image "
+                                     "shipped to the hosts (default ddpctl:latest); with --provider vast, the "
+                                     "registry reference each machine starts from (required; `ddpctl image push`)."),
+    registry: str | None = typer.Option(None, help="With --runtime docker (or auto): hosts pull this image "
+                                        "reference instead of receiving the local --image."),
+    python: str = typer.Option("python3", help="The Python that runs torchrun, on the hosts or here (e.g. a venv's "
+                                               "bin/python)."),
     identity_file: Path | None = typer.Option(None, "--identity-file", "-i", help="SSH private key."),
     accept_new_host_keys: bool = typer.Option(False, help="Trust and record unknown host keys (never changed ones)."),
     connect_timeout: float = typer.Option(10.0, help="Seconds to wait for each SSH connection."),
@@ -124,24 +131,36 @@ def up(
 
     if runtime not in RUNTIMES:
         raise SpecError(f"--runtime {runtime!r}: choose one of {', '.join(RUNTIMES)}")
-    hosts = tuple(parse_host(h) for h in host)
+    hosts = parse_hosts(host)
+    # Values first, then whether the options fit where the run goes.
+    if stall_timeout < 0 or not math.isfinite(stall_timeout):
+        raise SpecError(f"--stall-timeout {stall_timeout:g}: give seconds >= 0 (0 turns it off)")
+    check_seconds(connect_timeout, "--connect-timeout")
+    if rdzv_port is not None:
+        check_port(rdzv_port)
+    from launcher.image import check_reference
+
+    if image is not None:
+        check_reference(image, "--image")
+    if registry is not None:
+        check_reference(registry, "--registry")
     provider = provider or ("ssh" if hosts else "local")
-    vast = _vast_request(provider, hosts, runtime, nodes=nodes, gpu_name=gpu_name, max_price=max_price,
+    _check_options_fit(provider, hosts, runtime, _given(ctx))
+    vast = _vast_request(provider, nodes=nodes, gpu_name=gpu_name, max_price=max_price,
                          min_reliability=min_reliability, disk=disk, down=down, max_cost=max_cost,
                          max_cost_reserve_s=max_cost_reserve, ready_timeout=ready_timeout)
-    if stall_timeout < 0:
-        raise SpecError(f"--stall-timeout {stall_timeout:g}: give seconds >= 0 (0 turns it off)")
     if stall_timeout and detach:
         raise SpecError("--stall-timeout acts while `up` follows the run: drop --detach, or stop a stalled run "
                         "with `ddpctl down`")
     if runtime == "docker" and not hosts:
         raise SpecError("--runtime docker needs --host (locally, use `docker compose up`)")
+    check_runs_dir(runs_dir)
     spec = spec_from_options(
         gpus=gpus if gpus is not None else (1 if hosts or vast else default_local_procs()),
         nnodes=vast.nodes if vast else max(1, len(hosts)), model=model, dataset=dataset, data_dir=data_dir,
         epochs=epochs, batch_size=batch_size, lr=lr, save_every=save_every, seed=seed, max_restarts=max_restarts,
         name=name,
-        command=command or [], python=python, rdzv_port=rdzv_port or DEFAULT_RDZV_PORT,
+        command=command or [], python=python, rdzv_port=DEFAULT_RDZV_PORT if rdzv_port is None else rdzv_port,
         synthetic_train_size=synthetic_train_size, synthetic_test_size=synthetic_test_size, trainer_arg=trainer_arg,
         env=env,
     )  # fmt: skip
@@ -157,18 +176,79 @@ def up(
     finish_up(result, json_out)
 
 
-def _vast_request(provider: str, hosts: tuple[Any, ...], runtime: str, **vast_options: Any) -> Any:
-    """The VastRequest for --provider vast (None for the others), after checking the options fit the provider."""
+# `up` options that only --provider vast reads, and those a run on this machine has no use for.
+VAST_ONLY = ("nodes", "gpu_name", "max_price", "min_reliability", "disk", "down", "max_cost", "max_cost_reserve",
+             "ready_timeout")
+NOT_LOCAL = ("detach", "stall_timeout", "identity_file", "accept_new_host_keys", "connect_timeout", "rdzv_addr",
+             "rdzv_port", "allow_public_rendezvous")
+
+
+def _given(ctx: typer.Context) -> list[str]:
+    """The options the user typed (not defaults), as their flags (`--max-price`), in the command's order."""
+    flags = []
+    for param in ctx.command.params:
+        source = ctx.get_parameter_source(param.name or "")
+        if param.param_type_name != "option" or source is None or source.name in ("DEFAULT", "DEFAULT_MAP"):
+            continue
+        if ctx.params.get(param.name or "") is False:  # --no-detach and the like ask for what happens anyway
+            continue
+        flags.append(max(param.opts, key=len))
+    return flags
+
+
+def _flags(names: tuple[str, ...]) -> set[str]:
+    return {"--" + name.replace("_", "-") for name in names}
+
+
+def _check_options_fit(provider: str, hosts: tuple[HostSpec, ...], runtime: str, given: list[str]) -> None:
+    """Refuse options the chosen provider and runtime would silently ignore, and providers that lack hosts."""
     if provider not in ("local", "ssh", "vast"):
         raise SpecError(f"--provider {provider!r}: choose local, ssh or vast")
     if provider == "ssh" and not hosts:
         raise SpecError("--provider ssh needs --host (one per node)")
     if provider != "ssh" and hosts:
         raise SpecError(f"--host is for --provider ssh, not {provider}")
+    vast_only = [flag for flag in given if flag in _flags(VAST_ONLY)]
+    if provider != "vast" and vast_only:
+        raise SpecError(f"{_listed(vast_only, 'is', 'are')} for --provider vast only: add --provider vast to rent "
+                        f"machines, or drop {_it(vast_only)}")
+    if provider == "vast":
+        if runtime != "native":
+            raise SpecError("on Vast.ai our image is the machine: the run is native there (drop --runtime)")
+        if "--registry" in given:
+            raise SpecError("with --provider vast, --image is the registry reference each machine starts from: "
+                            "drop --registry")
+        return
+    image_flags = [flag for flag in given if flag in ("--image", "--registry")]
+    if provider == "local":
+        not_local = [flag for flag in given if flag in _flags(NOT_LOCAL)] + image_flags
+        if not_local:
+            foreground = " (a local run stays in the foreground until it ends or Ctrl-C)" if "--detach" in given else ""
+            raise SpecError(f"{_listed(not_local, 'has', 'have')} no effect on a run on this machine{foreground}: "
+                            f"{_listed(['it'] if len(not_local) == 1 else ['they'], 'is', 'are')} for runs on "
+                            f"--host or --provider vast; drop {_it(not_local)}")
+    elif runtime == "native" and image_flags:
+        raise SpecError(f"{_listed(image_flags, 'names', 'name')} the image of --runtime docker: add --runtime docker "
+                        f"(or auto), or drop {_it(image_flags)} for a native run")
+
+
+def _listed(flags: list[str], singular: str, plural: str) -> str:
+    """`--a is`, `--a and --b are`, `--a, --b and --c are`."""
+    names = ", ".join(flags[:-1]) + (" and " if len(flags) > 1 else "") + flags[-1]
+    return f"{names} {singular if len(flags) == 1 else plural}"
+
+
+def _it(flags: list[str]) -> str:
+    return "it" if len(flags) == 1 else "them"
+
+
+def _vast_request(provider: str, **vast_options: Any) -> Any:
+    """The VastRequest for --provider vast (None for the others)."""
     if provider != "vast":
         return None
-    if runtime != "native":
-        raise SpecError("on Vast.ai our image is the machine: the run is native there (drop --runtime)")
+    for name, value in vast_options.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise SpecError(f"--{name.replace('_', '-').removesuffix('-s')} {value}: give a finite number")
     from launcher.vast.rented_run import VastRequest
 
     return VastRequest(**vast_options)

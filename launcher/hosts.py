@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from launcher.errors import SpecError
 
+# Neither part may start with '-': ssh would read such a word as an option (`-oProxyCommand=...`).
 _HOST_RE = re.compile(
     r"^(?:(?P<user>[A-Za-z0-9._][A-Za-z0-9._-]*)@)?"
-    r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)"
+    r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._][A-Za-z0-9._-]*)"
     r"(?::(?P<port>\d+))?$"
 )
 
@@ -27,13 +29,35 @@ class HostSpec:
     def label(self) -> str:
         return self.text
 
+    @property
+    def key(self) -> tuple[str | None, str, int | None]:
+        """What tells two hosts apart: user, host name (case-insensitive, as ssh treats it) and port."""
+        return self.user, self.hostname.lower(), self.port
+
 
 def parse_host(text: str) -> HostSpec:
     """Parse `[user@]host[:port]`; raise SpecError with the expected form otherwise."""
-    m = _HOST_RE.match(text.strip())
-    if not m or text.startswith("-"):
+    if text != text.strip():
+        raise SpecError(f"--host {text!r} has spaces around it: give it as [user@]host[:port], without spaces")
+    m = _HOST_RE.fullmatch(text)
+    if not m:
         raise SpecError(f"--host {text!r} is not of the form [user@]host[:port] or an ssh config alias")
     port = int(m["port"]) if m["port"] else None
     if port is not None and not 1 <= port <= 65535:
         raise SpecError(f"--host {text!r}: port {port} is out of range 1-65535")
     return HostSpec(text=text, hostname=m["host"].strip("[]"), user=m["user"], port=port)
+
+
+def parse_hosts(texts: Iterable[str]) -> tuple[HostSpec, ...]:
+    """Parse every `--host`; refuse the same host twice (both nodes would share one workspace on it)."""
+    hosts: list[HostSpec] = []
+    for text in texts:
+        host = parse_host(text)
+        twin = next((h for h in hosts if h.key == host.key), None)
+        if twin is not None:
+            which = (f"--host {text!r} is given twice" if twin.text == text
+                     else f"--host {twin.text!r} and --host {text!r} are the same host")
+            raise SpecError(f"{which}: each node needs a host of its own (two nodes would share one run workspace "
+                            "there); for more processes on one host, raise --gpus")
+        hosts.append(host)
+    return tuple(hosts)

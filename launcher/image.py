@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +24,45 @@ DEFAULT_BASE_CUDA = "12.8"
 DEFAULT_TAG = "ddpctl:latest"
 _STEP = re.compile(r"^Step (\d+)/(\d+) :")
 
+# Docker's image reference grammar (distribution/reference): [domain[:port]/]path[:tag][@digest], where the
+# path's components are lowercase letters and digits joined by '.', '_', '__' or runs of '-'.
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_DOMAIN_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_DOMAIN = rf"(?:{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*|\[[0-9a-fA-F:]+\])(?::[0-9]+)?"
+_NAME = rf"(?:{_DOMAIN}/)?{_COMPONENT}(?:/{_COMPONENT})*"
+_TAG = r"[\w][\w.-]{0,127}"
+_DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
+_REFERENCE = re.compile(rf"(?P<name>{_NAME})(?::(?P<tag>{_TAG}))?(?:@(?P<digest>{_DIGEST}))?", re.ASCII)
+_NAME_MAX = 255
+
 
 class ImageError(DdpctlError):
     """The Docker engine refused or failed a build, push or pull."""
+
+
+def check_reference(reference: str, option: str, *, digest: bool = True,
+                    example: str = "docker.io/you/ddpctl:1") -> str:
+    """`reference` if it is a valid image reference ([registry[:port]/]name[:tag][@digest]; no digest unless
+    `digest`), else ImageError naming `option` and what is wrong with it."""
+    m = _REFERENCE.fullmatch(reference)
+    if m and len(m["name"]) <= _NAME_MAX and (digest or not m["digest"]):
+        return reference
+    if not reference.strip():
+        why = "it is empty"
+    elif reference.startswith("-"):
+        why = "it must not begin with '-'"
+    elif any(c.isspace() for c in reference):
+        why = "it must not hold spaces"
+    elif m and len(m["name"]) > _NAME_MAX:
+        why = f"the name is longer than {_NAME_MAX} characters"
+    elif m:
+        why = "give a name and tag here, without an @digest"
+    elif _REFERENCE.fullmatch(reference.lower()):
+        why = "image names must be lowercase"
+    else:
+        why = ("expected [registry[:port]/]name[:tag]: a name of lowercase letters, digits and . _ - between them, "
+               "a tag of up to 128 letters, digits, . _ - not starting with . or -")
+    raise ImageError(f"{option} {reference!r} is not a valid image reference: {why}; e.g. {option} {example}")
 
 
 def docker_client() -> Any:
@@ -60,6 +97,9 @@ def build_image(context: Path, tag: str = DEFAULT_TAG, base_image: str | None = 
 
     `cuda` is the base image's CUDA version for the label (default: known for the default base, else "unknown").
     """
+    check_reference(tag, "--tag", digest=False, example=DEFAULT_TAG)
+    if base_image:
+        check_reference(base_image, "--base-image", example=DEFAULT_BASE_IMAGE)
     context = context.resolve()
     if not (context / "Dockerfile").is_file() or not (context / "trainer").is_dir():
         raise ImageError(f"{context} is not a ddpctl source tree (no Dockerfile or trainer/): pass --context")
@@ -69,34 +109,58 @@ def build_image(context: Path, tag: str = DEFAULT_TAG, base_image: str | None = 
     if cuda or (base_image and base_image != DEFAULT_BASE_IMAGE):
         buildargs["BASE_CUDA"] = cuda or "unknown"
     client = docker_client()
-    stream = client.api.build(path=str(context), tag=tag, buildargs=buildargs, labels=dict(labels or {}),
-                              rm=True, forcerm=True, decode=True)
-    try:
-        image_id = _follow_build(stream, f"building {tag}", show_progress)
-    except _FromFailed as e:
-        raise ImageError(f"image build failed: the base image {base_image or 'in the Dockerfile'} is neither "
-                         f"local nor pullable ({e}): build or pull it first, or pass --base-image") from None
-    if image_id is None:  # older engines report the ID only by name: ask for it
-        image_id = str(client.images.get(tag).id)
+    with _engine_errors("image build failed"):
+        stream = client.api.build(path=str(context), tag=tag, buildargs=buildargs, labels=dict(labels or {}),
+                                  rm=True, forcerm=True, decode=True)
+        try:
+            image_id = _follow_build(stream, f"building {tag}", show_progress)
+        except _FromFailed as e:
+            raise ImageError(f"image build failed: the base image {base_image or 'in the Dockerfile'} is neither "
+                             f"local nor pullable ({e}): build or pull it first, or pass --base-image") from None
+        if image_id is None:  # older engines report the ID only by name: ask for it
+            image_id = str(client.images.get(tag).id)
     return image_id
 
 
 def push_image(tag: str, registry: str, show_progress: bool = True) -> str:
     """Tag the local image `tag` as `registry[:its tag]` and push it; return the pushed reference."""
-    from docker.errors import DockerException
+    from docker.errors import NotFound
 
+    check_reference(tag, "--tag", digest=False, example=DEFAULT_TAG)
+    check_reference(registry, "--registry", digest=False)
     client = docker_client()
-    try:
-        image = client.images.get(tag)
-    except DockerException:
-        raise ImageError(f"no local image {tag!r}: build it first with `ddpctl image build --tag {tag}`") from None
+    with _engine_errors(f"cannot look up the local image {tag!r}"):
+        try:
+            image = client.images.get(tag)
+        except NotFound:
+            raise ImageError(f"no local image {tag!r}: build it first with `ddpctl image build --tag {tag}`") from None
     repository, _, version = registry.rpartition(":") if _has_tag(registry) else (registry, "", "")
     version = version or (tag.rpartition(":")[2] if ":" in tag.rpartition("/")[2] else "latest")
-    image.tag(repository, version)
     ref = f"{repository}:{version}"
-    stream = client.api.push(repository, tag=version, stream=True, decode=True)
-    _follow_push(stream, f"pushing {ref}", show_progress)
+    with _engine_errors(f"cannot tag {tag} as {ref}"):
+        image.tag(repository, version)
+    with _engine_errors(f"push failed for {ref}"):
+        stream = client.api.push(repository, tag=version, stream=True, decode=True)
+        _follow_push(stream, f"pushing {ref}", show_progress)
     return ref
+
+
+@contextmanager
+def _engine_errors(what: str) -> Iterator[None]:
+    """Turn the Docker SDK's errors (and a connection to the engine lost mid-stream) into one ImageError line."""
+    import requests
+    from docker.errors import DockerException
+
+    try:
+        yield
+    except (DockerException, requests.RequestException) as e:
+        raise ImageError(f"{what}: {_engine_message(e)}") from e
+
+
+def _engine_message(error: Exception) -> str:
+    """The engine's own words where it gave some (an APIError's explanation), else the error's first line."""
+    explanation = getattr(error, "explanation", None)
+    return _first_line(explanation or error)
 
 
 class _FromFailed(Exception):

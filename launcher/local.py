@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launcher.errors import SpecError
+from launcher.errors import DdpctlError, SpecError
 from launcher.plan import RunPlan
 from launcher.proctree import stop_tree
 from launcher.progress import RunProgress
@@ -59,6 +59,30 @@ def check_local_gpus(nproc: int) -> None:
                         f"use --gpus {gpus} or less")
 
 
+def check_local_programs(plan: RunPlan) -> None:
+    """Refuse a --python, or the program of `-- CMD`, that this machine cannot start (before anything is written:
+    torchrun would fail to start, or each worker would)."""
+    node = plan.nodes[0]
+    path = dict(node.env).get("PATH", os.environ.get("PATH"))
+    python = plan.spec.python
+    if shutil.which(python, path=path) is None:
+        raise SpecError(f"--python {python!r}: {_not_runnable(python)}; give a Python that has torch installed, "
+                        "e.g. --python python3 or --python /opt/venv/bin/python")
+    if plan.spec.user_command:
+        program = plan.spec.user_command[0]
+        if shutil.which(program, path=path) is None:
+            raise SpecError(f"the command after `--`: {_not_runnable(program)}; give a program on PATH or the path "
+                            "of an executable file, e.g. `-- python3 my_train.py`")
+
+
+def _not_runnable(program: str) -> str:
+    if os.sep not in program:
+        return f"no program {program!r} on PATH"
+    if not os.path.isfile(program):
+        return f"there is no file {program}"
+    return f"{program} is not executable"
+
+
 def run_local(plan: RunPlan, run_dir: RunDir, show_progress: bool = True) -> int:
     """Start torchrun, follow its progress until it ends, and return its exit code (130 after Ctrl-C)."""
     node = plan.nodes[0]
@@ -66,8 +90,17 @@ def run_local(plan: RunPlan, run_dir: RunDir, show_progress: bool = True) -> int
     out_path = run_dir.path / "torchrun.out"
     with open(out_path, "wb") as out:
         # A session of its own: Ctrl-C reaches only us, and we stop torchrun (and so its workers) ourselves.
-        proc = subprocess.Popen(list(node.command), cwd=node.cwd or None, env=env, stdin=subprocess.DEVNULL,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            proc = subprocess.Popen(list(node.command), cwd=node.cwd or None, env=env, stdin=subprocess.DEVNULL,
+                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as e:  # checked before the run directory was made, but a file can change since
+            program = str(e.filename or node.command[0])
+            reason = f"{program}: {e.strerror or e}"
+            if isinstance(e, FileNotFoundError) and os.path.isfile(program):
+                reason += " (the interpreter its #! line names)"
+            run_dir.event("exited", node=0, exit_code=None, error=f"could not start torchrun: {reason}")
+            raise DdpctlError(f"could not start torchrun ({reason}): check --python; the attempt is recorded in "
+                              f"{run_dir.path}") from None
     run_dir.update_record(local_pid=proc.pid)
     run_dir.event("started", node=0, pid=proc.pid, command=list(node.command))
     progress_file = run_dir.path / "progress.json"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -11,6 +12,39 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 from rich.table import Table
 
 console = Console(stderr=True)
+
+
+# The numeric fields of a progress record (contracts.md: progress.json) and the type each is read as.
+_INT_FIELDS = ("epoch", "epochs", "step", "steps_per_epoch")
+_FLOAT_FIELDS = ("samples_per_s",)
+
+
+def progress_record(record: object) -> dict[str, Any] | None:
+    """A progress record as the display can use it, or None when it is not one. The file comes from a host, so
+    it may be anything: only a JSON object counts, numeric fields that do not read as finite numbers are left
+    out, and `state` is kept only as text."""
+    if not isinstance(record, Mapping):
+        return None
+    clean: dict[str, Any] = {k: v for k, v in record.items() if isinstance(k, str)}
+    for key in _INT_FIELDS + _FLOAT_FIELDS:
+        if key not in clean:
+            continue
+        number = _finite(clean.pop(key))
+        if number is not None:
+            clean[key] = int(number) if key in _INT_FIELDS else number
+    if not isinstance(clean.get("state", ""), str):
+        del clean["state"]
+    return clean
+
+
+def _finite(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 class RunProgress:
@@ -40,17 +74,18 @@ class RunProgress:
     def __exit__(self, *exc: object) -> None:
         self._progress.stop()
 
-    def update(self, node: int, record: Mapping[str, Any] | None, state: str | None = None,
+    def update(self, node: int, record: object, state: str | None = None,
                extra: str = "") -> None:
         """Show a node's latest progress record (contracts.md: progress.json) and/or its process state."""
         task = self._tasks[node]
+        record = progress_record(record)
         if not record:
             self._progress.update(task, status=f"{state or 'starting'} {extra}".strip())
             return
-        epochs = int(record.get("epochs") or 1)
-        steps = int(record.get("steps_per_epoch") or 1)
-        epoch = int(record.get("epoch") or 1)
-        step = int(record.get("step") or 0)
+        epochs = max(1, record.get("epochs") or 1)
+        steps = max(1, record.get("steps_per_epoch") or 1)
+        epoch = max(1, record.get("epoch") or 1)
+        step = max(0, record.get("step") or 0)
         done = (epoch - 1) * steps + min(step, steps)
         total = epochs * steps
         rate = float(record.get("samples_per_s") or 0.0)
@@ -76,7 +111,9 @@ class FreshestProgress:
         self._records: list[Mapping[str, Any] | None] = [None] * nodes
         self._changed: list[float] = [float("-inf")] * nodes
 
-    def observe(self, node: int, record: Mapping[str, Any] | None, now: float | None = None) -> None:
+    def observe(self, node: int, record: object, now: float | None = None) -> None:
+        """Note node's latest record (anything but a progress record counts as none)."""
+        record = progress_record(record)
         if record is not None and record != self._records[node]:
             self._records[node] = record
             self._changed[node] = time.monotonic() if now is None else now

@@ -398,12 +398,20 @@ def write_report(report: Report, out_dir: Path) -> list[Path]:
     from launcher.plots import write_plots
     from launcher.rundir import write_json_atomic
 
-    plots = write_plots(report.rows, report.runs, out_dir)
-    markdown = render_markdown(report.rows, report.reference, plots, report.preset, report.preset_dataset)
-    md_path = out_dir / "report.md"
-    tmp = out_dir / ".report.md.tmp"
-    tmp.write_text(markdown)
-    tmp.replace(md_path)
-    json_path = out_dir / "report.json"
-    write_json_atomic(json_path, render_json(report.rows, report.reference, plots))
+    if out_dir.exists() and not out_dir.is_dir():
+        raise RunDirError(f"cannot write the report: {out_dir} is a file, not a directory; give a directory "
+                          "with --out (it is created if missing)")
+    try:
+        plots = write_plots(report.rows, report.runs, out_dir)
+        markdown = render_markdown(report.rows, report.reference, plots, report.preset, report.preset_dataset)
+        md_path = out_dir / "report.md"
+        tmp = out_dir / ".report.md.tmp"
+        tmp.write_text(markdown)
+        tmp.replace(md_path)
+        json_path = out_dir / "report.json"
+        write_json_atomic(json_path, render_json(report.rows, report.reference, plots))
+    except OSError as e:
+        where = e.filename or out_dir
+        raise RunDirError(f"cannot write the report to {out_dir} ({where}: {e.strerror or e}); give a directory "
+                          "you can write to with --out") from None
     return [md_path, json_path, *plots]

@@ -11,7 +11,7 @@ from typing import Any
 import typer
 
 from launcher.errors import Interrupted, SpecError
-from launcher.hosts import parse_host
+from launcher.hosts import parse_host, parse_hosts
 from launcher.presets import apply_preset, get_preset
 from launcher.spec import RunSpec
 from launcher.sweep import (
@@ -25,6 +25,7 @@ from launcher.sweep import (
     plan_layouts,
     run_sweep,
 )
+from launcher.validate import check_runs_dir, check_seconds
 
 EXIT_INTERRUPTED = 130
 
@@ -154,6 +155,7 @@ def _announce(entry: dict[str, Any], spec: RunSpec) -> None:
 def _start_sweep(o: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
     """Validate the options and create the sweep directory with its manifest; nothing is written on bad input."""
     from launcher.spec import RUNTIMES
+    from launcher.up import check_local_run
 
     trainer_args: list[str] = []
     for option in ("synthetic_train_size", "synthetic_test_size"):
@@ -171,7 +173,7 @@ def _start_sweep(o: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
     gpu_counts = parse_counts(o["gpus"], "--gpus") if o["gpus"] is not None else list(
         get_preset(o["preset"]).sweep_gpus)
     node_counts = parse_counts(o["nodes"], "--nodes") if o["nodes"] is not None else [1]
-    hosts = [parse_host(text) for text in o["host"] or []]
+    hosts = parse_hosts(o["host"] or [])
     if max(node_counts) > max(len(hosts), 1):
         raise SpecError(f"--nodes {max(node_counts)} needs at least {max(node_counts)} --host options "
                         f"(got {len(hosts)}); a local run has one node")
@@ -183,6 +185,15 @@ def _start_sweep(o: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
         raise SpecError(f"--runtime {runtime!r}: choose one of {', '.join(RUNTIMES)}")
     if runtime == "docker" and not hosts:
         raise SpecError("--runtime docker needs --host (locally, use `docker compose up`)")
+    if o["image"] is not None:
+        from launcher.image import check_reference
+
+        check_reference(o["image"], "--image")
+    if o["connect_timeout"] is not None:
+        check_seconds(o["connect_timeout"], "--connect-timeout")
+    check_runs_dir(o["runs_dir"])
+    if not hosts:  # what `up` checks before each local run, checked once before the sweep directory exists
+        check_local_run(base.with_layout(nnodes=1, nproc_per_node=max(gpu_counts)))
     launch = {"hosts": [h.text for h in hosts], "runtime": runtime, "image": o["image"],
               "identity_file": str(o["identity_file"].resolve()) if o["identity_file"] else None,
               "accept_new_host_keys": o["accept_new_host_keys"], "rdzv_addr": o["rdzv_addr"],

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import codecs
 import json
+import os
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -10,10 +13,12 @@ from typing import TYPE_CHECKING
 import typer
 from rich.table import Table
 
-from launcher.errors import DdpctlError
-from launcher.hosts import parse_host
-from launcher.progress import console
-from launcher.rundir import find_run
+from launcher.errors import DdpctlError, SpecError
+from launcher.hosts import parse_hosts
+from launcher.progress import console, progress_record
+from launcher.rundir import RunDir, find_run
+from launcher.spec import check_port, check_python
+from launcher.validate import check_at_least, check_runs_dir, check_seconds
 
 if TYPE_CHECKING:
     from launcher.up import UpOptions
@@ -33,6 +38,19 @@ def _options(runs_dir: Path, identity_file: Path | None = None, accept: bool = F
                      connect_timeout=timeout, show_progress=False)
 
 
+def _find_run(runs_dir: Path, run: str | None) -> RunDir:
+    """find_run, after refusing a --runs-dir that is a file where it would be searched."""
+    if run is None or not Path(run).is_dir():
+        check_runs_dir(runs_dir)
+    return find_run(runs_dir, run)
+
+
+def _ran_here(run_dir: RunDir) -> bool:
+    """A local run: no hosts, nothing rented (a Vast.ai run records its instances before it has hosts)."""
+    record = run_dir.record()
+    return not record.get("hosts") and record.get("provider", "local") == "local"
+
+
 def status(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, json_out: bool = typer.Option(False, "--json"),
            identity_file: Path | None = IDENTITY, connect_timeout: float = TIMEOUT,
            rented: bool = typer.Option(False, "--rented", help="List every Vast.ai machine still rented (and "
@@ -41,17 +59,18 @@ def status(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, json_out: bool 
     from launcher.remote import poll_states, reattach
     from launcher.vast.lifecycle import is_released, offline_rows, print_rented, rented_rows, say
 
+    check_seconds(connect_timeout, "--connect-timeout")
     if rented:
-        print_rented(runs_dir, json_out)
+        print_rented(check_runs_dir(runs_dir), json_out)
         return
-    run_dir = find_run(runs_dir, run)
+    run_dir = _find_run(runs_dir, run)
     record = run_dir.record()
     rows = []
     if record.get("hosts") and not is_released(record):  # a destroyed machine's address may be someone else's now
         with reattach(run_dir, _options(runs_dir, identity_file, False, connect_timeout)) as session:
             states = poll_states(session, run_dir)
         for index, state in enumerate(states):
-            progress = (state.progress or {}) if state else {}
+            progress = (progress_record(state.progress) or {}) if state else {}
             rows.append({"node": index, "host": session.labels[index],
                          "state": state.label if state else "unreachable",
                          "exit_code": state.exit_code if state else None,
@@ -90,20 +109,34 @@ def logs(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, node: int = typer
     from launcher.remote import node_workspaces, reattach
     from launcher.remote_node import read_state
 
-    run_dir = find_run(runs_dir, run)
-    if not run_dir.record().get("hosts"):
-        path = run_dir.path / "torchrun.out"
-        print("\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else "")
+    check_seconds(connect_timeout, "--connect-timeout")
+    if lines < 1:
+        raise SpecError(f"--lines must be at least 1, got {lines}")
+    run_dir = _find_run(runs_dir, run)
+    if _ran_here(run_dir):
+        if node != 0:
+            raise SpecError(f"--node {node}: run {run_dir.run_id} ran on this machine; it has node 0 only")
+        _local_logs(run_dir, lines, follow)
         return
+    if not run_dir.record().get("hosts"):
+        raise DdpctlError(f"run {run_dir.run_id} has no machines to read logs from (none was rented and reached): "
+                          f"see `ddpctl status {run_dir.run_id}`")
     workspaces = node_workspaces(run_dir)
     if not 0 <= node < len(workspaces):
         raise DdpctlError(f"--node {node}: run {run_dir.run_id} has nodes 0-{len(workspaces) - 1}")
     with reattach(run_dir, _options(runs_dir, identity_file, False, connect_timeout)) as session:
         conn = session.conn(node)
         log = f"{workspaces[node]}/torchrun.out"
-        result = conn.run(["tail", "-n", str(lines), log], timeout=30)
-        print(result.stdout, end="")
-        offset = int(conn.run(["wc", "-c", log], timeout=30).stdout.split()[0] or 0) if follow else 0
+        # No output yet is how every run starts (and how one that never started stays): a note, not an error,
+        # so that `logs` in a loop or a script right after `up --detach` does not fail.
+        if not conn.run(["test", "-f", log], timeout=30).ok:
+            _no_output_yet(node, follow)
+            offset = 0
+        else:
+            result = conn.run(["tail", "-n", str(lines), log], timeout=30)
+            print(result.stdout, end="")
+            size = conn.run(["wc", "-c", log], timeout=30).stdout.split() if follow else []
+            offset = int(size[0]) if size and size[0].isdigit() else 0
         while follow:
             state = read_state(conn, workspaces[node])
             chunk = conn.run(["tail", "-c", f"+{offset + 1}", log], timeout=30).stdout
@@ -111,7 +144,61 @@ def logs(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, node: int = typer
             print(chunk, end="", flush=True)
             if state.finished:
                 break
-            time.sleep(1.0)
+            time.sleep(FOLLOW_POLL_SECONDS)
+
+
+FOLLOW_POLL_SECONDS = 1.0
+START_GRACE_SECONDS = 30.0
+
+
+def _no_output_yet(node: int, follow: bool) -> None:
+    waiting = "; waiting for it (Ctrl-C to stop)" if follow else " (the run is starting, or it never started)"
+    print(f"node {node} has no output yet{waiting}", file=sys.stderr, flush=True)
+
+
+def _local_logs(run_dir: RunDir, lines: int, follow: bool) -> None:
+    """A run on this machine: the end of its torchrun.out, then (with `follow`) what is added until it ends."""
+    path = run_dir.path / "torchrun.out"
+    offset = 0
+    if path.exists():
+        data = path.read_bytes()
+        offset = len(data)
+        text = data.decode(errors="replace")
+        print("".join(text.splitlines(keepends=True)[-lines:]), end="", flush=True)
+    else:
+        _no_output_yet(0, follow and not _local_run_ended(run_dir))
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    while follow:
+        ended = _local_run_ended(run_dir)  # before reading: what it wrote before it ended is still shown
+        if path.exists():
+            with open(path, "rb") as f:
+                f.seek(offset)
+                chunk = f.read()
+            offset += len(chunk)
+            print(decoder.decode(chunk), end="", flush=True)
+        if ended:
+            break
+        time.sleep(FOLLOW_POLL_SECONDS)
+
+
+def _local_run_ended(run_dir: RunDir) -> bool:
+    """True once `up` recorded the end of the run, or once its torchrun is gone (`up` itself was killed)."""
+    if any(e.get("event") in ("exited", "stopped") for e in run_dir.events()):
+        return True
+    record = run_dir.record()
+    pid = record.get("local_pid")
+    if not isinstance(pid, int):  # starting right now (the pid follows within moments), or it never started
+        return time.time() - float(record.get("created") or 0) > START_GRACE_SECONDS
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:  # a zombie (ended, not yet reaped) still answers kill 0
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def pull(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, identity_file: Path | None = IDENTITY,
@@ -119,7 +206,11 @@ def pull(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, identity_file: Pa
     """Fetch every node's outputs into the run directory (incremental, sha256-verified)."""
     from launcher.remote import pull_run, reattach
 
-    run_dir = find_run(runs_dir, run)
+    check_seconds(connect_timeout, "--connect-timeout")
+    run_dir = _find_run(runs_dir, run)
+    if _ran_here(run_dir):
+        raise DdpctlError(f"run {run_dir.run_id} is a local run and `pull` is for runs on hosts: its files are "
+                          f"already in {run_dir.path}")
     with reattach(run_dir, _options(runs_dir, identity_file, False, connect_timeout)) as session:
         stats = pull_run(session, run_dir)
     moved = sum(int(s.get("bytes_fetched", 0)) for s in stats)
@@ -132,7 +223,13 @@ def down(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, identity_file: Pa
     """Stop every node's processes, then pull what they wrote (and release rented machines)."""
     from launcher.remote import pull_run, reattach, stop_all
 
-    run_dir = find_run(runs_dir, run)
+    check_seconds(connect_timeout, "--connect-timeout")
+    run_dir = _find_run(runs_dir, run)
+    if _ran_here(run_dir):
+        pid = run_dir.record().get("local_pid")
+        raise DdpctlError(f"run {run_dir.run_id} is a local run and `down` is for runs on hosts: stop a local run "
+                          "with Ctrl-C where `ddpctl up` runs" + (f" (or `kill {pid}`, its torchrun)" if pid else "")
+                          + f"; its files are in {run_dir.path}")
     if run_dir.record().get("instances"):  # rented: pull and verify, then destroy (refused unverified w/o --force)
         from launcher.vast.lifecycle import release_run
 
@@ -153,7 +250,11 @@ def doctor(host: list[str] = typer.Option(..., "--host", help="Hosts to check; r
     from launcher.doctor import run_doctor
     from launcher.up import UpOptions
 
-    options = UpOptions(hosts=tuple(parse_host(h) for h in host), identity_file=identity_file,
+    check_at_least(gpus, 1, "--gpus")
+    check_python(python)
+    check_port(rdzv_port)
+    check_seconds(connect_timeout, "--connect-timeout")
+    options = UpOptions(hosts=parse_hosts(host), identity_file=identity_file,
                         accept_new_host_keys=accept_new_host_keys, connect_timeout=connect_timeout,
                         rdzv_addr=rdzv_addr)
     if not run_doctor(options, gpus=gpus, python=python, rdzv_port=rdzv_port, json_out=json_out):

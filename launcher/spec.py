@@ -6,6 +6,7 @@ docker) are decided elsewhere. Construction validates, so a RunSpec that exists 
 
 from __future__ import annotations
 
+import math
 import re
 import secrets
 import time
@@ -29,7 +30,7 @@ MASKED = "***"
 
 def check_name(name: str, what: str = "--name") -> str:
     """Return `name` if it is a safe run name, else raise SpecError saying what is allowed."""
-    if not SAFE_NAME.match(name) or ".." in name:
+    if not SAFE_NAME.fullmatch(name) or ".." in name:
         raise SpecError(
             f"{what} {name!r} is not a valid name: use 1-64 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"
@@ -37,9 +38,24 @@ def check_name(name: str, what: str = "--name") -> str:
     return name
 
 
+def check_port(port: int, option: str = "--rdzv-port") -> int:
+    """Return `port` if it is an unprivileged TCP port (1024-65535), else raise SpecError saying so."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 1024 <= port <= 65535:
+        raise SpecError(f"{option} must be between 1024 and 65535, got {port}")
+    return port
+
+
+def check_python(python: str, option: str = "--python") -> str:
+    """Return `python` if it names an interpreter (not empty, no spaces around it), else raise SpecError."""
+    if not python or python != python.strip():
+        raise SpecError(f"{option} {python!r} names no interpreter: give a command or path such as python3 or "
+                        "/opt/venv/bin/python")
+    return python
+
+
 def new_run_id(name: str | None, model: str, dataset: str) -> str:
     """A fresh run id: the user's name (or model-dataset), a UTC timestamp and 4 random hex digits."""
-    stem = check_name(name) if name else f"{model}-{dataset}"
+    stem = check_name(name) if name is not None else f"{model}-{dataset}"
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     return f"{stem}-{stamp}-{secrets.token_hex(2)}"
 
@@ -85,14 +101,14 @@ class RunSpec:
         _at_least(self.nproc_per_node, 1, "--gpus")
         _at_least(self.nnodes, 1, "the number of nodes")
         _at_least(self.seed, 0, "--seed")
-        if not self.lr > 0:
-            raise SpecError(f"--lr must be positive, got {self.lr}")
+        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
+            raise SpecError(f"--lr must be positive and finite, got {self.lr}")
         if self.backend not in BACKENDS:
             raise SpecError(f"unknown backend {self.backend!r}: choose one of {', '.join(BACKENDS)}")
-        if not 1024 <= self.rdzv_port <= 65535:
-            raise SpecError(f"--rdzv-port must be between 1024 and 65535, got {self.rdzv_port}")
+        check_port(self.rdzv_port)
+        check_python(self.python)
         for key in [k for k, _ in self.extra_env] + list(self.withheld_env):
-            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
                 raise SpecError(f"environment variable name {key!r} is not valid")
 
     @property

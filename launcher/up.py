@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.datasets import check_local_data
 from launcher.hosts import HostSpec
-from launcher.local import check_local_gpus, run_local
+from launcher.local import check_local_gpus, check_local_programs, run_local
 from launcher.plan import RunPlan, plan_local
 from launcher.rundir import RunDir, read_json
 from launcher.spec import RunSpec
@@ -67,14 +67,22 @@ def run_up(spec: RunSpec, options: UpOptions) -> UpResult:
     return _run_local_up(spec, options)
 
 
-def _run_local_up(spec: RunSpec, options: UpOptions) -> UpResult:
-    if spec.nnodes != 1:
-        raise ValueError("a local run has one node")
+def check_local_run(spec: RunSpec, run_path: Path | None = None) -> RunPlan:
+    """What a run on this machine needs before anything is written: the data set, enough GPUs, a python (and
+    the `-- CMD` program) that can start. Returns the run's plan (for a run directory at run_path)."""
     if not spec.user_command:
         check_local_data(spec.dataset, spec.data_dir)
     check_local_gpus(spec.nproc_per_node)
+    plan = plan_local(spec, str(run_path or Path(spec.run_id).resolve()), cwd=os.getcwd())
+    check_local_programs(plan)
+    return plan
+
+
+def _run_local_up(spec: RunSpec, options: UpOptions) -> UpResult:
+    if spec.nnodes != 1:
+        raise ValueError("a local run has one node")
     run_path = (options.runs_dir / spec.run_id).resolve()
-    plan = plan_local(spec, str(run_path), cwd=os.getcwd())
+    plan = check_local_run(spec, run_path)
     if options.dry_run:
         return UpResult(None, 0, None, plan)
     run_dir = RunDir.create(options.runs_dir, spec, {"hosts": [], "runtime": "native", "provider": "local"})

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -15,10 +16,15 @@ import pytest
 SMALL = ["--synthetic-train-size", "2048", "--synthetic-test-size", "512"]
 
 
+REPO = Path(__file__).resolve().parent.parent
+
+
 def ddpctl(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    # PYTHONPATH: `-m launcher` is this checkout's, whatever the cwd (not another installed copy).
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     try:
         return subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True,
-                              timeout=timeout, cwd=cwd)
+                              timeout=timeout, cwd=cwd, env=env)
     except subprocess.TimeoutExpired:
         # The killed launcher cannot stop torchrun (a session of its own): end what runs in this test's runs dir.
         if "--runs-dir" in args:
@@ -90,6 +96,41 @@ def test_user_script_under_torchrun(tmp_path: Path) -> None:
     (["--epochs", "many"], "Invalid value for '--epochs'"),
     (["--stall-timeout", "-1"], "--stall-timeout -1: give seconds >= 0"),
     (["--host", "h", "--detach", "--stall-timeout", "60"], "--stall-timeout acts while `up` follows the run"),
+    # programs this machine cannot start, refused before the run directory exists
+    (["--python", "/nonexistent/python", "--epochs", "1"], "--python '/nonexistent/python': there is no file"),
+    (["--python", "no-such-python-here"], "no program 'no-such-python-here' on PATH"),
+    (["--", "./no-such-script.sh"], "the command after `--`: there is no file ./no-such-script.sh"),
+    (["--python", ""], "--python '' names no interpreter"),
+    # values
+    (["--name", ""], "--name '' is not a valid name"),
+    (["--rdzv-port", "0"], "--rdzv-port must be between 1024 and 65535, got 0"),
+    (["--host", "h", "--rdzv-port", "80"], "--rdzv-port must be between 1024 and 65535, got 80"),
+    (["--host", "h", "--connect-timeout", "0"], "--connect-timeout 0: give a positive number of seconds"),
+    (["--host", "h", "--connect-timeout", "-5"], "--connect-timeout -5: give a positive number of seconds"),
+    (["--lr", "inf"], "--lr must be positive and finite, got inf"),
+    (["--host", " h"], "--host ' h' has spaces around it"),
+    (["--host", "u@-oProxyJump"], "is not of the form [user@]host[:port]"),
+    (["--host", "-h"], "is not of the form [user@]host[:port]"),
+    (["--host", "a", "--host", "a"], "--host 'a' is given twice: each node needs a host of its own"),
+    (["--host", "root@gpu1:22", "--host", "root@GPU1:22"], "--host 'root@gpu1:22' and --host 'root@GPU1:22' are "
+                                                           "the same host"),
+    (["--host", "h", "--runtime", "docker", "--image", "Bad Tag"], "--image 'Bad Tag' is not a valid image reference"),
+    (["--host", "h", "--runtime", "docker", "--registry", "-x"], "--registry '-x' is not a valid image reference: "
+                                                                 "it must not begin with '-'"),
+    # options that would be ignored where the run goes
+    (["--nodes", "2"], "--nodes is for --provider vast only"),
+    (["--gpu-name", "RTX 3080", "--max-price", "0.4"], "--gpu-name and --max-price are for --provider vast only"),
+    (["--host", "h", "--down", "--max-cost", "2"], "--down and --max-cost are for --provider vast only"),
+    (["--host", "h", "--min-reliability", "0.9", "--disk", "50", "--ready-timeout", "60"],
+     "--min-reliability, --disk and --ready-timeout are for --provider vast only"),
+    (["--provider", "vast", "--image", "docker.io/you/ddpctl:1", "--registry", "docker.io/you/ddpctl:1"],
+     "with --provider vast, --image is the registry reference each machine starts from: drop --registry"),
+    (["--image", "ddpctl:latest"], "--image has no effect on a run on this machine"),
+    (["--host", "h", "--registry", "docker.io/you/ddpctl:1"], "--registry names the image of --runtime docker"),
+    (["--detach"], "--detach has no effect on a run on this machine (a local run stays in the foreground"),
+    (["--stall-timeout", "60"], "--stall-timeout has no effect on a run on this machine"),
+    (["--identity-file", "key", "--accept-new-host-keys"], "--identity-file and --accept-new-host-keys have no "
+                                                           "effect on a run on this machine"),
 ])  # fmt: skip
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, args: list[str], message: str) -> None:
     runs = tmp_path / "runs"
@@ -107,6 +148,165 @@ def test_unwritable_runs_dir(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [result.stderr.strip()]
     assert "cannot write the run directory" in result.stderr
+
+
+def test_runs_dir_that_is_a_file_is_named_as_such(tmp_path: Path) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("keep me")
+    for command in (["up", "--epochs", "1", *SMALL], ["status"], ["logs"], ["pull"], ["down"]):
+        result = ddpctl(*command, "--runs-dir", str(afile))
+        assert result.returncode == 1, command
+        assert result.stderr == f"error: --runs-dir {afile} is a file, not a directory: give a directory for run " \
+                                "directories (it is created if missing)\n", command
+    assert afile.read_text() == "keep me"
+
+
+def test_a_python_that_cannot_be_started_is_one_line_and_the_run_is_recorded_as_ended(tmp_path: Path) -> None:
+    # It passes the up-front check (an executable file) and fails at the start itself: its #! names nothing.
+    fake = tmp_path / "python"
+    fake.write_text("#!/nonexistent/interpreter\n")
+    fake.chmod(0o755)
+    runs = tmp_path / "runs"
+    result = ddpctl("up", "--python", str(fake), "--epochs", "1", "--runs-dir", str(runs), *SMALL)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: could not start torchrun ({fake}: "), result.stderr
+    assert "check --python" in lines[0] and "Traceback" not in result.stderr
+    run = only_run(runs)
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events] == ["exited"] and "could not start torchrun" in events[0]["error"]
+    status = ddpctl("status", "--runs-dir", str(runs), "--json")
+    assert status.returncode == 0 and json.loads(status.stdout)["nodes"][0]["state"] == "ended"
+
+
+def local_run(runs: Path, **record: object) -> Path:
+    from launcher.rundir import RunDir
+    from launcher.spec import RunSpec
+
+    run_dir = RunDir.create(runs, RunSpec(run_id="local-run"), {"hosts": [], "provider": "local"})
+    run_dir.update_record(**record)
+    return run_dir.path
+
+
+def test_logs_of_a_local_run_without_output_say_so_and_succeed(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    run = local_run(runs, created=time.time() - 3600)  # it never started: no pid, long ago
+    for follow in ([], ["-f"]):
+        result = ddpctl("logs", "--runs-dir", str(runs), *follow, timeout=60)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == ""
+        assert result.stderr == "node 0 has no output yet (the run is starting, or it never started)\n"
+    (run / "torchrun.out").write_text("".join(f"line {i}\n" for i in range(10)))
+    result = ddpctl("logs", "--runs-dir", str(runs), "-n", "3")
+    assert (result.returncode, result.stdout, result.stderr) == (0, "line 7\nline 8\nline 9\n", "")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--lines", "0"], "--lines must be at least 1, got 0"),
+    (["-n", "-3"], "--lines must be at least 1, got -3"),
+    (["--node", "1"], "--node 1: run local-run ran on this machine; it has node 0 only"),
+    (["--connect-timeout", "0"], "--connect-timeout 0: give a positive number of seconds"),
+])  # fmt: skip
+def test_logs_bad_input_is_one_line(tmp_path: Path, args: list[str], message: str) -> None:
+    local_run(tmp_path / "runs")
+    result = ddpctl("logs", "--runs-dir", str(tmp_path / "runs"), *args)
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr == f"error: {message}\n"
+
+
+def test_logs_follow_a_local_run_until_its_torchrun_ends(tmp_path: Path) -> None:
+    from launcher.rundir import RunDir
+
+    runs = tmp_path / "runs"
+    run = local_run(runs)
+    with open(run / "torchrun.out", "wb") as out:  # a stand-in for torchrun: output, a pause, more output, gone
+        writer = subprocess.Popen(["sh", "-c", "echo first; sleep 2; echo second"], stdout=out)
+    reaper = threading.Thread(target=writer.wait)  # reaped the moment it ends, as `up` reaps its torchrun
+    reaper.start()
+    try:
+        RunDir(run).update_record(local_pid=writer.pid)
+        result = ddpctl("logs", "-f", "--runs-dir", str(runs), timeout=60)
+    finally:
+        writer.kill()
+        reaper.join()
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "first\nsecond\n"
+
+
+def test_pull_and_down_refuse_a_local_run_saying_where_its_files_are(tmp_path: Path) -> None:
+    run = local_run(tmp_path / "runs", local_pid=999999)
+    pull = ddpctl("pull", "--runs-dir", str(tmp_path / "runs"))
+    assert pull.returncode == 1
+    assert pull.stderr == (f"error: run local-run is a local run and `pull` is for runs on hosts: its files are "
+                           f"already in {run}\n")
+    down = ddpctl("down", "--runs-dir", str(tmp_path / "runs"))
+    assert down.returncode == 1 and down.stderr.count("\n") == 1
+    assert "is a local run and `down` is for runs on hosts" in down.stderr and "`kill 999999`" in down.stderr
+
+
+class LocalConn:
+    """A node's connection that runs its commands on this machine (the workspace is a local folder)."""
+
+    def run(self, argv: list[str], timeout: float | None = None, stdin: bytes | None = None) -> object:
+        from launcher.ssh import CommandResult
+
+        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+        return CommandResult(done.returncode, done.stdout, done.stderr)
+
+
+class LocalSession:
+    labels = ["a", "b"]
+
+    def __enter__(self) -> LocalSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def conn(self, index: int) -> LocalConn:
+        return LocalConn()
+
+
+@pytest.mark.parametrize("follow", [False, True])
+def test_logs_of_a_host_without_output_yet_say_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str], follow: bool) -> None:
+    import launcher.remote
+    from launcher.cli import main
+    from launcher.rundir import RunDir
+    from launcher.spec import RunSpec
+
+    workspaces = [tmp_path / "node0", tmp_path / "node1"]
+    for workspace in workspaces:
+        workspace.mkdir()
+    (workspaces[1] / "exit_code").write_text("1\n")  # node 1 ended before torchrun wrote a line
+    run_dir = RunDir.create(tmp_path / "runs", RunSpec(run_id="r2", nnodes=2),
+                            {"hosts": [{"label": "a"}, {"label": "b"}], "provider": "ssh"})
+    monkeypatch.setattr(launcher.remote, "reattach", lambda run_dir, options: LocalSession())
+    monkeypatch.setattr(launcher.remote, "node_workspaces", lambda run_dir: [str(w) for w in workspaces])
+    main(["logs", str(run_dir.path), "--node", "1", *(["-f"] if follow else [])])  # no SystemExit: status 0
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == ("node 1 has no output yet; waiting for it (Ctrl-C to stop)\n" if follow
+                   else "node 1 has no output yet (the run is starting, or it never started)\n")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["doctor", "--host", "a", "--gpus", "0"], "--gpus must be an integer >= 1, got 0"),
+    (["doctor", "--host", "a", "--rdzv-port", "80"], "--rdzv-port must be between 1024 and 65535, got 80"),
+    (["doctor", "--host", "a", "--python", ""], "--python '' names no interpreter"),
+    (["doctor", "--host", "a", "--connect-timeout", "0"], "--connect-timeout 0: give a positive number of seconds"),
+    (["doctor", "--host", "a", "--host", "a"], "--host 'a' is given twice"),
+    (["doctor", "--host", "a "], "--host 'a ' has spaces around it"),
+    (["offers", "--limit", "0"], "--limit must be at least 1, got 0"),
+    (["offers", "--limit", "-1"], "--limit must be at least 1, got -1"),
+    (["status", "--connect-timeout", "-1"], "--connect-timeout -1: give a positive number of seconds"),
+])  # fmt: skip
+def test_other_commands_bad_input_is_one_line(tmp_path: Path, args: list[str], message: str) -> None:
+    result = ddpctl(*args, cwd=tmp_path)
+    assert result.returncode == 1 and result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {message}"), result.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_ctrl_c_stops_workers_and_leaves_a_consistent_run(tmp_path: Path) -> None:

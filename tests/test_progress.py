@@ -36,3 +36,33 @@ def test_a_stall_is_noted_only_while_training_and_only_after_the_threshold() -> 
     assert picker.stalled_for(now=10_000.0) is None
     assert stall_note(None) == ""
 
+
+
+def test_a_malformed_progress_record_is_read_as_far_as_it_can_be() -> None:
+    from launcher.progress import progress_record
+
+    for junk in (None, [], [1, 2], "epoch 3", 7, 1.5, True):
+        assert progress_record(junk) is None
+    assert progress_record({}) == {}
+    assert progress_record({"epoch": "2", "epochs": 3.0, "step": "x", "steps_per_epoch": None,
+                            "samples_per_s": "1e3", "state": ["training"], "note": "kept"}) == {
+        "epoch": 2, "epochs": 3, "samples_per_s": 1000.0, "note": "kept"}
+    assert progress_record({"epoch": float("nan"), "step": "inf", "epochs": True, "samples_per_s": {}}) == {}
+    assert progress_record(record(4)) == record(4)
+
+
+def test_the_live_display_survives_whatever_a_host_writes_as_progress() -> None:
+    from launcher.progress import RunProgress
+
+    picker = FreshestProgress(2)
+    with RunProgress(["a", "b"], enabled=False) as display:
+        for junk in ([1, 2], "text", 3, {"epoch": "x", "epochs": [], "step": None, "state": 5},
+                     {"epoch": -4, "epochs": 0, "step": -1, "steps_per_epoch": -2, "samples_per_s": "fast"}):
+            picker.observe(0, junk, now=1.0)
+            display.update(0, junk, "running")
+            display.update(1, picker.record(0), "running")
+        assert picker.freshest() == 0 and picker.stalled_for(now=10_000.0) is not None
+        picker.observe(1, ["not", "a", "record"], now=2.0)  # ignored: node 0's record stays the one shown
+        assert picker.freshest() == 0
+        task = display._progress.tasks[0]
+        assert task.description == "" and "epoch 1/1 step 0/1" in task.fields["status"]

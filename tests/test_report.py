@@ -207,3 +207,29 @@ def test_report_command_prints_a_table(tmp_path: Path) -> None:
                                 env={"COLUMNS": "250"})
     assert result.exit_code == 0, result.output
     assert "Scaling" in result.output and "1x1" in result.output and "report.md" in result.output
+
+
+@pytest.mark.parametrize("under_a_file", [False, True])
+def test_report_out_that_cannot_be_a_directory_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                           under_a_file: bool) -> None:
+    write_run(tmp_path, "ws1", 1)
+    afile = tmp_path / "afile"
+    afile.write_text("keep me")
+    out = afile / "report" if under_a_file else afile
+    with pytest.raises(SystemExit) as info:
+        cli.main(["report", str(tmp_path / "ws1"), "--out", str(out)])
+    assert info.value.code == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: cannot write the report"), err
+    if under_a_file:
+        assert f"({out}: Not a directory); give a directory you can write to with --out" in err
+    else:
+        assert f"{afile} is a file, not a directory; give a directory with --out" in err
+    assert afile.read_text() == "keep me"
+
+
+def test_report_out_is_created_with_its_parents(tmp_path: Path) -> None:
+    write_run(tmp_path, "ws1", 1)
+    out = tmp_path / "new" / "nested"
+    cli.main(["report", str(tmp_path / "ws1"), "--out", str(out)])  # returns: exit status 0
+    assert {"report.md", "report.json", "scaling.png"} <= {p.name for p in out.iterdir()}

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import SpecError
-from launcher.hosts import parse_host
+from launcher.hosts import parse_host, parse_hosts
 from launcher.plan import NodeHost, NodePlan, plan_local, plan_remote
 from launcher.remote_node import STATE_SCRIPT, env_file, start_argv
 from launcher.spec import RunSpec, new_run_id
@@ -56,6 +56,11 @@ def test_torchrun_argv_standalone_and_user_command() -> None:
     ({"dataset": "imagenet"}, "unknown data set 'imagenet'"),
     ({"nproc_per_node": 0}, "--gpus must be an integer >= 1"),
     ({"lr": 0.0}, "--lr must be positive"),
+    ({"lr": float("inf")}, "--lr must be positive and finite, got inf"),
+    ({"lr": float("nan")}, "--lr must be positive and finite, got nan"),
+    ({"rdzv_port": 0}, "--rdzv-port must be between 1024 and 65535, got 0"),
+    ({"python": ""}, "--python '' names no interpreter"),
+    ({"python": " python3"}, "--python ' python3' names no interpreter"),
     ({"backend": "mpi"}, "unknown backend"),
     ({"run_id": "a/b"}, "is not a valid name"),
     ({"run_id": ".."}, "is not a valid name"),
@@ -97,10 +102,30 @@ def test_parse_host(text: str, user: str | None, host: str, port: int | None) ->
     assert (parsed.user, parsed.hostname, parsed.port) == (user, host, port)
 
 
-@pytest.mark.parametrize("text", ["", "a b", "-oProxyCommand=x", "host:99999", "u@h;rm"])
+@pytest.mark.parametrize("text", ["", "a b", "-oProxyCommand=x", "host:99999", "u@h;rm", " h", "h ", "h\n",
+                                  "u@-oProxyJump", "-h:22"])
 def test_parse_host_rejects(text: str) -> None:
     with pytest.raises(SpecError):
         parse_host(text)
+
+
+@pytest.mark.parametrize("texts, message", [
+    (["a", "a"], "--host 'a' is given twice"),
+    (["u@a:2222", "b", "u@A:2222"], "--host 'u@a:2222' and --host 'u@A:2222' are the same host"),
+])  # fmt: skip
+def test_parse_hosts_refuses_one_host_twice(texts: list[str], message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        parse_hosts(texts)
+
+
+def test_parse_hosts_keeps_hosts_that_differ_in_user_or_port() -> None:
+    hosts = parse_hosts(["a", "u@a", "a:2222", "b"])
+    assert [h.text for h in hosts] == ["a", "u@a", "a:2222", "b"]
+
+
+def test_new_run_id_refuses_an_empty_name() -> None:
+    with pytest.raises(SpecError, match="--name '' is not a valid name"):
+        new_run_id("", "mnist-cnn", "synthetic")
 
 
 def test_plan_remote_gives_each_node_its_address_and_interface() -> None:

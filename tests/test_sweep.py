@@ -162,6 +162,15 @@ def test_an_invalid_entry_fails_before_any_run(tmp_path: Path) -> None:
     (["--gpus", "1", "--preset", "imagenet"], "unknown preset 'imagenet'"),
     (["--resume", "RUNS"], "is not a sweep directory"),
     (["--resume", "RUNS", "--gpus", "2"], "leave out --gpus"),
+    # the local run's own checks, made before the sweep directory exists
+    (["--gpus", "1", "--dataset", "mnist", "--data-dir", "/nonexistent"], "data set mnist not found"),
+    (["--gpus", "1", "--python", "/nonexistent/python"], "--python '/nonexistent/python': there is no file"),
+    (["--gpus", "1", "--python", ""], "--python '' names no interpreter"),
+    (["--gpus", "1", "--lr", "inf"], "--lr must be positive and finite, got inf"),
+    (["--gpus", "1", "--host", "a", "--host", "a"], "--host 'a' is given twice"),
+    (["--gpus", "1", "--host", "a", "--connect-timeout", "0"], "--connect-timeout 0: give a positive number"),
+    (["--gpus", "1", "--host", "a", "--runtime", "docker", "--image", "Bad Tag"],
+     "--image 'Bad Tag' is not a valid image reference"),
 ])  # fmt: skip
 def test_sweep_command_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                             args: list[str], expected: str) -> None:
@@ -171,6 +180,28 @@ def test_sweep_command_bad_input_is_one_line(tmp_path: Path, capsys: pytest.Capt
     err = capsys.readouterr().err
     assert info.value.code == 1 and err.count("\n") == 1 and expected in err, err
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_local_sweep_wider_than_this_machines_gpus_writes_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    import launcher.local
+
+    monkeypatch.setattr(launcher.local, "local_gpu_count", lambda: 2)
+    with pytest.raises(SystemExit) as info:
+        cli.main(["sweep", "--gpus", "1,2,4", "--runs-dir", str(tmp_path / "runs")])
+    err = capsys.readouterr().err
+    assert info.value.code == 1 and err == ("error: --gpus 4 asks for more GPUs than this machine has (2); use "
+                                            "--gpus 2 or less\n")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_sweep_runs_dir_that_is_a_file_is_named_as_such(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    with pytest.raises(SystemExit) as info:
+        cli.main(["sweep", "--gpus", "1", "--runs-dir", str(afile)])
+    err = capsys.readouterr().err
+    assert info.value.code == 1 and err.startswith(f"error: --runs-dir {afile} is a file, not a directory")
 
 
 def ddpctl(*args: str, **kwargs: Any) -> subprocess.Popen[str]:

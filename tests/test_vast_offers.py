@@ -95,3 +95,20 @@ def test_instance_state_ssh_address_direct_then_proxy():
     assert proxy.ssh_address == ("ssh123.vast.ai", 10600)
     single = json.loads((API_DIR / "examples" / "show_instance.get.200.json").read_text())["instances"]
     assert InstanceState.from_json(single).ssh_address == ("ssh2281.vast.ai", 10882)  # ports is a list there
+
+
+def test_offer_strings_print_literally_in_the_table(monkeypatch, capsys):
+    """A host names its GPU and place itself: '[...]' in them is text, not rich markup (nor a markup error)."""
+    from launcher.cli import main
+
+    key = "k"
+    catalogue = [make_offer(1, 101, gpu_name="RTX [bold]3080[/bold]", geolocation="Lyon, [FR]"),
+                 make_offer(2, 102, gpu_name="[/]", geolocation="[link=x]")]
+    with VastStandIn(api_key=key, offers=catalogue) as standin:
+        monkeypatch.setenv("VAST_API_KEY", key)
+        monkeypatch.setenv("DDPCTL_VAST_URL", standin.url)
+        monkeypatch.setenv("COLUMNS", "300")
+        main(["offers"])
+    out = capsys.readouterr().out
+    for text in ("RTX [bold]3080[/bold]", "Lyon, [FR]", "[/]", "[link=x]"):
+        assert text in out, out

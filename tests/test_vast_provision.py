@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import shlex
 from collections import Counter
 
 import pytest
@@ -69,6 +70,15 @@ def test_two_nodes_in_one_cluster_with_an_overlay(standin):
     assert [e["event"] for e in events].count("vast.instance_ready") == 2
     _teardown(standin, rented)
     assert standin.overlays == {}
+
+
+def test_env_values_reach_the_create_request_quoted(standin):
+    env = {"MSG": "two words", "QUOTE": "it's", "PLAIN": "x"}
+    rented = _provision(standin, env=env)
+    flags = standin.instances[rented[0].instance_id].request["env"]
+    assert flags == "-p 22:22 -e 'MSG=two words' -e 'QUOTE=it'\"'\"'s' -e PLAIN=x"
+    assert shlex.split(flags) == ["-p", "22:22", "-e", "MSG=two words", "-e", "QUOTE=it's", "-e", "PLAIN=x"]
+    _teardown(standin, rented)
 
 
 @pytest.mark.parametrize("status", [404, 410])

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from launcher.vast.apikey import load_api_key, save_api_key
 
@@ -31,8 +32,10 @@ def offers(
     """List rentable Vast.ai offers, cheapest first (hourly price includes the disk asked for)."""
     # Imported here: requests costs a tenth of a second at every `ddpctl` start otherwise.
     from launcher.vast.client import VastClient
-    from launcher.vast.offers import OfferFilter, search_offers
+    from launcher.vast.offers import OfferError, OfferFilter, search_offers
 
+    if limit < 1:
+        raise OfferError(f"--limit must be at least 1, got {limit}")
     flt = OfferFilter(gpu_name=gpu_name, num_gpus=gpus, max_price=max_price, min_reliability=min_reliability,
                       disk_gb=disk, min_cuda=min_cuda, limit=max(limit, 64))
     with VastClient(load_api_key()) as client:
@@ -49,9 +52,11 @@ def offers(
                 "where"):
         table.add_column(col, justify="right" if col in {"GPUs", "$/hour", "reliability", "down Mb/s"} else "left")
     for o in found:
-        table.add_row(str(o.id), str(o.machine_id), o.gpu_name, str(o.num_gpus), f"{o.hourly_price(disk):.4f}",
-                      f"{o.reliability:.3f}", f"{o.inet_down:.0f}", f"{o.cuda_max_good:g}",
-                      str(o.cluster_id) if o.cluster_id is not None else "-", o.geolocation or "?")
+        # Text, not str: names and places come from the offers, and '[...]' in them is not rich markup.
+        table.add_row(str(o.id), str(o.machine_id), Text(str(o.gpu_name)), str(o.num_gpus),
+                      f"{o.hourly_price(disk):.4f}", f"{o.reliability:.3f}", f"{o.inet_down:.0f}",
+                      f"{o.cuda_max_good:g}", str(o.cluster_id) if o.cluster_id is not None else "-",
+                      Text(str(o.geolocation or "?")))
     console.print(table)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import re
+import shlex
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -126,7 +127,8 @@ class _Starter:
         self.disk, self.public_key, self.created, self.emit, self.clock = disk, public_key, created, emit, clock
         self.used_machines: set[int] = set()
         self.attached: set[int] = set()
-        env_flags = ["-p 22:22"] + [f"-e {k}={v}" for k, v in env.items()]
+        # Vast.ai reads `env` as docker run options: each value quoted, so spaces or quotes stay in it.
+        env_flags = ["-p 22:22"] + [f"-e {shlex.quote(f'{k}={v}')}" for k, v in env.items()]
         self.request = {"client_id": "me", "image": image, "disk": disk, "label": label, "runtype": RUNTYPE,
                         "env": " ".join(env_flags), "onstart": ONSTART, "target_state": "running",
                         "cancel_unavail": True}
