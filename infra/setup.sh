@@ -25,6 +25,17 @@ else
   extras="train"
 fi
 
-python3 -m pip install -q --disable-pip-version-check "torch==${DDPCTL_TORCH_VERSION:-2.13.0}"
-python3 -m pip install -q --disable-pip-version-check -e ".[$extras]"
-echo "ddpctl set up: $(command -v ddpctl)"
+source infra/pick_python.sh
+if [ "$py" != python3 ] && [ ! -x "$py" ]; then
+  if ! python3 -c "import ensurepip, venv" 2>/dev/null; then
+    as_root apt-get update -q
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-venv
+  fi
+  python3 -m venv .venv
+fi
+"$py" -m pip install -q --disable-pip-version-check "torch==${DDPCTL_TORCH_VERSION:-2.13.0}"
+"$py" -m pip install -q --disable-pip-version-check -e ".[$extras]"
+if [ "$py" != python3 ]; then
+  as_root ln -sf "$PWD/.venv/bin/ddpctl" /usr/local/bin/ddpctl  # on PATH without activating .venv
+fi
+echo "ddpctl set up: $(command -v ddpctl) (python: $("$py" -c 'import sys; print(sys.executable)'))"

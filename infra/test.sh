@@ -4,6 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash infra/setup.sh --test
 bash infra/dockerd.sh
-ruff check .
-mypy launcher trainer
-exec python3 -m pytest -q -ra "$@"
+source infra/pick_python.sh  # the python infra/setup.sh installed into
+"$py" -m ruff check .
+"$py" -m mypy launcher trainer
+exec "$py" -m pytest -q -ra "$@"

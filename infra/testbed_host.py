@@ -192,11 +192,13 @@ def shared_python_env(source: str | None = None) -> dict[str, str]:
     """Environment giving test users this machine's Python and its packages (torch) as `python3`.
 
     The interpreter lives under /root (mode 0700, closed to test users), so it is hard-linked once (seconds,
-    no space) to /opt/ddpctl-testbed/; its RPATH still names /root, hence LD_LIBRARY_PATH.
+    no space) to /opt/ddpctl-testbed/; its RPATH still names /root, hence LD_LIBRARY_PATH. A virtual
+    environment (infra/setup.sh makes .venv where python3 is externally managed) is hard-linked the same way.
     """
     prefix = Path(source or sys.prefix)
-    if not source and sys.prefix != sys.base_prefix:
-        raise TestbedError("host_python needs the base interpreter, not a virtual environment")
+    if not source and sys.prefix != sys.base_prefix and not _open_to_all(Path(sys.base_prefix)):
+        raise TestbedError(f"host_python: this virtual environment's base python ({sys.base_prefix}) is closed to "
+                           "other users; make the environment from a python they can run (e.g. /usr/bin/python3)")
     site = next((prefix / "lib").glob("python3*/site-packages"))
     tag = hashlib.sha256(f"{prefix}:{site.stat().st_mtime_ns}".encode()).hexdigest()[:12]
     copy = Path("/opt/ddpctl-testbed") / f"python-{tag}"
@@ -209,6 +211,12 @@ def shared_python_env(source: str | None = None) -> dict[str, str]:
         except OSError:  # another bed made it first
             shutil.rmtree(tmp, ignore_errors=True)
     return {"PATH": f"{copy}/bin:/usr/local/bin:/usr/bin:/bin", "LD_LIBRARY_PATH": f"{copy}/lib"}
+
+
+def _open_to_all(path: Path) -> bool:
+    """Every directory from / down to `path` lets other users through (a venv's base python then runs for them;
+    the venv itself is hard-linked like any prefix, its bin/python3 a link to that base)."""
+    return all(os.stat(p).st_mode & 0o001 for p in [path, *path.parents])
 
 
 def write_user_file(path: Path, text: str, user: str, mode: int) -> None:

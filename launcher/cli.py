@@ -95,8 +95,9 @@ def up(
                                      "registry reference each machine starts from (required; `ddpctl image push`)."),
     registry: str | None = typer.Option(None, help="With --runtime docker (or auto): hosts pull this image "
                                         "reference instead of receiving the local --image."),
-    python: str = typer.Option("python3", help="The Python that runs torchrun, on the hosts or here (e.g. a venv's "
-                                               "bin/python)."),
+    python: str | None = typer.Option(None, help="The Python that runs torchrun, on the hosts (default python3) "
+                                                  "or here (default: the one running ddpctl), e.g. a venv's "
+                                                  "bin/python."),
     identity_file: Path | None = typer.Option(None, "--identity-file", "-i", help="SSH private key."),
     accept_new_host_keys: bool = typer.Option(False, help="Trust and record unknown host keys (never changed ones)."),
     connect_timeout: float = typer.Option(10.0, help="Seconds to wait for each SSH connection."),
@@ -126,7 +127,7 @@ def up(
     ready_timeout: float = typer.Option(900.0, "--ready-timeout", help="Vast.ai: seconds for a machine to start."),
 ) -> None:
     """Launch a DDP training run and follow it to the end."""
-    from launcher.local import default_local_procs
+    from launcher.local import default_local_procs, default_python
     from launcher.up import UpOptions, run_up
 
     if runtime not in RUNTIMES:
@@ -160,7 +161,8 @@ def up(
         nnodes=vast.nodes if vast else max(1, len(hosts)), model=model, dataset=dataset, data_dir=data_dir,
         epochs=epochs, batch_size=batch_size, lr=lr, save_every=save_every, seed=seed, max_restarts=max_restarts,
         name=name,
-        command=command or [], python=python, rdzv_port=DEFAULT_RDZV_PORT if rdzv_port is None else rdzv_port,
+        command=command or [], python=python if python is not None else default_python(provider),
+        rdzv_port=DEFAULT_RDZV_PORT if rdzv_port is None else rdzv_port,
         synthetic_train_size=synthetic_train_size, synthetic_test_size=synthetic_test_size, trainer_arg=trainer_arg,
         env=env,
     )  # fmt: skip
@@ -272,9 +274,10 @@ def finish_up(result: Any, json_out: bool) -> None:
 
 
 def _failure_message(result: Any) -> str:
-    from launcher.local import log_tail
+    from launcher.failure_log import failure_tail
+    from launcher.remote import without_control_chars
 
-    tail = log_tail(result.run_dir, 15) if result.run_dir else ""
+    tail = without_control_chars(failure_tail(str(result.run_dir), 15)) if result.run_dir else ""
     return f"training failed (exit {result.exit_code}); logs in {result.run_dir}" + (f"\n{tail}" if tail else "")
 
 

@@ -6,9 +6,9 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 from launcher.errors import DdpctlError, SpecError
@@ -44,6 +44,12 @@ def visible_device_count(value: str, present: int) -> int:
             break
         count += 1
     return count
+
+
+def default_python(provider: str) -> str:
+    """--python when none is given: here, the interpreter running ddpctl (its torch, whether or not its venv is
+    activated); on hosts, their python3."""
+    return sys.executable if provider == "local" else "python3"
 
 
 def default_local_procs() -> int:
@@ -140,9 +146,3 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
     """Stop torchrun and its workers: SIGTERM first (torchrun stops its workers), SIGKILL after a grace period."""
     stop_tree(proc.pid, STOP_GRACE_SECONDS)
     proc.wait(timeout=10.0)
-
-
-def log_tail(run_dir: Path, lines: int = 20) -> str:
-    """The last lines of torchrun's output, for a failure message."""
-    out = run_dir / "torchrun.out"
-    return "\n".join(out.read_text(errors="replace").splitlines()[-lines:]) if out.exists() else ""

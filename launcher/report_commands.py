@@ -111,7 +111,8 @@ def sweep_command(
     save_every: int | None = typer.Option(None, "--save-every", help="Snapshot every N epochs."),
     max_restarts: int | None = typer.Option(None, "--max-restarts"),
     backend: str | None = typer.Option(None, "--backend", help="auto, nccl or gloo."),
-    python: str | None = typer.Option(None, "--python", help="Python on the hosts."),
+    python: str | None = typer.Option(None, "--python",
+                                      help="Python on the hosts (default python3), or here (default: ddpctl's)."),
     synthetic_train_size: int | None = typer.Option(None, "--synthetic-train-size"),
     synthetic_test_size: int | None = typer.Option(None, "--synthetic-test-size"),
     host: list[str] | None = typer.Option(None, "--host", help="[user@]host[:port]; repeat, node 0 first."),
@@ -154,6 +155,7 @@ def _announce(entry: dict[str, Any], spec: RunSpec) -> None:
 
 def _start_sweep(o: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
     """Validate the options and create the sweep directory with its manifest; nothing is written on bad input."""
+    from launcher.local import default_python
     from launcher.spec import RUNTIMES
     from launcher.up import check_local_run
 
@@ -165,6 +167,8 @@ def _start_sweep(o: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
             trainer_args += [f"--{option.replace('_', '-')}", str(o[option])]
     spec_options = ("model", "dataset", "data_dir", "epochs", "batch_size", "lr", "seed", "save_every",
                     "max_restarts", "backend", "python")
+    if o["python"] is None:
+        o = {**o, "python": default_python("ssh" if o["host"] else "local")}
     fields = apply_preset(o["preset"], trainer_args=tuple(trainer_args) or None,
                           **{k: o[k] for k in spec_options})
     base = RunSpec(run_id="sweep", **fields)

@@ -85,6 +85,31 @@ def test_user_script_under_torchrun(tmp_path: Path) -> None:
         assert (tmp_path / f"rank{rank}.txt").read_text() == "2 --flag a b"
 
 
+def test_a_failed_run_shows_the_failing_workers_own_log(tmp_path: Path) -> None:
+    """Not torchrun's ChildFailedError: the end of the failed rank's stderr, taken literally."""
+    script = tmp_path / "fail.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    sys.exit('[rank1]: cannot read [/data/a] \\x1b[1mbold\\x1b[0m')\n"
+        "time.sleep(60)\n"
+    )
+    result = ddpctl("up", "--gpus", "2", "--runs-dir", str(tmp_path / "runs"), "--", sys.executable, str(script),
+                    cwd=tmp_path)
+    assert result.returncode == 1
+    assert "attempt_0/1/stderr.log:\n[rank1]: cannot read [/data/a] bold" in result.stderr, result.stderr
+    assert "\x1b" not in result.stderr
+
+
+def test_local_runs_use_the_python_running_ddpctl(tmp_path: Path) -> None:
+    """A venv's ddpctl run without activating the venv: python3 on PATH may lack torch; ddpctl's own has it."""
+    result = ddpctl("up", "--dry-run", "--epochs", "1", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert f" {sys.executable} -m torch.distributed.run " in result.stdout
+    hosts = ddpctl("up", "--dry-run", "--host", "u@10.0.0.1", "--epochs", "1", cwd=tmp_path)
+    assert " python3 -m torch.distributed.run " in hosts.stdout, hosts.stderr
+
+
 @pytest.mark.parametrize("args, message", [
     (["--model", "vgg"], "unknown model 'vgg'"),
     (["--dataset", "imagenet"], "unknown data set 'imagenet'"),
