@@ -153,6 +153,10 @@ def up(
     if stall_timeout and detach:
         raise SpecError("--stall-timeout acts while `up` follows the run: drop --detach, or stop a stalled run "
                         "with `ddpctl down`")
+    if command and provider != "local":
+        from launcher.sync import check_ship_dir
+
+        check_ship_dir(Path.cwd())
     if runtime == "docker" and not hosts:
         raise SpecError("--runtime docker needs --host (locally, use `docker compose up`)")
     check_runs_dir(runs_dir)

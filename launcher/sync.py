@@ -23,7 +23,11 @@ import pathspec
 from launcher.errors import DdpctlError, HostError
 from launcher.ssh import Connection
 
-DEFAULT_IGNORE = ("__pycache__/", ".git/", "runs/", "*.pyc")
+# Never shipped unless a .ddpctlignore line re-includes it (`!NAME`): caches, runs, and what holds credentials,
+# since a rented machine belongs to a stranger.
+DEFAULT_IGNORE = ("__pycache__/", ".git/", "runs/", "*.pyc", ".venv/",
+                  ".ssh/", ".gnupg/", ".aws/", ".netrc", ".env", "*.pem", "id_rsa*", "id_ecdsa*", "id_ed25519*",
+                  ".config/ddpctl/", ".config/vastai/", ".vast_api_key")
 IGNORE_FILES = (".gitignore", ".ddpctlignore")
 PART_MARK = ".ddpctl-part-"  # temporary files: `.NAME.ddpctl-part-RANDOM` in the destination's directory
 CHUNK = 1 << 16
@@ -100,6 +104,15 @@ ProgressFn = Callable[[str, int], None]  # (relative path, bytes done so far)
 
 class TransferChangedError(HostError):
     """A file's bytes did not match the sha256 the host listed: it changed while it was fetched; pull again."""
+
+
+def check_ship_dir(directory: Path) -> None:
+    """`up -- CMD` ships the working directory: refuse the home directory and the root, whose trees hold far more
+    than a project (keys, tokens, other projects)."""
+    resolved = directory.resolve()
+    if resolved == Path("/") or resolved == Path.home().resolve():
+        raise DdpctlError(f"`-- CMD` ships the working directory to the hosts, and {resolved} is your "
+                          f"{'root' if resolved == Path('/') else 'home'} directory: cd into the project first")
 
 
 def ignore_spec(local_dir: Path, extra: Sequence[str] = ()) -> pathspec.PathSpec:

@@ -93,3 +93,32 @@ def test_visible_device_count_reads_cuda_visible_devices_as_cuda_does() -> None:
     assert visible_device_count("-1", 2) == 0
     assert visible_device_count("0,5,1", 2) == 1  # entries after an invalid one are not seen
     assert visible_device_count("GPU-0a,GPU-1b", 2) == 2
+
+
+def test_credentials_are_never_shipped_unless_re_included(tmp_path: Path) -> None:
+    """`up -- CMD` ships the working directory, maybe to a stranger's rented machine: keys and tokens stay."""
+    from launcher.sync import ignore_spec, local_manifest
+
+    files = ["train.py", "pkg/model.py", ".ssh/id_ed25519", "id_rsa.pub", "certs/server.pem", ".env",
+             ".config/ddpctl/vast_api_key", ".config/vastai/vast_api_key", ".aws/credentials", ".netrc",
+             ".venv/bin/python", "notes.txt"]
+    for name in files:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(name)
+    assert sorted(local_manifest(tmp_path, ignore_spec(tmp_path))) == ["notes.txt", "pkg/model.py", "train.py"]
+    (tmp_path / ".ddpctlignore").write_text("!.env\n")  # the user's explicit choice
+    assert ".env" in local_manifest(tmp_path, ignore_spec(tmp_path))
+
+
+def test_shipping_the_home_directory_is_refused(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**os.environ, "HOME": str(home), "PYTHONPATH": str(REPO)}
+    refused = ddpctl(env, home, "up", "--host", "u@10.0.0.1", "--dry-run", "--", "python", "train.py")
+    assert refused.returncode == 1
+    assert refused.stderr.strip().splitlines() == [
+        f"error: `-- CMD` ships the working directory to the hosts, and {home} is your home directory: "
+        "cd into the project first"]
+    (home / "project").mkdir()
+    planned = ddpctl(env, home / "project", "up", "--host", "u@10.0.0.1", "--dry-run", "--", "python", "train.py")
+    assert planned.returncode == 0, planned.stderr
