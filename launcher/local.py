@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from launcher.errors import DdpctlError, SpecError
@@ -107,20 +109,22 @@ def run_local(plan: RunPlan, run_dir: RunDir, show_progress: bool = True) -> int
             run_dir.event("exited", node=0, exit_code=None, error=f"could not start torchrun: {reason}")
             raise DdpctlError(f"could not start torchrun ({reason}): check --python; the attempt is recorded in "
                               f"{run_dir.path}") from None
-    run_dir.update_record(local_pid=proc.pid)
-    run_dir.event("started", node=0, pid=proc.pid, command=list(node.command))
-    progress_file = run_dir.path / "progress.json"
-    previous = _stop_on_hangup()
-    try:
+    previous: dict[int, Any] = {}
+    try:  # from here on, a Ctrl-C stops torchrun: it runs in a session of its own and would live on
+        run_dir.update_record(local_pid=proc.pid)
+        run_dir.event("started", node=0, pid=proc.pid, command=list(node.command))
+        progress_file = run_dir.path / "progress.json"
+        previous = _stop_on_hangup()
         with RunProgress([node.host.label], enabled=show_progress) as progress:
             while proc.poll() is None:
                 progress.update(0, read_json(progress_file), "running")
                 time.sleep(POLL_SECONDS)
             progress.update(0, read_json(progress_file), "finished" if proc.returncode == 0 else "failed")
     except KeyboardInterrupt:
-        run_dir.event("interrupted", node=0)
-        _stop(proc)
-        run_dir.event("stopped", node=0, exit_code=proc.returncode)
+        with _signals_ignored(signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a second Ctrl-C waits for the stop
+            run_dir.event("interrupted", node=0)
+            _stop(proc)
+            run_dir.event("stopped", node=0, exit_code=proc.returncode)
         return 130
     finally:
         for sig, handler in previous.items():
@@ -140,6 +144,20 @@ def _stop_on_hangup() -> dict[int, Any]:
         for sig in (signal.SIGTERM, signal.SIGHUP):
             previous[sig] = signal.signal(sig, interrupt)
     return previous
+
+
+@contextlib.contextmanager
+def _signals_ignored(*signals: int) -> Iterator[None]:
+    """Ignore these signals inside the block (main thread only; elsewhere Python cannot set handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
