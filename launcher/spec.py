@@ -24,6 +24,7 @@ RUNTIMES = ("native", "docker", "auto")
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 DEFAULT_RDZV_PORT = 29400
+MAX_NAME = 64 - len("-20261121-203916-cea2")  # a run id is NAME-YYYYmmdd-HHMMSS-xxxx, a safe name of <= 64
 # What run.json and the sweep manifest hold in place of each --env value: they are API keys and tokens.
 MASKED = "***"
 
@@ -56,6 +57,9 @@ def check_python(python: str, option: str = "--python") -> str:
 def new_run_id(name: str | None, model: str, dataset: str) -> str:
     """A fresh run id: the user's name (or model-dataset), a UTC timestamp and 4 random hex digits."""
     stem = check_name(name) if name is not None else f"{model}-{dataset}"
+    if name is not None and len(name) > MAX_NAME:
+        raise SpecError(f"--name {name!r} has {len(name)} characters: at most {MAX_NAME}, since the run id adds "
+                        "a timestamp and 4 hex digits (21 characters)")
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     return f"{stem}-{stamp}-{secrets.token_hex(2)}"
 

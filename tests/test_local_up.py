@@ -119,6 +119,7 @@ def test_local_runs_use_the_python_running_ddpctl(tmp_path: Path) -> None:
     (["--batch-size", "0"], "--batch-size must be an integer >= 1"),
     (["--gpus", "0"], "--gpus must be an integer >= 1"),
     (["--name", "a/b"], "is not a valid name"),
+    (["--name", "n" * 44], "has 44 characters: at most 43"),
     (["--dataset", "mnist", "--data-dir", "/nonexistent"], "data set mnist not found"),
     (["--epochs", "many"], "Invalid value for '--epochs'"),
     (["--stall-timeout", "-1"], "--stall-timeout -1: give seconds >= 0"),
