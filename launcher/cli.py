@@ -263,7 +263,7 @@ def _vast_request(provider: str, **vast_options: Any) -> Any:
 def finish_up(result: Any, json_out: bool) -> None:
     """Print the plan (dry run), or the summary table / JSON; exit with the run's status."""
     if result.run_dir is None and result.plan is not None:
-        print(result.plan.describe())
+        print(json.dumps(result.plan.to_json(), indent=2) if json_out else result.plan.describe())
         return
     if json_out:
         print(json.dumps({"run_dir": str(result.run_dir), "exit_code": result.exit_code,

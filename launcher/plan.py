@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
+from typing import Any
 
 from launcher.errors import SpecError
 from launcher.spec import MASKED, RunSpec
@@ -64,6 +65,15 @@ class NodePlan:
 class RunPlan:
     spec: RunSpec
     nodes: tuple[NodePlan, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """The plan as `up --dry-run --json` prints it; --env values as ***."""
+        return {
+            "run_id": self.spec.run_id, "nnodes": self.spec.nnodes, "nproc_per_node": self.spec.nproc_per_node,
+            "nodes": [{"index": n.index, "host": n.host.label, "address": n.host.address, "runtime": n.runtime,
+                       "workspace": n.workspace, "cwd": n.cwd, "command": list(n.command),
+                       "env": {k: MASKED if k in n.secret_names else v for k, v in n.env}} for n in self.nodes],
+        }  # fmt: skip
 
     def describe(self) -> str:
         lines = [f"run {self.spec.run_id}: {self.spec.nnodes} node(s) x {self.spec.nproc_per_node} process(es)"]

@@ -3,6 +3,7 @@ CUDA_VISIBLE_DEVICES as CUDA reads it). A stand-in nvidia-smi on PATH plays a 2-
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -122,3 +123,17 @@ def test_shipping_the_home_directory_is_refused(tmp_path: Path) -> None:
     (home / "project").mkdir()
     planned = ddpctl(env, home / "project", "up", "--host", "u@10.0.0.1", "--dry-run", "--", "python", "train.py")
     assert planned.returncode == 0, planned.stderr
+
+
+def test_dry_run_json_is_the_plan_with_secrets_masked(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = ddpctl(env, tmp_path, "up", "--host", "u@10.0.0.1", "--host", "v@10.0.0.2", "--env", "TOKEN=s3cret",
+                    "--dry-run", "--json", "--epochs", "1")
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["nnodes"] == 2 and [n["host"] for n in plan["nodes"]] == ["u@10.0.0.1", "v@10.0.0.2"]
+    command = plan["nodes"][1]["command"]
+    assert command[command.index("--rdzv-endpoint") + 1] == "10.0.0.1:29400"
+    assert all(n["env"]["TOKEN"] == "***" for n in plan["nodes"]) and "s3cret" not in result.stdout + result.stderr
+    assert "counted at launch" in result.stderr  # no --gpus: the hosts' GPUs decide, not the 1 shown
+    assert not (tmp_path / "runs").exists()
