@@ -195,8 +195,9 @@ def test_left_running_status_lists_it_down_refuses_unverified_then_pulls_and_des
     assert changed.returncode == 1 and "HOST KEY CHANGED" in changed.stderr
     known.write_text(original)
 
-    # Results that cannot be verified keep their machine (a symlink out of the workspace is refused by pull).
-    bed.hosts[0].run_as_user(["ln", "-s", "/etc/passwd", f"{bed.hosts[0].home}/.ddpctl/runs/{run.name}/out/x"])
+    # Results that cannot be verified keep their machine (a file the host cannot read cannot be hashed there).
+    unreadable = f"{bed.hosts[0].home}/.ddpctl/runs/{run.name}/out/x"
+    bed.hosts[0].run_as_user(["sh", "-c", 'echo secret > "$1" && chmod 000 "$1"', "sh", unreadable])
     refused = ddpctl("down", run.name, "--runs-dir", str(ddpctl.runs))
     assert refused.returncode == 1 and "--force" in refused.stderr and "keep billing" in refused.stderr
     assert len(standin.live_instances()) == 1
