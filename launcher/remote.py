@@ -74,12 +74,14 @@ def run_remote_up(spec: RunSpec, options: UpOptions, session: HostSession | None
         spec = spec.with_layout(nnodes=len(options.hosts), nproc_per_node=spec.nproc_per_node)
         hosts = provider_hosts or [NodeHost(h.text, h.hostname) for h in options.hosts]
         runtime = "docker" if options.runtime == "docker" else "native"  # auto is decided by looking at hosts
-        if options.auto_gpus:
-            console.print("note: without --gpus each host runs one process per GPU (CPU-only: up to 2), counted "
-                          f"at launch; shown here as {spec.nproc_per_node}", markup=False, highlight=False)
         if spec.nnodes > 1 and options.rdzv_addr:  # judged without connecting; the nodes' own at launch
             check_public_rendezvous(options.rdzv_addr, [], options.allow_public_rendezvous)
-        return UpResult(None, 0, None, plan_remote(spec, hosts, options.rdzv_addr, runtime, image_name(options)))
+        plan = plan_remote(spec, hosts, options.rdzv_addr, runtime, image_name(options))
+        if options.auto_gpus:
+            console.print("note: without --gpus each host runs one process per GPU (CPU-only: up to 2), counted "
+                          f"at launch; shown here as {spec.nproc_per_node}", markup=False, highlight=False,
+                          soft_wrap=True)
+        return UpResult(None, 0, None, plan)
     own_session = session is None
     session = session or HostSession.open(options)
     try:
