@@ -278,8 +278,7 @@ def finish_up(result: Any, json_out: bool) -> None:
 
 
 def _failure_message(result: Any) -> str:
-    from launcher.failure_log import failure_tail
-    from launcher.remote import without_control_chars
+    from launcher.failure_log import failure_tail, without_control_chars
 
     tail = without_control_chars(failure_tail(str(result.run_dir), 15)) if result.run_dir else ""
     return f"training failed (exit {result.exit_code}); logs in {result.run_dir}" + (f"\n{tail}" if tail else "")

@@ -16,7 +16,14 @@ import glob
 import os
 import re
 
+# Terminal escape sequences (colours, cursor moves), then any other control character but tab and newline.
+_CONTROL_CHARS = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-_]|[\x00-\x08\x0b-\x1f\x7f]")
 _ROOT_CAUSE_RANK = re.compile(r"Root Cause.*?local_rank:\s*(\d+)", re.DOTALL)
+
+
+def without_control_chars(text: str) -> str:
+    """A host's or worker's output made safe to show: escape sequences and other control characters dropped."""
+    return _CONTROL_CHARS.sub("", text)
 
 
 def _tail(path: str, lines: int) -> str:

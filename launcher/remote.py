@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
-import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
@@ -14,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from launcher import failure_log
 from launcher.errors import DdpctlError, Interrupted
+from launcher.failure_log import without_control_chars
 from launcher.hostsession import HostSession, target_from_json, target_to_json
 from launcher.parallel import raise_for_errors, run_on_hosts
 from launcher.plan import NodeHost, RunPlan, plan_remote
@@ -315,15 +315,6 @@ def failed_worker_log(conn: Runner, workspace: str, python: str, lines: int = 20
     """The end of the failing worker's log on a node (launcher/failure_log.py), else of torchrun's output."""
     result = conn.run([python, "-c", FAILURE_LOG_SCRIPT, workspace, str(lines)], timeout=30)
     return str(result.stdout if result.exit_code == 0 else log_tail(conn, workspace, lines))
-
-
-# Terminal escape sequences (colours, cursor moves), then any other control character but tab and newline.
-_CONTROL_CHARS = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-_]|[\x00-\x08\x0b-\x1f\x7f]")
-
-
-def without_control_chars(text: str) -> str:
-    """A host's output made safe to show: escape sequences and other control characters dropped."""
-    return _CONTROL_CHARS.sub("", text)
 
 
 def stop_all(session: HostSession, run_dir: RunDir) -> None:
