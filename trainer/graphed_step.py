@@ -70,10 +70,11 @@ class GraphedStep:
                 for _ in range(WARMUP_STEPS):
                     self._step_on_index()
             torch.cuda.current_stream().wait_stream(side)
+            state_after = len(self.optimizer.state)
         self.sums.copy_(saved_sums)
         # The optimizer may make its state on its first step (SGD's momentum buffers): captured, that first
         # step would make it anew on every replay. It runs eagerly instead, then the next step is captured.
-        trained = len(self.optimizer.state) > state_before
+        trained = state_after > state_before
         if trained:
             self._step_on_index()
         # The step sets the gradients to None first, so backward allocates them inside the graph's memory pool.

@@ -66,7 +66,9 @@ def reference_train(model: nn.Module, dataset: ReferenceImages, *, epochs: int, 
     """Train `model` (DDP-wrapped when world_size > 1) as the write-ups do; returns each epoch's seconds."""
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     gpu = device.type == "cuda"
-    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
+    sampler: DistributedSampler[int] = DistributedSampler(
+        dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed
+    )
     loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=int(gpu), pin_memory=gpu,
                         generator=torch.Generator())  # fmt: skip
     seconds = []
