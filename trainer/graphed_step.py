@@ -16,6 +16,7 @@ Only for a world of one: a step of several processes holds DDP's gradient all-re
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Callable
 
 import torch
@@ -45,6 +46,7 @@ class GraphedStep:
         self.batch_index = torch.zeros(batch_size, dtype=torch.int64, device=device)
         self.sums = torch.zeros(2, dtype=torch.float64, device=device)
         self.graph: torch.cuda.CUDAGraph | None = None
+        self.capture_seconds = 0.0  # warm-up and capture, once per process (cuDNN's algorithm search included)
 
     def replay(self, batch: torch.Tensor) -> None:
         """Train on the samples at indices `batch` (exactly batch_size of them, on the GPU)."""
@@ -61,6 +63,7 @@ class GraphedStep:
 
     def _capture(self) -> bool:
         """Warm up, then capture; True when this trained on the current batch (an eager first step)."""
+        start = time.perf_counter()
         saved_sums = self.sums.clone()
         state_before = len(self.optimizer.state)
         with _rolled_back(self.model, self.optimizer):
@@ -82,6 +85,7 @@ class GraphedStep:
         with torch.cuda.graph(graph):
             self._step_on_index()
         self.graph = graph  # capture records kernels without running them
+        self.capture_seconds = time.perf_counter() - start
         return trained
 
 
