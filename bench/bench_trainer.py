@@ -128,7 +128,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: as torchrun sets per process)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: cuda where available")
     p.add_argument("--cudnn-benchmark", choices=("auto", "on", "off"), default="auto",
-                   help="our trainer's cuDNN algorithm search (auto: as python -m trainer sets it)")
+                   help="our trainer's cuDNN algorithm search (auto: as python -m trainer sets it, off)")
     p.add_argument("--precision", choices=PRECISIONS, default="fp32", help="our trainer's (the reference: fp32)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
