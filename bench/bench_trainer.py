@@ -111,9 +111,10 @@ def compare(model_name: str, args: argparse.Namespace, device: torch.device) -> 
     if args.epochs > 1:  # the first epochs hold one-time costs: CUDA and cuDNN start-up, the step's capture
         later = sum(ours["epoch_seconds"][1:]) / sum(reference["epoch_seconds"][1:])
         steady = min(ours["epoch_seconds"])
+        step_us = 1e6 * steady * args.batch_size / args.train_size
+        capture = f"   ours, warm-up and capture: {ours['capture_seconds']:.2f} s (in epoch 1)"
         print(f"epochs 2-{args.epochs} alone: {1 / later:.2f}x   ours, fastest epoch: {args.train_size / steady:.0f} "
-              f"samples/s ({1e6 * steady * args.batch_size / args.train_size:.0f} us/step)   ours, warm-up and "
-              f"capture: {ours['capture_seconds']:.2f} s (in epoch 1)", flush=True)  # fmt: skip
+              f"samples/s ({step_us:.0f} us/step){capture if device.type == 'cuda' else ''}", flush=True)  # fmt: skip
 
 
 def main() -> None:
