@@ -16,7 +16,7 @@ from trainer.data import DataSplits, load_dataset
 from trainer.distributed import DistContext, setup
 from trainer.errors import DataError, TrainerError
 from trainer.models import MODELS, build_model
-from trainer.trainer import TrainConfig, Trainer, seed_rng
+from trainer.trainer import PRECISIONS, TrainConfig, Trainer, choose_algorithms, seed_rng
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -70,6 +70,14 @@ def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, str, Path]:
     p.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto")
     p.add_argument("--out-dir", type=Path, default=Path())
     p.add_argument("--snapshot-dir", type=Path, default=None, help="default: OUT_DIR/snapshots")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                   help="bf16: forward and loss under bf16 autocast (fp32 weights); default fp32")
+    p.add_argument("--deterministic", action="store_true",
+                   help="deterministic algorithms (bitwise repeatable on CUDA; slower)")
+    p.add_argument("--no-channels-last", dest="channels_last", action="store_false",
+                   help="keep images and weights NCHW (rounds exactly as the reference loop does)")
+    p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
+                   help="one process on CUDA: run the plain step instead of replaying the captured one")
     p.add_argument("--synthetic-train-size", type=_positive(int), default=16384)
     p.add_argument("--synthetic-test-size", type=_positive(int), default=2048)
     p.add_argument(
@@ -94,13 +102,16 @@ def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, str, Path]:
         momentum=args.momentum, save_every=args.save_every, keep_snapshots=args.keep_snapshots,
         seed=args.seed, out_dir=args.out_dir, snapshot_dir=args.snapshot_dir,
         synthetic_train_size=args.synthetic_train_size, synthetic_test_size=args.synthetic_test_size,
-        fault_kill=args.fault_kill, fault_hang=args.fault_hang,
+        fault_kill=args.fault_kill, fault_hang=args.fault_hang, precision=args.precision,
+        deterministic=args.deterministic, cuda_graphs=args.cuda_graphs,
+        channels_last=args.channels_last,
     )  # fmt: skip
     return config, args.backend, args.data_dir
 
 
 def run(config: TrainConfig, backend: str, data_dir: Path) -> None:
     """Set up, train, tear down."""
+    choose_algorithms(config.deterministic)  # before setup: cuBLAS reads its workspace setting when it starts
     ctx = setup(backend)
     try:
         data = _load_in_turn(ctx, config, data_dir)

@@ -80,13 +80,15 @@ def setup(backend: str = "auto") -> DistContext:
     restart_count = int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
     if torch.cuda.is_available():
-        if local_rank >= torch.cuda.device_count():
+        gpus = torch.cuda.device_count()
+        # NCCL refuses two ranks on one GPU; gloo does not mind (it stages CUDA tensors through the host).
+        if local_rank >= gpus and backend != "gloo":
             raise TrainerError(
-                f"local rank {local_rank} has no GPU: this machine has {torch.cuda.device_count()}; "
-                "start at most that many processes per node"
+                f"local rank {local_rank} has no GPU: this machine has {gpus}; start at most that many processes "
+                "per node, or share the GPUs among more with --backend gloo"
             )
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(local_rank % gpus)
+        device = torch.device("cuda", local_rank % gpus)
     else:
         device = torch.device("cpu")
 
