@@ -22,7 +22,9 @@ import pytest
 
 from infra.testbed import Testbed, cleanup_stale
 from infra.testbed_docker import HostEngine, start_engine
-from launcher.docker_runtime import (
+from launcher.errors import DdpctlError, HostError
+from launcher.planning.plan import NodeHost, NodePlan, plan_remote
+from launcher.runtimes.docker import (
     RUN_SCRIPT,
     STOP_GRACE_SECONDS,
     container_name,
@@ -30,14 +32,12 @@ from launcher.docker_runtime import (
     ensure_image,
     host_docker_info,
 )
-from launcher.errors import DdpctlError, HostError
-from launcher.image import docker_client
-from launcher.parallel import raise_for_errors
-from launcher.plan import NodeHost, NodePlan, plan_remote
-from launcher.remote_node import env_file, start_argv, stop_node
-from launcher.spec import RunSpec
-from launcher.ssh import CommandResult
-from launcher.torchrun import NodeRole, torchrun_argv
+from launcher.runtimes.image import docker_client
+from launcher.runtimes.native import env_file, start_argv, stop_node
+from launcher.spec.run_spec import RunSpec
+from launcher.spec.torchrun import NodeRole, torchrun_argv
+from launcher.transport.parallel import raise_for_errors
+from launcher.transport.ssh import CommandResult
 from tests.docker_fixtures import REPO, base_image, requires_docker, test_image  # noqa: F401
 from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, connect
 

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 import launcher
-from launcher.local import visible_device_count
+from launcher.execute.local import visible_device_count
 
 REPO = Path(__file__).resolve().parents[1]
 
 IMPORT_ALL = """
 import pkgutil, sys, importlib
 import launcher
-from launcher.cli import app
+from launcher.cli.app import app
 names = [m.name for m in pkgutil.walk_packages(launcher.__path__, "launcher.") if m.name != "launcher.__main__"]
 for name in names:
     importlib.import_module(name)
@@ -98,7 +98,7 @@ def test_visible_device_count_reads_cuda_visible_devices_as_cuda_does() -> None:
 
 def test_credentials_are_never_shipped_unless_re_included(tmp_path: Path) -> None:
     """`up -- CMD` ships the working directory, maybe to a stranger's rented machine: keys and tokens stay."""
-    from launcher.sync import ignore_spec, local_manifest
+    from launcher.transport.sync import ignore_spec, local_manifest
 
     files = ["train.py", "pkg/model.py", ".ssh/id_ed25519", "id_rsa.pub", "certs/server.pem", ".env",
              ".config/ddpctl/vast_api_key", ".config/vastai/vast_api_key", ".aws/credentials", ".netrc",

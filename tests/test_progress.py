@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from launcher.progress import STALL_HINT_SECONDS, FreshestProgress, stall_note
+from launcher.results.progress import STALL_HINT_SECONDS, FreshestProgress, stall_note
 
 
 def record(step: int, state: str = "training") -> dict[str, object]:
@@ -39,7 +39,7 @@ def test_a_stall_is_noted_only_while_training_and_only_after_the_threshold() -> 
 
 
 def test_a_malformed_progress_record_is_read_as_far_as_it_can_be() -> None:
-    from launcher.progress import progress_record
+    from launcher.results.progress import progress_record
 
     for junk in (None, [], [1, 2], "epoch 3", 7, 1.5, True):
         assert progress_record(junk) is None
@@ -52,7 +52,7 @@ def test_a_malformed_progress_record_is_read_as_far_as_it_can_be() -> None:
 
 
 def test_the_live_display_survives_whatever_a_host_writes_as_progress() -> None:
-    from launcher.progress import RunProgress
+    from launcher.results.progress import RunProgress
 
     picker = FreshestProgress(2)
     with RunProgress(["a", "b"], enabled=False) as display:

@@ -1,4 +1,4 @@
-"""launcher.ssh and launcher.parallel against real sshd hosts of the test bed."""
+"""launcher.transport.ssh and launcher.transport.parallel against real sshd hosts of the test bed."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import DdpctlError, HostError
-from launcher.hosts import parse_host
-from launcher.known_hosts import KnownHosts, host_key_name
-from launcher.parallel import HostTimeoutError, raise_for_errors, run_on_hosts
-from launcher.ssh import Connection, command_line, resolve_target
+from launcher.spec.hosts import parse_host
+from launcher.transport.known_hosts import KnownHosts, host_key_name
+from launcher.transport.parallel import HostTimeoutError, raise_for_errors, run_on_hosts
+from launcher.transport.ssh import Connection, command_line, resolve_target
 from tests.testbed_fixtures import bed_known_hosts, connect, run_ddpctl
 
 pytestmark = pytest.mark.testbed  # the `testbed` fixture skips where no bed can run

@@ -8,8 +8,15 @@ import socket
 import pytest
 
 from infra.vast_standin import VastStandIn, make_offer
-from launcher.vast.client import VastClient
-from launcher.vast.errors import VastAuthError, VastError, VastGone, VastNotFound, VastRateLimited, VastUnavailable
+from launcher.providers.vast.client import VastClient
+from launcher.providers.vast.errors import (
+    VastAuthError,
+    VastError,
+    VastGone,
+    VastNotFound,
+    VastRateLimited,
+    VastUnavailable,
+)
 
 KEY = "sk-test-4f9c2a7e1b3d5f60"
 
