@@ -19,7 +19,8 @@ from launcher.cli import app as cli
 from launcher.cli.report_sweep import register
 from launcher.errors import RunDirError
 from launcher.results.plots import DPI, FIG_SIZE_IN
-from launcher.results.report import build_report, load_run, render_markdown, scaling_table, write_report
+from launcher.results.report import render_markdown, write_report
+from launcher.results.run_figures import build_report, load_run, scaling_table
 from launcher.spec.presets import get_preset
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from launcher.cli import app as cli
 from launcher.errors import DdpctlError, SpecError
-from launcher.results.report import load_run, scaling_table
+from launcher.results.run_figures import load_run, scaling_table
 from launcher.results.rundir import read_jsonl
 from launcher.results.sweep import (
     Layout,

@@ -8,11 +8,11 @@ import stat
 
 import pytest
 import typer
-from launcher.vast import apikey
 from typer.testing import CliRunner
 
 from infra.vast_standin import VastStandIn, make_offer
 from launcher.cli.vast import register
+from launcher.providers.vast import apikey
 from launcher.providers.vast.errors import ApiKeyMissing
 
 KEY = "sk-login-0a1b2c3d4e5f"

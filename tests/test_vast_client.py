@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 
 import pytest
 
@@ -171,3 +172,27 @@ def test_empty_or_spaced_key_is_refused():
     for bad in ("", "two words"):
         with pytest.raises(VastAuthError):
             VastClient(bad)
+
+
+def test_a_create_is_retried_only_when_no_connection_was_made():
+    """Judged by urllib3's exception type (NewConnectionError), not by the text of requests' message."""
+    with socket.socket() as s:  # a port nobody listens on: the request surely never left
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sleeps: list[float] = []
+    c = VastClient(KEY, base_url=f"http://127.0.0.1:{port}", backoff_base=0.01, max_retries=2, sleep=sleeps.append)
+    with pytest.raises(VastUnavailable):
+        c.create_instance(2, CREATE)
+    assert len(sleeps) == 2
+
+    with socket.socket() as server:  # accepts the connection, then drops it unanswered: the create may have acted
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        dropped = threading.Thread(target=lambda: [server.accept()[0].close() for _ in range(3)], daemon=True)
+        dropped.start()
+        sleeps.clear()
+        c = VastClient(KEY, base_url=f"http://127.0.0.1:{server.getsockname()[1]}", backoff_base=0.01,
+                       max_retries=2, sleep=sleeps.append)
+        with pytest.raises(VastUnavailable):
+            c.create_instance(2, CREATE)
+        assert sleeps == []  # never sent twice

@@ -128,7 +128,8 @@ def up(
 ) -> None:
     """Launch a DDP training run and follow it to the end."""
     from launcher.execute.local import default_local_procs, default_python
-    from launcher.execute.up import UpOptions, run_up
+    from launcher.execute.request import UpOptions
+    from launcher.execute.up import run_up
 
     if runtime not in RUNTIMES:
         raise SpecError(f"--runtime {runtime!r}: choose one of {', '.join(RUNTIMES)}")
@@ -255,7 +256,7 @@ def _vast_request(provider: str, **vast_options: Any) -> Any:
     for name, value in vast_options.items():
         if isinstance(value, float) and not math.isfinite(value):
             raise SpecError(f"--{name.replace('_', '-').removesuffix('-s')} {value}: give a finite number")
-    from launcher.providers.vast.rented_run import VastRequest
+    from launcher.providers.vast.request import VastRequest
 
     return VastRequest(**vast_options)
 

@@ -16,7 +16,7 @@ from launcher.transport.parallel import run_on_hosts
 from launcher.transport.ssh import resolve_target
 
 if TYPE_CHECKING:
-    from launcher.execute.up import UpOptions
+    from launcher.execute.request import UpOptions
 
 
 def run_doctor(options: UpOptions, *, gpus: int, python: str, rdzv_port: int, json_out: bool) -> bool:
@@ -39,7 +39,7 @@ def run_doctor(options: UpOptions, *, gpus: int, python: str, rdzv_port: int, js
                            cpus=info.get("cpus"), disk_free_gb=round(int(info.get("disk_free") or 0) / 2**30, 1),
                            address=outcome.value.address)
             rows.append(row)
-        problems = check_requirements(facts, gpus, need_torch=True) if len(facts) == len(rows) else []
+        problems = check_requirements(facts, gpus, runs_host_torch=True) if len(facts) == len(rows) else []
         network: str | None = None
         if not any(r["problems"] for r in rows) and len(rows) > 1:
             addr0 = options.rdzv_addr or facts[0].address or targets[0].hostname

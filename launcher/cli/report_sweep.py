@@ -38,7 +38,8 @@ def up_executor(launch: dict[str, Any], show_progress: bool = True) -> Execute:
     identity = launch.get("identity_file")
 
     def execute(spec: RunSpec, runs_dir: Path) -> Path:
-        from launcher.execute.up import UpOptions, run_up
+        from launcher.execute.request import UpOptions
+        from launcher.execute.up import run_up
 
         options = UpOptions(
             runs_dir=runs_dir, hosts=hosts[: spec.nnodes], runtime=str(launch.get("runtime", "native")),
@@ -69,7 +70,8 @@ def report_command(
                                          "ours (a sweep's own preset is used otherwise)."),
 ) -> None:
     """Scaling table, Markdown report and plots from finished runs, one row per process layout."""
-    from launcher.results.report import build_report, dump_json, write_report
+    from launcher.results.report import dump_json, write_report
+    from launcher.results.run_figures import build_report
 
     if preset:
         get_preset(preset)

@@ -21,7 +21,7 @@ from launcher.spec.run_spec import check_port, check_python
 from launcher.spec.validate import check_at_least, check_runs_dir, check_seconds
 
 if TYPE_CHECKING:
-    from launcher.execute.up import UpOptions
+    from launcher.execute.request import UpOptions
 
 RUN_ARG = typer.Argument(None, help="Run id or directory (default: the newest run).")
 RUNS_DIR = typer.Option(Path("runs"), "--runs-dir", help="Where run directories live.")
@@ -32,7 +32,7 @@ TIMEOUT = typer.Option(10.0, "--connect-timeout", help="Seconds to wait for each
 
 def _options(runs_dir: Path, identity_file: Path | None = None, accept: bool = False,
              timeout: float = 10.0) -> UpOptions:
-    from launcher.execute.up import UpOptions
+    from launcher.execute.request import UpOptions
 
     return UpOptions(runs_dir=runs_dir, identity_file=identity_file, accept_new_host_keys=accept,
                      connect_timeout=timeout, show_progress=False)
@@ -248,7 +248,7 @@ def doctor(host: list[str] = typer.Option(..., "--host", help="Hosts to check; r
            connect_timeout: float = TIMEOUT, json_out: bool = typer.Option(False, "--json")) -> None:
     """Check hosts before a run: login, python/torch, GPUs or cores, disk, and reachability of node 0."""
     from launcher.cli.doctor import run_doctor
-    from launcher.execute.up import UpOptions
+    from launcher.execute.request import UpOptions
 
     check_at_least(gpus, 1, "--gpus")
     check_python(python)

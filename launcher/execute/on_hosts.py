@@ -25,14 +25,16 @@ from launcher.planning.preflight import (
 )
 from launcher.results.progress import FreshestProgress, RunProgress, console, stall_note
 from launcher.results.rundir import RunDir, primary_node_out, read_json, write_bytes_atomic
-from launcher.runtimes.native import NodeState, log_tail, read_state, start_node, stop_node
+from launcher.runtimes.docker import DEFAULT_IMAGE, DockerRuntime, host_docker_info, require_engine
+from launcher.runtimes.native import NativeRuntime, NodeState, log_tail, read_state, start_node, stop_node
 from launcher.spec.run_spec import RunSpec
 from launcher.transport.hostsession import HostSession, target_from_json, target_to_json
 from launcher.transport.parallel import raise_for_errors, run_on_hosts
 from launcher.transport.sync import TransferChangedError, pull_tree, ship_tree
 
 if TYPE_CHECKING:
-    from launcher.execute.up import UpOptions, UpResult
+    from launcher.execute.request import UpOptions, UpResult
+    from launcher.runtimes.base import NodeRuntime
 
 POLL_SECONDS = 1.0
 # Files copied from node 0 to the top of the run directory, so every run reads the same way.
@@ -68,15 +70,16 @@ def run_remote_up(spec: RunSpec, options: UpOptions, session: HostSession | None
     A provider may pass the run directory it already made (it records rented machines before they are
     reachable) and `watch`, called on every poll: its text joins the progress display; it may raise
     RunStopRequested."""
-    from launcher.execute.up import UpResult
+    from launcher.execute.request import UpResult
 
     if options.dry_run:
         spec = spec.with_layout(nnodes=len(options.hosts), nproc_per_node=spec.nproc_per_node)
         hosts = provider_hosts or [NodeHost(h.text, h.hostname) for h in options.hosts]
-        runtime = "docker" if options.runtime == "docker" else "native"  # auto is decided by looking at hosts
+        # auto is decided by looking at hosts
+        runtime = DockerRuntime(image_name(options)) if options.runtime == "docker" else NativeRuntime()
         if spec.nnodes > 1 and options.rdzv_addr:  # judged without connecting; the nodes' own at launch
             check_public_rendezvous(options.rdzv_addr, [], options.allow_public_rendezvous)
-        plan = plan_remote(spec, hosts, options.rdzv_addr, runtime, image_name(options))
+        plan = plan_remote(spec, hosts, options.rdzv_addr, runtime)
         if options.auto_gpus:
             console.print("note: without --gpus each host runs one process per GPU (CPU-only: up to 2), counted "
                           f"at launch; shown here as {spec.nproc_per_node}", markup=False, highlight=False,
@@ -138,7 +141,7 @@ def prepare(spec: RunSpec, options: UpOptions, session: HostSession,
     if options.auto_gpus:
         gpus = min(int(f.info.get("gpus") or 0) or min(2, int(f.info.get("cpus") or 1)) for f in facts)
     spec = spec.with_layout(nnodes=len(facts), nproc_per_node=gpus)
-    problems = check_requirements(facts, gpus, need_torch=runtime == "native")
+    problems = check_requirements(facts, gpus, runs_host_torch=runtime.runs_host_torch)
     if problems:
         raise DdpctlError("preflight failed:\n" + "\n".join(f"  {p}" for p in problems))
     hosts = provider_hosts or [NodeHost(f.label, f.address, f.iface_of(f.address)) for f in facts]
@@ -150,31 +153,28 @@ def prepare(spec: RunSpec, options: UpOptions, session: HostSession,
         port = check_rendezvous_reachable([session.conn(i) for i in range(len(hosts))], session.labels, spec.python,
                                           addr0, spec.rdzv_port, any_free_port=options.auto_rdzv_port)
         spec = replace(spec, rdzv_port=port)
-    return spec, plan_remote(spec, hosts, addr0, runtime, image_name(options))
+    return spec, plan_remote(spec, hosts, addr0, runtime)
 
 
 def image_name(options: UpOptions) -> str:
-    from launcher.runtimes.docker import DEFAULT_IMAGE
-
+    """The image docker nodes run: --registry's reference, else --image, else ddpctl's default."""
     return options.registry or options.image or DEFAULT_IMAGE
 
 
-def choose_runtime(options: UpOptions, session: HostSession) -> tuple[str, list[Any] | None]:
+def choose_runtime(options: UpOptions, session: HostSession) -> tuple[NodeRuntime, list[Any] | None]:
     """native, or docker with each host's engine facts. `auto` takes docker when every host has a working
     engine (one runtime per run: the nodes then share the image's python and torch), native otherwise."""
     if options.runtime == "native":
-        return "native", None
-    from launcher.runtimes.docker import host_docker_info, require_engine
-
+        return NativeRuntime(), None
     image = image_name(options)
     outcomes = run_on_hosts(list(range(len(session.targets))),
                             lambda i: host_docker_info(session.conn(i), image), timeout=90, label=session.label_of)
     infos = raise_for_errors(outcomes, "docker check")
     if options.runtime == "auto":
-        return ("docker", infos) if all(i.has_engine for i in infos) else ("native", None)
+        return (DockerRuntime(image), infos) if all(i.has_engine for i in infos) else (NativeRuntime(), None)
     outcomes = run_on_hosts(list(range(len(infos))), lambda i: require_engine(infos[i], session.label_of(i)),
                             timeout=10, label=session.label_of)
-    return "docker", raise_for_errors(outcomes, "docker runtime")
+    return DockerRuntime(image), raise_for_errors(outcomes, "docker runtime")
 
 
 def ship_image(session: HostSession, plan: RunPlan, run_dir: RunDir, options: UpOptions) -> None:

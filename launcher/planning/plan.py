@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launcher.errors import SpecError
 from launcher.spec.run_spec import MASKED, RunSpec
 from launcher.spec.torchrun import NodeRole, torchrun_argv
+
+if TYPE_CHECKING:
+    from launcher.runtimes.base import NodeRuntime
 
 LOCAL = "local"
 # Per-run workspace on a host, relative to the login user's home directory.
@@ -45,6 +48,8 @@ class NodePlan:
     env: tuple[tuple[str, str], ...]
     cwd: str
     secret_names: tuple[str, ...] = ()
+    # The runtime's own display of the command (docker shows its `docker run` line); empty: shell_line builds one.
+    display: str = ""
 
     def shown_env(self) -> str:
         """The environment as NAME=VALUE words for display, secret values as ***."""
@@ -52,10 +57,8 @@ class NodePlan:
 
     def shell_line(self) -> str:
         """The command as one quoted shell line (for --dry-run and logs)."""
-        if self.runtime == "docker":
-            from launcher.runtimes.docker import display_line
-
-            return display_line(self)
+        if self.display:
+            return self.display
         env = self.shown_env()
         cd = f"cd {shlex.quote(self.cwd)} && " if self.cwd else ""
         return f"{cd}{'env ' + env + ' ' if env else ''}{shlex.join(self.command)}"
@@ -104,36 +107,34 @@ def remote_workspace(run_id: str) -> str:
 
 
 def plan_remote(spec: RunSpec, hosts: list[NodeHost], rdzv_addr: str | None = None,
-                runtime: str = "native", image: str | None = None) -> RunPlan:
-    """One torchrun node per host, node 0 hosting the c10d store at `rdzv_addr` (default: its address)."""
+                runtime: NodeRuntime | None = None) -> RunPlan:
+    """One torchrun node per host, node 0 hosting the c10d store at `rdzv_addr` (default: its address);
+    each node as `runtime` runs it (default: native torchrun on the host)."""
     if len(hosts) != spec.nnodes:
         raise ValueError(f"spec has {spec.nnodes} nodes but {len(hosts)} hosts were given")
     addr0 = rdzv_addr or hosts[0].address or hosts[0].label
     workspace = remote_workspace(spec.run_id)
-    nodes = []
-    for index, host in enumerate(hosts):
-        if runtime == "docker":
-            from launcher.runtimes.docker import docker_node_plan
+    plan_node = runtime.plan_node if runtime is not None else native_node_plan
+    return RunPlan(spec, tuple(plan_node(spec, index, host, addr0, workspace) for index, host in enumerate(hosts)))
 
-            nodes.append(docker_node_plan(spec, index, host, addr0, workspace, image))
-            continue
-        role = NodeRole(
-            node_rank=index,
-            out_dir="out",
-            log_dir="logs",
-            rdzv_addr=addr0 if spec.nnodes > 1 else None,
-            local_addr=host.address if spec.nnodes > 1 else None,
-            snapshot_dir="out/snapshots",
-        )
-        cwd = f"{workspace}/code" if spec.user_command else workspace
-        env = node_env(spec, host.iface)
-        if spec.user_command:
-            # The user's command runs in its shipped directory; outputs are still collected from the workspace.
-            role = NodeRole(node_rank=role.node_rank, out_dir="../out", log_dir="../logs",
-                            rdzv_addr=role.rdzv_addr, local_addr=role.local_addr, snapshot_dir="../out/snapshots")
-        nodes.append(NodePlan(index, host, "native", workspace, tuple(torchrun_argv(spec, role)), env, cwd,
-                              secret_names(spec)))
-    return RunPlan(spec, tuple(nodes))
+
+def native_node_plan(spec: RunSpec, index: int, host: NodeHost, rdzv_addr: str, workspace: str) -> NodePlan:
+    """Node `index` as torchrun started by the host's own python, in the run's workspace on that host."""
+    role = NodeRole(
+        node_rank=index,
+        out_dir="out",
+        log_dir="logs",
+        rdzv_addr=rdzv_addr if spec.nnodes > 1 else None,
+        local_addr=host.address if spec.nnodes > 1 else None,
+        snapshot_dir="out/snapshots",
+    )
+    cwd = f"{workspace}/code" if spec.user_command else workspace
+    env = node_env(spec, host.iface)
+    if spec.user_command:
+        # The user's command runs in its shipped directory; outputs are still collected from the workspace.
+        role = NodeRole(node_rank=role.node_rank, out_dir="../out", log_dir="../logs",
+                        rdzv_addr=role.rdzv_addr, local_addr=role.local_addr, snapshot_dir="../out/snapshots")
+    return NodePlan(index, host, "native", workspace, tuple(torchrun_argv(spec, role)), env, cwd, secret_names(spec))
 
 
 def node_env(spec: RunSpec, iface: str | None, **base: str) -> tuple[tuple[str, str], ...]:

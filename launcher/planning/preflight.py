@@ -150,18 +150,19 @@ class Problem(NamedTuple):
         return f"{self.host}: {self.text}" if self.host else self.text
 
 
-def check_requirements(facts: list[HostFacts], gpus: int, need_torch: bool) -> list[Problem]:
-    """Problems that stop a run: missing torch, too few GPUs/cores, little disk, versions that differ."""
+def check_requirements(facts: list[HostFacts], gpus: int, runs_host_torch: bool) -> list[Problem]:
+    """Problems that stop a run: too few GPUs/cores, little disk; where the hosts' own python and torch run the
+    trainer (native runtime), missing torch and versions that differ. A container brings its own of both."""
     problems = []
     for f in facts:
-        if need_torch and not f.info.get("torch"):
+        if runs_host_torch and not f.info.get("torch"):
             problems.append(Problem(f.label, f"torch is not importable ({f.info.get('torch_error', 'not installed')})"))
         if f.slots < gpus:
             kind = "GPUs" if f.info.get("gpus") else "CPU cores (no GPU)"
             problems.append(Problem(f.label, f"--gpus {gpus} but the host has {f.slots} {kind}"))
         if int(f.info.get("disk_free") or 0) < MIN_FREE_DISK:
             problems.append(Problem(f.label, f"less than 1 GiB free in {f.info.get('home')}"))
-    for key in ("python", "torch"):
+    for key in ("python", "torch") if runs_host_torch else ():
         versions = {f.label: _major_minor(f.info.get(key)) for f in facts}
         if len(set(versions.values())) > 1:
             listing = ", ".join(f"{label} {v}" for label, v in versions.items())

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from launcher.results.report import Row, RunFigures
+from launcher.results.run_figures import Row, RunFigures
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

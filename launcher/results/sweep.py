@@ -21,7 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import DdpctlError, RunDirError, SpecError
-from launcher.results.report import SUMMARY_FILE, SWEEP_FILE, TIMING_FILE, Report, epoch_records, find_result_file
+from launcher.results.run_figures import (
+    SUMMARY_FILE,
+    SWEEP_FILE,
+    TIMING_FILE,
+    Report,
+    epoch_records,
+    find_result_file,
+)
 from launcher.results.rundir import write_json_atomic
 from launcher.spec.run_spec import RunSpec
 
@@ -218,7 +225,8 @@ def _fail(sweep_dir: Path, manifest: dict[str, Any], entry: dict[str, Any], reas
 
 def finish_sweep(sweep_dir: Path) -> tuple[Report, list[Path]]:
     """Write the report of a finished sweep into its directory, record it in the manifest; return both."""
-    from launcher.results.report import build_report, write_report
+    from launcher.results.report import write_report
+    from launcher.results.run_figures import build_report
 
     report = build_report([sweep_dir])
     files = write_report(report, sweep_dir)

@@ -133,7 +133,21 @@ def docker_node_plan(spec: RunSpec, index: int, host: NodeHost, rdzv_addr: str, 
     command = ("sh", "-c", RUN_SCRIPT, "ddpctl-docker", workspace, spec.data_dir or "",
                container_name(spec.run_id, index), str(STOP_GRACE_SECONDS), ENV_FILE, *options,
                image or DEFAULT_IMAGE, *argv)
-    return NodePlan(index, host, "docker", workspace, command, env, workspace, secret_names(spec))
+    node = NodePlan(index, host, "docker", workspace, command, env, workspace, secret_names(spec))
+    return replace(node, display=display_line(node))
+
+
+@dataclass(frozen=True)
+class DockerRuntime:
+    """Each node a container of `image`, which brings its own python and torch (see launcher.runtimes.base)."""
+
+    image: str = DEFAULT_IMAGE
+    name: str = "docker"
+    runs_host_torch: bool = False
+
+    def plan_node(self, spec: RunSpec, index: int, host: NodeHost, rdzv_addr: str, workspace: str) -> NodePlan:
+        """Node `index` as a container on `host` (docker_node_plan)."""
+        return docker_node_plan(spec, index, host, rdzv_addr, workspace, self.image)
 
 
 def env_file_text(env: Sequence[tuple[str, str]]) -> str:

@@ -14,11 +14,26 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from launcher.errors import HostError
-from launcher.planning.plan import NodePlan
+from launcher.planning.plan import NodePlan, native_node_plan
 from launcher.runtimes import proctree
 
 if TYPE_CHECKING:
+    from launcher.planning.plan import NodeHost
     from launcher.planning.preflight import Runner
+    from launcher.spec.run_spec import RunSpec
+
+
+@dataclass(frozen=True)
+class NativeRuntime:
+    """torchrun started by the host's own python (see launcher.runtimes.base): host versions must agree."""
+
+    name: str = "native"
+    runs_host_torch: bool = True
+
+    def plan_node(self, spec: RunSpec, index: int, host: NodeHost, rdzv_addr: str, workspace: str) -> NodePlan:
+        """Node `index` as torchrun on `host` (launcher.planning.plan.native_node_plan)."""
+        return native_node_plan(spec, index, host, rdzv_addr, workspace)
+
 
 # A native node's environment file in its workspace: one NAME=VALUE line per variable, the value with each
 # backslash doubled and each newline written as \n (see encode_env), which `printf %b` undoes. Nothing in it

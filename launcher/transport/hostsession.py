@@ -12,7 +12,7 @@ from launcher.transport.parallel import raise_for_errors, run_on_hosts
 from launcher.transport.ssh import Connection, SSHTarget, resolve_target
 
 if TYPE_CHECKING:
-    from launcher.execute.up import UpOptions
+    from launcher.execute.request import UpOptions
 
 
 def target_to_json(target: SSHTarget) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from launcher.errors import DdpctlError, HostError
+from launcher.errors import HostError, HostsFailed
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -100,14 +100,14 @@ def run_on_hosts(items: Sequence[T], fn: Callable[[T], R], *, timeout: float, ma
 
 
 def raise_for_errors(outcomes: Sequence[HostOutcome[T, R]], what: str) -> list[R]:
-    """Return the values if every host succeeded; else raise one DdpctlError with one line per failing host."""
+    """Return the values if every host succeeded; else raise one HostsFailed with one line per failing host."""
     failed = [o for o in outcomes if o.error is not None]
     if not failed:
         return [o.value for o in outcomes]  # type: ignore[misc]
     lines = [f"{what} failed on {len(failed)} of {len(outcomes)} host(s):"]
     for o in failed:
         lines.append(f"  {o.label}: {_reason(o)}")
-    raise DdpctlError("\n".join(lines))
+    raise HostsFailed("\n".join(lines), tuple(o.error for o in failed if o.error is not None))
 
 
 def _reason(outcome: HostOutcome[T, R]) -> str:

@@ -24,7 +24,7 @@ from typing import Any
 
 import paramiko
 
-from launcher.errors import DdpctlError, HostError
+from launcher.errors import AuthenticationFailed, DdpctlError, HostError
 from launcher.spec.hosts import HostSpec, parse_host
 from launcher.transport.known_hosts import ACCEPT_FLAG, KnownHosts, KnownKey, fingerprint, host_key_name
 
@@ -313,12 +313,12 @@ class Connection:
                 tried.append(path)
                 continue
             except paramiko.SSHException as e:
-                raise HostError(self.label, f"authentication as {self.target.user} failed: {e}") from e
+                raise AuthenticationFailed(self.label, f"authentication as {self.target.user} failed: {e}") from e
             if transport.is_authenticated():
                 return
-        raise HostError(self.label, f"authentication as {self.target.user!r} at {self._where()} failed; keys "
-                                    f"tried: {', '.join(tried) or 'none'} (give one with --identity-file, "
-                                    "IdentityFile in ~/.ssh/config, or ssh-agent)")
+        raise AuthenticationFailed(self.label, f"authentication as {self.target.user!r} at {self._where()} failed; "
+                                               f"keys tried: {', '.join(tried) or 'none'} (give one with "
+                                               "--identity-file, IdentityFile in ~/.ssh/config, or ssh-agent)")
 
     def _keys(self, tried: list[str]) -> Any:
         """Yield (description, key): identity files (else the default ~/.ssh/id_*), then agent keys."""

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import requests
+import urllib3
 
 from launcher.providers.vast.errors import (
     VastAuthError,
@@ -185,8 +186,7 @@ class VastClient:
                     headers={"Authorization": f"Bearer {self._key.reveal()}", "Accept": "application/json"},
                 )
             except requests.RequestException as exc:
-                surely_unsent = isinstance(exc, requests.ConnectTimeout) or (
-                    isinstance(exc, requests.ConnectionError) and "NewConnectionError" in repr(exc))
+                surely_unsent = _never_sent(exc)
                 error: VastError = VastUnavailable(f"{what}: no answer from {self.base_url} "
                                                    f"({type(exc).__name__})")
                 if (idempotent or surely_unsent) and not last_try and self._pause(attempt, deadline, error):
@@ -252,3 +252,20 @@ class VastClient:
         """A server message made safe to show: one line, bounded, and never echoing the key."""
         out = " ".join(str(text or "").split())[:300]
         return out.replace(self._key.reveal(), "***")
+
+
+def _never_sent(exc: requests.RequestException) -> bool:
+    """Whether the request surely never reached the server: a connect timeout, or no connection could be made
+    (urllib3's NewConnectionError, found by type in the exception's chain of reasons and causes)."""
+    if isinstance(exc, requests.ConnectTimeout):
+        return True
+    if not isinstance(exc, requests.ConnectionError):
+        return False
+    seen: list[object] = [exc, *exc.args]
+    while seen:
+        error = seen.pop()
+        if isinstance(error, urllib3.exceptions.NewConnectionError):
+            return True
+        if isinstance(error, BaseException):
+            seen += [getattr(error, "reason", None), error.__cause__, error.__context__]
+    return False

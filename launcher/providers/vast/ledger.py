@@ -21,7 +21,7 @@ from launcher.results.progress import console
 from launcher.results.rundir import RUN_FILE, RunDir, write_json_atomic
 
 if TYPE_CHECKING:
-    from launcher.execute.up import UpOptions
+    from launcher.execute.request import UpOptions
     from launcher.providers.vast.client import VastClient
 
 LIVE_STATES = frozenset({"starting", "failed", "rented", "destroy_failed"})  # may be billing

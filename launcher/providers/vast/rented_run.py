@@ -16,16 +16,17 @@ from __future__ import annotations
 
 import ipaddress
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from launcher.errors import DdpctlError, HostError, Interrupted, SpecError
+from launcher.errors import AuthenticationFailed, DdpctlError, HostError, HostsFailed, Interrupted, SpecError
 from launcher.execute.on_hosts import RunStopRequested, pull_run, run_remote_up
 from launcher.planning.plan import NodeHost, plan_remote
 from launcher.providers.vast.ledger import Ledger, destroy_all, live, say, vast_client, write_summary_cost
 from launcher.providers.vast.models import Offer, RentedInstance
 from launcher.providers.vast.offers import OfferFilter, choose_offers, search_offers
 from launcher.providers.vast.provision import provision
+from launcher.providers.vast.request import VastRequest
 from launcher.providers.vast.sshkey import ensure_vast_ssh_key
 from launcher.results.rundir import RunDir
 from launcher.spec.run_spec import RunSpec
@@ -34,34 +35,10 @@ from launcher.transport.parallel import raise_for_errors, run_on_hosts
 from launcher.transport.ssh import SSHTarget
 
 if TYPE_CHECKING:
-    from launcher.execute.up import UpOptions, UpResult
+    from launcher.execute.request import UpOptions, UpResult
     from launcher.providers.vast.client import VastClient
 
 AUTH_WAIT_S = 90.0  # a key attached to an instance may take a little while to reach its authorized_keys
-
-
-@dataclass(frozen=True)
-class VastRequest:
-    """What to rent and how to stop paying: `up`'s Vast.ai options."""
-
-    nodes: int = 1
-    gpu_name: str | None = None
-    max_price: float | None = None
-    min_reliability: float = 0.95
-    disk: float = 32.0
-    down: bool = False  # destroy the machines as soon as the results are pulled and verified
-    max_cost: float | None = None  # USD for the whole run
-    max_cost_reserve_s: float = 120.0  # spend kept back for the final stop, pull and teardown
-    ready_timeout: float = 900.0
-    poll_interval: float = 2.0
-
-    def __post_init__(self) -> None:
-        if self.nodes < 1:
-            raise SpecError(f"--nodes must be at least 1, not {self.nodes}")
-        if self.max_cost is not None and self.max_cost <= 0:
-            raise SpecError(f"--max-cost must be a positive number of dollars, not {self.max_cost}")
-        if self.ready_timeout <= 0:
-            raise SpecError(f"--ready-timeout must be positive, not {self.ready_timeout}")
 
 
 class CostWatch:
@@ -123,7 +100,7 @@ def run_vast_up(spec: RunSpec, options: UpOptions) -> UpResult:
 
 
 def _dry_run(spec: RunSpec, offers: list[Offer], req: VastRequest) -> UpResult:
-    from launcher.execute.up import UpResult
+    from launcher.execute.request import UpResult
 
     picked: list[Offer] = []
     for offer in offers:
@@ -189,7 +166,7 @@ def _connect_new_instances(session: HostSession) -> None:
             session.connect_all()
             break
         except DdpctlError as exc:
-            if "authentication" not in str(exc) or time.monotonic() > deadline:
+            if not _refused_our_key(exc) or time.monotonic() > deadline:
                 raise
             time.sleep(3.0)
         finally:
@@ -200,6 +177,12 @@ def _connect_new_instances(session: HostSession) -> None:
     for index in range(len(session.targets)):
         session.conn(index).accept_new_host_keys = False
     session.options = replace(session.options, accept_new_host_keys=False)
+
+
+def _refused_our_key(exc: DdpctlError) -> bool:
+    """Whether connecting failed because a host refused our key (still on its way there), not for another reason."""
+    errors = exc.errors if isinstance(exc, HostsFailed) else (exc,)
+    return any(isinstance(error, AuthenticationFailed) for error in errors)
 
 
 def _overlay_hosts(session: HostSession, rented: list[RentedInstance]) -> list[NodeHost]:
