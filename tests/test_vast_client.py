@@ -188,11 +188,20 @@ def test_a_create_is_retried_only_when_no_connection_was_made():
     with socket.socket() as server:  # accepts the connection, then drops it unanswered: the create may have acted
         server.bind(("127.0.0.1", 0))
         server.listen(8)
-        dropped = threading.Thread(target=lambda: [server.accept()[0].close() for _ in range(3)], daemon=True)
-        dropped.start()
+        threading.Thread(target=_drop_connections, args=(server,), daemon=True).start()
         sleeps.clear()
         c = VastClient(KEY, base_url=f"http://127.0.0.1:{server.getsockname()[1]}", backoff_base=0.01,
                        max_retries=2, sleep=sleeps.append)
         with pytest.raises(VastUnavailable):
             c.create_instance(2, CREATE)
         assert sleeps == []  # never sent twice
+
+
+def _drop_connections(server: socket.socket) -> None:
+    """Accept each connection and close it without an answer, until the listening socket is closed."""
+    while True:
+        try:
+            conn, _ = server.accept()
+        except OSError:
+            return
+        conn.close()

@@ -57,7 +57,8 @@ def status(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, json_out: bool 
                                        "billing) by any run under --runs-dir.")) -> None:
     """Where a run stands: each node's process state and progress, and what was pulled."""
     from launcher.execute.on_hosts import poll_states, reattach
-    from launcher.providers.vast.ledger import is_released, offline_rows, print_rented, rented_rows, say
+    from launcher.providers.vast.ledger import say
+    from launcher.providers.vast.rented_list import is_released, offline_rows, print_rented, rented_rows
 
     check_seconds(connect_timeout, "--connect-timeout")
     if rented:
@@ -231,7 +232,7 @@ def down(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, identity_file: Pa
                           "with Ctrl-C where `ddpctl up` runs" + (f" (or `kill {pid}`, its torchrun)" if pid else "")
                           + f"; its files are in {run_dir.path}")
     if run_dir.record().get("instances"):  # rented: pull and verify, then destroy (refused unverified w/o --force)
-        from launcher.providers.vast.ledger import release_run
+        from launcher.providers.vast.release import release_run
 
         release_run(run_dir, _options(runs_dir, identity_file, False, connect_timeout), force=force)
         return

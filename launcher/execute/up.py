@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from launcher.execute.local import check_local_gpus, check_local_programs, run_local
 from launcher.execute.request import UpOptions, UpResult
@@ -12,18 +13,41 @@ from launcher.results.rundir import RunDir, read_json
 from launcher.spec.datasets import check_local_data
 from launcher.spec.run_spec import RunSpec
 
+if TYPE_CHECKING:
+    from launcher.providers.base import HostProvider
+
 
 def run_up(spec: RunSpec, options: UpOptions) -> UpResult:
     """Run one experiment to its end (or plan it, with dry_run) and return where its results are."""
     if options.provider == "vast":
-        from launcher.providers.vast.rented_run import run_vast_up
+        from launcher.providers.vast.provider import VastProvider
 
-        return run_vast_up(spec, options)
+        return run_on_provider(VastProvider(options), spec, options)
     if options.hosts:
-        from launcher.execute.on_hosts import run_remote_up
+        from launcher.providers.ssh_hosts import SshHosts
 
-        return run_remote_up(spec, options)
+        return run_on_provider(SshHosts(), spec, options)
     return _run_local_up(spec, options)
+
+
+def run_on_provider(provider: HostProvider, spec: RunSpec, options: UpOptions) -> UpResult:
+    """Provider acquires hosts -> the executor runs on them and pulls -> provider releases them."""
+    from launcher.execute.on_hosts import run_remote_up
+
+    try:
+        if options.dry_run:
+            return provider.dry_run(spec, options)
+        acquired = provider.acquire(spec, options)
+        try:
+            result = run_remote_up(acquired.spec, acquired.options, session=acquired.session,
+                                   provider_hosts=acquired.hosts, record_extra=acquired.record,
+                                   run_dir=acquired.run_dir, watch=acquired.watch)
+            return provider.release(result)
+        except BaseException as exc:
+            provider.release_after_failure(exc)
+            raise  # what release_after_failure did not replace with a message (an unexpected error)
+    finally:
+        provider.close()
 
 
 def check_local_run(spec: RunSpec, run_path: Path | None = None) -> RunPlan:

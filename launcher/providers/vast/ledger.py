@@ -1,5 +1,6 @@
 """The bill of a rented run: which instances it created (kept in run.json from the moment each exists), what
-they cost, destroying them (verified), `ddpctl down` for rented runs, and the list of what is still rented.
+they cost, and destroying them (verified). `ddpctl down` of a rented run is release.py; what is still rented,
+rented_list.py.
 
 run.json `instances`: one object per instance the run ever created, in creation order: `instance_id`, `node`,
 `dph` ($/hour, disk included), `created_at`, `state` (starting | failed | rented | destroyed | destroy_failed),
@@ -12,16 +13,14 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher.errors import DdpctlError
 from launcher.providers.vast.models import RentedInstance, TeardownResult
 from launcher.results.progress import console
-from launcher.results.rundir import RUN_FILE, RunDir, write_json_atomic
+from launcher.results.rundir import RunDir, write_json_atomic
 
 if TYPE_CHECKING:
-    from launcher.execute.request import UpOptions
     from launcher.providers.vast.client import VastClient
 
 LIVE_STATES = frozenset({"starting", "failed", "rented", "destroy_failed"})  # may be billing
@@ -166,107 +165,3 @@ def write_summary_cost(run_dir: RunDir, cost: float) -> None:
     if isinstance(summary, dict):
         summary["cost_usd"] = round(cost, 6)
         write_json_atomic(path, summary)
-
-
-def vast_client() -> VastClient:
-    from launcher.providers.vast.apikey import load_api_key
-    from launcher.providers.vast.client import VastClient
-
-    return VastClient(load_api_key())
-
-
-def release_run(run_dir: RunDir, options: UpOptions, force: bool = False) -> None:
-    """`ddpctl down` of a rented run: stop the nodes, pull and verify everything, then destroy the machines.
-
-    When the results cannot be pulled and verified the machines are kept (they hold the only copy) unless
-    `force`. A run whose training never started has nothing to pull."""
-    ledger = Ledger(run_dir)
-    if not live(ledger.instances):
-        say(f"run {run_dir.run_id} holds no rented machine any more (cost ${ledger.cost():.4f})")
-        return
-    problem = None
-    if run_dir.record().get("nodes"):
-        problem = _stop_and_pull(run_dir, options)
-    if problem and not force:
-        raise DdpctlError(f"the results of run {run_dir.run_id} could not be pulled and verified ({problem}); "
-                          f"its {len(live(ledger.instances))} machine(s) are kept and keep billing: fix that and run "
-                          f"`ddpctl down {run_dir.run_id}` again, or add --force to destroy them anyway")
-    if problem:
-        run_dir.event("vast.forced_teardown", error=problem)
-        say(f"destroying the machines without verified results (--force): {problem}", style="yellow")
-    with vast_client() as client:
-        cost = destroy_all(client, ledger, "down --force" if problem else "down")
-    say(f"run {run_dir.run_id}: machines destroyed (verified); it cost ${cost:.4f}; results in "
-        f"{run_dir.path}")
-
-
-def _stop_and_pull(run_dir: RunDir, options: UpOptions) -> str | None:
-    """Stop every node and pull; None when every file came back verified, else what went wrong."""
-    from launcher.execute.on_hosts import pull_run, reattach, stop_all
-
-    try:
-        with reattach(run_dir, options) as session:
-            stop_all(session, run_dir)
-            pull_run(session, run_dir)
-    except DdpctlError as exc:
-        return str(exc).splitlines()[0]
-    return None
-
-
-def is_released(record: dict[str, Any]) -> bool:
-    """A rented run whose machines are all destroyed (nothing to reach over SSH any more)."""
-    return bool(record.get("instances")) and not live(record["instances"])
-
-
-def offline_rows(run_dir: RunDir) -> list[dict[str, Any]]:
-    """`ddpctl status` rows of a rented run that has no machine to ask: from what was pulled and recorded."""
-    record = run_dir.record()
-    rows = []
-    for node in record.get("nodes") or []:
-        code = run_dir.path / "nodes" / str(node["index"]) / "exit_code"
-        exit_code = int(code.read_text().strip()) if code.is_file() and code.read_text().strip().isdigit() else None
-        rows.append({"node": node["index"], "host": node["label"], "state": "machine destroyed",
-                     "exit_code": exit_code, "epoch": None, "epochs": None})
-    if not rows:  # provisioning never ended (or failed): one row per instance created
-        rows = [{"node": "-", "host": f"vast:{i['instance_id']}", "state": i["state"], "exit_code": None,
-                 "epoch": None, "epochs": None} for i in record.get("instances") or []]
-    return rows
-
-
-def rented_rows(runs_dir: Path, now: float | None = None) -> list[dict[str, Any]]:
-    """Every instance that a run under `runs_dir` rented and did not verify destroyed."""
-    now = time.time() if now is None else now
-    rows = []
-    for path in sorted(runs_dir.glob(f"*/{RUN_FILE}")):
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        for inst in live(record.get("instances") or []):
-            rows.append({"run": path.parent.name, "instance_id": inst["instance_id"], "state": inst["state"],
-                         "gpu_name": inst.get("gpu_name"), "ssh": f"{inst.get('ssh_host')}:{inst.get('ssh_port')}",
-                         "dph": inst.get("dph"), "hours": (now - float(inst["created_at"])) / 3600,
-                         "cost_usd": round(instance_cost(inst, now), 6)})
-    return rows
-
-
-def print_rented(runs_dir: Path, json_out: bool) -> None:
-    """`ddpctl status --rented`: the machines local runs still rent (they keep billing until `ddpctl down`)."""
-    rows = rented_rows(runs_dir)
-    if json_out:
-        print(json.dumps({"rented": rows}, indent=2))
-        return
-    if not rows:
-        say(f"no run under {runs_dir} holds a rented machine")
-        return
-    from rich.table import Table
-
-    table = Table(title="still rented: billing until `ddpctl down RUN`")
-    for column in ("run", "instance", "state", "GPU", "ssh", "$/hour", "hours", "cost so far"):
-        table.add_column(column)
-    for r in rows:
-        table.add_row(r["run"], str(r["instance_id"]), r["state"], str(r["gpu_name"] or "?"), r["ssh"],
-                      f"{float(r['dph'] or 0):.4f}", f"{r['hours']:.2f}", f"${r['cost_usd']:.4f}")
-    console.print(table)
-    total = sum(float(r["dph"] or 0) for r in rows)
-    say(f"{len(rows)} machine(s) billing ${total:.4f}/hour in all")

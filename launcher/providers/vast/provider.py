@@ -3,7 +3,8 @@ stop the bill.
 
 Order: offers (nothing is rented for bad filters), run directory, provision (each instance id written to
 run.json the moment it exists), SSH with trust on first use for these instances only, overlay addresses,
-then launcher.execute.on_hosts.run_remote_up with a cost watch; teardown with --down, on --max-cost, and on any failure.
+then the hosts go to the executor (launcher.execute.up) with a cost watch; teardown with --down, on --max-cost,
+and on any failure.
 
 Host keys: Vast.ai's API does not report an instance's SSH host key, so the first key an instance shows is
 trusted, and only for instances this `up` has just created through the authenticated API (we asked for this
@@ -20,12 +21,14 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from launcher.errors import AuthenticationFailed, DdpctlError, HostError, HostsFailed, Interrupted, SpecError
-from launcher.execute.on_hosts import RunStopRequested, pull_run, run_remote_up
+from launcher.execute.on_hosts import RunStopRequested, pull_run
 from launcher.planning.plan import NodeHost, plan_remote
-from launcher.providers.vast.ledger import Ledger, destroy_all, live, say, vast_client, write_summary_cost
+from launcher.providers.base import AcquiredHosts
+from launcher.providers.vast.ledger import Ledger, destroy_all, live, say, write_summary_cost
 from launcher.providers.vast.models import Offer, RentedInstance
 from launcher.providers.vast.offers import OfferFilter, choose_offers, search_offers
 from launcher.providers.vast.provision import provision
+from launcher.providers.vast.release import vast_client
 from launcher.providers.vast.request import VastRequest
 from launcher.providers.vast.sshkey import ensure_vast_ssh_key
 from launcher.results.rundir import RunDir
@@ -59,44 +62,77 @@ class CostWatch:
         return f"${cost:.4f} (${rate:.2f}/h)"
 
 
-def run_vast_up(spec: RunSpec, options: UpOptions) -> UpResult:
-    """Rent `nodes` machines, run the spec on them (native runtime: our image is the machine), pull, and
-    destroy them with --down, at --max-cost, or on any failure."""
-    req: VastRequest = options.vast or VastRequest()
-    if not options.image:
-        raise SpecError("--provider vast needs --image REF: the image Vast.ai starts on each machine (a registry "
-                        "reference such as docker.io/you/ddpctl:1, pushed with `ddpctl image push`)")
-    if options.detach and (req.down or req.max_cost is not None):
-        raise SpecError("--down and --max-cost act while `up` follows the run: drop --detach (a detached run's "
-                        "machines bill until `ddpctl down`)")
-    spec = spec.with_layout(nnodes=req.nodes, nproc_per_node=spec.nproc_per_node)
-    flt = OfferFilter(gpu_name=req.gpu_name, num_gpus=None if options.auto_gpus else spec.nproc_per_node,
-                      max_price=req.max_price, min_reliability=req.min_reliability, disk_gb=req.disk)
-    with vast_client() as client:
-        offers = choose_offers(search_offers(client, flt), req.nodes, req.disk)
-        if options.dry_run:
-            return _dry_run(spec, offers, req)
+class VastProvider:
+    """Rents `nodes` machines and hands them to the executor (native runtime: our image is the machine); destroys
+    them with --down, at --max-cost, or on any failure (see launcher.providers.base.HostProvider)."""
+
+    def __init__(self, options: UpOptions) -> None:
+        self.req: VastRequest = options.vast or VastRequest()
+        if not options.image:
+            raise SpecError("--provider vast needs --image REF: the image Vast.ai starts on each machine (a registry "
+                            "reference such as docker.io/you/ddpctl:1, pushed with `ddpctl image push`)")
+        if options.detach and (self.req.down or self.req.max_cost is not None):
+            raise SpecError("--down and --max-cost act while `up` follows the run: drop --detach (a detached run's "
+                            "machines bill until `ddpctl down`)")
+        self.options = options
+        self._client: VastClient | None = None
+        self._session: HostSession | None = None
+        self._ledger: Ledger | None = None
+
+    def _offers(self, spec: RunSpec) -> tuple[RunSpec, list[Offer]]:
+        req = self.req
+        spec = spec.with_layout(nnodes=req.nodes, nproc_per_node=spec.nproc_per_node)
+        flt = OfferFilter(gpu_name=req.gpu_name, num_gpus=None if self.options.auto_gpus else spec.nproc_per_node,
+                          max_price=req.max_price, min_reliability=req.min_reliability, disk_gb=req.disk)
+        self._client = self._client or vast_client()
+        return spec, choose_offers(search_offers(self._client, flt), req.nodes, req.disk)
+
+    def dry_run(self, spec: RunSpec, options: UpOptions) -> UpResult:
+        """The plan on the offers that would be rented (nothing is rented)."""
+        spec, offers = self._offers(spec)
+        return _dry_run(spec, offers, self.req)
+
+    def acquire(self, spec: RunSpec, options: UpOptions) -> AcquiredHosts:
+        """Rent, connect (first host key of each new instance trusted), find overlay addresses; a failure after
+        renting destroys what was rented before it propagates."""
+        req = self.req
+        spec, offers = self._offers(spec)
+        client = self._client
+        assert client is not None
         key_path, public_key = ensure_vast_ssh_key()
         run_dir = RunDir.create(options.runs_dir, spec, {"provider": "vast", "runtime": "native", "instances": [],
                                                          "vast": {"label": spec.run_id, "image": options.image,
                                                                   "disk": req.disk, "max_cost": req.max_cost}})
-        ledger = Ledger(run_dir)
+        ledger = self._ledger = Ledger(run_dir)
         rented = _provision(client, offers, spec, options, req, ledger, public_key)  # cleans up after itself
-        session: HostSession | None = None
         try:  # from here on, whatever goes wrong destroys what this `up` rented (or says why it cannot)
             _report_rented(ledger, rented)
             targets = [SSHTarget(label=f"vast:{r.instance_id}", hostname=r.ssh_host, port=r.ssh_port,
                                  user=r.ssh_user, identity_files=(str(key_path),)) for r in rented]
-            session = HostSession(targets, replace(options, accept_new_host_keys=True),
-                                  settings={"known_hosts_file": str(run_dir.path / "known_hosts")})
-            result = _launch(spec, options, req, session, rented, ledger)
-            return _finish(client, options, req, ledger, result)
+            self._session = HostSession(targets, replace(options, accept_new_host_keys=True),
+                                        settings={"known_hosts_file": str(run_dir.path / "known_hosts")})
+            return _reach(spec, options, req, self._session, rented, ledger)
         except BaseException as exc:
-            _after_failure(client, session, ledger, exc)
-            raise  # what _after_failure did not replace with a message (an unexpected error)
-        finally:
-            if session is not None:
-                session.close()
+            self.release_after_failure(exc)
+            raise
+
+    def release(self, result: UpResult) -> UpResult:
+        """With --down, destroy the machines (the results are pulled and verified); else say they keep billing."""
+        assert self._client is not None and self._ledger is not None
+        return _finish(self._client, self.options, self.req, self._ledger, result)
+
+    def release_after_failure(self, error: BaseException) -> None:
+        """Destroy exactly what this `up` rented, unless it holds results that could not be pulled."""
+        if self._client is None or self._ledger is None:
+            return  # nothing was rented
+        _after_failure(self._client, self._session, self._ledger, error)
+
+    def close(self) -> None:
+        """Close the SSH connections and the API client."""
+        if self._session is not None:
+            self._session.close()
+        if self._client is not None:
+            self._client.close()
 
 
 def _dry_run(spec: RunSpec, offers: list[Offer], req: VastRequest) -> UpResult:
@@ -142,9 +178,9 @@ def _report_rented(ledger: Ledger, rented: list[RentedInstance]) -> None:
             f"${r.dph:.4f}/hour")
 
 
-def _launch(spec: RunSpec, options: UpOptions, req: VastRequest, session: HostSession, rented: list[RentedInstance],
-            ledger: Ledger) -> UpResult:
-    """Reach the new instances, find their overlay addresses, and run the experiment on them."""
+def _reach(spec: RunSpec, options: UpOptions, req: VastRequest, session: HostSession, rented: list[RentedInstance],
+           ledger: Ledger) -> AcquiredHosts:
+    """Reach the new instances and find their overlay addresses: the hosts the executor runs on."""
     _connect_new_instances(session)
     hosts = None
     if len(rented) > 1:
@@ -152,9 +188,9 @@ def _launch(spec: RunSpec, options: UpOptions, req: VastRequest, session: HostSe
         ledger.set_overlay_ips({r.instance_id: h.address for r, h in zip(rented, hosts, strict=True) if h.address})
     watch = CostWatch(ledger, req.max_cost, req.max_cost_reserve_s)
     watch()  # the budget may not even cover starting
-    record_extra: dict[str, Any] = {"provider": "vast", "instances": ledger.instances}
-    return run_remote_up(spec, replace(options, runtime="native", accept_new_host_keys=False), session=session,
-                         provider_hosts=hosts, record_extra=record_extra, run_dir=ledger.run_dir, watch=watch)
+    record: dict[str, Any] = {"provider": "vast", "instances": ledger.instances}
+    return AcquiredHosts(spec, replace(options, runtime="native", accept_new_host_keys=False), session, hosts=hosts,
+                         record=record, run_dir=ledger.run_dir, watch=watch)
 
 
 def _connect_new_instances(session: HostSession) -> None:
