@@ -137,3 +137,22 @@ def test_dry_run_json_is_the_plan_with_secrets_masked(tmp_path: Path) -> None:
     assert all(n["env"]["TOKEN"] == "***" for n in plan["nodes"]) and "s3cret" not in result.stdout + result.stderr
     assert "counted at launch" in result.stderr  # no --gpus: the hosts' GPUs decide, not the 1 shown
     assert not (tmp_path / "runs").exists()
+
+
+def test_up_help_groups_its_options_into_panels() -> None:
+    result = subprocess.run([sys.executable, "-m", "launcher", "up", "--help"], capture_output=True, text=True,
+                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "160"}, timeout=120)
+    assert result.returncode == 0, result.stderr
+    panels = {}  # option -> the title of the panel it is listed in
+    title = None
+    for line in result.stdout.splitlines():
+        if line.startswith("╭─ "):
+            title = line.removeprefix("╭─ ").split(" ─")[0]
+        elif line.startswith("│ --"):
+            panels[line.split()[1]] = title
+    assert panels["--epochs"] == panels["--model"] == "Run"
+    assert panels["--host"] == panels["--identity-file"] == panels["--rdzv-port"] == "Hosts / SSH"
+    assert panels["--image"] == panels["--registry"] == "Docker (--runtime docker)"
+    assert panels["--gpu-name"] == panels["--max-cost"] == "Vast.ai (--provider vast)"
+    assert panels["--json"] == panels["--dry-run"] == panels["--runs-dir"] == "Output"
+    assert "[user@]host[:port]" in result.stdout  # brackets in help are shown, not taken as markup

@@ -151,10 +151,11 @@ def _eta(first: tuple[float, int], done: int, total: int) -> str | None:
 
 
 def summary_table(summary: Mapping[str, Any], title: str) -> Table:
-    """The final figures of a run (summary.json) as a two-column table."""
-    table = Table(title=title, show_header=False)
-    table.add_column("what", style="bold")
-    table.add_column("value")
+    """The final figures of a run (summary.json) as a two-column table, at least as wide as its title (which
+    names the run: an id broken across lines cannot be copied into `ddpctl status`)."""
+    table = Table(title=title, show_header=False, min_width=len(title) + 4)
+    table.add_column("what", style="bold", no_wrap=True)
+    table.add_column("value", no_wrap=True)
     rows = [
         ("world size", summary.get("world_size")),
         ("epochs", summary.get("epochs")),
