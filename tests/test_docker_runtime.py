@@ -30,9 +30,8 @@ from launcher.runtimes.docker import (
     DockerRuntime,
     container_name,
     docker_node_plan,
-    ensure_image,
-    host_docker_info,
 )
+from launcher.runtimes.docker_hosts import ensure_image, host_docker_info
 from launcher.runtimes.image import docker_client
 from launcher.runtimes.native import env_file, start_argv, stop_node
 from launcher.spec.run_spec import RunSpec

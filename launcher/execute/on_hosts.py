@@ -25,7 +25,8 @@ from launcher.planning.preflight import (
 )
 from launcher.results.progress import FreshestProgress, RunProgress, console, stall_note
 from launcher.results.rundir import RunDir, primary_node_out, read_json, write_bytes_atomic
-from launcher.runtimes.docker import DEFAULT_IMAGE, DockerRuntime, host_docker_info, require_engine
+from launcher.runtimes.docker import DEFAULT_IMAGE, DockerRuntime
+from launcher.runtimes.docker_hosts import ensure_image, host_docker_info, require_engine
 from launcher.runtimes.native import NativeRuntime, NodeState, log_tail, read_state, start_node, stop_node
 from launcher.spec.run_spec import RunSpec
 from launcher.transport.hostsession import HostSession, target_from_json, target_to_json
@@ -182,7 +183,6 @@ def ship_image(session: HostSession, plan: RunPlan, run_dir: RunDir, options: Up
     run ships nothing), or pulled from --registry."""
     if not any(n.runtime == "docker" for n in plan.nodes):
         return
-    from launcher.runtimes.docker import ensure_image
     from launcher.runtimes.image import docker_client
 
     image = image_name(options)
