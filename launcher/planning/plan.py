@@ -1,6 +1,6 @@
 """The plan step: spec + hosts -> what each node will run. Pure: no connections, files or processes.
 
-`ddpctl up --dry-run` prints a RunPlan; execution (local.py, remote.py) only carries one out.
+`ddpctl up --dry-run` prints a RunPlan; execution (launcher/execute/: local.py, on_hosts.py) only carries one out.
 """
 
 from __future__ import annotations
