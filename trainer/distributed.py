@@ -68,8 +68,10 @@ class DistContext:
             dist.destroy_process_group()
 
 
-def setup(backend: str = "auto") -> DistContext:
-    """Read torchrun's environment, pick this process's device and join the process group."""
+def setup(backend: str = "auto", gpus_per_process: int = 1) -> DistContext:
+    """Read torchrun's environment, pick this process's device and join the process group.
+
+    With `gpus_per_process` 2 (ddp-mp) local rank k's device is its first GPU, 2k; 0 keeps it on the CPU."""
     env = os.environ
     under_torchrun = "RANK" in env and "WORLD_SIZE" in env
     rank = int(env.get("RANK", "0"))
@@ -79,14 +81,15 @@ def setup(backend: str = "auto") -> DistContext:
     nnodes = int(env.get("GROUP_WORLD_SIZE", str(max(1, world_size // max(1, local_world_size)))))
     restart_count = int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
-    if torch.cuda.is_available():
-        if local_rank >= torch.cuda.device_count():
+    if gpus_per_process and torch.cuda.is_available():
+        first_gpu = local_rank * gpus_per_process
+        if first_gpu + gpus_per_process > torch.cuda.device_count():
             raise TrainerError(
                 f"local rank {local_rank} has no GPU: this machine has {torch.cuda.device_count()}; "
-                "start at most that many processes per node"
+                f"start at most {torch.cuda.device_count() // gpus_per_process} processes per node"
             )
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(first_gpu)
+        device = torch.device("cuda", first_gpu)
     else:
         device = torch.device("cpu")
 

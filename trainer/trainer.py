@@ -75,14 +75,10 @@ class Trainer:
         self.config = config
         self.ctx = ctx
         self.data = data.to(ctx.device)
-        self.model = model.to(ctx.device)
         if ctx.device.type == "cpu":
-            # CPU max_pool2d is ~5x faster on channels-last tensors than on NCHW ones (measured here: a
-            # whole mnist-cnn step takes half the time); the maths and the parameters' shapes do not change.
-            self.model = self.model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
             self.data = self.data.channels_last()
-        device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-        self.ddp: nn.Module = DistributedDataParallel(self.model, device_ids=device_ids) if ctx.grouped else model
+        self.model = self._place(model)
+        self.ddp: nn.Module = self._wrap(self.model)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=config.lr, momentum=config.momentum)
         self.snapshot_dir = config.snapshot_dir or config.out_dir / "snapshots"
         self.per_rank = samples_per_rank(len(self.data.train_y), ctx.world_size)
@@ -97,6 +93,20 @@ class Trainer:
             if ctx.is_rank0
             else None
         )
+
+    def _place(self, model: nn.Module) -> nn.Module:
+        """The model on this process's device (strategies that split it across devices override this)."""
+        model = model.to(self.ctx.device)
+        if self.ctx.device.type == "cpu":
+            # CPU max_pool2d is ~5x faster on channels-last tensors than on NCHW ones (measured here: a
+            # whole mnist-cnn step takes half the time); the maths and the parameters' shapes do not change.
+            model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+        return model
+
+    def _wrap(self, model: nn.Module) -> nn.Module:
+        """What trains: DDP over the process group (other strategies override this)."""
+        device_ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=device_ids) if self.ctx.grouped else model
 
     # --- one step, one epoch ---------------------------------------------------------------------------
 
@@ -167,7 +177,7 @@ class Trainer:
     def _save_snapshot(self) -> None:
         """Every rank hands its RNG state to the local rank 0s, which each write one copy for their node."""
         rng_states = self.ctx.gather_objects(capture_rng(self.ctx.device))
-        if self.ctx.local_rank != 0:
+        if not self._writes_snapshots():
             return
         state = {
             "format": SNAPSHOT_FORMAT,
@@ -181,6 +191,10 @@ class Trainer:
             "wall_start": self.wall_start,
         }
         save_snapshot(self.snapshot_dir, self.epochs_done, state, self.config.keep_snapshots)
+
+    def _writes_snapshots(self) -> bool:
+        """One copy per node, by local rank 0 (local-sgd, whose ranks hold different weights, overrides it)."""
+        return self.ctx.local_rank == 0
 
     def _load_snapshot(self) -> bool:
         """Resume from the newest snapshot that is valid on every node; False when there is none."""
