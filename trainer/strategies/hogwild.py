@@ -34,7 +34,7 @@ from trainer.records import ProgressReporter, TimingLog, build_summary, versions
 from trainer.sharding import samples_per_rank, shard_indices
 from trainer.snapshot import newest_valid, save_snapshot, snapshot_path
 from trainer.strategies.common import initial_model, read_data, set_threads, strategy_summary
-from trainer.strategies.options import StrategyOptions, node_cores, process_count, threads_per_process
+from trainer.strategies.options import StrategyOptions, process_count, threads_per_process
 from trainer.trainer import EVAL_BATCH_SIZE, SNAPSHOT_FORMAT, TrainConfig, seed_rng
 
 WORKER_POLL_S = 0.5  # how often the coordinator checks that its workers are alive while it waits
@@ -248,7 +248,7 @@ def run(config: TrainConfig, backend: str, data_dir: Path, options: StrategyOpti
     del backend  # no process group: the workers share memory
     processes = process_count(options, 0)
     threads = threads_per_process(options, processes)
-    set_threads(node_cores())  # the coordinator validates while the workers wait
+    set_threads(threads)  # the coordinator validates while the workers wait
     data = read_data(config, data_dir)
     model = initial_model(config, data)
     HogwildTrainer(config, data, model, options, processes, threads).train()

@@ -65,8 +65,14 @@ def process_count(options: StrategyOptions, gpu_count: int) -> int:
 
 
 def threads_per_process(options: StrategyOptions, processes_on_node: int) -> int:
-    """Intra-op threads for each process: --threads-per-process, else the node's cores shared out evenly."""
-    return options.threads_per_process or max(1, node_cores() // max(1, processes_on_node))
+    """Intra-op threads for each process: --threads-per-process, else OMP_NUM_THREADS where the environment sets
+    it (torchrun sets 1 when it starts several processes per node), else the node's cores shared out evenly."""
+    if options.threads_per_process:
+        return options.threads_per_process
+    from_env = os.environ.get("OMP_NUM_THREADS", "")
+    if from_env.isdigit() and int(from_env) > 0:
+        return int(from_env)
+    return max(1, node_cores() // max(1, processes_on_node))
 
 
 def refusal(options: StrategyOptions, env: Mapping[str, str], gpu_count: int) -> str | None:
