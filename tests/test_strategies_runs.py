@@ -80,7 +80,7 @@ def test_each_strategy_trains_and_writes_the_run_records(finished: Callable[[str
     assert timing[-1]["val_acc"] > 0.3  # it learned: ten classes, chance is 0.1
     strategy = name.removesuffix("-end")
     assert summary["strategy"] == strategy and summary["epochs"] == 2 and summary["world_size"] == processes
-    assert summary["threads_per_process"] >= 1 and summary["processes_per_node"] == processes
+    assert summary["threads_per_process"] == 1 and summary["processes_per_node"] == processes  # OMP_NUM_THREADS=1
     assert len(summary["load_start"]) == 3 and len(summary["load_end"]) == 3
     assert summary["final_val_acc"] == timing[-1]["val_acc"]
     assert read_json(out / "progress.json")["state"] == "done"
@@ -89,13 +89,6 @@ def test_each_strategy_trains_and_writes_the_run_records(finished: Callable[[str
     snapshot_dirs = sorted((out / "snapshots").glob("rank-*")) if strategy == "local-sgd" else [out / "snapshots"]
     assert len(snapshot_dirs) == (2 if strategy == "local-sgd" else 1)
     assert all([e for e, _ in list_snapshots(d)] == [2, 1] for d in snapshot_dirs)
-
-
-def test_threads_per_process_is_set_and_recorded(tmp_path: Path) -> None:
-    result = run_trainer([*RUN, "--epochs", "1", "--strategy", "hogwild", "--processes", "2",
-                          "--threads-per-process", "3", "--out-dir", str(tmp_path)])  # fmt: skip
-    assert result.returncode == 0, describe(result)
-    assert read_json(tmp_path / "summary.json")["threads_per_process"] == 3
 
 
 # --- each strategy computes what it claims -------------------------------------------------------------
@@ -157,7 +150,8 @@ def test_spawn_killed_then_rerun_resumes_and_ends_as_an_uninterrupted_run(
 ) -> None:
     args = [*RUN, *RUNS["spawn"][1], "--out-dir", str(tmp_path)]
     killed = run_trainer([*args, "--fault-kill", KILL_IN_EPOCH_2])
-    assert killed.returncode != 0 and "spawned process 1" in killed.stderr.strip().splitlines()[-1]
+    last_line = killed.stderr.strip().splitlines()[-1]
+    assert killed.returncode == 2 and last_line.startswith("error: spawned process 1 was killed by SIGKILL")
     assert [r["epoch"] for r in read_timing(tmp_path)] == [1]
     rerun = run_trainer(args)
     assert rerun.returncode == 0, describe(rerun)
@@ -181,11 +175,11 @@ def test_hogwild_worker_killed_fails_the_run_and_a_rerun_resumes(tmp_path: Path)
     assert read_json(tmp_path / "summary.json")["epochs"] == 2
 
 
-@pytest.mark.parametrize("name", ["local-sgd-end", "ddp-mp"])
-def test_torchrun_restarts_a_killed_rank_and_the_run_ends_as_an_uninterrupted_one(
-    finished: Callable[[str], Path], tmp_path: Path, name: str
+def test_local_sgd_rank_killed_and_restarted_by_torchrun_resumes_from_its_own_snapshot(
+    finished: Callable[[str], Path], tmp_path: Path
 ) -> None:
-    # local-sgd-end: the processes' weights differ until the end, so each must resume from its own snapshot.
+    # Averaging only at the end, the processes' weights differ until then: each must resume from its own.
+    name = "local-sgd-end"
     result = run_torchrun([*RUN, *RUNS[name][1], "--out-dir", str(tmp_path), "--fault-kill", KILL_IN_EPOCH_2],
                           max_restarts=1)  # fmt: skip
     assert result.returncode == 0, describe(result)

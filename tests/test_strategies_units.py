@@ -10,7 +10,13 @@ import torch
 import torch.nn.functional as F
 
 from trainer.models import MnistCnn, SmallMnistCnn, build_model, two_stages
-from trainer.strategies.options import StrategyOptions, parse_average_every, parse_devices, refusal
+from trainer.strategies.options import (
+    StrategyOptions,
+    parse_average_every,
+    parse_devices,
+    refusal,
+    threads_per_process,
+)
 from trainer.strategies.split import SplitModel
 
 # --- write-up 5's model ------------------------------------------------------------------------------------
@@ -170,3 +176,16 @@ def test_bad_strategy_options_are_one_line_errors(
     assert exit_info.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
+
+
+def test_threads_per_process_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainer.strategies import options as options_module
+
+    monkeypatch.setattr(options_module, "node_cores", lambda: 16)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert threads_per_process(StrategyOptions(), 4) == 4  # the node's cores shared out
+    assert threads_per_process(StrategyOptions(), 32) == 1
+    assert threads_per_process(StrategyOptions(threads_per_process=3), 4) == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # torchrun's, or the user's: honoured
+    assert threads_per_process(StrategyOptions(), 4) == 2
+    assert threads_per_process(StrategyOptions(threads_per_process=5), 4) == 5

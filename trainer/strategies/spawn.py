@@ -39,8 +39,9 @@ def run(config: TrainConfig, backend: str, data_dir: Path, options: StrategyOpti
         mp.spawn(_process, args=(processes, port, config, backend, data_dir, options, threads), nprocs=processes,
                  join=True, daemon=True)  # fmt: skip
     except mp.ProcessExitedException as exc:
-        raise TrainerError(f"spawned process {exc.error_index} ended with exit code {exc.exit_code}; "
-                           "its error is above; rerun to resume from the last snapshot") from None  # fmt: skip
+        how = f"was killed by {exc.signal_name}" if exc.signal_name else f"ended with exit code {exc.exit_code}"
+        raise TrainerError(f"spawned process {exc.error_index} {how}; "
+                           "rerun the same command to resume after the last snapshot") from None  # fmt: skip
     except mp.ProcessRaisedException as exc:
         raise TrainerError(f"spawned process {exc.error_index} failed: {str(exc).strip().splitlines()[-1]}") from None
 
