@@ -77,7 +77,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, str, Path]:
 
 def parse_command_line(argv: list[str] | None = None) -> tuple[TrainConfig, str, Path, StrategyOptions]:
     """The whole command line: parse_args's three, and the parallel strategy with its options."""
-    p = _OneLineParser(prog="python -m trainer", description="DDP trainer (run it under torchrun).")
+    p = _OneLineParser(prog="python -m trainer", description="DDP trainer (under torchrun; --strategy: others)")
     p.add_argument("--model", choices=MODELS, default="mnist-cnn")
     p.add_argument("--dataset", choices=("synthetic", "mnist", "cifar10"), default="synthetic")
     p.add_argument("--data-dir", type=Path, default=Path("data"), help="where data sets are (or go)")
@@ -125,7 +125,7 @@ def parse_command_line(argv: list[str] | None = None) -> tuple[TrainConfig, str,
         "--threads-per-process",
         type=_positive(int),
         default=None,
-        help="intra-op threads per process (default: the node's cores / processes on the node)",
+        help="intra-op threads per process (default: OMP_NUM_THREADS if set, else the node's cores / its processes)",
     )
     p.add_argument(
         "--processes",
@@ -136,9 +136,11 @@ def parse_command_line(argv: list[str] | None = None) -> tuple[TrainConfig, str,
     args = p.parse_args(argv)
     if not 0 <= args.seed < 2**32:
         p.error(f"--seed must be in 0..{2**32 - 1}, got {args.seed}")
+    hangable = tuple(name for name in STRATEGIES if name != "hogwild")  # hogwild's workers do not hang on cue
     for option, value, allowed in (("--devices", args.devices, DEVICE_STRATEGIES),
                                    ("--processes", args.processes, PROCESS_STRATEGIES),
-                                   ("--average-every", args.average_every, ("local-sgd",))):  # fmt: skip
+                                   ("--average-every", args.average_every, ("local-sgd",)),
+                                   ("--fault-hang", args.fault_hang, hangable)):  # fmt: skip
         if value is not None and args.strategy not in allowed:
             p.error(f"{option} applies to --strategy {'/'.join(allowed)}, not {args.strategy}")
     options = StrategyOptions(
