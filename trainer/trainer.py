@@ -85,21 +85,15 @@ class Trainer:
         self.config = config
         self.ctx = ctx
         self.data = data.to(ctx.device)
-        self.model = model.to(ctx.device)
         if config.channels_last:
-            # CPU max_pool2d is ~5x faster on channels-last tensors than on NCHW (a whole mnist-cnn step takes half
-            # the time), and cuDNN's tensor-core convolutions work in it. The maths is the same, the rounding not.
-            self.model = self.model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
             self.data = self.data.channels_last()
-        device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-        # A world of one has no gradients to average: DDP would only add a one-rank all-reduce per step.
-        several = ctx.grouped and ctx.world_size > 1
-        self.ddp: nn.Module = DistributedDataParallel(self.model, device_ids=device_ids) if several else self.model
+        self.model = self._place(model)
+        self.ddp: nn.Module = self._wrap(self.model)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=config.lr, momentum=config.momentum)
         self.graphed = (
             GraphedStep(self._run_batch, self.model, self.optimizer, self.data.train_x, self.data.train_y,
                         config.batch_size)  # fmt: skip
-            if config.cuda_graphs and ctx.device.type == "cuda" and not several
+            if self._graphable()
             else None
         )
         self.snapshot_dir = config.snapshot_dir or config.out_dir / "snapshots"
@@ -115,6 +109,31 @@ class Trainer:
             if ctx.is_rank0
             else None
         )
+
+    def _place(self, model: nn.Module) -> nn.Module:
+        """The model on this process's device (strategies that split it across devices override this)."""
+        model = model.to(self.ctx.device)
+        if self.config.channels_last:
+            # CPU max_pool2d is ~5x faster on channels-last tensors than on NCHW (a whole mnist-cnn step takes half
+            # the time), and cuDNN's tensor-core convolutions work in it. The maths is the same, the rounding not.
+            model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+        return model
+
+    def _wrap(self, model: nn.Module) -> nn.Module:
+        """What trains: DDP over the process group (other strategies override this). A world of one has no
+        gradients to average: DDP would only add a one-rank all-reduce per step."""
+        device_ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
+        several = self.ctx.grouped and self.ctx.world_size > 1
+        return DistributedDataParallel(model, device_ids=device_ids) if several else model
+
+    def _graphable(self) -> bool:
+        """Whether the step can be captured once and replayed: one CUDA device, the plain model, this class's step
+        (strategies that wrap, split or change the step run it as written)."""
+        return (
+            self.config.cuda_graphs and self.ctx.device.type == "cuda" and self.ddp is self.model
+            and type(self)._run_batch is Trainer._run_batch
+            and all(p.device == self.ctx.device for p in self.model.parameters())
+        )  # fmt: skip
 
     # --- one step, one epoch ---------------------------------------------------------------------------
 
@@ -197,7 +216,7 @@ class Trainer:
     def _save_snapshot(self) -> None:
         """Every rank hands its RNG state to the local rank 0s, which each write one copy for their node."""
         rng_states = self.ctx.gather_objects(capture_rng(self.ctx.device))
-        if self.ctx.local_rank != 0:
+        if not self._writes_snapshots():
             return
         state = {
             "format": SNAPSHOT_FORMAT,
@@ -211,6 +230,10 @@ class Trainer:
             "wall_start": self.wall_start,
         }
         save_snapshot(self.snapshot_dir, self.epochs_done, state, self.config.keep_snapshots)
+
+    def _writes_snapshots(self) -> bool:
+        """One copy per node, by local rank 0 (local-sgd, whose ranks hold different weights, overrides it)."""
+        return self.ctx.local_rank == 0
 
     def _load_snapshot(self) -> bool:
         """Resume from the newest snapshot that is valid on every node; False when there is none."""
