@@ -43,7 +43,7 @@ if [ "$PART" = all ] || [ "$PART" = bench ]; then
 fi
 if [ "$PART" = all ] || [ "$PART" = tests ]; then
     # --noconftest: the SSH test bed's fixtures import paramiko, which the GPU machine lacks; these tests need none.
-    step gpu-tests 280 $PY -m pytest -q -rs --noconftest -p no:cacheprovider tests/test_gpu.py \
+    step gpu-tests 280 $PY -m pytest -q -rs --noconftest -p no:cacheprovider tests/test_gpu.py tests/test_strategies_gpu.py tests/test_strategies_units.py \
         tests/test_trainer_units.py
 fi
 if [ "$PART" = all ] || [ "$PART" = bench ]; then
