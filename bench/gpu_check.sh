@@ -43,8 +43,9 @@ if [ "$PART" = all ] || [ "$PART" = bench ]; then
 fi
 if [ "$PART" = all ] || [ "$PART" = tests ]; then
     # --noconftest: the SSH test bed's fixtures import paramiko, which the GPU machine lacks; these tests need none.
-    step gpu-tests 280 $PY -m pytest -q -rs --noconftest -p no:cacheprovider tests/test_gpu.py tests/test_strategies_gpu.py tests/test_strategies_units.py \
+    step gpu-tests 400 $PY -m pytest -q -rs --noconftest -p no:cacheprovider tests/test_gpu.py \
         tests/test_trainer_units.py
+    step strategy-gpu-tests 300 $PY -m pytest -q -rs --noconftest -p no:cacheprovider tests/test_strategies_gpu.py
 fi
 if [ "$PART" = all ] || [ "$PART" = bench ]; then
     step bench-mnist60k 70 $PY bench/bench_trainer.py --device cuda --train-size 60000 --test-size 10000 --epochs 2
