@@ -162,8 +162,8 @@ def sweep_command(
 
 
 def _announce(entry: dict[str, Any], spec: RunSpec) -> None:
-    typer.echo(f"{spec.strategy}: layout {spec.nnodes}x{spec.nproc_per_node} (world size {spec.world_size}, lr {spec.lr:g}): "
-               f"run {spec.run_id}")
+    typer.echo(f"{spec.strategy}: layout {spec.nnodes}x{spec.nproc_per_node} (world size {spec.world_size}, "
+               f"lr {spec.lr:g}): run {spec.run_id}")
 
 
 def _start_sweep(o: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
@@ -233,14 +233,14 @@ def _sweep_strategies(o: dict[str, Any], fields: dict[str, Any]) -> tuple[tuple[
     """The strategies to sweep (--strategy, else the preset's) and their own options, taken out of `fields`
     (devices, average_every apply to some strategies only: each entry gets them where they apply)."""
     if o["strategy"] is not None:
-        names = tuple(dict.fromkeys(part.strip() for part in o["strategy"].split(",")))
+        names: tuple[str, ...] = tuple(dict.fromkeys(part.strip() for part in o["strategy"].split(",")))
         if not all(names):
             raise SpecError(f"--strategy {o['strategy']!r} is not a list: give strategies separated by commas, "
                             f"e.g. ddp,hogwild,local-sgd")
     else:
         names = get_preset(o["preset"]).strategies if o["preset"] else ("ddp",)
     fields.pop("strategy", None)
-    options = {key: fields.pop(key) for key in ("devices", "average_every") if key in fields}
+    options: dict[str, Any] = {key: fields.pop(key) for key in ("devices", "average_every") if key in fields}
     for key, applies in (("devices", DEVICE_STRATEGIES), ("average_every", ("local-sgd",))):
         if o[key] is not None:
             if not set(names) & set(applies):

@@ -223,7 +223,8 @@ def render_markdown(rows: list[Row], reference: ReferenceFigures | None = None,
         lines += ["", f"Note: these runs used data set {', '.join(sorted(datasets))}, not the preset's "
                       f"{preset_dataset}: compare times and steps with the reference, not accuracies."]
     lines += ["", f"Speed-up and efficiency are against each strategy's first row (here {rows[0].strategy} "
-                  f"{rows[0].layout}, world size {rows[0].world_size}); times are training only (validation excluded); efficiency = speed-up "
+                  f"{rows[0].layout}, world size {rows[0].world_size}); times are training only (validation "
+                  "excluded); efficiency = speed-up "
                   "/ (world size / smallest world size). Layout = nodes x processes per node.", ""]
     lines += _md_table(list(COLUMNS), [row_cells(r) for r in rows])
     lines += ["", "Runs: " + ", ".join(f"`{r.run_id}` ({r.strategy} {r.layout})" for r in rows) + "."]
