@@ -103,11 +103,12 @@ def sweep_command(
     gpus: str | None = typer.Option(None, "--gpus", help="Processes per node to sweep, e.g. 1,2,4 "
                                     "(default: the preset's)."),
     nodes: str | None = typer.Option(None, "--nodes", help="Node counts to sweep, e.g. 1,2 (default 1)."),
-    preset: str | None = typer.Option(None, "--preset", help="mnist, cifar10-resnet18 or mnist-cpu."),
+    preset: str | None = typer.Option(None, "--preset", help="mnist, mnist-spawn, mnist-dp-mp, "
+                                        "cifar10-resnet18 or mnist-cpu (README: Reproducing the write-ups)."),
     scale_lr: str | None = typer.Option(None, "--scale-lr", help="none (default), linear or sqrt: scale lr "
                                         "with the world size over the smallest one."),
     resume: Path | None = typer.Option(None, "--resume", help="Continue the sweep in this directory."),
-    model: str | None = typer.Option(None, "--model", help="mnist-cnn or resnet18."),
+    model: str | None = typer.Option(None, "--model", help="mnist-cnn, mnist-cnn-small (write-up 5) or resnet18."),
     dataset: str | None = typer.Option(None, "--dataset", help="synthetic, mnist or cifar10."),
     data_dir: str | None = typer.Option(None, "--data-dir", help="Folder holding the data set files."),
     epochs: int | None = typer.Option(None, "--epochs"),
