@@ -50,9 +50,10 @@ def plot_scaling(rows: list[Row], path: Path, references: tuple[ReferenceFigures
     not comparable are hollow markers, left out of the speed-up; the write-up's minutes on a second axis."""
     fig, (ax_time, ax_speed) = _figure(2)
     sizes = sorted({r.world_size for r in rows})
+    colors: dict[str, str] = {}
     for strategy, line in _by_strategy(rows).items():
         drawn = ax_time.plot([r.world_size for r in line], [r.train_seconds for r in line], "o-", label=strategy)
-        color = drawn[0].get_color()
+        color = colors[strategy] = drawn[0].get_color()
         flagged = [r for r in line if r.not_comparable]
         if flagged:
             ax_time.plot([r.world_size for r in flagged], [r.train_seconds for r in flagged], "o", color=color,
@@ -64,10 +65,10 @@ def plot_scaling(rows: list[Row], path: Path, references: tuple[ReferenceFigures
         ax_ref = ax_time.twinx()
         for ref in minutes:
             points = sorted(ref.train_minutes.items())
-            ax_ref.plot([p[0] for p in points], [p[1] for p in points], "x--", color="gray",
-                        label=f"write-up ({ref.strategy}, min)")
-        ax_ref.set_ylabel("write-up's training time (min)")
-        ax_ref.legend(loc="upper right", fontsize="small")
+            ax_ref.plot([p[0] for p in points], [p[1] for p in points], "x:", color=colors.get(ref.strategy, "gray"),
+                        markersize=10, label=f"write-up {ref.strategy} (min)")
+        ax_ref.set_ylabel("write-up's training time (min, crosses)")
+        ax_ref.legend(loc="lower left", fontsize="small")
     base = min(sizes)
     ax_speed.plot(sizes, [ws / base for ws in sizes], "--", color="gray", label="ideal (linear)")
     for ax in (ax_time, ax_speed):
