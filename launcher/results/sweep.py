@@ -124,14 +124,15 @@ def new_sweep(base: RunSpec, layouts: list[Layout], runs_dir: Path, scale_lr: st
     for strategy in strategies:
         for layout in layouts:
             entry = {"strategy": strategy, "nnodes": layout.nnodes, "nproc_per_node": layout.nproc_per_node,
-                     "world_size": layout.world_size, "lr": scaled_lr(base.lr, layout.world_size, smallest, scale_lr),
-                     "status": "pending", "attempts": 0, "run_dir": None, "error": None}
+                     "world_size": layout.world_size}
             if strategy == "local-sgd" and layout.world_size < 2:
                 if skipped is not None:
                     skipped.append(entry_label(entry))
                 continue
             # Validate every entry's spec now, so a bad value fails before the first run, not after it.
             strategy_spec(base, strategy, options, layout, run_id=f"{sweep_id}-{entry_label(entry)}")
+            entry.update(lr=scaled_lr(base.lr, layout.world_size, smallest, scale_lr), status="pending", attempts=0,
+                         run_dir=None, error=None)
             entries.append(entry)
     if not entries:
         raise SpecError("local-sgd needs at least 2 processes: give --gpus 2 or more")
