@@ -252,8 +252,8 @@ def stop_orphaned_torchruns(runs: Path) -> None:
 
 @pytest.mark.timeout(300)
 def test_local_sweep_on_synthetic_data_runs_both_layouts_and_reports(tmp_path: Path) -> None:
-    proc = ddpctl("sweep", "--gpus", "1,2", "--preset", "mnist-cpu", "--dataset", "synthetic", *TINY,
-                  "--runs-dir", str(tmp_path), "--no-progress")
+    proc = ddpctl("sweep", "--gpus", "1,2", "--preset", "mnist-cpu", "--strategy", "ddp", "--dataset", "synthetic",
+                  *TINY, "--runs-dir", str(tmp_path), "--no-progress")
     out, err = proc.communicate(timeout=280)
     assert proc.returncode == 0, out + err
     sweep_dir = sweep_dir_in(tmp_path)

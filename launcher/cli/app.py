@@ -50,7 +50,8 @@ def spec_from_options(*, gpus: int, nnodes: int, model: str, dataset: str, data_
                       epochs: int, batch_size: int, lr: float, save_every: int, seed: int, max_restarts: int,
                       name: str | None, command: list[str], python: str, rdzv_port: int,
                       synthetic_train_size: int | None, synthetic_test_size: int | None,
-                      trainer_arg: list[str], env: list[str]) -> RunSpec:
+                      trainer_arg: list[str], env: list[str],
+                      strategy_options: dict[str, Any] | None = None) -> RunSpec:
     """Build the validated RunSpec from `up`'s options."""
     trainer_args: list[str] = []
     if synthetic_train_size is not None:
@@ -69,8 +70,26 @@ def spec_from_options(*, gpus: int, nnodes: int, model: str, dataset: str, data_
         model=model, dataset=dataset, data_dir=data_dir, epochs=epochs, batch_size=batch_size, lr=lr,
         save_every=save_every, seed=seed, max_restarts=max_restarts, nproc_per_node=gpus, nnodes=nnodes,
         user_command=tuple(command), trainer_args=tuple(trainer_args), python=python, rdzv_port=rdzv_port,
-        extra_env=tuple(sorted(extra_env)),
+        extra_env=tuple(sorted(extra_env)), **(strategy_options or {}),
     )  # fmt: skip
+
+
+# Issue 14: the parallel strategy and its options (one block, shared by `up` and `sweep`).
+STRATEGY = "Strategy"
+STRATEGY_HELP = ("ddp (torchrun), spawn, dp, mp, ddp-mp, hogwild or local-sgd; --gpus stays the processes / GPUs "
+                 "to use (README: Strategies).")
+DEVICES_HELP = "dp, mp, ddp-mp: devices, e.g. cpu,cpu or cuda:0,cuda:1 (default: the GPUs)."
+THREADS_HELP = "Intra-op threads per process (default: the node's cores / its processes)."
+AVERAGE_HELP = "local-sgd: average parameters every N steps, each 'epoch' (default) or at the 'end'."
+PRECISION_HELP = "fp32 (default) or bf16 (autocast)."
+
+
+def strategy_fields(strategy: str | None, devices: str | None, threads_per_process: int | None,
+                    average_every: str | None, precision: str | None) -> dict[str, Any]:
+    """RunSpec fields of the strategy options the user gave (RunSpec validates them)."""
+    given = {"strategy": strategy, "devices": devices, "threads_per_process": threads_per_process,
+             "average_every": average_every, "precision": precision}
+    return {key: value for key, value in given.items() if value is not None}
 
 
 @app.command(context_settings={"allow_interspersed_args": False})
@@ -81,7 +100,8 @@ def up(
         rich_help_panel=RUN),
     host: list[str] = typer.Option([], "--host", help=r"\[user@]host[:port] or ssh alias; repeat, node 0 first.",
         rich_help_panel=HOSTS),
-    model: str = typer.Option("mnist-cnn", help="mnist-cnn or resnet18.", rich_help_panel=RUN),
+    model: str = typer.Option("mnist-cnn", help="mnist-cnn, mnist-cnn-small (write-up 5) or resnet18.",
+        rich_help_panel=RUN),
     dataset: str = typer.Option("synthetic", help="synthetic, mnist or cifar10.", rich_help_panel=RUN),
     data_dir: str | None = typer.Option(None, help="Folder holding the data set files.", rich_help_panel=RUN),
     epochs: int = typer.Option(3, help="Epochs to train.", rich_help_panel=RUN),
@@ -152,6 +172,12 @@ def up(
         rich_help_panel=VAST),
     ready_timeout: float = typer.Option(900.0, "--ready-timeout", help="Vast.ai: seconds for a machine to start.",
         rich_help_panel=VAST),
+    strategy: str = typer.Option("ddp", "--strategy", help=STRATEGY_HELP, rich_help_panel=STRATEGY),
+    devices: str | None = typer.Option(None, "--devices", help=DEVICES_HELP, rich_help_panel=STRATEGY),
+    threads_per_process: int | None = typer.Option(None, "--threads-per-process", help=THREADS_HELP,
+        rich_help_panel=STRATEGY),
+    average_every: str | None = typer.Option(None, "--average-every", help=AVERAGE_HELP, rich_help_panel=STRATEGY),
+    precision: str = typer.Option("fp32", "--precision", help=PRECISION_HELP, rich_help_panel=STRATEGY),
 ) -> None:
     """Launch a DDP training run and follow it to the end."""
     from launcher.execute.local import default_local_procs, default_python
@@ -196,7 +222,7 @@ def up(
         command=command or [], python=python if python is not None else default_python(provider),
         rdzv_port=DEFAULT_RDZV_PORT if rdzv_port is None else rdzv_port,
         synthetic_train_size=synthetic_train_size, synthetic_test_size=synthetic_test_size, trainer_arg=trainer_arg,
-        env=env,
+        env=env, strategy_options=strategy_fields(strategy, devices, threads_per_process, average_every, precision),
     )  # fmt: skip
     options = UpOptions(
         runs_dir=runs_dir, hosts=hosts, runtime=runtime, show_progress=not json_out, dry_run=dry_run,

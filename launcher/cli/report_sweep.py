@@ -10,10 +10,12 @@ from typing import Any
 
 import typer
 
+from launcher.cli.app import AVERAGE_HELP, DEVICES_HELP, PRECISION_HELP, THREADS_HELP
 from launcher.errors import Interrupted, SpecError
 from launcher.results.sweep import (
     SCALE_LR_MODES,
     Execute,
+    Layout,
     SweepError,
     finish_sweep,
     load_manifest,
@@ -21,10 +23,12 @@ from launcher.results.sweep import (
     parse_counts,
     plan_layouts,
     run_sweep,
+    strategy_spec,
 )
 from launcher.spec.hosts import parse_host, parse_hosts
 from launcher.spec.presets import apply_preset, get_preset
 from launcher.spec.run_spec import RunSpec
+from launcher.spec.strategies import DEVICE_STRATEGIES, STRATEGIES
 from launcher.spec.validate import check_runs_dir, check_seconds
 
 EXIT_INTERRUPTED = 130
@@ -99,11 +103,12 @@ def sweep_command(
     gpus: str | None = typer.Option(None, "--gpus", help="Processes per node to sweep, e.g. 1,2,4 "
                                     "(default: the preset's)."),
     nodes: str | None = typer.Option(None, "--nodes", help="Node counts to sweep, e.g. 1,2 (default 1)."),
-    preset: str | None = typer.Option(None, "--preset", help="mnist, cifar10-resnet18 or mnist-cpu."),
+    preset: str | None = typer.Option(None, "--preset", help="mnist, mnist-spawn, mnist-dp-mp, "
+                                        "cifar10-resnet18 or mnist-cpu (README: Reproducing the write-ups)."),
     scale_lr: str | None = typer.Option(None, "--scale-lr", help="none (default), linear or sqrt: scale lr "
                                         "with the world size over the smallest one."),
     resume: Path | None = typer.Option(None, "--resume", help="Continue the sweep in this directory."),
-    model: str | None = typer.Option(None, "--model", help="mnist-cnn or resnet18."),
+    model: str | None = typer.Option(None, "--model", help="mnist-cnn, mnist-cnn-small (write-up 5) or resnet18."),
     dataset: str | None = typer.Option(None, "--dataset", help="synthetic, mnist or cifar10."),
     data_dir: str | None = typer.Option(None, "--data-dir", help="Folder holding the data set files."),
     epochs: int | None = typer.Option(None, "--epochs"),
@@ -127,6 +132,13 @@ def sweep_command(
     rdzv_addr: str | None = typer.Option(None, "--rdzv-addr", help="Node 0's address as the other nodes reach it."),
     runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="The sweep directory goes under here."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show each run's progress."),
+    # Issue 14: strategy options (one block; the help texts are `up`'s).
+    strategy: str | None = typer.Option(None, "--strategy", help="Strategies to compare, e.g. ddp,hogwild,local-sgd "
+                                        "(default: the preset's, else ddp)."),
+    devices: str | None = typer.Option(None, "--devices", help=DEVICES_HELP),
+    threads_per_process: int | None = typer.Option(None, "--threads-per-process", help=THREADS_HELP),
+    average_every: str | None = typer.Option(None, "--average-every", help=AVERAGE_HELP),
+    precision: str | None = typer.Option(None, "--precision", help=PRECISION_HELP),
 ) -> None:
     """Run one experiment per process layout, one after another, then write the scaling report."""
     options = dict(locals())
@@ -151,8 +163,8 @@ def sweep_command(
 
 
 def _announce(entry: dict[str, Any], spec: RunSpec) -> None:
-    typer.echo(f"layout {spec.nnodes}x{spec.nproc_per_node} (world size {spec.world_size}, lr {spec.lr:g}): "
-               f"run {spec.run_id}")
+    typer.echo(f"{spec.strategy}: layout {spec.nnodes}x{spec.nproc_per_node} (world size {spec.world_size}, "
+               f"lr {spec.lr:g}): run {spec.run_id}")
 
 
 def _start_sweep(o: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
@@ -172,7 +184,8 @@ def _start_sweep(o: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
     if o["python"] is None:
         o = {**o, "python": default_python("ssh" if o["host"] else "local")}
     fields = apply_preset(o["preset"], trainer_args=tuple(trainer_args) or None,
-                          **{k: o[k] for k in spec_options})
+                          **{k: o[k] for k in spec_options + ("threads_per_process", "precision")})
+    strategies, strategy_options = _sweep_strategies(o, fields)
     base = RunSpec(run_id="sweep", **fields)
     if o["gpus"] is None and o["preset"] is None:
         raise SpecError("--gpus is missing: give the processes per node to sweep, e.g. --gpus 1,2,4")
@@ -199,15 +212,47 @@ def _start_sweep(o: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
         check_seconds(o["connect_timeout"], "--connect-timeout")
     check_runs_dir(o["runs_dir"])
     if not hosts:  # what `up` checks before each local run, checked once before the sweep directory exists
-        check_local_run(base.with_layout(nnodes=1, nproc_per_node=max(gpu_counts)))
+        for name in strategies:
+            if name != "local-sgd" or max(gpu_counts) > 1:
+                check_local_run(strategy_spec(base, name, strategy_options, Layout(1, max(gpu_counts))))
     launch = {"hosts": [h.text for h in hosts], "runtime": runtime, "image": o["image"],
               "identity_file": str(o["identity_file"].resolve()) if o["identity_file"] else None,
               "accept_new_host_keys": o["accept_new_host_keys"], "rdzv_addr": o["rdzv_addr"],
               "connect_timeout": o["connect_timeout"] or 10.0}
     layouts = plan_layouts(gpu_counts, node_counts)
-    sweep_dir = new_sweep(base, layouts, o["runs_dir"], mode, o["preset"], launch)
+    skipped: list[str] = []
+    sweep_dir = new_sweep(base, layouts, o["runs_dir"], mode, o["preset"], launch, strategies, strategy_options,
+                          skipped)
+    if skipped:
+        typer.echo(f"left out {', '.join(skipped)}: local-sgd needs at least 2 processes (with one it is plain "
+                   "SGD, as ddp on one process is)")
     typer.echo(f"sweep {sweep_dir}: " + ", ".join(f"{lay.label} (world size {lay.world_size})" for lay in layouts))
     return sweep_dir, launch
+
+
+def _sweep_strategies(o: dict[str, Any], fields: dict[str, Any]) -> tuple[tuple[str, ...], dict[str, Any]]:
+    """The strategies to sweep (--strategy, else the preset's) and their own options, taken out of `fields`
+    (devices, average_every apply to some strategies only: each entry gets them where they apply)."""
+    if o["strategy"] is not None:
+        names: tuple[str, ...] = tuple(dict.fromkeys(part.strip() for part in o["strategy"].split(",")))
+        if not all(names):
+            raise SpecError(f"--strategy {o['strategy']!r} is not a list: give strategies separated by commas, "
+                            f"e.g. ddp,hogwild,local-sgd")
+    else:
+        names = get_preset(o["preset"]).strategies if o["preset"] else ("ddp",)
+    fields.pop("strategy", None)
+    options: dict[str, Any] = {key: fields.pop(key) for key in ("devices", "average_every") if key in fields}
+    for key, applies in (("devices", DEVICE_STRATEGIES), ("average_every", ("local-sgd",))):
+        if o[key] is not None:
+            if not set(names) & set(applies):
+                flag = "--" + key.replace("_", "-")
+                raise SpecError(f"{flag} is for --strategy {' or '.join(applies)}, none of which this sweep runs: "
+                                f"drop {flag} or add one of them to --strategy")
+            options[key] = o[key]
+    for name in names:
+        if name not in STRATEGIES:
+            raise SpecError(f"unknown strategy {name!r} in --strategy: choose from {', '.join(STRATEGIES)}")
+    return names, options
 
 
 def register(app: typer.Typer) -> None:

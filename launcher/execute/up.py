@@ -6,12 +6,13 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from launcher.execute.local import check_local_gpus, check_local_programs, run_local
+from launcher.execute.local import check_local_gpus, check_local_programs, local_gpu_count, run_local
 from launcher.execute.request import UpOptions, UpResult
 from launcher.planning.plan import RunPlan, plan_local
 from launcher.results.rundir import RunDir, read_json
 from launcher.spec.datasets import check_local_data
 from launcher.spec.run_spec import RunSpec
+from launcher.spec.strategies import check_gpus
 
 if TYPE_CHECKING:
     from launcher.providers.base import HostProvider
@@ -56,6 +57,7 @@ def check_local_run(spec: RunSpec, run_path: Path | None = None) -> RunPlan:
     if not spec.user_command:
         check_local_data(spec.dataset, spec.data_dir)
     check_local_gpus(spec.nproc_per_node)
+    check_gpus(spec.strategy, spec.devices, spec.nproc_per_node, local_gpu_count(), "this machine")
     plan = plan_local(spec, str(run_path or Path(spec.run_id).resolve()), cwd=os.getcwd())
     check_local_programs(plan)
     return plan

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher.results.run_figures import Row, RunFigures
+from launcher.spec.presets import ReferenceFigures
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -37,56 +38,84 @@ def _save(fig: Figure, path: Path) -> Path:
     return path
 
 
-def _labels(rows: list[Row]) -> list[str]:
-    return [f"{r.world_size}\n({r.layout})" for r in rows]
+def _by_strategy(rows: list[Row]) -> dict[str, list[Row]]:
+    lines: dict[str, list[Row]] = {}
+    for row in rows:
+        lines.setdefault(row.strategy, []).append(row)
+    return lines
 
 
-def plot_scaling(rows: list[Row], path: Path) -> Path:
-    """Training time per world size (bars) and speed-up against the ideal line."""
+def plot_scaling(rows: list[Row], path: Path, references: tuple[ReferenceFigures, ...] = ()) -> Path:
+    """Training time (left) and speed-up (right) against process count, one line per strategy; rows that are
+    not comparable are hollow markers, left out of the speed-up; the write-up's minutes on a second axis."""
     fig, (ax_time, ax_speed) = _figure(2)
-    x = list(range(len(rows)))
-    ax_time.bar(x, [r.train_seconds for r in rows], color="tab:blue", label="training time")
-    ax_time.set_xticks(x, _labels(rows))
-    ax_time.set_title("Training time")
-    ax_time.set_xlabel("world size (processes)")
-    ax_time.set_ylabel("training time (s)")
-    ax_time.legend()
-    sizes = [r.world_size for r in rows]
-    base = sizes[0]
+    sizes = sorted({r.world_size for r in rows})
+    colors: dict[str, str] = {}
+    for strategy, line in _by_strategy(rows).items():
+        drawn = ax_time.plot([r.world_size for r in line], [r.train_seconds for r in line], "o-", label=strategy)
+        color = colors[strategy] = drawn[0].get_color()
+        flagged = [r for r in line if r.not_comparable]
+        if flagged:
+            ax_time.plot([r.world_size for r in flagged], [r.train_seconds for r in flagged], "o", color=color,
+                         markerfacecolor="white", markersize=9)
+        kept = [r for r in line if not r.not_comparable]
+        ax_speed.plot([r.world_size for r in kept], [r.speedup for r in kept], "o-", color=color, label=strategy)
+    minutes = [ref for ref in references if ref.train_minutes]
+    if minutes:
+        ax_ref = ax_time.twinx()
+        for ref in minutes:
+            points = sorted(ref.train_minutes.items())
+            ax_ref.plot([p[0] for p in points], [p[1] for p in points], "x:", color=colors.get(ref.strategy, "gray"),
+                        markersize=10, label=f"write-up {ref.strategy} (min)")
+        ax_ref.set_ylabel("write-up's training time (min, crosses)")
+        ax_ref.legend(loc="lower left", fontsize="small")
+    base = min(sizes)
     ax_speed.plot(sizes, [ws / base for ws in sizes], "--", color="gray", label="ideal (linear)")
-    ax_speed.plot(sizes, [r.speedup for r in rows], "o-", color="tab:orange", label="measured")
-    ax_speed.set_xticks(sorted(set(sizes)))
-    ax_speed.set_title(f"Speed-up over world size {base}")
-    ax_speed.set_xlabel("world size (processes)")
+    for ax in (ax_time, ax_speed):
+        ax.set_xticks(sizes)
+        ax.set_xlabel("processes (world size)")
+    ax_time.set_title("Training time (hollow: not comparable)", fontsize="medium")
+    ax_time.set_ylabel("training time (s)")
+    ax_time.legend(loc="upper left", fontsize="small")
+    ax_speed.set_title("Speed-up over each strategy's smallest run", fontsize="medium")
     ax_speed.set_ylabel("speed-up (x)")
-    ax_speed.legend()
-    fig.suptitle("Scaling: time and speed-up")
+    ax_speed.legend(fontsize="small")
+    fig.suptitle("Time against process count, one line per strategy")
     return _save(fig, path)
 
 
-def plot_accuracy(rows: list[Row], path: Path) -> Path:
-    """Final train and validation accuracy per world size."""
+def plot_accuracy(rows: list[Row], path: Path, references: tuple[ReferenceFigures, ...] = ()) -> Path:
+    """Final validation (solid) and train (dashed) accuracy against process count, one line per strategy, with
+    the write-up's accuracies as crosses."""
     fig, ax = _figure()
-    sizes = [r.world_size for r in rows]
-    for attr, label, style in (("train_acc", "train", "o-"), ("val_acc", "validation", "s-")):
-        points = [(ws, 100 * getattr(r, attr)) for ws, r in zip(sizes, rows, strict=True)
-                  if getattr(r, attr) is not None]
-        if points:
-            ax.plot([p[0] for p in points], [p[1] for p in points], style, label=label)
-    ax.set_xticks(sorted(set(sizes)))
-    ax.set_title("Final accuracy by world size")
-    ax.set_xlabel("world size (processes)")
+    for strategy, line in _by_strategy(rows).items():
+        color = None
+        for attr, label, style in (("val_acc", "validation", "o-"), ("train_acc", "train", "s--")):
+            points = [(r.world_size, 100 * getattr(r, attr)) for r in line if getattr(r, attr) is not None]
+            if points:
+                drawn = ax.plot([p[0] for p in points], [p[1] for p in points], style, color=color,
+                                label=f"{strategy} {label}")
+                color = drawn[0].get_color()
+    for ref in references:
+        for figures, label in ((ref.val_acc, "validation"), (ref.train_acc, "train")):
+            if figures:
+                points = sorted(figures.items())
+                ax.plot([p[0] for p in points], [100 * p[1] for p in points], "x", color="gray", markersize=10,
+                        label=f"write-up {ref.strategy} {label}")
+    ax.set_xticks(sorted({r.world_size for r in rows}))
+    ax.set_title("Final accuracy against process count")
+    ax.set_xlabel("processes (world size)")
     ax.set_ylabel("accuracy (%)")
-    ax.legend()
+    ax.legend(fontsize="small")
     return _save(fig, path)
 
 
 def plot_curves(runs: list[RunFigures], path: Path) -> Path:
     """Per-epoch loss (left) and validation accuracy (right), one line per run."""
     fig, (ax_loss, ax_acc) = _figure(2)
-    for run in sorted(runs, key=lambda r: (r.world_size, r.nnodes)):
+    for run in sorted(runs, key=lambda r: (r.strategy, r.world_size, r.nnodes)):
         epochs = [r["epoch"] for r in run.records]
-        label = f"world size {run.world_size} ({run.nnodes} node{'s' if run.nnodes > 1 else ''})"
+        label = f"{run.strategy}, world size {run.world_size} ({run.nnodes} node{'s' if run.nnodes > 1 else ''})"
         line = ax_loss.plot(epochs, [r.get("train_loss") for r in run.records], "o-", label=label)
         color = line[0].get_color()
         ax_loss.plot(epochs, [r.get("val_loss") for r in run.records], "s--", color=color)
@@ -109,12 +138,13 @@ def plot_curves(runs: list[RunFigures], path: Path) -> Path:
     return _save(fig, path)
 
 
-def write_plots(rows: list[Row], runs: list[RunFigures], out_dir: Path) -> list[Path]:
+def write_plots(rows: list[Row], runs: list[RunFigures], out_dir: Path,
+                references: tuple[ReferenceFigures, ...] = ()) -> list[Path]:
     """Write the three PNGs into out_dir and return their paths (curves only for the runs in the table)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     shown = {row.run_id for row in rows}
     return [
-        plot_scaling(rows, out_dir / PLOT_FILES[0]),
-        plot_accuracy(rows, out_dir / PLOT_FILES[1]),
+        plot_scaling(rows, out_dir / PLOT_FILES[0], references),
+        plot_accuracy(rows, out_dir / PLOT_FILES[1], references),
         plot_curves([r for r in runs if r.run_id in shown], out_dir / PLOT_FILES[2]),
     ]

@@ -21,37 +21,50 @@ def _num(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
-COLUMNS = ("layout", "world", "global batch", "lr", "steps/epoch", "epoch time (s, median)",
-           "training time (s)", "speed-up", "efficiency", "samples/s", "train acc", "val acc", "cost (USD)")
+COLUMNS = ("layout", "strategy", "world", "threads/process", "global batch", "lr", "steps/epoch",
+           "epoch time (s, median)", "training time (s)", "speed-up", "efficiency", "samples/s", "train acc",
+           "val acc", "comparable", "cost (USD)")
+NOT_COMPARABLE = "n/c"
+_LR, _STRATEGY, _THREADS, _COMPARABLE, _COST = (COLUMNS.index(c) for c in
+                                                ("lr", "strategy", "threads/process", "comparable", "cost (USD)"))
 
 
 def row_cells(row: Row) -> list[str]:
-    """A row as the strings every rendering shows."""
+    """A row as the strings every rendering shows; a speed-up that is not a result shows as n/c."""
+    flagged = bool(row.not_comparable)
     return [
-        row.layout, str(row.world_size), _num(row.global_batch, "d"), _num(row.lr, "g"),
+        row.layout, row.strategy, str(row.world_size), _num(row.threads_per_process, "d"),
+        _num(row.global_batch, "d"), _num(row.lr, "g"),
         _num(row.steps_per_epoch, "d"), f"{row.epoch_seconds:.2f}", f"{row.train_seconds:.2f}",
-        f"{row.speedup:.2f}x", f"{100 * row.efficiency:.0f}%", f"{row.samples_per_s:.1f}",
-        _pct(row.train_acc), _pct(row.val_acc), _num(row.cost_usd, ".2f"),
+        NOT_COMPARABLE if flagged else f"{row.speedup:.2f}x",
+        NOT_COMPARABLE if flagged else f"{100 * row.efficiency:.0f}%", f"{row.samples_per_s:.1f}",
+        _pct(row.train_acc), _pct(row.val_acc), f"not comparable: {row.not_comparable}" if flagged else "yes",
+        _num(row.cost_usd, ".2f"),
     ]
 
 
 # Short two-line headers so the table fits an 80-column terminal; same order as COLUMNS.
-_TERMINAL_HEADERS = ("layout", "world\nsize", "global\nbatch", "lr", "steps\n/epoch", "epoch s\nmedian",
-                     "train\ns", "speed-\nup", "effi-\nciency", "samples\n/s", "train\nacc", "val\nacc", "cost\nUSD")
+_TERMINAL_HEADERS = ("layout", "strat-\negy", "world\nsize", "thr-\neads", "global\nbatch", "lr", "steps\n/epoch",
+                     "epoch s\nmedian", "train\ns", "speed-\nup", "effi-\nciency", "samples\n/s", "train\nacc",
+                     "val\nacc", "compa-\nrable", "cost\nUSD")
 
 
 def render_terminal(rows: list[Row]) -> Any:
-    """A rich Table of the rows; lr and cost are left out when they say nothing (one lr, nothing rented)."""
+    """A rich Table of the rows; lr, strategy, threads, comparable and cost are left out when they say nothing
+    (one lr, only ddp, no threads recorded, every row comparable, nothing rented)."""
     from rich.table import Table
 
     cells = [row_cells(row) for row in rows]
+    for line in cells:  # the reasons are in report.md; a terminal column has room for the verdict
+        line[_COMPARABLE] = "yes" if line[_COMPARABLE] == "yes" else "no"
     drop = set()
-    lrs = {c[3] for c in cells}
+    lrs = {c[_LR] for c in cells}
     if len(lrs) == 1:
-        drop.add(3)
-    if all(c[12] == "-" for c in cells):
-        drop.add(12)
-    title = f"Scaling: {_what_ran(rows)}" + (f", lr {lrs.pop()}" if 3 in drop else "")
+        drop.add(_LR)
+    for index, says_nothing in ((_STRATEGY, "ddp"), (_THREADS, "-"), (_COMPARABLE, "yes"), (_COST, "-")):
+        if all(c[index] == says_nothing for c in cells):
+            drop.add(index)
+    title = f"Scaling: {_what_ran(rows)}" + (f", lr {lrs.pop()}" if _LR in drop else "")
     table = Table(title=title, box=None, padding=(0, 0, 0, 1), pad_edge=False, header_style="bold")
     keep = [i for i in range(len(COLUMNS)) if i not in drop]
     for i in keep:
@@ -104,27 +117,50 @@ def _by_world_size(rows: list[Row]) -> dict[int, Row]:
     return chosen
 
 
+def _rows_for(rows: list[Row], ref: ReferenceFigures) -> tuple[list[Row], str]:
+    """Our rows to set beside `ref`: those of its strategy (a table of one strategy stands for any), with ddp's
+    1-process run where local-sgd has none (one process of parallel SGD is plain SGD). Also a note on the choice."""
+    strategies = {r.strategy for r in rows}
+    chosen = [r for r in rows if r.strategy == ref.strategy]
+    note = ""
+    if not chosen and len(strategies) == 1:
+        chosen = list(rows)
+        note = f"ours ran {rows[0].strategy}, the write-up {ref.strategy}."
+    if ref.strategy == "local-sgd" and chosen and min(r.world_size for r in chosen) > 1:
+        single = [r for r in rows if r.strategy == "ddp" and r.world_size == 1]
+        if single:
+            chosen = single + chosen
+            note = "our 1-process figures are ddp's (one process of parallel SGD is plain SGD)."
+    return chosen, note
+
+
 def _reference_section(rows: list[Row], ref: ReferenceFigures) -> list[str]:
-    ours = _by_world_size(rows)
-    base = rows[0]
-    lines = ["## Beside the reference", "",
+    chosen, note = _rows_for(rows, ref)
+    lines = [f"## Beside the reference ({ref.strategy})", "",
              f"reference: {ref.source}, on {ref.hardware}. Columns marked (reference) are the write-up's own "
-             "figures on its hardware; the others are this report's runs.", ""]
-    header = ["world size", "steps/epoch", "steps/epoch (reference)", "time vs smallest",
-              "time vs smallest (reference)", "train acc", "train acc (reference)", "val acc",
-              "val acc (reference)", "val acc drop (points)", "acc drop (points, reference)"]
+             "figures on its hardware; the others are this report's runs." + (f" Note: {note}" if note else ""), ""]
+    if not chosen:
+        return lines + [f"No run of strategy {ref.strategy} here to set beside it."]
+    ours = _by_world_size(chosen)
+    base = chosen[0]
+    header = ["world size", "steps/epoch", "steps/epoch (reference)", "training min", "training min (reference)",
+              "time vs smallest", "time vs smallest (reference)", "train acc", "train acc (reference)", "val acc",
+              "val acc (reference)", "val acc drop (points)", "acc drop (points, reference)", "comparable"]
     cells = []
     for ws in sorted(set(ours) | set(ref.world_sizes())):
         row = ours.get(ws)
         drop = (100 * (base.val_acc - row.val_acc) if row and row.val_acc is not None
                 and base.val_acc is not None else None)
+        ratio = row.train_seconds / base.train_seconds if row and base.train_seconds > 0 else None
         cells.append([
             str(ws),
             _num(row.steps_per_epoch if row else None, "d"), _num(ref.steps_per_epoch.get(ws), "d"),
-            _num(1 / row.speedup if row and row.speedup else None, ".2f"), _num(ref.time_ratio.get(ws), ".2f"),
+            _num(row.train_seconds / 60 if row else None, ".2f"), _num(ref.train_minutes.get(ws), "g"),
+            _num(ratio, ".2f"), _num(ref.time_ratio.get(ws), ".2f"),
             _pct(row.train_acc if row else None), _pct(ref.train_acc.get(ws)),
             _pct(row.val_acc if row else None), _pct(ref.val_acc.get(ws)),
             _num(drop, ".1f"), _num(ref.acc_drop_points.get(ws), ".1f"),
+            "-" if row is None else ("no" if row.not_comparable else "yes"),
         ])
     lines += _md_table(header, cells)
     if ref.train_minutes:
@@ -134,7 +170,19 @@ def _reference_section(rows: list[Row], ref: ReferenceFigures) -> list[str]:
     return lines
 
 
+def _comparability_section(rows: list[Row]) -> list[str]:
+    flagged = [r for r in rows if r.not_comparable]
+    return ["## Not comparable", "",
+            "These rows' speed-up and efficiency are shown as n/c, not as results: a scaling efficiency above "
+            "105% means the baseline was slowed (other work, or too few threads), not that more processes did "
+            "more than their share, and a run taken while other work used the machine's cores measured that "
+            "work too. Rerun them on an idle machine (threads per process are recorded in each row).", ""]  \
+        + [f"- {r.strategy} {r.layout} (`{r.run_id}`): {r.not_comparable}; measured speed-up {r.speedup:.2f}x, "
+           f"efficiency {100 * r.efficiency:.0f}%" for r in flagged]
+
+
 def _accuracy_section(rows: list[Row]) -> list[str]:
+    rows = [r for r in rows if r.strategy == rows[0].strategy]
     base, last = rows[0], rows[-1]
     text = [
         "## Why accuracy drops at larger world sizes", "",
@@ -164,7 +212,7 @@ def _accuracy_section(rows: list[Row]) -> list[str]:
 
 def render_markdown(rows: list[Row], reference: ReferenceFigures | None = None,
                     plots: list[Path] | None = None, preset: str | None = None,
-                    preset_dataset: str | None = None) -> str:
+                    preset_dataset: str | None = None, extra_references: tuple[ReferenceFigures, ...] = ()) -> str:
     """The whole report as Markdown: what ran, the table, the reference beside it, the accuracy note, plots."""
     if not rows:
         raise RunDirError("no finished runs to report on")
@@ -174,17 +222,20 @@ def render_markdown(rows: list[Row], reference: ReferenceFigures | None = None,
     if preset_dataset and datasets != {preset_dataset}:
         lines += ["", f"Note: these runs used data set {', '.join(sorted(datasets))}, not the preset's "
                       f"{preset_dataset}: compare times and steps with the reference, not accuracies."]
-    lines += ["", f"Speed-up and efficiency are against layout {rows[0].layout} (world size "
-                  f"{rows[0].world_size}); times are training only (validation excluded); efficiency = speed-up "
+    lines += ["", f"Speed-up and efficiency are against each strategy's first row (here {rows[0].strategy} "
+                  f"{rows[0].layout}, world size {rows[0].world_size}); times are training only (validation "
+                  "excluded); efficiency = speed-up "
                   "/ (world size / smallest world size). Layout = nodes x processes per node.", ""]
     lines += _md_table(list(COLUMNS), [row_cells(r) for r in rows])
-    lines += ["", "Runs: " + ", ".join(f"`{r.run_id}` ({r.layout})" for r in rows) + "."]
+    lines += ["", "Runs: " + ", ".join(f"`{r.run_id}` ({r.strategy} {r.layout})" for r in rows) + "."]
     superseded = [f"`{old}`" for r in rows for old in r.superseded]
     if superseded:
         lines += ["", "Older runs of a layout already in the table were left out (the newest is shown): "
                   + ", ".join(superseded) + "."]
-    if reference:
-        lines += [""] + _reference_section(rows, reference)
+    if any(r.not_comparable for r in rows):
+        lines += [""] + _comparability_section(rows)
+    for ref in ([reference] if reference else []) + list(extra_references):
+        lines += [""] + _reference_section(rows, ref)
     lines += [""] + _accuracy_section(rows)
     if plots:
         lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots]
@@ -200,8 +251,10 @@ def write_report(report: Report, out_dir: Path) -> list[Path]:
         raise RunDirError(f"cannot write the report: {out_dir} is a file, not a directory; give a directory "
                           "with --out (it is created if missing)")
     try:
-        plots = write_plots(report.rows, report.runs, out_dir)
-        markdown = render_markdown(report.rows, report.reference, plots, report.preset, report.preset_dataset)
+        references = ((report.reference,) if report.reference else ()) + report.extra_references
+        plots = write_plots(report.rows, report.runs, out_dir, references)
+        markdown = render_markdown(report.rows, report.reference, plots, report.preset, report.preset_dataset,
+                                   report.extra_references)
         md_path = out_dir / "report.md"
         tmp = out_dir / ".report.md.tmp"
         tmp.write_text(markdown)

@@ -18,6 +18,10 @@ from launcher.spec.presets import ReferenceFigures
 TIMING_FILE = "timing.jsonl"
 SUMMARY_FILE = "summary.json"
 SWEEP_FILE = "sweep.json"
+# A run is "not comparable" when other work kept at least this share of its cores busy, or when its scaling
+# efficiency is above SUPERLINEAR: on CPU that is a slow (busy, or thread-starved) baseline, not a result.
+BUSY_FRACTION = 0.5
+SUPERLINEAR = 1.05
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,23 @@ class RunFigures:
     records: tuple[dict[str, Any], ...]  # one per finished epoch, in epoch order
     cost_usd: float | None
     started: float  # unix time; decides which of two runs of one layout is newer
+    strategy: str = "ddp"
+    threads_per_process: int | None = None
+    processes_per_node: int | None = None
+    cores: int | None = None
+    load_start: float | None = None  # 1-minute load average when the trainer started
+    load_end: float | None = None
+
+    def busy(self) -> str:
+        """Why the machine was busy while this run trained (others' load against its cores), or ""."""
+        if not self.cores:
+            return ""
+        own = (self.processes_per_node or 1) * (self.threads_per_process or 1)
+        # The load at the end includes our own threads; the 1-minute average lags, so leaving them all out is lenient.
+        others = max(self.load_start or 0.0, (self.load_end or 0.0) - own)
+        if others >= BUSY_FRACTION * self.cores:
+            return f"machine busy (load {others:.1f} from other work on {self.cores} cores)"
+        return ""
 
 
 @dataclass(frozen=True)
@@ -61,6 +82,9 @@ class Row:
     val_acc: float | None
     cost_usd: float | None
     superseded: tuple[str, ...] = ()  # older runs of the same layout left out of the table
+    strategy: str = "ddp"
+    threads_per_process: int | None = None
+    not_comparable: str = ""  # why speed-up and efficiency are not a result ("" when they are)
 
     @property
     def layout(self) -> str:
@@ -126,7 +150,24 @@ def load_run(path: Path) -> RunFigures:
         records=records,
         cost_usd=_cost(run, summary),
         started=float(started),
+        strategy=str(summary.get("strategy") or spec.get("strategy") or "ddp"),
+        threads_per_process=_int_or_none(summary.get("threads_per_process") or spec.get("threads_per_process")),
+        processes_per_node=_int_or_none(summary.get("processes_per_node")),
+        cores=_int_or_none(summary.get("cores")),
+        load_start=_first_load(summary.get("load_start")),
+        load_end=_first_load(summary.get("load_end")),
     )
+
+
+def _int_or_none(value: Any) -> int | None:
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _first_load(value: Any) -> float | None:
+    """The 1-minute figure of a recorded os.getloadavg() triple."""
+    if isinstance(value, list | tuple) and value and isinstance(value[0], int | float):
+        return float(value[0])
+    return None
 
 
 def expand_report_dirs(paths: list[Path]) -> tuple[list[Path], dict[str, Any] | None]:
@@ -146,23 +187,28 @@ def expand_report_dirs(paths: list[Path]) -> tuple[list[Path], dict[str, Any] | 
 
 
 def scaling_table(runs: list[RunFigures]) -> list[Row]:
-    """One row per layout (newest run of it kept), ordered by world size; speed-up over the first row."""
-    newest: dict[tuple[int, int], RunFigures] = {}
-    older: dict[tuple[int, int], list[str]] = {}
+    """One row per strategy x layout (newest run of it kept), by strategy then world size; speed-up over the
+    strategy's smallest world size, flagged "not comparable" when super-linear or taken on a busy machine."""
+    newest: dict[tuple[str, int, int], RunFigures] = {}
+    older: dict[tuple[str, int, int], list[str]] = {}
     for run in sorted(runs, key=lambda r: r.started):
-        key = (run.world_size, run.nnodes)
+        key = (run.strategy, run.world_size, run.nnodes)
         if key in newest:
             older.setdefault(key, []).append(newest[key].run_id)
         newest[key] = run
+    order = {name: i for i, name in enumerate(dict.fromkeys(run.strategy for run in
+                                                             sorted(newest.values(), key=lambda r: r.started)))}
     rows: list[Row] = []
-    base_seconds = base_ws = 0.0
-    for key in sorted(newest):
+    base: RunFigures | None = None
+    base_seconds = 0.0
+    for key in sorted(newest, key=lambda k: (order[k[0]], k[1], k[2])):
         run = newest[key]
         seconds = [float(r["seconds"]) for r in run.records]
         train_seconds = sum(seconds)
-        if not rows:
-            base_seconds, base_ws = train_seconds, float(run.world_size)
+        if base is None or base.strategy != run.strategy:
+            base, base_seconds = run, train_seconds
         speedup = base_seconds / train_seconds if train_seconds > 0 else 0.0
+        efficiency = speedup / (run.world_size / base.world_size)
         samples = sum(float(r.get("samples", 0)) for r in run.records)
         last = run.records[-1]
         rows.append(Row(
@@ -179,14 +225,29 @@ def scaling_table(runs: list[RunFigures]) -> list[Row]:
             epoch_seconds=statistics.median(seconds),
             train_seconds=train_seconds,
             speedup=speedup,
-            efficiency=speedup / (run.world_size / base_ws),
+            efficiency=efficiency,
             samples_per_s=samples / train_seconds if train_seconds > 0 else 0.0,
             train_acc=last.get("train_acc"),
             val_acc=last.get("val_acc"),
             cost_usd=run.cost_usd,
             superseded=tuple(older.get(key, ())),
+            strategy=run.strategy,
+            threads_per_process=run.threads_per_process,
+            not_comparable=_not_comparable(run, base, efficiency),
         ))
     return rows
+
+
+def _not_comparable(run: RunFigures, base: RunFigures, efficiency: float) -> str:
+    """Why this run's speed-up over `base` is not a result, or "" when it is."""
+    reasons = []
+    if efficiency > SUPERLINEAR:
+        reasons.append(f"super-linear: {100 * efficiency:.0f}% efficiency")
+    if run.busy():
+        reasons.append(run.busy())
+    elif base is not run and base.busy():
+        reasons.append(f"baseline {base.busy()}")
+    return "; ".join(reasons)
 
 
 @dataclass(frozen=True)
@@ -198,6 +259,8 @@ class Report:
     preset: str | None
     reference: ReferenceFigures | None
     preset_dataset: str | None
+    # The write-up's figures for its other strategies (write-up 5: Hogwild beside parallel SGD).
+    extra_references: tuple[ReferenceFigures, ...] = ()
 
 
 def build_report(paths: list[Path], preset: str | None = None) -> Report:
@@ -211,6 +274,7 @@ def build_report(paths: list[Path], preset: str | None = None) -> Report:
     name = preset or (manifest or {}).get("preset")
     chosen = get_preset(name) if name else None
     return Report(scaling_table(runs), runs, name, chosen.reference if chosen else None,
-                  chosen.spec_fields.get("dataset") if chosen else None)
+                  chosen.spec_fields.get("dataset") if chosen else None,
+                  chosen.extra_references if chosen else ())
 
 

@@ -31,6 +31,7 @@ from launcher.results.run_figures import (
 )
 from launcher.results.rundir import write_json_atomic
 from launcher.spec.run_spec import RunSpec
+from launcher.spec.strategies import DEVICE_STRATEGIES
 
 SCALE_LR_MODES = ("none", "linear", "sqrt")
 MANIFEST_VERSION = 1
@@ -91,28 +92,54 @@ def scaled_lr(lr: float, world_size: int, smallest: int, mode: str) -> float:
     return lr
 
 
-def new_sweep(base: RunSpec, layouts: list[Layout], runs_dir: Path, scale_lr: str = "none",
-              preset: str | None = None, launch: dict[str, Any] | None = None) -> Path:
-    """Create runs_dir/sweep-<id>/ holding a manifest with every entry pending; return the directory.
+def strategy_spec(base: RunSpec, strategy: str, options: dict[str, Any], layout: Layout, **fields: Any) -> RunSpec:
+    """`base` run with `strategy` on `layout`, given those of `options` (devices, average_every) that apply to
+    it, and `fields` (validated once, as a whole)."""
+    applies = {"devices": strategy in DEVICE_STRATEGIES, "average_every": strategy == "local-sgd"}
+    return replace(base, strategy=strategy, nnodes=layout.nnodes, nproc_per_node=layout.nproc_per_node,
+                   **{k: v for k, v in options.items() if applies.get(k)}, **fields)
 
-    `launch` is what the caller needs to run the entries again on resume (hosts, runtime), stored as given."""
+
+def entry_label(entry: dict[str, Any]) -> str:
+    """`NxG`, after the strategy's name when it is not ddp (`hogwild-1x2`): part of run ids and messages."""
+    label = f"{entry['nnodes']}x{entry['nproc_per_node']}"
+    strategy = entry.get("strategy", "ddp")
+    return label if strategy == "ddp" else f"{strategy}-{label}"
+
+
+def new_sweep(base: RunSpec, layouts: list[Layout], runs_dir: Path, scale_lr: str = "none",
+              preset: str | None = None, launch: dict[str, Any] | None = None,
+              strategies: tuple[str, ...] = ("ddp",), strategy_options: dict[str, Any] | None = None,
+              skipped: list[str] | None = None) -> Path:
+    """Create runs_dir/sweep-<id>/ holding a manifest with every entry (strategy x layout) pending; return it.
+
+    `launch` is what the caller needs to run the entries again on resume (hosts, runtime), stored as given.
+    local-sgd on one process (nothing to average, refused by the trainer) is left out and named in `skipped`."""
     if not layouts:
         raise SpecError("a sweep needs at least one layout: give --gpus, e.g. --gpus 1,2,4")
     sweep_id = f"sweep-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(2)}"
-    # Validate every entry's spec now, so a bad value fails before the first run, not after it.
-    for layout in layouts:
-        replace(base, run_id=f"{sweep_id}-{layout.label}").with_layout(
-            nnodes=layout.nnodes, nproc_per_node=layout.nproc_per_node)
+    options = dict(strategy_options or {})
     smallest = min(layout.world_size for layout in layouts)
     entries = []
-    for layout in layouts:
-        lr = scaled_lr(base.lr, layout.world_size, smallest, scale_lr)
-        entries.append({"nnodes": layout.nnodes, "nproc_per_node": layout.nproc_per_node,
-                        "world_size": layout.world_size, "lr": lr, "status": "pending", "attempts": 0,
-                        "run_dir": None, "error": None})
+    for strategy in strategies:
+        for layout in layouts:
+            entry = {"strategy": strategy, "nnodes": layout.nnodes, "nproc_per_node": layout.nproc_per_node,
+                     "world_size": layout.world_size}
+            if strategy == "local-sgd" and layout.world_size < 2:
+                if skipped is not None:
+                    skipped.append(entry_label(entry))
+                continue
+            # Validate every entry's spec now, so a bad value fails before the first run, not after it.
+            strategy_spec(base, strategy, options, layout, run_id=f"{sweep_id}-{entry_label(entry)}")
+            entry.update(lr=scaled_lr(base.lr, layout.world_size, smallest, scale_lr), status="pending", attempts=0,
+                         run_dir=None, error=None)
+            entries.append(entry)
+    if not entries:
+        raise SpecError("local-sgd needs at least 2 processes: give --gpus 2 or more")
     manifest = {"version": MANIFEST_VERSION, "sweep_id": sweep_id, "created": time.time(),
                 "base_spec": replace(base, run_id=sweep_id).to_json(), "scale_lr": scale_lr,
-                "preset": preset, "launch": launch or {}, "entries": entries, "report": None}
+                "preset": preset, "launch": launch or {}, "strategy_options": options, "entries": entries,
+                "report": None}
     try:
         runs_dir.mkdir(parents=True, exist_ok=True)
         sweep_dir = runs_dir / sweep_id
@@ -144,11 +171,12 @@ def load_manifest(sweep_dir: Path) -> dict[str, Any]:
 def entry_spec(manifest: dict[str, Any], entry: dict[str, Any]) -> RunSpec:
     """The spec of one entry's next attempt: the base spec on the entry's layout and lr, with a fresh run id."""
     base = RunSpec.from_json(manifest["base_spec"])
-    label = f"{entry['nnodes']}x{entry['nproc_per_node']}"
+    label = entry_label(entry)
     attempt = int(entry["attempts"]) + 1
     run_id = f"{manifest['sweep_id']}-{label}" + (f"-r{attempt}" if attempt > 1 else "")
-    return replace(base, run_id=run_id, lr=float(entry["lr"])).with_layout(
-        nnodes=int(entry["nnodes"]), nproc_per_node=int(entry["nproc_per_node"]))
+    layout = Layout(int(entry["nnodes"]), int(entry["nproc_per_node"]))
+    return strategy_spec(base, str(entry.get("strategy", base.strategy)), manifest.get("strategy_options", {}),
+                         layout, run_id=run_id, lr=float(entry["lr"]))
 
 
 def run_finished(run_dir: Path, epochs: int) -> bool:
@@ -218,7 +246,7 @@ def _fail(sweep_dir: Path, manifest: dict[str, Any], entry: dict[str, Any], reas
                       for i, line in enumerate(lines))
     entry.update(status="failed", error=reason)
     write_json_atomic(sweep_dir / SWEEP_FILE, manifest)
-    label = f"{entry['nnodes']}x{entry['nproc_per_node']}"
+    label = entry_label(entry)
     raise SweepError(f"sweep stopped at layout {label}: {reason}; "
                      f"continue with `ddpctl sweep --resume {sweep_dir}`")
 

@@ -28,6 +28,8 @@ class ReferenceFigures:
     # Accuracy points lost against the smallest world size (6.0 = six points lower).
     acc_drop_points: dict[int, float] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    # The strategy the write-up's figures were measured with (the report sets them beside our runs of it).
+    strategy: str = "ddp"
 
     def world_sizes(self) -> list[int]:
         sizes: set[int] = set()
@@ -50,6 +52,7 @@ class ReferenceFigures:
             "val_acc": keyed(self.val_acc),
             "acc_drop_points": keyed(self.acc_drop_points),
             "notes": list(self.notes),
+            "strategy": self.strategy,
         }
 
 
@@ -61,14 +64,30 @@ class Preset:
     # World sizes (processes per node) the reference compared; `sweep --preset P` uses them without --gpus.
     sweep_gpus: tuple[int, ...]
     reference: ReferenceFigures
+    # Strategies `sweep --preset P` compares without --strategy (default: the preset's own strategy).
+    sweep_strategies: tuple[str, ...] = ()
+    # Figures the same write-up published for its other strategies.
+    extra_references: tuple[ReferenceFigures, ...] = ()
+
+    @property
+    def strategies(self) -> tuple[str, ...]:
+        """The strategies a sweep of this preset runs by default."""
+        return self.sweep_strategies or (str(self.spec_fields.get("strategy", "ddp")),)
+
+    @property
+    def references(self) -> tuple[ReferenceFigures, ...]:
+        """Every set of the write-up's figures, the main one first."""
+        return (self.reference, *self.extra_references)
 
 
+NO_FIGURES = "The write-up publishes no figures: the report shows ours alone."
 PRESETS: dict[str, Preset] = {
     "mnist": Preset(
         name="mnist",
-        description="the reference CNN on MNIST, batch 32 per process, SGD lr 0.01, snapshot every epoch",
+        description="write-up 1: the reference CNN on MNIST under torchrun (ddp), batch 32 per process, SGD lr "
+                    "0.01, snapshot every epoch",
         # The write-up does not say how many epochs it ran; 10 is enough for the accuracy gap to show.
-        spec_fields={"model": "mnist-cnn", "dataset": "mnist", "batch_size": 32, "lr": 0.01,
+        spec_fields={"strategy": "ddp", "model": "mnist-cnn", "dataset": "mnist", "batch_size": 32, "lr": 0.01,
                      "epochs": 10, "save_every": 1},
         sweep_gpus=(1, 2, 4),
         reference=ReferenceFigures(
@@ -80,10 +99,38 @@ PRESETS: dict[str, Preset] = {
                    "Accuracy with 4 GPUs was about 6 points below 1 GPU, same per-GPU batch and lr."),
         ),
     ),
+    "mnist-spawn": Preset(
+        name="mnist-spawn",
+        description="write-up 2: the course's MNIST DDP started by torch.multiprocessing.spawn on one node, batch "
+                    "32 per process, SGD lr 0.01",
+        # The course names neither lr nor epochs; write-up 1's values keep the two comparable.
+        spec_fields={"strategy": "spawn", "model": "mnist-cnn", "dataset": "mnist", "batch_size": 32, "lr": 0.01,
+                     "epochs": 10, "save_every": 1},
+        sweep_gpus=(1, 2),
+        reference=ReferenceFigures(
+            source="the course module's DDP on one node with torch.multiprocessing.spawn (reference write-up 2)",
+            hardware="not named in the write-up", strategy="spawn", notes=(NO_FIGURES,),
+        ),
+    ),
+    "mnist-dp-mp": Preset(
+        name="mnist-dp-mp",
+        description="write-up 3: the ways to scale on one machine, DataParallel (sweep also mp and ddp-mp), MNIST, "
+                    "batch 32, SGD lr 0.01",
+        spec_fields={"strategy": "dp", "model": "mnist-cnn", "dataset": "mnist", "batch_size": 32, "lr": 0.01,
+                     "epochs": 10, "save_every": 1},
+        sweep_gpus=(2,),
+        sweep_strategies=("dp", "mp", "ddp-mp"),
+        reference=ReferenceFigures(
+            source="lecture slides: DataParallel, model parallel and DDP with model parallel (reference write-up 3)",
+            hardware="not named in the write-up", strategy="dp",
+            notes=(NO_FIGURES, "The slides name no data set or hyper-parameters; these are write-up 1's."),
+        ),
+    ),
     "cifar10-resnet18": Preset(
         name="cifar10-resnet18",
-        description="torchvision's ResNet-18 on CIFAR-10, batch 32 per process, SGD lr 0.01, 10 epochs",
-        spec_fields={"model": "resnet18", "dataset": "cifar10", "batch_size": 32, "lr": 0.01,
+        description="write-up 4: torchvision's ResNet-18 on CIFAR-10, DDP started by torch.multiprocessing.spawn, "
+                    "batch 32 per process, SGD lr 0.01, 10 epochs",
+        spec_fields={"strategy": "spawn", "model": "resnet18", "dataset": "cifar10", "batch_size": 32, "lr": 0.01,
                      "epochs": 10, "save_every": 1},
         sweep_gpus=(1, 2),
         reference=ReferenceFigures(
@@ -93,23 +140,35 @@ PRESETS: dict[str, Preset] = {
             train_acc={1: 0.75, 2: 0.74},
             val_acc={1: 0.72, 2: 0.71},
             notes=("Target: at least 40% less time on 2 GPUs with validation accuracy above 70%.",),
+            strategy="spawn",
         ),
     ),
     "mnist-cpu": Preset(
         name="mnist-cpu",
-        description="MNIST on CPU processes of one machine (gloo), 20 epochs, batch 32, SGD lr 0.1",
-        spec_fields={"model": "mnist-cnn", "dataset": "mnist", "batch_size": 32, "lr": 0.1,
-                     "epochs": 20, "save_every": 1, "backend": "gloo"},
-        sweep_gpus=(1, 2),
+        description="write-up 5: MNIST on CPU processes of one machine, its small CNN, parallel SGD (local-sgd, "
+                    "averaged at the end) against Hogwild, 20 epochs, batch 32, SGD lr 0.1",
+        spec_fields={"strategy": "local-sgd", "average_every": "end", "model": "mnist-cnn-small",
+                     "dataset": "mnist", "batch_size": 32, "lr": 0.1, "epochs": 20, "save_every": 1,
+                     "backend": "gloo"},
+        sweep_gpus=(1, 2, 3, 4, 5),
+        # ddp's 1-process run is plain SGD: the 1-process baseline local-sgd cannot run itself.
+        sweep_strategies=("ddp", "local-sgd", "hogwild"),
         reference=ReferenceFigures(
             source="MNIST on CPU with mpi4py parallel SGD (reference write-up 5)",
             hardware="a 2-core machine",
             train_minutes={1: 12.2, 2: 9.4},
             time_ratio={1: 1.0, 2: round(9.4 / 12.2, 3)},
             train_acc={1: 0.976},
-            notes=("The write-up's model is a smaller CNN (conv 1-8-16, fc 64-120-10); ours is the write-up-1 CNN.",
-                   "Slower beyond 2 processes on 2 cores."),
+            notes=("Slower beyond 2 processes on 2 cores.",
+                   "Its 1-process parallel SGD is plain SGD: our 1-process ddp run stands beside it."),
+            strategy="local-sgd",
         ),
+        extra_references=(ReferenceFigures(
+            source="MNIST on CPU with Hogwild, model.share_memory() and mp.Process workers (reference write-up 5)",
+            hardware="a 2-core machine",
+            train_minutes={1: 6.3},
+            strategy="hogwild",
+        ),),
     ),
 }
 

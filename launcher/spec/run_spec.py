@@ -14,8 +14,9 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from launcher.errors import SpecError
+from launcher.spec import strategies
 
-MODELS = ("mnist-cnn", "resnet18")
+MODELS = ("mnist-cnn", "mnist-cnn-small", "resnet18")
 DATASETS = ("synthetic", "mnist", "cifar10")
 BACKENDS = ("auto", "nccl", "gloo")
 RUNTIMES = ("native", "docker", "auto")
@@ -90,6 +91,12 @@ class RunSpec:
     extra_env: tuple[tuple[str, str], ...] = field(default=())
     # Names of --env variables whose values were not stored (a spec read back from JSON): it cannot run again.
     withheld_env: tuple[str, ...] = ()
+    # How the work is parallelised (launcher/spec/strategies.py); None: the trainer's default for the option.
+    strategy: str = "ddp"
+    devices: str | None = None
+    threads_per_process: int | None = None
+    average_every: str | None = None
+    precision: str = "fp32"
 
     def __post_init__(self) -> None:
         check_name(self.run_id, "run id")
@@ -110,6 +117,13 @@ class RunSpec:
         if self.backend not in BACKENDS:
             raise SpecError(f"unknown backend {self.backend!r}: choose one of {', '.join(BACKENDS)}")
         check_port(self.rdzv_port)
+        strategies.check_strategy(self.strategy, devices=self.devices, average_every=self.average_every,
+                                  user_command=bool(self.user_command), nnodes=self.nnodes,
+                                  nproc_per_node=self.nproc_per_node)
+        if self.threads_per_process is not None:
+            _at_least(self.threads_per_process, 1, "--threads-per-process")
+        if self.precision not in strategies.PRECISIONS:
+            raise SpecError(f"--precision {self.precision!r}: choose one of {', '.join(strategies.PRECISIONS)}")
         check_python(self.python)
         for key in [k for k, _ in self.extra_env] + list(self.withheld_env):
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
@@ -130,6 +144,10 @@ class RunSpec:
         data["trainer_args"] = list(self.trainer_args)
         data["extra_env"] = {key: MASKED for key in sorted([k for k, _ in self.extra_env] + list(self.withheld_env))}
         del data["withheld_env"]
+        # The resolved layout (what --gpus became for the strategy); derived, so from_json drops it again.
+        data["torchrun_workers_per_node"] = strategies.torchrun_workers(self.strategy, self.nproc_per_node)
+        data["processes_per_node"] = strategies.processes_per_node(self.strategy, self.nproc_per_node)
+        data["trainer_processes"] = strategies.trainer_processes(self.strategy, self.nproc_per_node)
         return data
 
     @classmethod

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from launcher.spec import strategies
 from launcher.spec.run_spec import RunSpec
 
 
@@ -40,7 +41,27 @@ def trainer_argv(spec: RunSpec, role: NodeRole) -> list[str]:
         argv += ["--data-dir", data_dir]
     if role.snapshot_dir:
         argv += ["--snapshot-dir", role.snapshot_dir]
-    return argv + list(spec.trainer_args)
+    return argv + strategy_argv(spec) + list(spec.trainer_args)
+
+
+def strategy_argv(spec: RunSpec) -> list[str]:
+    """The trainer's strategy options; none for plain ddp in fp32 (the trainer's defaults)."""
+    argv: list[str] = []
+    if spec.strategy != "ddp":
+        argv += ["--strategy", spec.strategy]
+    processes = strategies.trainer_processes(spec.strategy, spec.nproc_per_node)
+    if processes is not None:
+        argv += ["--processes", str(processes)]
+    devices = strategies.default_devices(spec.strategy, spec.devices, spec.nproc_per_node)
+    if devices is not None:
+        argv += ["--devices", devices]
+    if spec.average_every is not None:
+        argv += ["--average-every", spec.average_every]
+    if spec.threads_per_process is not None:
+        argv += ["--threads-per-process", str(spec.threads_per_process)]
+    if spec.precision != "fp32":
+        argv += ["--precision", spec.precision]
+    return argv
 
 
 def torchrun_argv(spec: RunSpec, role: NodeRole) -> list[str]:
@@ -64,7 +85,7 @@ def torchrun_argv(spec: RunSpec, role: NodeRole) -> list[str]:
         if role.local_addr:
             argv += ["--local-addr", role.local_addr]
     argv += [
-        "--nproc-per-node", str(spec.nproc_per_node),
+        "--nproc-per-node", str(strategies.torchrun_workers(spec.strategy, spec.nproc_per_node)),
         "--max-restarts", str(spec.max_restarts),
         "--log-dir", role.log_dir,
         "--redirects", "3",
