@@ -61,7 +61,9 @@ fi
 mapfile -t torch_choice < <(python3 infra/torch_choice.py --torch "$torch_build")
 [ ${#torch_choice[@]} -eq 3 ] || exit 2  # torch_choice.py said what was wrong
 index_args=()
-if [ -n "${torch_choice[1]}" ]; then index_args=(--index-url "${torch_choice[1]}"); fi
+# --extra-index-url: the build is pinned by its local version (+cpu, +cu126), which only that index has; torch's
+# dependencies may come from either (a mirror of PyTorch's index may carry torch alone).
+if [ -n "${torch_choice[1]}" ]; then index_args=(--extra-index-url "${torch_choice[1]}"); fi
 echo "installing ${torch_choice[0]}${torch_choice[1]:+ from ${torch_choice[1]}}"
 "$py" -m pip install --disable-pip-version-check "${index_args[@]}" "${torch_choice[0]}"
 "$py" -m pip install -q --disable-pip-version-check -e ".[$extras]"

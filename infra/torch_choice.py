@@ -87,9 +87,12 @@ def wheel_tags() -> tuple[str, str]:
     return f"cp{sys.version_info.major}{sys.version_info.minor}", platform.machine()
 
 
-def probe_index(index_url: str, version: str, *, timeout: float = PROBE_TIMEOUT_S) -> bool | None:
-    """Whether the simple index at `index_url` has torch `version` for this python on Linux (None: no answer)."""
-    python_tag, machine = wheel_tags()
+def probe_index(index_url: str, version: str, *, timeout: float = PROBE_TIMEOUT_S,
+                python_tag: str | None = None) -> bool | None:
+    """Whether the simple index at `index_url` has torch `version` for this python (or `python_tag`, "cp311") on
+    Linux and this machine (None: no answer)."""
+    own_tag, machine = wheel_tags()
+    python_tag = python_tag or own_tag
     wanted = re.compile(re.escape(f"torch-{version}-{python_tag}-{python_tag}-") + r"[^\"'<>]*linux[^\"'<>]*"
                         + re.escape(machine) + r"\.whl")
     try:
@@ -152,13 +155,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", default=os.environ.get("DDPCTL_TORCH_VERSION") or DEFAULT_VERSION)
     parser.add_argument("--index-root", default=os.environ.get("DDPCTL_PYTORCH_INDEX") or PYTORCH_INDEX,
                         help="PyTorch's wheel index or a mirror of it (DDPCTL_PYTORCH_INDEX)")
+    parser.add_argument("--python-tag", help="choose for another python than this one, e.g. cp311 (an image's)")
     args = parser.parse_args(argv)
     if not re.fullmatch(r"\d+(\.\d+){1,2}(\+(cpu|cu\d{3}))?", args.version):
         print(f"torch version {args.version!r} (DDPCTL_TORCH_VERSION or --version) is not like 2.13.0 or "
               "2.13.0+cpu: set a release number", file=sys.stderr)
         return 2
     driver = None if args.torch == "cpu" else detect_driver()
-    choice = choose(args.torch, args.version, driver, probe_index, index_root=args.index_root.rstrip("/"))
+    def probe(index_url: str, version: str) -> bool | None:
+        return probe_index(index_url, version, python_tag=args.python_tag)
+
+    choice = choose(args.torch, args.version, driver, probe, index_root=args.index_root.rstrip("/"))
     print(choice.requirement, choice.index_url or "", choice.reason, sep="\n")
     return 0
 
