@@ -53,6 +53,7 @@ image="ddpctl-fresh:$$"
 server_pid=""
 cleanup() {
   status=$?
+  trap - EXIT INT TERM  # once, whichever of them came first
   if [ -n "$server_pid" ]; then kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; fi
   if ! $keep; then
     docker rm -f "$name" >/dev/null 2>&1 || true

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from launcher.datasets import check_local_data
 from launcher.hosts import HostSpec
 from launcher.local import check_local_gpus, check_local_programs, run_local
+from launcher.local_checks import check_local_rendezvous
 from launcher.plan import RunPlan, plan_local
 from launcher.rundir import RunDir, read_json
 from launcher.spec import RunSpec
@@ -73,6 +74,7 @@ def check_local_run(spec: RunSpec, run_path: Path | None = None) -> RunPlan:
     if not spec.user_command:
         check_local_data(spec.dataset, spec.data_dir)
     check_local_gpus(spec.nproc_per_node)
+    check_local_rendezvous()
     plan = plan_local(spec, str(run_path or Path(spec.run_id).resolve()), cwd=os.getcwd())
     check_local_programs(plan)
     return plan
