@@ -71,5 +71,5 @@ if [ "$py" != python3 ]; then
   as_root ln -sf "$PWD/.venv/bin/ddpctl" /usr/local/bin/ddpctl  # on PATH without activating .venv
 fi
 torch_installed=$("$py" -c 'from importlib.metadata import version; print(version("torch"))')
-echo "torch $torch_installed installed (${torch_choice[2]})"
+echo "torch $torch_installed installed: ${torch_choice[2]}"
 echo "ddpctl set up: $(command -v ddpctl) (python: $("$py" -c 'import sys; print(sys.executable)'))"
