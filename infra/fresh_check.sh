@@ -164,6 +164,9 @@ EOF
 cat >"$work/enter.sh" <<'EOF'
 set -euo pipefail
 root=$1; shift
+# The root a mount point of its own, as a machine's / is: Docker's engine remounts / (to make it a slave mount)
+# when it unpacks images, which fails on a plain directory.
+mount --bind "$root" "$root"
 mount -t proc proc "$root/proc"
 mount -t sysfs sysfs "$root/sys"
 mount --rbind /sys/fs/cgroup "$root/sys/fs/cgroup"
