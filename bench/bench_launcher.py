@@ -22,8 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # infra/ is test support, not installed
 from infra.testbed import Testbed, TestHost, cleanup_stale  # noqa: E402
-from launcher.plan import NodeHost, plan_remote  # noqa: E402
-from launcher.spec import RunSpec  # noqa: E402
+from launcher.planning.plan import NodeHost, plan_remote  # noqa: E402
+from launcher.spec.run_spec import RunSpec  # noqa: E402
 
 TRAIN = ["--epochs", "1", "--synthetic-train-size", "512", "--synthetic-test-size", "128"]
 

@@ -1,3 +1,3 @@
-from launcher.cli import main
+from launcher.cli.app import main
 
 main()

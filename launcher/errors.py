@@ -28,5 +28,17 @@ class HostError(DdpctlError):
         self.reason = message
 
 
+class AuthenticationFailed(HostError):
+    """The host answered but refused every key we offered (a new machine may not have our key yet)."""
+
+
+class HostsFailed(DdpctlError):
+    """A step failed on some hosts: one line per failing host; `errors` keeps each host's exception by type."""
+
+    def __init__(self, message: str, errors: tuple[BaseException, ...]) -> None:
+        super().__init__(message)
+        self.errors = errors
+
+
 class RunDirError(DdpctlError):
     """A run directory is missing, unwritable or not a ddpctl run."""

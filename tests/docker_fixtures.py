@@ -40,7 +40,7 @@ def base_image() -> str:
 @pytest.fixture(scope="session")
 def test_image(base_image: str) -> str:
     """The real Dockerfile built on the offline base, tagged ddpctl:test."""
-    from launcher.image import build_image
+    from launcher.runtimes.image import build_image
 
     build_image(REPO, TEST_IMAGE, base_image, show_progress=False, cuda="none (CPU)")
     return TEST_IMAGE

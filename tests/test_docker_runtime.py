@@ -22,22 +22,22 @@ import pytest
 
 from infra.testbed import Testbed, cleanup_stale
 from infra.testbed_docker import HostEngine, start_engine
-from launcher.docker_runtime import (
+from launcher.errors import DdpctlError, HostError
+from launcher.planning.plan import NodeHost, NodePlan, plan_remote
+from launcher.runtimes.docker import (
     RUN_SCRIPT,
     STOP_GRACE_SECONDS,
+    DockerRuntime,
     container_name,
     docker_node_plan,
-    ensure_image,
-    host_docker_info,
 )
-from launcher.errors import DdpctlError, HostError
-from launcher.image import docker_client
-from launcher.parallel import raise_for_errors
-from launcher.plan import NodeHost, NodePlan, plan_remote
-from launcher.remote_node import env_file, start_argv, stop_node
-from launcher.spec import RunSpec
-from launcher.ssh import CommandResult
-from launcher.torchrun import NodeRole, torchrun_argv
+from launcher.runtimes.docker_hosts import ensure_image, host_docker_info
+from launcher.runtimes.image import docker_client
+from launcher.runtimes.native import env_file, start_argv, stop_node
+from launcher.spec.run_spec import RunSpec
+from launcher.spec.torchrun import NodeRole, torchrun_argv
+from launcher.transport.parallel import raise_for_errors
+from launcher.transport.ssh import CommandResult
 from tests.docker_fixtures import REPO, base_image, requires_docker, test_image  # noqa: F401
 from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, connect
 
@@ -48,7 +48,7 @@ def test_docker_node_plan_wraps_the_native_torchrun_argv() -> None:
     spec = RunSpec(run_id="r1", nnodes=2, nproc_per_node=2, epochs=1, python="/opt/venv/bin/python",
                    extra_env=(("FOO", "bar baz"),))
     hosts = [NodeHost("h0", "10.0.0.2", "eth0"), NodeHost("h1", "10.0.0.3", "eth1")]
-    plan = plan_remote(spec, hosts, runtime="docker", image="ddpctl:1")
+    plan = plan_remote(spec, hosts, runtime=DockerRuntime("ddpctl:1"))
     node = plan.nodes[1]
     assert (node.runtime, node.workspace, node.cwd) == ("docker", ".ddpctl/runs/r1", ".ddpctl/runs/r1")
     assert dict(node.env) == {"FOO": "bar baz", "GLOO_SOCKET_IFNAME": "eth1", "HOME": "/tmp",
@@ -72,7 +72,7 @@ def test_a_container_gets_the_environment_a_native_node_gets() -> None:
     spec = RunSpec(run_id="r3", nnodes=2, nproc_per_node=1, extra_env=(("NCCL_DEBUG", "INFO"),))
     hosts = [NodeHost("h0", "10.0.0.2", "eth0"), NodeHost("h1", "10.0.0.3", "eth0")]
     native = plan_remote(spec, hosts).nodes[1]
-    docker = plan_remote(spec, hosts, runtime="docker").nodes[1]
+    docker = plan_remote(spec, hosts, runtime=DockerRuntime()).nodes[1]
     passed = set(env_file(docker)[1].decode().splitlines())
     assert {f"{key}={value}" for key, value in native.env} <= passed
     assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in passed
@@ -93,8 +93,8 @@ def test_gpus_data_dir_and_user_command() -> None:
 
 def test_dry_run_shows_the_docker_run_line() -> None:
     spec = RunSpec(run_id="r3", nnodes=2, nproc_per_node=1, data_dir="/srv/data")
-    plan = plan_remote(spec, [NodeHost("a", "10.0.0.2"), NodeHost("b", "10.0.0.3", gpus=True)], runtime="docker",
-                       image="img:2")
+    hosts = [NodeHost("a", "10.0.0.2"), NodeHost("b", "10.0.0.3", gpus=True)]
+    plan = plan_remote(spec, hosts, runtime=DockerRuntime("img:2"))
     lines = plan.describe().splitlines()
     assert lines[1] == "node 0 [a, docker]:"
     assert lines[2].startswith('  docker run -d --name ddpctl-r3-n0 --user "$(id -u):$(id -g)" '
@@ -137,7 +137,7 @@ def test_two_docker_nodes_train_on_the_local_engine(test_image: str, tmp_path: P
                    rdzv_port=_free_port(), trainer_args=sizes)
     # Distinct addresses: c10d tells nodes apart by (address, pid), and torchrun has the same pid in both containers.
     hosts = [NodeHost("a", "127.0.0.1", "lo"), NodeHost("b", "127.0.0.2", "lo")]
-    plan = plan_remote(spec, hosts, runtime="docker", image=test_image)
+    plan = plan_remote(spec, hosts, runtime=DockerRuntime(test_image))
     homes = [tmp_path / "home0", tmp_path / "home1"]
     for home, node in zip(homes, plan.nodes, strict=True):
         (home / node.workspace).mkdir(parents=True)

@@ -17,7 +17,14 @@ import requests
 
 import launcher
 from launcher.errors import DdpctlError
-from launcher.image import ImageError, build_image, check_reference, docker_client, push_image, trainer_code_hash
+from launcher.runtimes.image import (
+    ImageError,
+    build_image,
+    check_reference,
+    docker_client,
+    push_image,
+    trainer_code_hash,
+)
 from tests.docker_fixtures import REPO, base_image, requires_docker, test_image  # noqa: F401
 
 
@@ -206,7 +213,7 @@ def test_an_engine_that_is_not_running_says_how_to_start_it(monkeypatch: pytest.
 
 @on_docker
 def test_cli_image_push_error_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    from launcher.cli import main
+    from launcher.cli.app import main
 
     with pytest.raises(SystemExit) as exit_:
         main(["image", "push", "--registry", "127.0.0.1:1/x", "--tag", "ddpctl-no-such-image:nope"])
@@ -264,7 +271,7 @@ def test_a_digest_is_refused_where_a_tag_is_made() -> None:
 ])  # fmt: skip
 def test_cli_image_references_are_checked_before_the_engine_is_asked(
         argv: list[str], message: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    from launcher.cli import main
+    from launcher.cli.app import main
 
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")  # no engine is needed (or reached)
     with pytest.raises(SystemExit) as exit_:
@@ -300,10 +307,10 @@ class RefusingEngine:
 def test_docker_sdk_errors_become_one_image_error_line(call, prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     from docker.errors import DockerException
 
-    import launcher.image
+    import launcher.runtimes.image
 
     engine = RefusingEngine(DockerException("invalid reference format\n  more detail"))
-    monkeypatch.setattr(launcher.image, "docker_client", lambda: engine)
+    monkeypatch.setattr(launcher.runtimes.image, "docker_client", lambda: engine)
     with pytest.raises(ImageError) as err:
         call()
     assert f"error: {err.value}" == prefix + "invalid reference format"

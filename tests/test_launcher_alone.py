@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 import launcher
-from launcher.local import visible_device_count
+from launcher.execute.local import visible_device_count
 
 REPO = Path(__file__).resolve().parents[1]
 
 IMPORT_ALL = """
 import pkgutil, sys, importlib
 import launcher
-from launcher.cli import app
+from launcher.cli.app import app
 names = [m.name for m in pkgutil.walk_packages(launcher.__path__, "launcher.") if m.name != "launcher.__main__"]
 for name in names:
     importlib.import_module(name)
@@ -98,7 +98,7 @@ def test_visible_device_count_reads_cuda_visible_devices_as_cuda_does() -> None:
 
 def test_credentials_are_never_shipped_unless_re_included(tmp_path: Path) -> None:
     """`up -- CMD` ships the working directory, maybe to a stranger's rented machine: keys and tokens stay."""
-    from launcher.sync import ignore_spec, local_manifest
+    from launcher.transport.sync import ignore_spec, local_manifest
 
     files = ["train.py", "pkg/model.py", ".ssh/id_ed25519", "id_rsa.pub", "certs/server.pem", ".env",
              ".config/ddpctl/vast_api_key", ".config/vastai/vast_api_key", ".aws/credentials", ".netrc",
@@ -137,3 +137,22 @@ def test_dry_run_json_is_the_plan_with_secrets_masked(tmp_path: Path) -> None:
     assert all(n["env"]["TOKEN"] == "***" for n in plan["nodes"]) and "s3cret" not in result.stdout + result.stderr
     assert "counted at launch" in result.stderr  # no --gpus: the hosts' GPUs decide, not the 1 shown
     assert not (tmp_path / "runs").exists()
+
+
+def test_up_help_groups_its_options_into_panels() -> None:
+    result = subprocess.run([sys.executable, "-m", "launcher", "up", "--help"], capture_output=True, text=True,
+                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "160"}, timeout=120)
+    assert result.returncode == 0, result.stderr
+    panels = {}  # option -> the title of the panel it is listed in
+    title = None
+    for line in result.stdout.splitlines():
+        if line.startswith("╭─ "):
+            title = line.removeprefix("╭─ ").split(" ─")[0]
+        elif line.startswith("│ --"):
+            panels[line.split()[1]] = title
+    assert panels["--epochs"] == panels["--model"] == "Run"
+    assert panels["--host"] == panels["--identity-file"] == panels["--rdzv-port"] == "Hosts / SSH"
+    assert panels["--image"] == panels["--registry"] == "Docker (--runtime docker)"
+    assert panels["--gpu-name"] == panels["--max-cost"] == "Vast.ai (--provider vast)"
+    assert panels["--json"] == panels["--dry-run"] == panels["--runs-dir"] == "Output"
+    assert "[user@]host[:port]" in result.stdout  # brackets in help are shown, not taken as markup

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import SpecError
-from launcher.local_checks import FirstStepWatch, check_local_rendezvous, last_line
+from launcher.execute.local_checks import FirstStepWatch, check_local_rendezvous, last_line
 
 REPO = Path(__file__).resolve().parent.parent
 SMALL = ["--epochs", "1", "--gpus", "1", "--synthetic-train-size", "256", "--synthetic-test-size", "64"]

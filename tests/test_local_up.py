@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.proctree import alive, process_tree
+from launcher.runtimes.proctree import alive, process_tree
 
 SMALL = ["--synthetic-train-size", "2048", "--synthetic-test-size", "512"]
 
@@ -211,8 +211,8 @@ def test_a_python_that_cannot_be_started_is_one_line_and_the_run_is_recorded_as_
 
 
 def local_run(runs: Path, **record: object) -> Path:
-    from launcher.rundir import RunDir
-    from launcher.spec import RunSpec
+    from launcher.results.rundir import RunDir
+    from launcher.spec.run_spec import RunSpec
 
     run_dir = RunDir.create(runs, RunSpec(run_id="local-run"), {"hosts": [], "provider": "local"})
     run_dir.update_record(**record)
@@ -246,7 +246,7 @@ def test_logs_bad_input_is_one_line(tmp_path: Path, args: list[str], message: st
 
 
 def test_logs_follow_a_local_run_until_its_torchrun_ends(tmp_path: Path) -> None:
-    from launcher.rundir import RunDir
+    from launcher.results.rundir import RunDir
 
     runs = tmp_path / "runs"
     run = local_run(runs)
@@ -279,7 +279,7 @@ class LocalConn:
     """A node's connection that runs its commands on this machine (the workspace is a local folder)."""
 
     def run(self, argv: list[str], timeout: float | None = None, stdin: bytes | None = None) -> object:
-        from launcher.ssh import CommandResult
+        from launcher.transport.ssh import CommandResult
 
         done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
         return CommandResult(done.returncode, done.stdout, done.stderr)
@@ -301,10 +301,10 @@ class LocalSession:
 @pytest.mark.parametrize("follow", [False, True])
 def test_logs_of_a_host_without_output_yet_say_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                   capsys: pytest.CaptureFixture[str], follow: bool) -> None:
-    import launcher.remote
-    from launcher.cli import main
-    from launcher.rundir import RunDir
-    from launcher.spec import RunSpec
+    import launcher.execute.on_hosts
+    from launcher.cli.app import main
+    from launcher.results.rundir import RunDir
+    from launcher.spec.run_spec import RunSpec
 
     workspaces = [tmp_path / "node0", tmp_path / "node1"]
     for workspace in workspaces:
@@ -312,8 +312,8 @@ def test_logs_of_a_host_without_output_yet_say_so(tmp_path: Path, monkeypatch: p
     (workspaces[1] / "exit_code").write_text("1\n")  # node 1 ended before torchrun wrote a line
     run_dir = RunDir.create(tmp_path / "runs", RunSpec(run_id="r2", nnodes=2),
                             {"hosts": [{"label": "a"}, {"label": "b"}], "provider": "ssh"})
-    monkeypatch.setattr(launcher.remote, "reattach", lambda run_dir, options: LocalSession())
-    monkeypatch.setattr(launcher.remote, "node_workspaces", lambda run_dir: [str(w) for w in workspaces])
+    monkeypatch.setattr(launcher.execute.on_hosts, "reattach", lambda run_dir, options: LocalSession())
+    monkeypatch.setattr(launcher.execute.on_hosts, "node_workspaces", lambda run_dir: [str(w) for w in workspaces])
     main(["logs", str(run_dir.path), "--node", "1", *(["-f"] if follow else [])])  # no SystemExit: status 0
     out, err = capsys.readouterr()
     assert out == ""
@@ -389,7 +389,7 @@ def test_killed_worker_is_restarted_and_the_run_completes(tmp_path: Path) -> Non
 def test_stop_tree_reaches_workers_in_sessions_of_their_own() -> None:
     """What a stuck torchrun leaves when only its process group is killed: workers in sessions of their own.
     The local runner's last resort (and the tests' clean-up) kills the whole tree."""
-    from launcher.proctree import process_tree, stop_tree
+    from launcher.runtimes.proctree import process_tree, stop_tree
 
     script = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], "
               "start_new_session=True); time.sleep(120)")

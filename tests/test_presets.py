@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from launcher.errors import SpecError
-from launcher.presets import PRESETS, apply_preset, get_preset
-from launcher.spec import RunSpec
+from launcher.spec.presets import PRESETS, apply_preset, get_preset
+from launcher.spec.run_spec import RunSpec
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from launcher.progress import STALL_HINT_SECONDS, FreshestProgress, stall_note
+from rich.console import Console
+
+from launcher.results.progress import STALL_HINT_SECONDS, FreshestProgress, stall_note, summary_table
 
 
 def record(step: int, state: str = "training") -> dict[str, object]:
@@ -39,7 +41,7 @@ def test_a_stall_is_noted_only_while_training_and_only_after_the_threshold() -> 
 
 
 def test_a_malformed_progress_record_is_read_as_far_as_it_can_be() -> None:
-    from launcher.progress import progress_record
+    from launcher.results.progress import progress_record
 
     for junk in (None, [], [1, 2], "epoch 3", 7, 1.5, True):
         assert progress_record(junk) is None
@@ -52,7 +54,7 @@ def test_a_malformed_progress_record_is_read_as_far_as_it_can_be() -> None:
 
 
 def test_the_live_display_survives_whatever_a_host_writes_as_progress() -> None:
-    from launcher.progress import RunProgress
+    from launcher.results.progress import RunProgress
 
     picker = FreshestProgress(2)
     with RunProgress(["a", "b"], enabled=False) as display:
@@ -66,3 +68,13 @@ def test_the_live_display_survives_whatever_a_host_writes_as_progress() -> None:
         assert picker.freshest() == 0
         task = display._progress.tasks[0]
         assert task.description == "" and "epoch 1/1 step 0/1" in task.fields["status"]
+
+
+def test_the_summary_table_shows_the_run_id_on_one_line() -> None:
+    """The id is what a user copies into `ddpctl status`: the table is made wide enough for its title."""
+    run_id = "resnet18-cifar10-a-rather-long-run-name-20261123-000812-ab12"
+    console = Console(width=100, record=True, color_system=None)
+    console.print(summary_table({"world_size": 4, "epochs": 3, "train_seconds": 12.5}, f"run {run_id}"))
+    text = console.export_text()
+    assert any(run_id in line for line in text.splitlines())
+    assert "12.5 s" in text

@@ -12,6 +12,7 @@ import pytest
 
 from infra.testbed import Testbed, cleanup_stale
 from infra.testbed_docker import HostEngine, start_engine
+from infra.testbed_host import shared_python_env
 from tests.docker_fixtures import base_image, requires_docker, test_image  # noqa: F401
 from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, run_ddpctl
 
@@ -83,3 +84,24 @@ def test_a_host_without_docker_is_named_in_one_line(docker_hosts: tuple[Testbed,
     assert bed.hosts[2].spec in result.stderr and "no usable Docker engine" in result.stderr
     assert bed.hosts[0].spec not in result.stderr
     assert not any(tmp_path.iterdir())
+
+
+def test_docker_runs_where_the_hosts_own_torch_differs(docker_hosts: tuple[Testbed, list[HostEngine]],
+                                                        test_image: str, tmp_path: Path) -> None:  # noqa: F811
+    """The container brings its own python and torch, so preflight compares the hosts' only for --runtime native:
+    host 0 has no torch (Debian's python3), host 1 this machine's python with torch."""
+    bed, _ = docker_hosts
+    with_torch = bed.hosts[1]
+    saved = with_torch.ssh_environment()
+    with_torch.update_ssh_environment(shared_python_env())
+    try:
+        hosts = [arg for h in bed.hosts[:2] for arg in ("--host", h.spec)]
+        native = ddpctl(bed, "up", *hosts, "--gpus", "1", "--epochs", "1", "--runs-dir", str(tmp_path / "n"), *SMALL)
+        assert native.returncode == 1
+        assert "preflight failed" in native.stderr and "torch" in native.stderr
+        docker = ddpctl(bed, "up", "--runtime", "docker", "--image", test_image, *hosts, "--gpus", "1",
+                        "--epochs", "1", "--runs-dir", str(tmp_path / "d"), "--json", *SMALL)
+        assert docker.returncode == 0, docker.stderr
+        assert json.loads(docker.stdout)["summary"]["world_size"] == 2
+    finally:
+        with_torch.set_ssh_environment(saved)

@@ -15,12 +15,13 @@ import typer
 from matplotlib.image import imread
 from typer.testing import CliRunner
 
-from launcher import cli
+from launcher.cli import app as cli
+from launcher.cli.report_sweep import register
 from launcher.errors import RunDirError
-from launcher.plots import DPI, FIG_SIZE_IN
-from launcher.presets import get_preset
-from launcher.report import build_report, load_run, render_markdown, scaling_table, write_report
-from launcher.report_commands import register
+from launcher.results.plots import DPI, FIG_SIZE_IN
+from launcher.results.report import render_markdown, write_report
+from launcher.results.run_figures import build_report, load_run, scaling_table
+from launcher.spec.presets import get_preset
 
 
 def timing_records(world_size: int, epochs: int, *, rng: random.Random, train_size: int = 640,

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import SpecError
-from launcher.hosts import parse_host, parse_hosts
-from launcher.plan import NodeHost, NodePlan, plan_local, plan_remote
-from launcher.remote_node import STATE_SCRIPT, env_file, start_argv
-from launcher.spec import RunSpec, new_run_id
-from launcher.torchrun import NodeRole, torchrun_argv
+from launcher.planning.plan import NodeHost, NodePlan, plan_local, plan_remote
+from launcher.runtimes.native import STATE_SCRIPT, env_file, start_argv
+from launcher.spec.hosts import parse_host, parse_hosts
+from launcher.spec.run_spec import RunSpec, new_run_id
+from launcher.spec.torchrun import NodeRole, torchrun_argv
 
 
 def test_torchrun_argv_multinode_node1() -> None:
@@ -200,7 +200,7 @@ def test_stop_kills_workers_that_left_the_process_group(tmp_path: Path) -> None:
         time.sleep(0.05)
     worker = int((home / "ws" / "worker.pid").read_text())
     agent_pid = int((home / "ws" / "pid").read_text())
-    from launcher.remote_node import STOP_SCRIPT
+    from launcher.runtimes.native import STOP_SCRIPT
 
     subprocess.run([sys.executable, "-c", STOP_SCRIPT, "ws", "1", "20"], cwd=home, env=env, check=True, timeout=30)
 
@@ -228,7 +228,7 @@ def test_a_public_address_anywhere_is_refused_unless_allowed() -> None:
     """torchrun's stores listen on every address of a node, so any node's own public address counts, not
     only the rendezvous address: an IPv4 or IPv6 global address on any interface of any node."""
     from launcher.errors import DdpctlError
-    from launcher.preflight import HostFacts, check_public_rendezvous
+    from launcher.planning.preflight import HostFacts, check_public_rendezvous
 
     def host(label: str, *addrs: str) -> HostFacts:
         return HostFacts(label, {"addrs": [{"iface": f"eth{i}", "addr": a} for i, a in enumerate(addrs)]})

@@ -1,4 +1,4 @@
-"""launcher.ssh and launcher.parallel against real sshd hosts of the test bed."""
+"""launcher.transport.ssh and launcher.transport.parallel against real sshd hosts of the test bed."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from launcher.errors import DdpctlError, HostError
-from launcher.hosts import parse_host
-from launcher.known_hosts import KnownHosts, host_key_name
-from launcher.parallel import HostTimeoutError, raise_for_errors, run_on_hosts
-from launcher.ssh import Connection, command_line, resolve_target
+from launcher.errors import AuthenticationFailed, DdpctlError, HostError, HostsFailed
+from launcher.spec.hosts import parse_host
+from launcher.transport.known_hosts import KnownHosts, host_key_name
+from launcher.transport.parallel import HostTimeoutError, raise_for_errors, run_on_hosts
+from launcher.transport.ssh import Connection, command_line, resolve_target
 from tests.testbed_fixtures import bed_known_hosts, connect, run_ddpctl
 
 pytestmark = pytest.mark.testbed  # the `testbed` fixture skips where no bed can run
@@ -218,10 +218,18 @@ def test_wrong_key_names_the_key_tried(testbed, tmp_path):
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     host = testbed.hosts[0]
     target = resolve_target(parse_host(host.spec), ssh_config=tmp_path / "none", identity_file=key)
-    with pytest.raises(HostError) as failed, Connection(target, known_hosts=bed_known_hosts(testbed),
-                                                        allow_agent=False, connect_timeout=10) as conn:
+    with pytest.raises(AuthenticationFailed) as failed, Connection(target, known_hosts=bed_known_hosts(testbed),
+                                                                   allow_agent=False, connect_timeout=10) as conn:
         conn.run(["true"])
     assert f"authentication as {host.user!r}" in str(failed.value) and str(key) in str(failed.value)
+
+    def connect(_: int) -> None:
+        with Connection(target, known_hosts=bed_known_hosts(testbed), allow_agent=False, connect_timeout=10) as c:
+            c.run(["true"])
+
+    with pytest.raises(HostsFailed) as fanned:  # per-host fan-out keeps each host's error by type
+        raise_for_errors(run_on_hosts([0], connect, timeout=60, label=lambda _: host.spec), "connect")
+    assert [type(e) for e in fanned.value.errors] == [AuthenticationFailed]
     missing = resolve_target(parse_host(host.spec), ssh_config=tmp_path / "none", identity_file=tmp_path / "nope")
     with pytest.raises(HostError, match="nope .not found."), Connection(
             missing, known_hosts=bed_known_hosts(testbed), allow_agent=False) as conn:

@@ -16,12 +16,11 @@ from typing import Any
 
 import pytest
 
-from launcher import cli
+from launcher.cli import app as cli
 from launcher.errors import DdpctlError, SpecError
-from launcher.report import load_run, scaling_table
-from launcher.rundir import read_jsonl
-from launcher.spec import RunSpec
-from launcher.sweep import (
+from launcher.results.run_figures import load_run, scaling_table
+from launcher.results.rundir import read_jsonl
+from launcher.results.sweep import (
     Layout,
     SweepError,
     _sweep_lock,
@@ -32,6 +31,7 @@ from launcher.sweep import (
     run_sweep,
     scaled_lr,
 )
+from launcher.spec.run_spec import RunSpec
 from tests.test_report import median, write_run
 from tests.testbed_fixtures import needs_testbed
 
@@ -184,9 +184,9 @@ def test_sweep_command_bad_input_is_one_line(tmp_path: Path, capsys: pytest.Capt
 
 def test_a_local_sweep_wider_than_this_machines_gpus_writes_nothing(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    import launcher.local
+    import launcher.execute.local
 
-    monkeypatch.setattr(launcher.local, "local_gpu_count", lambda: 2)
+    monkeypatch.setattr(launcher.execute.local, "local_gpu_count", lambda: 2)
     with pytest.raises(SystemExit) as info:
         cli.main(["sweep", "--gpus", "1,2,4", "--runs-dir", str(tmp_path / "runs")])
     err = capsys.readouterr().err

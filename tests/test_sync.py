@@ -1,4 +1,4 @@
-"""launcher.sync against real hosts of the test bed: incremental ship, verified pull, hostile hosts."""
+"""launcher.transport.sync against real hosts of the test bed: incremental ship, verified pull, hostile hosts."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import HostError
-from launcher.sync import PART_MARK, pull_tree, ship_tree
+from launcher.transport.sync import PART_MARK, pull_tree, ship_tree
 from tests.testbed_fixtures import connect
 
 pytestmark = pytest.mark.testbed
@@ -144,10 +144,10 @@ def test_interrupted_pull_leaves_no_partial_file_and_next_pull_completes(testbed
 KILLED_PULL = r"""
 import os, signal, sys
 from pathlib import Path
-from launcher.hosts import parse_host
-from launcher.known_hosts import KnownHosts
-from launcher.ssh import Connection, resolve_target
-from launcher.sync import pull_tree
+from launcher.spec.hosts import parse_host
+from launcher.transport.known_hosts import KnownHosts
+from launcher.transport.ssh import Connection, resolve_target
+from launcher.transport.sync import pull_tree
 spec, key, known, dest = sys.argv[1:5]
 target = resolve_target(parse_host(spec), ssh_config=Path("/nonexistent"), identity_file=Path(key))
 conn = Connection(target, known_hosts=KnownHosts(Path(known), Path("/nonexistent")), allow_agent=False)

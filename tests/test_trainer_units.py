@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 import pickle
 import struct
 from pathlib import Path
@@ -312,3 +313,15 @@ def test_bad_options_are_one_line_errors(
     assert exit_info.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
+
+
+def test_bf16_run_records_its_precision_and_its_snapshots_resume_only_bf16(tmp_path: Path) -> None:
+    tiny = ["--epochs", "1", "--synthetic-train-size", "256", "--synthetic-test-size", "64", "--out-dir", str(tmp_path)]
+    result = run_trainer([*tiny, "--precision", "bf16"])
+    assert result.returncode == 0, describe(result)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["precision"] == "bf16" and summary["final_train_loss"] > 0
+    weights = torch.load(tmp_path / "final_model.pt", weights_only=True)
+    assert all(value.dtype == torch.float32 for value in weights.values())  # autocast leaves the weights fp32
+    result = run_trainer([*tiny, "--epochs", "2"])  # fp32 now: bf16's snapshot must not be resumed
+    assert result.returncode == 2 and "belongs to another run" in result.stderr, describe(result)

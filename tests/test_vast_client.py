@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 
 import pytest
 
 from infra.vast_standin import VastStandIn, make_offer
-from launcher.vast.client import VastClient
-from launcher.vast.errors import VastAuthError, VastError, VastGone, VastNotFound, VastRateLimited, VastUnavailable
+from launcher.providers.vast.client import VastClient
+from launcher.providers.vast.errors import (
+    VastAuthError,
+    VastError,
+    VastGone,
+    VastNotFound,
+    VastRateLimited,
+    VastUnavailable,
+)
 
 KEY = "sk-test-4f9c2a7e1b3d5f60"
 
@@ -164,3 +172,36 @@ def test_empty_or_spaced_key_is_refused():
     for bad in ("", "two words"):
         with pytest.raises(VastAuthError):
             VastClient(bad)
+
+
+def test_a_create_is_retried_only_when_no_connection_was_made():
+    """Judged by urllib3's exception type (NewConnectionError), not by the text of requests' message."""
+    with socket.socket() as s:  # a port nobody listens on: the request surely never left
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sleeps: list[float] = []
+    c = VastClient(KEY, base_url=f"http://127.0.0.1:{port}", backoff_base=0.01, max_retries=2, sleep=sleeps.append)
+    with pytest.raises(VastUnavailable):
+        c.create_instance(2, CREATE)
+    assert len(sleeps) == 2
+
+    with socket.socket() as server:  # accepts the connection, then drops it unanswered: the create may have acted
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        threading.Thread(target=_drop_connections, args=(server,), daemon=True).start()
+        sleeps.clear()
+        c = VastClient(KEY, base_url=f"http://127.0.0.1:{server.getsockname()[1]}", backoff_base=0.01,
+                       max_retries=2, sleep=sleeps.append)
+        with pytest.raises(VastUnavailable):
+            c.create_instance(2, CREATE)
+        assert sleeps == []  # never sent twice
+
+
+def _drop_connections(server: socket.socket) -> None:
+    """Accept each connection and close it without an answer, until the listening socket is closed."""
+    while True:
+        try:
+            conn, _ = server.accept()
+        except OSError:
+            return
+        conn.close()

@@ -8,9 +8,9 @@ import pytest
 
 from infra.vast_contract import API_DIR, find_operation, validate_request
 from infra.vast_standin import VastStandIn, make_offer
-from launcher.vast.client import VastClient
-from launcher.vast.models import InstanceState, Offer
-from launcher.vast.offers import OfferError, OfferFilter, build_query, choose_offers, search_offers
+from launcher.providers.vast.client import VastClient
+from launcher.providers.vast.models import InstanceState, Offer
+from launcher.providers.vast.offers import OfferError, OfferFilter, build_query, choose_offers, search_offers
 
 
 def _offer(oid: int, machine: int, dph_base: float, cluster: int | None = None, storage_cost: float = 0.15) -> Offer:
@@ -99,7 +99,7 @@ def test_instance_state_ssh_address_direct_then_proxy():
 
 def test_offer_strings_print_literally_in_the_table(monkeypatch, capsys):
     """A host names its GPU and place itself: '[...]' in them is text, not rich markup (nor a markup error)."""
-    from launcher.cli import main
+    from launcher.cli.app import main
 
     key = "k"
     catalogue = [make_offer(1, 101, gpu_name="RTX [bold]3080[/bold]", geolocation="Lyon, [FR]"),

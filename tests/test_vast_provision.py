@@ -9,11 +9,11 @@ from collections import Counter
 import pytest
 
 from infra.vast_standin import VastStandIn, make_offer
-from launcher.vast.client import VastClient
-from launcher.vast.errors import ProvisionError, VastError
-from launcher.vast.models import Offer, RentedInstance
-from launcher.vast.offers import OfferError, OfferFilter, choose_offers, search_offers
-from launcher.vast.provision import cost_so_far, provision, teardown
+from launcher.providers.vast.client import VastClient
+from launcher.providers.vast.errors import ProvisionError, VastError
+from launcher.providers.vast.models import Offer, RentedInstance
+from launcher.providers.vast.offers import OfferError, OfferFilter, choose_offers, search_offers
+from launcher.providers.vast.provision import cost_so_far, provision, teardown
 
 KEY = "sk-prov-77aa88bb99cc"
 PUB = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJdd ddpctl-test"

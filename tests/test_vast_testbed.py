@@ -11,12 +11,12 @@ import pytest
 
 from infra.testbed import Testbed, cleanup_stale
 from infra.vast_standin import VastStandIn, make_offer
-from launcher.hosts import parse_host
-from launcher.ssh import Connection, resolve_target
-from launcher.vast.client import VastClient
-from launcher.vast.models import RentedInstance
-from launcher.vast.offers import OfferFilter, choose_offers, search_offers
-from launcher.vast.provision import provision, teardown
+from launcher.providers.vast.client import VastClient
+from launcher.providers.vast.models import RentedInstance
+from launcher.providers.vast.offers import OfferFilter, choose_offers, search_offers
+from launcher.providers.vast.provision import provision, teardown
+from launcher.spec.hosts import parse_host
+from launcher.transport.ssh import Connection, resolve_target
 from tests.testbed_fixtures import TESTBED_PREFIX, bed_known_hosts, needs_testbed
 
 pytestmark = [needs_testbed, pytest.mark.testbed]

@@ -30,7 +30,7 @@ STORAGE = 0.15 * DISK / 720  # $/hour for the disk (make_offer's storage_cost)
 # Runs the launcher with every remote command line (Connection.run / run_shell / channels) appended to a file.
 RECORDING_LAUNCHER = r"""
 import sys
-import launcher.ssh as ssh
+import launcher.transport.ssh as ssh
 log = open(sys.argv[1], "a")
 quote = ssh.command_line
 def command_line(argv, **kw):
@@ -43,7 +43,7 @@ def run_shell(self, script, **kw):
     log.write(script + "\n"); log.flush()
     return shell(self, script, **kw)
 ssh.Connection.run_shell = run_shell
-from launcher.cli import main
+from launcher.cli.app import main
 main(sys.argv[2:])
 """
 

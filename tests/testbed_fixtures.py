@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 
 from infra.testbed import SSHD, Testbed, TestHost, cleanup_stale
-from launcher.hosts import parse_host
-from launcher.known_hosts import KnownHosts
-from launcher.ssh import Connection, resolve_target
+from launcher.spec.hosts import parse_host
+from launcher.transport.known_hosts import KnownHosts
+from launcher.transport.ssh import Connection, resolve_target
 
 TESTBED_PREFIX = "ddptb"
 REPO = Path(__file__).resolve().parent.parent

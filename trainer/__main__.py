@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
+import os
 import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-import torch
-
-from trainer.data import DataSplits, load_dataset
-from trainer.distributed import DistContext, setup
-from trainer.errors import DataError, TrainerError
-from trainer.models import MODELS, build_model
-from trainer.trainer import TrainConfig, Trainer, seed_rng
+from trainer.errors import TrainerError
+from trainer.models import MODELS
+from trainer.strategies import STRATEGIES, StrategyOptions, check_runnable, run_strategy
+from trainer.strategies.options import (
+    DEVICE_STRATEGIES,
+    PROCESS_STRATEGIES,
+    parse_average_every,
+    parse_devices,
+)
+from trainer.trainer import PRECISIONS, TrainConfig, choose_algorithms
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -54,9 +59,25 @@ def _fault(text: str) -> tuple[int, int]:
     return int(rank), int(step)
 
 
+def _checked(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    def parse_or_complain(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse_or_complain
+
+
 def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, str, Path]:
     """The command line as a TrainConfig (plus the backend and data folder, which are not the run's identity)."""
-    p = _OneLineParser(prog="python -m trainer", description="DDP trainer (run it under torchrun).")
+    config, backend, data_dir, _ = parse_command_line(argv)
+    return config, backend, data_dir
+
+
+def parse_command_line(argv: list[str] | None = None) -> tuple[TrainConfig, str, Path, StrategyOptions]:
+    """The whole command line: parse_args's three, and the parallel strategy with its options."""
+    p = _OneLineParser(prog="python -m trainer", description="DDP trainer (under torchrun; --strategy: others)")
     p.add_argument("--model", choices=MODELS, default="mnist-cnn")
     p.add_argument("--dataset", choices=("synthetic", "mnist", "cifar10"), default="synthetic")
     p.add_argument("--data-dir", type=Path, default=Path("data"), help="where data sets are (or go)")
@@ -70,6 +91,14 @@ def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, str, Path]:
     p.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto")
     p.add_argument("--out-dir", type=Path, default=Path())
     p.add_argument("--snapshot-dir", type=Path, default=None, help="default: OUT_DIR/snapshots")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                   help="bf16: forward and loss under bf16 autocast (fp32 weights); default fp32")
+    p.add_argument("--deterministic", action="store_true",
+                   help="deterministic algorithms (bitwise repeatable on CUDA; slower)")
+    p.add_argument("--no-channels-last", dest="channels_last", action="store_false",
+                   help="keep images and weights NCHW (rounds exactly as the reference loop does)")
+    p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
+                   help="one process on CUDA: run the plain step instead of replaying the captured one")
     p.add_argument("--synthetic-train-size", type=_positive(int), default=16384)
     p.add_argument("--synthetic-test-size", type=_positive(int), default=2048)
     p.add_argument(
@@ -86,53 +115,56 @@ def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, str, Path]:
         metavar="RANK:STEP",
         help="tests: on the first attempt, global rank RANK stops responding at global step STEP",
     )
+    # --- the parallel strategy (issue 14; docs/contracts.md, the trainer section) ---
+    p.add_argument("--strategy", choices=STRATEGIES, default="ddp", help="how the work is parallelised")
+    p.add_argument(
+        "--devices",
+        type=_checked(parse_devices),
+        default=None,
+        help="dp/mp/ddp-mp: cpu or cuda:N, comma-separated (mp: one per stage; default the GPUs)",
+    )
+    p.add_argument(
+        "--average-every",
+        type=_checked(parse_average_every),
+        default=None,
+        help="local-sgd: average parameters every N steps, each 'epoch' (default) or at the 'end'",
+    )
+    p.add_argument(
+        "--threads-per-process",
+        type=_positive(int),
+        default=None,
+        help="intra-op threads per process (default: OMP_NUM_THREADS if set, else the node's cores / its processes)",
+    )
+    p.add_argument(
+        "--processes",
+        type=_positive(int),
+        default=None,
+        help="spawn/hogwild: processes to start on this node (default: its GPUs, or 2)",
+    )
     args = p.parse_args(argv)
     if not 0 <= args.seed < 2**32:
         p.error(f"--seed must be in 0..{2**32 - 1}, got {args.seed}")
+    hangable = tuple(name for name in STRATEGIES if name != "hogwild")  # hogwild's workers do not hang on cue
+    for option, value, allowed in (("--devices", args.devices, DEVICE_STRATEGIES),
+                                   ("--processes", args.processes, PROCESS_STRATEGIES),
+                                   ("--average-every", args.average_every, ("local-sgd",)),
+                                   ("--fault-hang", args.fault_hang, hangable)):  # fmt: skip
+        if value is not None and args.strategy not in allowed:
+            p.error(f"{option} applies to --strategy {'/'.join(allowed)}, not {args.strategy}")
+    options = StrategyOptions(
+        name=args.strategy, devices=args.devices, average_every=args.average_every or "epoch",
+        threads_per_process=args.threads_per_process, processes=args.processes,
+    )  # fmt: skip
     config = TrainConfig(
         model=args.model, dataset=args.dataset, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
         momentum=args.momentum, save_every=args.save_every, keep_snapshots=args.keep_snapshots,
         seed=args.seed, out_dir=args.out_dir, snapshot_dir=args.snapshot_dir,
         synthetic_train_size=args.synthetic_train_size, synthetic_test_size=args.synthetic_test_size,
-        fault_kill=args.fault_kill, fault_hang=args.fault_hang,
+        fault_kill=args.fault_kill, fault_hang=args.fault_hang, precision=args.precision,
+        deterministic=args.deterministic, cuda_graphs=args.cuda_graphs,
+        channels_last=args.channels_last,
     )  # fmt: skip
-    return config, args.backend, args.data_dir
-
-
-def run(config: TrainConfig, backend: str, data_dir: Path) -> None:
-    """Set up, train, tear down."""
-    ctx = setup(backend)
-    try:
-        data = _load_in_turn(ctx, config, data_dir)
-        torch.manual_seed(config.seed)  # the same initial weights on every rank
-        model = build_model(config.model, data.image_shape)
-        seed_rng(config.seed, ctx.rank)
-        if ctx.is_rank0:
-            config.out_dir.mkdir(parents=True, exist_ok=True)
-        Trainer(config, ctx, data, model).train()
-    finally:
-        ctx.close()
-
-
-def _load_in_turn(ctx: DistContext, config: TrainConfig, data_dir: Path) -> DataSplits:
-    """Each node's local rank 0 reads first, downloading what is missing; the other ranks read once every node
-    has its files, so no two processes download into one folder at once."""
-
-    def load() -> DataSplits:
-        return load_dataset(
-            config.dataset, data_dir, seed=config.seed,
-            synthetic_train_size=config.synthetic_train_size, synthetic_test_size=config.synthetic_test_size,
-        )  # fmt: skip
-
-    data, error = None, None
-    if ctx.local_rank == 0:
-        try:
-            data = load()
-        except DataError as exc:
-            error = exc
-    if not ctx.min_int(0 if error else 1):
-        raise error or DataError(f"the {config.dataset} data set could not be read on another node; see its log")
-    return data if data is not None else load()
+    return config, args.backend, args.data_dir, options
 
 
 def _exit_on_sigterm(signum: int, _frame: object) -> None:
@@ -141,10 +173,13 @@ def _exit_on_sigterm(signum: int, _frame: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    config, backend, data_dir = parse_args(argv)
+    config, backend, data_dir, options = parse_command_line(argv)
+    options = dataclasses.replace(options, load_at_start=os.getloadavg())
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        run(config, backend, data_dir)
+        check_runnable(options)
+        choose_algorithms(config.deterministic)  # before setup: cuBLAS reads its workspace setting when it starts
+        run_strategy(config, backend, data_dir, options)
     except TrainerError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2

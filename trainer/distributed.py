@@ -68,8 +68,10 @@ class DistContext:
             dist.destroy_process_group()
 
 
-def setup(backend: str = "auto") -> DistContext:
-    """Read torchrun's environment, pick this process's device and join the process group."""
+def setup(backend: str = "auto", gpus_per_process: int = 1) -> DistContext:
+    """Read torchrun's environment, pick this process's device and join the process group.
+
+    With `gpus_per_process` 2 (ddp-mp) local rank k's device is its first GPU, 2k; 0 keeps it on the CPU."""
     env = os.environ
     under_torchrun = "RANK" in env and "WORLD_SIZE" in env
     rank = int(env.get("RANK", "0"))
@@ -79,14 +81,20 @@ def setup(backend: str = "auto") -> DistContext:
     nnodes = int(env.get("GROUP_WORLD_SIZE", str(max(1, world_size // max(1, local_world_size)))))
     restart_count = int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
-    if torch.cuda.is_available():
-        if local_rank >= torch.cuda.device_count():
+    if gpus_per_process and torch.cuda.is_available():
+        gpus = torch.cuda.device_count()
+        first_gpu = local_rank * gpus_per_process
+        if gpus_per_process == 1 and backend == "gloo":
+            # NCCL refuses two ranks on one GPU; gloo does not mind (it stages CUDA tensors through the host).
+            first_gpu %= gpus
+        elif first_gpu + gpus_per_process > gpus:
+            share = ", or share the GPUs among more with --backend gloo" if gpus_per_process == 1 else ""
             raise TrainerError(
-                f"local rank {local_rank} has no GPU: this machine has {torch.cuda.device_count()}; "
-                "start at most that many processes per node"
+                f"local rank {local_rank} has no GPU: this machine has {gpus}; start at most "
+                f"{gpus // gpus_per_process} processes per node{share}"
             )
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(first_gpu)
+        device = torch.device("cuda", first_gpu)
     else:
         device = torch.device("cpu")
 

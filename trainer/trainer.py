@@ -11,6 +11,7 @@ import random
 import signal
 import sys
 import time
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from trainer.data import DataSplits
 from trainer.distributed import DistContext, device_name
 from trainer.errors import SnapshotError
 from trainer.files import atomic_write_bytes
+from trainer.graphed_step import GraphedStep
 from trainer.records import ProgressReporter, TimingLog, build_summary, versions, write_summary
 from trainer.sharding import samples_per_rank, shard_indices
 from trainer.snapshot import newest_valid, save_snapshot, snapshot_path
@@ -33,6 +35,7 @@ SNAPSHOT_FORMAT = 1
 # Settings that must match for a snapshot to be resumed (epochs may grow: a run can be extended).
 RUN_IDENTITY = ("model", "dataset", "batch_size", "lr", "momentum", "seed", "synthetic_train_size",
                 "synthetic_test_size")  # fmt: skip
+PRECISIONS = ("fp32", "bf16")
 
 
 @dataclass(frozen=True)
@@ -54,9 +57,16 @@ class TrainConfig:
     synthetic_test_size: int = 2048
     fault_kill: tuple[int, int] | None = None  # (global rank, global step), first attempt only
     fault_hang: tuple[int, int] | None = None  # likewise: that rank stops responding (a hung collective)
+    precision: str = "fp32"  # bf16: forward and loss under bf16 autocast (weights and optimizer stay fp32)
+    deterministic: bool = False  # torch.use_deterministic_algorithms: bitwise repeatable on CUDA too
+    channels_last: bool = True  # images and weights stored channels-last (faster; rounds differently from NCHW)
+    cuda_graphs: bool = True  # a world of one on CUDA replays the captured step (trainer/graphed_step.py)
 
     def identity(self) -> dict[str, Any]:
-        return {key: asdict(self)[key] for key in RUN_IDENTITY}
+        identity = {key: asdict(self)[key] for key in RUN_IDENTITY}
+        if self.precision != "fp32":  # so that snapshots written before the option existed still resume
+            identity["precision"] = self.precision
+        return identity
 
 
 @dataclass
@@ -75,15 +85,17 @@ class Trainer:
         self.config = config
         self.ctx = ctx
         self.data = data.to(ctx.device)
-        self.model = model.to(ctx.device)
-        if ctx.device.type == "cpu":
-            # CPU max_pool2d is ~5x faster on channels-last tensors than on NCHW ones (measured here: a
-            # whole mnist-cnn step takes half the time); the maths and the parameters' shapes do not change.
-            self.model = self.model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+        if config.channels_last:
             self.data = self.data.channels_last()
-        device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-        self.ddp: nn.Module = DistributedDataParallel(self.model, device_ids=device_ids) if ctx.grouped else model
+        self.model = self._place(model)
+        self.ddp: nn.Module = self._wrap(self.model)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=config.lr, momentum=config.momentum)
+        self.graphed = (
+            GraphedStep(self._run_batch, self.model, self.optimizer, self.data.train_x, self.data.train_y,
+                        config.batch_size)  # fmt: skip
+            if self._graphable()
+            else None
+        )
         self.snapshot_dir = config.snapshot_dir or config.out_dir / "snapshots"
         self.per_rank = samples_per_rank(len(self.data.train_y), ctx.world_size)
         self.steps_per_epoch = math.ceil(self.per_rank / config.batch_size)
@@ -98,6 +110,31 @@ class Trainer:
             else None
         )
 
+    def _place(self, model: nn.Module) -> nn.Module:
+        """The model on this process's device (strategies that split it across devices override this)."""
+        model = model.to(self.ctx.device)
+        if self.config.channels_last:
+            # CPU max_pool2d is ~5x faster on channels-last tensors than on NCHW (a whole mnist-cnn step takes half
+            # the time), and cuDNN's tensor-core convolutions work in it. The maths is the same, the rounding not.
+            model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+        return model
+
+    def _wrap(self, model: nn.Module) -> nn.Module:
+        """What trains: DDP over the process group (other strategies override this). A world of one has no
+        gradients to average: DDP would only add a one-rank all-reduce per step."""
+        device_ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
+        several = self.ctx.grouped and self.ctx.world_size > 1
+        return DistributedDataParallel(model, device_ids=device_ids) if several else model
+
+    def _graphable(self) -> bool:
+        """Whether the step can be captured once and replayed: one CUDA device, the plain model, this class's step
+        (strategies that wrap, split or change the step run it as written)."""
+        return (
+            self.config.cuda_graphs and self.ctx.device.type == "cuda" and self.ddp is self.model
+            and type(self)._run_batch is Trainer._run_batch
+            and all(p.device == self.ctx.device for p in self.model.parameters())
+        )  # fmt: skip
+
     # --- one step, one epoch ---------------------------------------------------------------------------
 
     def _run_batch(self, images: torch.Tensor, labels: torch.Tensor, sums: torch.Tensor) -> None:
@@ -105,8 +142,9 @@ class Trainer:
         if self.first_step_time is None:
             self.first_step_time = time.time()
         self.optimizer.zero_grad(set_to_none=True)
-        output = self.ddp(images)
-        loss = F.nll_loss(output, labels)
+        with self._autocast():
+            output = self.ddp(images)
+            loss = F.nll_loss(output, labels)
         loss.backward()
         self.optimizer.step()
         with torch.no_grad():
@@ -118,7 +156,8 @@ class Trainer:
         cfg, ctx = self.config, self.ctx
         order = shard_indices(len(self.data.train_y), ctx.world_size, ctx.rank, epoch - 1, cfg.seed)
         order = order.to(ctx.device)
-        sums = torch.zeros(2, dtype=torch.float64, device=ctx.device)
+        sums = self.graphed.sums if self.graphed is not None else torch.zeros(2, dtype=torch.float64, device=ctx.device)
+        sums.zero_()
         kill_step, hang_step = self._fault_step(self.config.fault_kill), self._fault_step(self.config.fault_hang)
         self.ddp.train()
         start = time.perf_counter()
@@ -129,7 +168,11 @@ class Trainer:
             while global_step == hang_step:
                 time.sleep(3600)
             batch = order[step * cfg.batch_size : (step + 1) * cfg.batch_size]
-            self._run_batch(self.data.train_x.index_select(0, batch), self.data.train_y.index_select(0, batch), sums)
+            if self.graphed is not None and len(batch) == cfg.batch_size:
+                self.graphed.replay(batch)
+            else:  # the plain step (also an epoch's last, shorter batch, which the graph's shapes do not fit)
+                self._run_batch(self.data.train_x.index_select(0, batch), self.data.train_y.index_select(0, batch),
+                                sums)  # fmt: skip
             if self.progress is not None and self.progress.due():
                 rate = (step + 1) * cfg.batch_size * ctx.world_size / max(time.perf_counter() - start, 1e-9)
                 self.progress.write(epoch=epoch, step=step + 1, samples_per_s=rate, state="training")
@@ -137,6 +180,11 @@ class Trainer:
         totals = ctx.all_reduce_sum(torch.cat([sums, counts])).tolist()  # the epoch's one host sync
         seconds = time.perf_counter() - start
         return EpochResult(seconds, self.steps_per_epoch, int(totals[2]), totals[0] / totals[2], totals[1] / totals[2])
+
+    def _autocast(self) -> AbstractContextManager[Any]:
+        """bf16 autocast when --precision bf16, else nothing. No cast cache: a CUDA Graph cannot capture one."""
+        enabled = self.config.precision == "bf16"
+        return torch.autocast(self.ctx.device.type, dtype=torch.bfloat16, enabled=enabled, cache_enabled=False)
 
     def _fault_step(self, fault: tuple[int, int] | None) -> int | None:
         """The global step at which this rank's test fault strikes (first attempt only), or None."""
@@ -154,7 +202,8 @@ class Trainer:
         sums = torch.zeros(3, dtype=torch.float64, device=ctx.device)
         for first in range(0, len(mine), EVAL_BATCH_SIZE):
             batch = mine[first : first + EVAL_BATCH_SIZE]
-            output = self.model(test_x.index_select(0, batch))
+            with self._autocast():
+                output = self.model(test_x.index_select(0, batch)).float()
             labels = test_y.index_select(0, batch)
             sums[0] += F.nll_loss(output, labels, reduction="sum")
             sums[1] += (output.argmax(dim=1) == labels).sum()
@@ -167,7 +216,7 @@ class Trainer:
     def _save_snapshot(self) -> None:
         """Every rank hands its RNG state to the local rank 0s, which each write one copy for their node."""
         rng_states = self.ctx.gather_objects(capture_rng(self.ctx.device))
-        if self.ctx.local_rank != 0:
+        if not self._writes_snapshots():
             return
         state = {
             "format": SNAPSHOT_FORMAT,
@@ -181,6 +230,10 @@ class Trainer:
             "wall_start": self.wall_start,
         }
         save_snapshot(self.snapshot_dir, self.epochs_done, state, self.config.keep_snapshots)
+
+    def _writes_snapshots(self) -> bool:
+        """One copy per node, by local rank 0 (local-sgd, whose ranks hold different weights, overrides it)."""
+        return self.ctx.local_rank == 0
 
     def _load_snapshot(self) -> bool:
         """Resume from the newest snapshot that is valid on every node; False when there is none."""
@@ -278,6 +331,8 @@ class Trainer:
             "world_size": self.ctx.world_size, "nnodes": self.ctx.nnodes, "model": cfg.model,
             "dataset": cfg.dataset, "batch_size": cfg.batch_size, "lr": cfg.lr, "momentum": cfg.momentum,
             "seed": cfg.seed, "versions": versions(), "devices": devices, "first_step_time": self.first_step_time,
+            "precision": cfg.precision, "deterministic": cfg.deterministic, "cuda_graphs": self.graphed is not None,
+            "channels_last": cfg.channels_last,
         }  # fmt: skip
 
 
@@ -303,6 +358,20 @@ def restore_rng(state: dict[str, Any], device: torch.device) -> None:
     random.setstate((version, tuple(internal), gauss))
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def choose_algorithms(deterministic: bool) -> None:
+    """Deterministic: bitwise repeatable CUDA runs (a resumed run ends with the uninterrupted run's weights).
+
+    warn_only: a few ops (nll_loss on CUDA, adaptive pooling's backward) are flagged as lacking a deterministic
+    kernel and would raise; the resume test on the GPU checks the weights themselves. cuDNN's algorithm search
+    (cudnn.benchmark) stays off either way: on an H100 it cost 2 s (mnist-cnn) and 8.5 s (resnet18) at start and
+    gained 5% per resnet18 step, none per mnist-cnn step (bench_trainer --cudnn-benchmark on/off)."""
+    if not deterministic:
+        return
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts: before the first matmul
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.benchmark = False
 
 
 def _quiet(message: str) -> None:

@@ -1,0 +1,1 @@
+"""The command layer: Typer commands that parse options and call one function of the core each."""

@@ -1,0 +1,162 @@
+"""`ddpctl status | logs | pull | down | doctor`: reattach to a run from its local run directory alone."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+from rich.table import Table
+
+from launcher.errors import DdpctlError, SpecError
+from launcher.execute.reattach import ran_here
+from launcher.results.progress import console
+from launcher.results.rundir import RunDir, find_run
+from launcher.spec.hosts import parse_hosts
+from launcher.spec.run_spec import check_port, check_python
+from launcher.spec.validate import check_at_least, check_runs_dir, check_seconds
+
+if TYPE_CHECKING:
+    from launcher.execute.request import UpOptions
+
+RUN_ARG = typer.Argument(None, help="Run id or directory (default: the newest run).")
+RUNS_DIR = typer.Option(Path("runs"), "--runs-dir", help="Where run directories live.")
+ACCEPT = typer.Option(False, "--accept-new-host-keys", help="Trust and record unknown host keys.")
+IDENTITY = typer.Option(None, "--identity-file", "-i", help="SSH private key.")
+TIMEOUT = typer.Option(10.0, "--connect-timeout", help="Seconds to wait for each SSH connection.")
+
+
+def _options(runs_dir: Path, identity_file: Path | None = None, accept: bool = False,
+             timeout: float = 10.0) -> UpOptions:
+    from launcher.execute.request import UpOptions
+
+    return UpOptions(runs_dir=runs_dir, identity_file=identity_file, accept_new_host_keys=accept,
+                     connect_timeout=timeout, show_progress=False)
+
+
+def _find_run(runs_dir: Path, run: str | None) -> RunDir:
+    """find_run, after refusing a --runs-dir that is a file where it would be searched."""
+    if run is None or not Path(run).is_dir():
+        check_runs_dir(runs_dir)
+    return find_run(runs_dir, run)
+
+
+def status(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, json_out: bool = typer.Option(False, "--json"),
+           identity_file: Path | None = IDENTITY, connect_timeout: float = TIMEOUT,
+           rented: bool = typer.Option(False, "--rented", help="List every Vast.ai machine still rented (and "
+                                       "billing) by any run under --runs-dir.")) -> None:
+    """Where a run stands: each node's process state and progress, and what was pulled."""
+    from launcher.execute.reattach import status_rows
+    from launcher.providers.vast.ledger import say
+    from launcher.providers.vast.rented_list import print_rented, rented_rows
+
+    check_seconds(connect_timeout, "--connect-timeout")
+    if rented:
+        print_rented(check_runs_dir(runs_dir), json_out)
+        return
+    run_dir = _find_run(runs_dir, run)
+    record = run_dir.record()
+    rows = status_rows(run_dir, _options(runs_dir, identity_file, False, connect_timeout))
+    extra = {k: record[k] for k in ("instances", "cost_usd") if k in record}
+    if json_out:
+        print(json.dumps({"run": run_dir.run_id, "path": str(run_dir.path), "nodes": rows, **extra}, indent=2))
+        return
+    table = Table(title=f"run {run_dir.run_id}")
+    for column in ("node", "host", "state", "exit", "epoch"):
+        table.add_column(column)
+    for row in rows:
+        epoch = f"{row['epoch']}/{row['epochs']}" if row["epoch"] else "-"
+        exit_code = "-" if row["exit_code"] is None else str(row["exit_code"])
+        table.add_row(str(row["node"]), str(row["host"]), str(row["state"]), exit_code, epoch)
+    console.print(table)
+    still = rented_rows(runs_dir)
+    if still:
+        say(f"{len(still)} Vast.ai machine(s) of run(s) {', '.join(sorted({r['run'] for r in still}))} are still "
+            "rented and billing: see `ddpctl status --rented`; stop them with `ddpctl down RUN`", style="yellow")
+
+
+def logs(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, node: int = typer.Option(0, "--node"),
+         follow: bool = typer.Option(False, "--follow", "-f"), lines: int = typer.Option(50, "--lines", "-n"),
+         identity_file: Path | None = IDENTITY, connect_timeout: float = TIMEOUT) -> None:
+    """Print a node's torchrun output (`-f` to keep following it)."""
+    from launcher.execute.reattach import print_host_log, print_local_log
+
+    check_seconds(connect_timeout, "--connect-timeout")
+    if lines < 1:
+        raise SpecError(f"--lines must be at least 1, got {lines}")
+    run_dir = _find_run(runs_dir, run)
+    if ran_here(run_dir):
+        if node != 0:
+            raise SpecError(f"--node {node}: run {run_dir.run_id} ran on this machine; it has node 0 only")
+        print_local_log(run_dir, lines, follow)
+        return
+    if not run_dir.record().get("hosts"):
+        raise DdpctlError(f"run {run_dir.run_id} has no machines to read logs from (none was rented and reached): "
+                          f"see `ddpctl status {run_dir.run_id}`")
+    print_host_log(run_dir, node, lines, follow, _options(runs_dir, identity_file, False, connect_timeout))
+
+
+def pull(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, identity_file: Path | None = IDENTITY,
+         connect_timeout: float = TIMEOUT) -> None:
+    """Fetch every node's outputs into the run directory (incremental, sha256-verified)."""
+    from launcher.execute.on_hosts import pull_run, reattach
+
+    check_seconds(connect_timeout, "--connect-timeout")
+    run_dir = _find_run(runs_dir, run)
+    if ran_here(run_dir):
+        raise DdpctlError(f"run {run_dir.run_id} is a local run and `pull` is for runs on hosts: its files are "
+                          f"already in {run_dir.path}")
+    with reattach(run_dir, _options(runs_dir, identity_file, False, connect_timeout)) as session:
+        stats = pull_run(session, run_dir)
+    moved = sum(int(s.get("bytes_fetched", 0)) for s in stats)
+    console.print(f"pulled {moved:,} bytes into {run_dir.path}/nodes (all files verified)")
+
+
+def down(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, identity_file: Path | None = IDENTITY,
+         connect_timeout: float = TIMEOUT, force: bool = typer.Option(False, "--force", help="Destroy rented "
+         "machines even when their results could not be verified.")) -> None:
+    """Stop every node's processes, then pull what they wrote (and release rented machines)."""
+    from launcher.execute.on_hosts import pull_run, reattach, stop_all
+
+    check_seconds(connect_timeout, "--connect-timeout")
+    run_dir = _find_run(runs_dir, run)
+    if ran_here(run_dir):
+        pid = run_dir.record().get("local_pid")
+        raise DdpctlError(f"run {run_dir.run_id} is a local run and `down` is for runs on hosts: stop a local run "
+                          "with Ctrl-C where `ddpctl up` runs" + (f" (or `kill {pid}`, its torchrun)" if pid else "")
+                          + f"; its files are in {run_dir.path}")
+    if run_dir.record().get("instances"):  # rented: pull and verify, then destroy (refused unverified w/o --force)
+        from launcher.providers.vast.release import release_run
+
+        release_run(run_dir, _options(runs_dir, identity_file, False, connect_timeout), force=force)
+        return
+    with reattach(run_dir, _options(runs_dir, identity_file, False, connect_timeout)) as session:
+        stop_all(session, run_dir)
+        pull_run(session, run_dir)
+    console.print(f"stopped run {run_dir.run_id}; results in {run_dir.path}")
+
+
+def doctor(host: list[str] = typer.Option(..., "--host", help="Hosts to check; repeat."),
+           gpus: int = typer.Option(1, "--gpus"), python: str = typer.Option("python3", "--python"),
+           rdzv_addr: str | None = typer.Option(None, "--rdzv-addr"), rdzv_port: int = typer.Option(29400),
+           identity_file: Path | None = IDENTITY, accept_new_host_keys: bool = ACCEPT,
+           connect_timeout: float = TIMEOUT, json_out: bool = typer.Option(False, "--json")) -> None:
+    """Check hosts before a run: login, python/torch, GPUs or cores, disk, and reachability of node 0."""
+    from launcher.cli.doctor import run_doctor
+    from launcher.execute.request import UpOptions
+
+    check_at_least(gpus, 1, "--gpus")
+    check_python(python)
+    check_port(rdzv_port)
+    check_seconds(connect_timeout, "--connect-timeout")
+    options = UpOptions(hosts=parse_hosts(host), identity_file=identity_file,
+                        accept_new_host_keys=accept_new_host_keys, connect_timeout=connect_timeout,
+                        rdzv_addr=rdzv_addr)
+    if not run_doctor(options, gpus=gpus, python=python, rdzv_port=rdzv_port, json_out=json_out):
+        raise DdpctlError("some hosts are not ready for a run: see the problems listed above")
+
+
+def register(app: typer.Typer) -> None:
+    for command in (status, logs, pull, down, doctor):
+        app.command(name=command.__name__)(command)

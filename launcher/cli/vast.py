@@ -1,0 +1,89 @@
+"""`ddpctl offers` and `ddpctl vast login`: thin commands over the Vast.ai client."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import TYPE_CHECKING
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from launcher.providers.vast.apikey import load_api_key, save_api_key
+
+if TYPE_CHECKING:
+    from launcher.providers.vast.models import Offer
+
+vast_app = typer.Typer(help="Vast.ai account commands.", no_args_is_help=True)
+
+
+def offers(
+    gpu_name: str | None = typer.Option(None, "--gpu-name", help='GPU model, e.g. "RTX 3080" (or RTX_3080).'),
+    gpus: int | None = typer.Option(None, "--gpus", help="GPUs per machine."),
+    max_price: float | None = typer.Option(None, "--max-price", help="Most $/hour per machine, disk included."),
+    min_reliability: float = typer.Option(0.95, "--min-reliability", help="Least reliability score, 0..1."),
+    disk: float = typer.Option(32.0, "--disk", help="Disk to rent per machine, GB (priced in)."),
+    min_cuda: float | None = typer.Option(None, "--min-cuda", help="Least CUDA version the driver supports."),
+    limit: int = typer.Option(20, "--limit", help="Offers to show."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """List rentable Vast.ai offers, cheapest first (hourly price includes the disk asked for)."""
+    # Imported here: requests costs a tenth of a second at every `ddpctl` start otherwise.
+    from launcher.providers.vast.client import VastClient
+    from launcher.providers.vast.offers import OfferError, OfferFilter, search_offers
+
+    if limit < 1:
+        raise OfferError(f"--limit must be at least 1, got {limit}")
+    flt = OfferFilter(gpu_name=gpu_name, num_gpus=gpus, max_price=max_price, min_reliability=min_reliability,
+                      disk_gb=disk, min_cuda=min_cuda, limit=max(limit, 64))
+    with VastClient(load_api_key()) as client:
+        found = search_offers(client, flt)[:limit]
+    if as_json:
+        typer.echo(json.dumps([_offer_json(o, disk) for o in found], indent=2))
+        return
+    console = Console()
+    if not found:
+        console.print("no offers match; relax --gpu-name/--max-price/--min-reliability")
+        return
+    table = Table(title=f"Vast.ai offers ($/hour with {disk:g} GB disk)")
+    for col in ("offer", "machine", "GPU", "GPUs", "$/hour", "reliability", "down Mb/s", "CUDA", "cluster",
+                "where"):
+        table.add_column(col, justify="right" if col in {"GPUs", "$/hour", "reliability", "down Mb/s"} else "left")
+    for o in found:
+        # Text, not str: names and places come from the offers, and '[...]' in them is not rich markup.
+        table.add_row(str(o.id), str(o.machine_id), Text(str(o.gpu_name)), str(o.num_gpus),
+                      f"{o.hourly_price(disk):.4f}", f"{o.reliability:.3f}", f"{o.inet_down:.0f}",
+                      f"{o.cuda_max_good:g}", str(o.cluster_id) if o.cluster_id is not None else "-",
+                      Text(str(o.geolocation or "?")))
+    console.print(table)
+
+
+def _offer_json(o: Offer, disk: float) -> dict[str, object]:
+    return {"id": o.id, "machine_id": o.machine_id, "gpu_name": o.gpu_name, "num_gpus": o.num_gpus,
+            "hourly_price": round(o.hourly_price(disk), 6), "dph_total": o.dph_total, "disk_gb": disk,
+            "reliability": o.reliability, "inet_down": o.inet_down, "cuda_max_good": o.cuda_max_good,
+            "cluster_id": o.cluster_id, "geolocation": o.geolocation}
+
+
+@vast_app.command("login")
+def login(
+    verify: bool = typer.Option(True, "--verify/--no-verify", help="Check the key with Vast.ai first."),
+) -> None:
+    """Store your Vast.ai API key (read from a hidden prompt, or from stdin when piped) with mode 0600."""
+    tty = sys.stdin.isatty()
+    key = (typer.prompt("Vast.ai API key", hide_input=True) if tty else sys.stdin.readline()).strip()
+    if verify:
+        from launcher.providers.vast.client import VastClient
+
+        with VastClient(key or "-") as client:
+            client.list_instances()
+    path = save_api_key(key)
+    typer.echo(f"saved the Vast.ai API key to {path} (mode 0600)")
+
+
+def register(app: typer.Typer) -> None:
+    """Add `offers` and the `vast` command group to the ddpctl app."""
+    app.command("offers")(offers)
+    app.add_typer(vast_app, name="vast")

@@ -1,0 +1,169 @@
+"""Run a planned single-node job on this machine: torchrun as a child process in its own session."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from launcher.errors import DdpctlError, SpecError
+from launcher.execute.local_checks import FirstStepWatch
+from launcher.planning.plan import RunPlan
+from launcher.results.progress import RunProgress
+from launcher.results.rundir import RunDir, read_json
+from launcher.runtimes.proctree import stop_tree
+
+POLL_SECONDS = 0.5
+STOP_GRACE_SECONDS = 30.0
+
+
+def local_gpu_count() -> int:
+    """GPUs this machine's processes can use: those nvidia-smi lists (0 when there is no driver), narrowed by
+    CUDA_VISIBLE_DEVICES as CUDA reads it; no torch needed."""
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    present = sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return present if visible is None else min(present, visible_device_count(visible, present))
+
+
+def visible_device_count(value: str, present: int) -> int:
+    """How many devices CUDA_VISIBLE_DEVICES=value shows: its entries up to the first invalid one."""
+    count = 0
+    for entry in value.split(","):
+        entry = entry.strip()
+        if not ((entry.isdigit() and int(entry) < present) or entry.startswith(("GPU-", "MIG-"))):
+            break
+        count += 1
+    return count
+
+
+def default_python(provider: str) -> str:
+    """--python when none is given: here, the interpreter running ddpctl (its torch, whether or not its venv is
+    activated); on hosts, their python3."""
+    return sys.executable if provider == "local" else "python3"
+
+
+def default_local_procs() -> int:
+    """One process per local GPU, or 2 on a CPU-only machine (enough to exercise DDP)."""
+    return local_gpu_count() or 2
+
+
+def check_local_gpus(nproc: int) -> None:
+    gpus = local_gpu_count()
+    if gpus and nproc > gpus:
+        where = " (as CUDA_VISIBLE_DEVICES shows them)" if "CUDA_VISIBLE_DEVICES" in os.environ else ""
+        raise SpecError(f"--gpus {nproc} asks for more GPUs than this machine has{where} ({gpus}); "
+                        f"use --gpus {gpus} or less")
+
+
+def check_local_programs(plan: RunPlan) -> None:
+    """Refuse a --python, or the program of `-- CMD`, that this machine cannot start (before anything is written:
+    torchrun would fail to start, or each worker would)."""
+    node = plan.nodes[0]
+    path = dict(node.env).get("PATH", os.environ.get("PATH"))
+    python = plan.spec.python
+    if shutil.which(python, path=path) is None:
+        raise SpecError(f"--python {python!r}: {_not_runnable(python)}; give a Python that has torch installed, "
+                        "e.g. --python python3 or --python /opt/venv/bin/python")
+    if plan.spec.user_command:
+        program = plan.spec.user_command[0]
+        if shutil.which(program, path=path) is None:
+            raise SpecError(f"the command after `--`: {_not_runnable(program)}; give a program on PATH or the path "
+                            "of an executable file, e.g. `-- python3 my_train.py`")
+
+
+def _not_runnable(program: str) -> str:
+    if os.sep not in program:
+        return f"no program {program!r} on PATH"
+    if not os.path.isfile(program):
+        return f"there is no file {program}"
+    return f"{program} is not executable"
+
+
+def run_local(plan: RunPlan, run_dir: RunDir, show_progress: bool = True) -> int:
+    """Start torchrun, follow its progress until it ends, and return its exit code (130 after Ctrl-C)."""
+    node = plan.nodes[0]
+    env = {**os.environ, **dict(node.env)}
+    out_path = run_dir.path / "torchrun.out"
+    with open(out_path, "wb") as out:
+        # A session of its own: Ctrl-C reaches only us, and we stop torchrun (and so its workers) ourselves.
+        try:
+            proc = subprocess.Popen(list(node.command), cwd=node.cwd or None, env=env, stdin=subprocess.DEVNULL,
+                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as e:  # checked before the run directory was made, but a file can change since
+            program = str(e.filename or node.command[0])
+            reason = f"{program}: {e.strerror or e}"
+            if isinstance(e, FileNotFoundError) and os.path.isfile(program):
+                reason += " (the interpreter its #! line names)"
+            run_dir.event("exited", node=0, exit_code=None, error=f"could not start torchrun: {reason}")
+            raise DdpctlError(f"could not start torchrun ({reason}): check --python; the attempt is recorded in "
+                              f"{run_dir.path}") from None
+    previous: dict[int, Any] = {}
+    try:  # from here on, a Ctrl-C stops torchrun: it runs in a session of its own and would live on
+        run_dir.update_record(local_pid=proc.pid)
+        run_dir.event("started", node=0, pid=proc.pid, command=list(node.command))
+        progress_file = run_dir.path / "progress.json"
+        previous = _stop_on_hangup()
+        first_step = FirstStepWatch(out_path)
+        with RunProgress([node.host.label], enabled=show_progress) as progress:
+            while proc.poll() is None:
+                record = read_json(progress_file)
+                progress.update(0, record, first_step.state(record))
+                time.sleep(POLL_SECONDS)
+            progress.update(0, read_json(progress_file), "finished" if proc.returncode == 0 else "failed")
+    except KeyboardInterrupt:
+        with _signals_ignored(signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a second Ctrl-C waits for the stop
+            run_dir.event("interrupted", node=0)
+            _stop(proc)
+            run_dir.event("stopped", node=0, exit_code=proc.returncode)
+        return 130
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    run_dir.event("exited", node=0, exit_code=proc.returncode)
+    return int(proc.returncode)
+
+
+def _stop_on_hangup() -> dict[int, Any]:
+    """torchrun runs in its own session, so a SIGTERM or SIGHUP to us must stop it too: treat them as Ctrl-C."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            previous[sig] = signal.signal(sig, interrupt)
+    return previous
+
+
+@contextlib.contextmanager
+def _signals_ignored(*signals: int) -> Iterator[None]:
+    """Ignore these signals inside the block (main thread only; elsewhere Python cannot set handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """Stop torchrun and its workers: SIGTERM first (torchrun stops its workers), SIGKILL after a grace period."""
+    stop_tree(proc.pid, STOP_GRACE_SECONDS)
+    proc.wait(timeout=10.0)

@@ -1,0 +1,136 @@
+"""Reattaching to a run from its local run directory alone: what `status` and `logs` show of its nodes."""
+
+from __future__ import annotations
+
+import codecs
+import os
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from launcher.errors import DdpctlError
+from launcher.results.progress import progress_record
+from launcher.results.rundir import RunDir
+
+if TYPE_CHECKING:
+    from launcher.execute.request import UpOptions
+
+FOLLOW_POLL_SECONDS = 1.0
+START_GRACE_SECONDS = 30.0
+
+
+def ran_here(run_dir: RunDir) -> bool:
+    """A local run: no hosts, nothing rented (a Vast.ai run records its instances before it has hosts)."""
+    record = run_dir.record()
+    return not record.get("hosts") and record.get("provider", "local") == "local"
+
+
+def status_rows(run_dir: RunDir, options: UpOptions) -> list[dict[str, Any]]:
+    """One row per node: its process state and progress, asked of its host, or read from the run directory when
+    the run ran here or its rented machines are gone."""
+    from launcher.execute.on_hosts import poll_states, reattach
+    from launcher.providers.vast.rented_list import is_released, offline_rows
+
+    record = run_dir.record()
+    rows = []
+    if record.get("hosts") and not is_released(record):  # a destroyed machine's address may be someone else's now
+        with reattach(run_dir, options) as session:
+            states = poll_states(session, run_dir)
+        for index, state in enumerate(states):
+            progress = (progress_record(state.progress) or {}) if state else {}
+            rows.append({"node": index, "host": session.labels[index],
+                         "state": state.label if state else "unreachable",
+                         "exit_code": state.exit_code if state else None,
+                         "epoch": progress.get("epoch"), "epochs": progress.get("epochs")})
+    elif record.get("provider") == "vast":  # released, or never got as far as starting: nothing to reach
+        rows = offline_rows(run_dir)
+    else:
+        events = run_dir.events()
+        exited = [e for e in events if e["event"] in ("exited", "stopped")]
+        summary_exists = (run_dir.path / "summary.json").exists()
+        local_state = "finished" if summary_exists else ("ended" if exited else "running or interrupted")
+        rows.append({"node": 0, "host": "local", "state": local_state,
+                     "exit_code": exited[-1].get("exit_code") if exited else None, "epoch": None, "epochs": None})
+    return rows
+
+
+def print_host_log(run_dir: RunDir, node: int, lines: int, follow: bool, options: UpOptions) -> None:
+    """The end of a host node's torchrun output, then (with `follow`) what is added until the node ends."""
+    from launcher.execute.on_hosts import node_workspaces, reattach
+    from launcher.runtimes.native import read_state
+
+    workspaces = node_workspaces(run_dir)
+    if not 0 <= node < len(workspaces):
+        raise DdpctlError(f"--node {node}: run {run_dir.run_id} has nodes 0-{len(workspaces) - 1}")
+    with reattach(run_dir, options) as session:
+        conn = session.conn(node)
+        log = f"{workspaces[node]}/torchrun.out"
+        # No output yet is how every run starts (and how one that never started stays): a note, not an error,
+        # so that `logs` in a loop or a script right after `up --detach` does not fail.
+        if not conn.run(["test", "-f", log], timeout=30).ok:
+            _no_output_yet(node, follow)
+            offset = 0
+        else:
+            result = conn.run(["tail", "-n", str(lines), log], timeout=30)
+            print(result.stdout, end="")
+            size = conn.run(["wc", "-c", log], timeout=30).stdout.split() if follow else []
+            offset = int(size[0]) if size and size[0].isdigit() else 0
+        while follow:
+            state = read_state(conn, workspaces[node])
+            chunk = conn.run(["tail", "-c", f"+{offset + 1}", log], timeout=30).stdout
+            offset += len(chunk.encode())
+            print(chunk, end="", flush=True)
+            if state.finished:
+                break
+            time.sleep(FOLLOW_POLL_SECONDS)
+
+
+def _no_output_yet(node: int, follow: bool) -> None:
+    waiting = "; waiting for it (Ctrl-C to stop)" if follow else " (the run is starting, or it never started)"
+    print(f"node {node} has no output yet{waiting}", file=sys.stderr, flush=True)
+
+
+def print_local_log(run_dir: RunDir, lines: int, follow: bool) -> None:
+    """A run on this machine: the end of its torchrun.out, then (with `follow`) what is added until it ends."""
+    path = run_dir.path / "torchrun.out"
+    offset = 0
+    if path.exists():
+        data = path.read_bytes()
+        offset = len(data)
+        text = data.decode(errors="replace")
+        print("".join(text.splitlines(keepends=True)[-lines:]), end="", flush=True)
+    else:
+        _no_output_yet(0, follow and not _local_run_ended(run_dir))
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    while follow:
+        ended = _local_run_ended(run_dir)  # before reading: what it wrote before it ended is still shown
+        if path.exists():
+            with open(path, "rb") as f:
+                f.seek(offset)
+                chunk = f.read()
+            offset += len(chunk)
+            print(decoder.decode(chunk), end="", flush=True)
+        if ended:
+            break
+        time.sleep(FOLLOW_POLL_SECONDS)
+
+
+def _local_run_ended(run_dir: RunDir) -> bool:
+    """True once `up` recorded the end of the run, or once its torchrun is gone (`up` itself was killed)."""
+    if any(e.get("event") in ("exited", "stopped") for e in run_dir.events()):
+        return True
+    record = run_dir.record()
+    pid = record.get("local_pid")
+    if not isinstance(pid, int):  # starting right now (the pid follows within moments), or it never started
+        return time.time() - float(record.get("created") or 0) > START_GRACE_SECONDS
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:  # a zombie (ended, not yet reaped) still answers kill 0
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False

@@ -1,0 +1,75 @@
+"""`ddpctl up`: validate, plan, then run — locally, on SSH hosts, or on rented Vast.ai machines."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from launcher.execute.local import check_local_gpus, check_local_programs, run_local
+from launcher.execute.local_checks import check_local_rendezvous
+from launcher.execute.request import UpOptions, UpResult
+from launcher.planning.plan import RunPlan, plan_local
+from launcher.results.rundir import RunDir, read_json
+from launcher.spec.datasets import check_local_data
+from launcher.spec.run_spec import RunSpec
+
+if TYPE_CHECKING:
+    from launcher.providers.base import HostProvider
+
+
+def run_up(spec: RunSpec, options: UpOptions) -> UpResult:
+    """Run one experiment to its end (or plan it, with dry_run) and return where its results are."""
+    if options.provider == "vast":
+        from launcher.providers.vast.provider import VastProvider
+
+        return run_on_provider(VastProvider(options), spec, options)
+    if options.hosts:
+        from launcher.providers.ssh_hosts import SshHosts
+
+        return run_on_provider(SshHosts(), spec, options)
+    return _run_local_up(spec, options)
+
+
+def run_on_provider(provider: HostProvider, spec: RunSpec, options: UpOptions) -> UpResult:
+    """Provider acquires hosts -> the executor runs on them and pulls -> provider releases them."""
+    from launcher.execute.on_hosts import run_remote_up
+
+    try:
+        if options.dry_run:
+            return provider.dry_run(spec, options)
+        acquired = provider.acquire(spec, options)
+        try:
+            result = run_remote_up(acquired.spec, acquired.options, session=acquired.session,
+                                   provider_hosts=acquired.hosts, record_extra=acquired.record,
+                                   run_dir=acquired.run_dir, watch=acquired.watch)
+            return provider.release(result)
+        except BaseException as exc:
+            provider.release_after_failure(exc)
+            raise  # what release_after_failure did not replace with a message (an unexpected error)
+    finally:
+        provider.close()
+
+
+def check_local_run(spec: RunSpec, run_path: Path | None = None) -> RunPlan:
+    """What a run on this machine needs before anything is written: the data set, enough GPUs, a python (and
+    the `-- CMD` program) that can start. Returns the run's plan (for a run directory at run_path)."""
+    if not spec.user_command:
+        check_local_data(spec.dataset, spec.data_dir)
+    check_local_gpus(spec.nproc_per_node)
+    check_local_rendezvous()
+    plan = plan_local(spec, str(run_path or Path(spec.run_id).resolve()), cwd=os.getcwd())
+    check_local_programs(plan)
+    return plan
+
+
+def _run_local_up(spec: RunSpec, options: UpOptions) -> UpResult:
+    if spec.nnodes != 1:
+        raise ValueError("a local run has one node")
+    run_path = (options.runs_dir / spec.run_id).resolve()
+    plan = check_local_run(spec, run_path)
+    if options.dry_run:
+        return UpResult(None, 0, None, plan)
+    run_dir = RunDir.create(options.runs_dir, spec, {"hosts": [], "runtime": "native", "provider": "local"})
+    code = run_local(plan, run_dir, show_progress=options.show_progress)
+    return UpResult(run_dir.path, code, read_json(run_dir.path / "summary.json"), plan)

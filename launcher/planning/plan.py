@@ -1,0 +1,160 @@
+"""The plan step: spec + hosts -> what each node will run. Pure: no connections, files or processes.
+
+`ddpctl up --dry-run` prints a RunPlan; execution (launcher/execute/: local.py, on_hosts.py) only carries one out.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from launcher.errors import SpecError
+from launcher.spec.run_spec import MASKED, RunSpec
+from launcher.spec.torchrun import NodeRole, torchrun_argv
+
+if TYPE_CHECKING:
+    from launcher.runtimes.base import NodeRuntime
+
+LOCAL = "local"
+# Per-run workspace on a host, relative to the login user's home directory.
+REMOTE_RUNS_ROOT = ".ddpctl/runs"
+
+
+@dataclass(frozen=True)
+class NodeHost:
+    """A host as the plan needs it. `address` is the one the other nodes reach it at."""
+
+    label: str
+    address: str | None = None
+    iface: str | None = None
+    # The host's Docker engine has the NVIDIA runtime: containers get `--gpus all` (--runtime docker only).
+    gpus: bool = False
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """What one node runs: the command, its environment and working directory, where its files go.
+
+    `env` reaches a local node as its process environment, a host's node in a 0600 file in its workspace
+    (launcher/runtimes/native.py; for docker, the container's --env-file), never on a command line. The values of
+    `secret_names` (the user's --env) are never shown: shell_line() gives them as NAME=***."""
+
+    index: int
+    host: NodeHost
+    runtime: str  # "native" or "docker"
+    workspace: str  # the run's directory on that host (relative to home for remote hosts)
+    command: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    cwd: str
+    secret_names: tuple[str, ...] = ()
+    # The runtime's own display of the command (docker shows its `docker run` line); empty: shell_line builds one.
+    display: str = ""
+
+    def shown_env(self) -> str:
+        """The environment as NAME=VALUE words for display, secret values as ***."""
+        return " ".join(f"{k}={MASKED if k in self.secret_names else shlex.quote(v)}" for k, v in self.env)
+
+    def shell_line(self) -> str:
+        """The command as one quoted shell line (for --dry-run and logs)."""
+        if self.display:
+            return self.display
+        env = self.shown_env()
+        cd = f"cd {shlex.quote(self.cwd)} && " if self.cwd else ""
+        return f"{cd}{'env ' + env + ' ' if env else ''}{shlex.join(self.command)}"
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    spec: RunSpec
+    nodes: tuple[NodePlan, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """The plan as `up --dry-run --json` prints it; --env values as ***."""
+        return {
+            "run_id": self.spec.run_id, "nnodes": self.spec.nnodes, "nproc_per_node": self.spec.nproc_per_node,
+            "nodes": [{"index": n.index, "host": n.host.label, "address": n.host.address, "runtime": n.runtime,
+                       "workspace": n.workspace, "cwd": n.cwd, "command": list(n.command),
+                       "env": {k: MASKED if k in n.secret_names else v for k, v in n.env}} for n in self.nodes],
+        }  # fmt: skip
+
+    def describe(self) -> str:
+        lines = [f"run {self.spec.run_id}: {self.spec.nnodes} node(s) x {self.spec.nproc_per_node} process(es)"]
+        for node in self.nodes:
+            lines.append(f"node {node.index} [{node.host.label}, {node.runtime}]:")
+            lines.append(f"  {node.shell_line()}")
+        return "\n".join(lines)
+
+
+def plan_local(spec: RunSpec, run_dir: str, cwd: str) -> RunPlan:
+    """A single-node run on this machine; outputs go straight into the run directory."""
+    role = NodeRole(node_rank=0, out_dir=run_dir, log_dir=f"{run_dir}/logs", snapshot_dir=f"{run_dir}/snapshots")
+    node = NodePlan(
+        index=0,
+        host=NodeHost(LOCAL),
+        runtime="native",
+        workspace=run_dir,
+        command=tuple(torchrun_argv(spec, role)),
+        env=node_env(spec, None),
+        cwd=cwd,
+        secret_names=secret_names(spec),
+    )
+    return RunPlan(spec, (node,))
+
+
+def remote_workspace(run_id: str) -> str:
+    return f"{REMOTE_RUNS_ROOT}/{run_id}"
+
+
+def plan_remote(spec: RunSpec, hosts: list[NodeHost], rdzv_addr: str | None = None,
+                runtime: NodeRuntime | None = None) -> RunPlan:
+    """One torchrun node per host, node 0 hosting the c10d store at `rdzv_addr` (default: its address);
+    each node as `runtime` runs it (default: native torchrun on the host)."""
+    if len(hosts) != spec.nnodes:
+        raise ValueError(f"spec has {spec.nnodes} nodes but {len(hosts)} hosts were given")
+    addr0 = rdzv_addr or hosts[0].address or hosts[0].label
+    workspace = remote_workspace(spec.run_id)
+    plan_node = runtime.plan_node if runtime is not None else native_node_plan
+    return RunPlan(spec, tuple(plan_node(spec, index, host, addr0, workspace) for index, host in enumerate(hosts)))
+
+
+def native_node_plan(spec: RunSpec, index: int, host: NodeHost, rdzv_addr: str, workspace: str) -> NodePlan:
+    """Node `index` as torchrun started by the host's own python, in the run's workspace on that host."""
+    role = NodeRole(
+        node_rank=index,
+        out_dir="out",
+        log_dir="logs",
+        rdzv_addr=rdzv_addr if spec.nnodes > 1 else None,
+        local_addr=host.address if spec.nnodes > 1 else None,
+        snapshot_dir="out/snapshots",
+    )
+    cwd = f"{workspace}/code" if spec.user_command else workspace
+    env = node_env(spec, host.iface)
+    if spec.user_command:
+        # The user's command runs in its shipped directory; outputs are still collected from the workspace.
+        role = NodeRole(node_rank=role.node_rank, out_dir="../out", log_dir="../logs",
+                        rdzv_addr=role.rdzv_addr, local_addr=role.local_addr, snapshot_dir="../out/snapshots")
+    return NodePlan(index, host, "native", workspace, tuple(torchrun_argv(spec, role)), env, cwd, secret_names(spec))
+
+
+def node_env(spec: RunSpec, iface: str | None, **base: str) -> tuple[tuple[str, str], ...]:
+    """The environment torchrun starts with on a node, whatever runs it (a process or a container): `base`,
+    then ours, then the spec's own variables, each overriding the one before."""
+    if spec.withheld_env:
+        names = ", ".join(spec.withheld_env)
+        raise SpecError(f"the values of --env {names} were not stored (run.json and sweep.json keep names only): "
+                        "start a new run with --env NAME=VALUE for each")
+    # A restarted worker must not reuse the dead attempt's addresses from torchrun's shared store
+    # (pytorch/pytorch#135712): gloo then fails with "connectFullMesh ... Connection refused", or ranks whose
+    # agents count restarts differently wait for each other forever.
+    env: dict[str, str] = {**base, "PYTHONUNBUFFERED": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    if iface:
+        env["GLOO_SOCKET_IFNAME"] = iface
+        env["NCCL_SOCKET_IFNAME"] = iface
+    env.update(dict(spec.extra_env))
+    return tuple(sorted(env.items()))
+
+
+def secret_names(spec: RunSpec) -> tuple[str, ...]:
+    """The names whose values are shown as ***: the user's --env variables."""
+    return tuple(k for k, _ in spec.extra_env)

@@ -1,0 +1,226 @@
+"""Preflight: what each host has (python, torch, GPUs, cores, disk, addresses) and whether every node can
+reach node 0's rendezvous address — checked before anything is started. `ddpctl doctor` prints it."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
+
+from launcher.errors import DdpctlError, HostError
+from launcher.transport.parallel import raise_for_errors, run_on_hosts
+
+MIN_FREE_DISK = 1 << 30  # bytes: snapshots and logs of a small run fit easily
+
+# Runs on the host under the chosen python. Prints one JSON object; never fails on a missing piece.
+PROBE_SCRIPT = r"""
+import json, os, shutil, subprocess, sys
+info = {"python": "%d.%d.%d" % sys.version_info[:3], "executable": sys.executable, "cpus": os.cpu_count(),
+        "home": os.path.expanduser("~"), "torch": None, "gpus": 0, "gpu_names": []}
+# torch's version from its metadata and the GPUs from nvidia-smi: importing torch would cost seconds per host.
+try:
+    from importlib import metadata
+    info["torch"] = metadata.version("torch").split("+")[0]
+except Exception as e:
+    info["torch_error"] = (type(e).__name__ + ": " + str(e))[:200]
+if shutil.which("nvidia-smi"):
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=20).stdout
+        info["gpu_names"] = [line.strip() for line in out.splitlines() if line.strip()]
+        info["gpus"] = len(info["gpu_names"])
+    except Exception:
+        pass
+info["disk_free"] = shutil.disk_usage(info["home"]).free
+conn = os.environ.get("SSH_CONNECTION", "").split()
+info["ssh_server_addr"] = conn[2] if len(conn) >= 3 else None
+addrs = []
+try:
+    out = subprocess.run(["ip", "-o", "addr", "show"], capture_output=True, text=True, timeout=10).stdout
+    for line in out.splitlines():
+        f = line.split()
+        if len(f) >= 4 and f[2] in ("inet", "inet6"):
+            addrs.append({"iface": f[1], "addr": f[3].split("/")[0]})
+except Exception:
+    pass
+info["addrs"] = addrs
+info["docker"] = shutil.which("docker") is not None
+print(json.dumps(info))
+"""
+
+# Binds ADDR:PORT on node 0, then forks: the parent reports, the child accepts N connections or times out.
+LISTEN_SCRIPT = r"""
+import os, socket, sys, time
+addr, port, expect, seconds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+any_free = sys.argv[5] == "1"
+fam = socket.AF_INET6 if ":" in addr else socket.AF_INET
+s = socket.socket(fam, socket.SOCK_STREAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+try:
+    try:
+        s.bind((addr, port))
+    except OSError:
+        if not any_free:
+            raise
+        s.bind((addr, 0))
+    s.listen(16)
+except OSError as e:
+    print("bind-failed: %s" % e); sys.exit(1)
+sys.stdout.flush()
+if os.fork():
+    print("listening %d" % s.getsockname()[1]); sys.exit(0)
+os.setsid()
+null = os.open(os.devnull, os.O_RDWR)  # let the SSH channel close: the child keeps none of its streams
+for fd in (0, 1, 2):
+    os.dup2(null, fd)
+deadline = time.time() + seconds
+s.settimeout(1.0)
+while expect > 0 and time.time() < deadline:
+    try:
+        c, _ = s.accept(); c.close(); expect -= 1
+    except socket.timeout:
+        pass
+"""
+
+CONNECT_SCRIPT = r"""
+import socket, sys
+try:
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=float(sys.argv[3])).close()
+    print("ok")
+except OSError as e:
+    print("failed: %s" % e); sys.exit(1)
+"""
+
+
+class Runner(Protocol):
+    """What preflight needs of a connection (launcher.transport.ssh.Connection provides it)."""
+
+    def run(self, argv: list[str], *, timeout: float | None = None, stdin: bytes | None = None) -> Any: ...
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    label: str
+    info: dict[str, Any]
+
+    @property
+    def address(self) -> str | None:
+        """The address the host was reached at, when it is one of its own; else its first non-loopback one."""
+        own = [a["addr"] for a in self.info.get("addrs", [])]
+        ssh_addr = self.info.get("ssh_server_addr")
+        if ssh_addr in own:
+            return str(ssh_addr)
+        for a in self.info.get("addrs", []):
+            if not ipaddress.ip_address(a["addr"]).is_loopback and ":" not in a["addr"]:
+                return str(a["addr"])
+        return ssh_addr
+
+    def iface_of(self, addr: str | None) -> str | None:
+        for a in self.info.get("addrs", []):
+            if a["addr"] == addr:
+                return str(a["iface"])
+        return None
+
+    @property
+    def slots(self) -> int:
+        """Processes this host can run: its GPUs, or its cores on a CPU-only host."""
+        return int(self.info.get("gpus") or 0) or int(self.info.get("cpus") or 1)
+
+
+def probe_host(conn: Runner, python: str, label: str, timeout: float = 60.0) -> HostFacts:
+    """Run the probe on one host; a missing python or an unparsable answer is that host's error."""
+    result = conn.run([python, "-c", PROBE_SCRIPT], timeout=timeout)
+    if result.exit_code != 0:
+        raise HostError(label, f"{python} failed ({(result.stderr or result.stdout).strip()[:200]}); "
+                        "install python3 there or pass --python PATH")
+    try:
+        return HostFacts(label, json.loads(result.stdout.strip().splitlines()[-1]))
+    except (ValueError, IndexError) as e:
+        raise HostError(label, f"unexpected preflight answer: {result.stdout[:200]!r}") from e
+
+
+class Problem(NamedTuple):
+    """One reason a run cannot start: on one host (`host` is its label) or between hosts (`host` is None)."""
+
+    host: str | None
+    text: str
+
+    def __str__(self) -> str:
+        return f"{self.host}: {self.text}" if self.host else self.text
+
+
+def check_requirements(facts: list[HostFacts], gpus: int, runs_host_torch: bool) -> list[Problem]:
+    """Problems that stop a run: too few GPUs/cores, little disk; where the hosts' own python and torch run the
+    trainer (native runtime), missing torch and versions that differ. A container brings its own of both."""
+    problems = []
+    for f in facts:
+        if runs_host_torch and not f.info.get("torch"):
+            problems.append(Problem(f.label, f"torch is not importable ({f.info.get('torch_error', 'not installed')})"))
+        if f.slots < gpus:
+            kind = "GPUs" if f.info.get("gpus") else "CPU cores (no GPU)"
+            problems.append(Problem(f.label, f"--gpus {gpus} but the host has {f.slots} {kind}"))
+        if int(f.info.get("disk_free") or 0) < MIN_FREE_DISK:
+            problems.append(Problem(f.label, f"less than 1 GiB free in {f.info.get('home')}"))
+    for key in ("python", "torch") if runs_host_torch else ():
+        versions = {f.label: _major_minor(f.info.get(key)) for f in facts}
+        if len(set(versions.values())) > 1:
+            listing = ", ".join(f"{label} {v}" for label, v in versions.items())
+            problems.append(Problem(None, f"{key} versions differ between nodes ({listing}): "
+                                          "use the same on every node"))
+    return problems
+
+
+def _major_minor(version: Any) -> str:
+    return ".".join(str(version).split(".")[:2]) if version else "none"
+
+
+def check_rendezvous_reachable(conns: list[Runner], labels: list[str], python: str, addr: str, port: int,
+                               timeout: float = 10.0, any_free_port: bool = False) -> int:
+    """Open node 0's rendezvous port for a moment and connect to it from every other node; return the port.
+
+    With `any_free_port`, a port already in use (another run's store) is replaced by one the host picks."""
+    if len(conns) < 2:
+        return port
+    result = conns[0].run([python, "-c", LISTEN_SCRIPT, addr, str(port), str(len(conns) - 1), str(timeout + 20),
+                           "1" if any_free_port else "0"], timeout=timeout + 10)
+    if result.exit_code != 0 or not result.stdout.startswith("listening "):
+        raise HostError(labels[0], f"cannot listen on rendezvous address {addr}:{port} "
+                        f"({result.stdout.strip() or result.stderr.strip()}); pass --rdzv-addr or --rdzv-port")
+    port = int(result.stdout.split()[1])
+
+    def connect(index: int) -> str:
+        r = conns[index].run([python, "-c", CONNECT_SCRIPT, addr, str(port), str(timeout)], timeout=timeout + 10)
+        if r.exit_code != 0:
+            raise HostError(labels[index], f"cannot reach node 0's rendezvous address {addr}:{port} "
+                            f"({r.stdout.strip()}); check the network or pass --rdzv-addr")
+        return "ok"
+
+    outcomes = run_on_hosts(list(range(1, len(conns))), connect, timeout=timeout + 15, label=lambda i: labels[i])
+    raise_for_errors(outcomes, "rendezvous check")
+    return port
+
+
+def check_public_rendezvous(addr: str, facts: list[HostFacts], allow_public: bool) -> None:
+    """torchrun's stores have no authentication and listen on every address of a node (node 0's, and the one
+    holding rank 0 opens another): refuse a run where the rendezvous address or any node's own address is
+    public, unless told that a firewall keeps the ports to the nodes."""
+    if allow_public:
+        return
+    public = [f"{addr} (the rendezvous address)"] if _is_global(addr) else []
+    public += [f"{a['addr']} on {f.label}" for f in facts for a in f.info.get("addrs", []) if _is_global(a["addr"])]
+    if public:
+        raise DdpctlError(
+            f"public address {public[0]}{f' and {len(public) - 1} more' if len(public) > 1 else ''}: torchrun's "
+            "rendezvous stores listen on every address of a node, have no authentication, and anyone reaching "
+            "them can run code on your nodes; use hosts on a private network without public addresses or, if a "
+            "firewall restricts the ports to the nodes, pass --allow-public-rendezvous"
+        )
+
+
+def _is_global(addr: str) -> bool:
+    try:
+        return ipaddress.ip_address(addr).is_global
+    except ValueError:
+        return False  # a name: resolved by the nodes; their own addresses are judged instead
+

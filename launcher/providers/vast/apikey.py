@@ -1,0 +1,57 @@
+"""Where the Vast.ai API key comes from, and how `ddpctl vast login` stores it (mode 0600 from creation)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from launcher.providers.vast.errors import ApiKeyMissing
+from launcher.results.rundir import write_bytes_atomic
+
+KEY_ENV = "VAST_API_KEY"
+
+
+def _config_home() -> Path:
+    return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+
+
+def vastai_key_file() -> Path:
+    """The key file of Vast's own CLI (vastai writes it without restricting its mode)."""
+    return _config_home() / "vastai" / "vast_api_key"
+
+
+def ddpctl_key_file() -> Path:
+    """The key file `ddpctl vast login` writes."""
+    return _config_home() / "ddpctl" / "vast_api_key"
+
+
+def load_api_key() -> str:
+    """The key from VAST_API_KEY, else vastai's key file, else ddpctl's; ApiKeyMissing if none has one."""
+    env = os.environ.get(KEY_ENV, "").strip()
+    if env:
+        return env
+    for path in (vastai_key_file(), ddpctl_key_file()):
+        try:
+            key = path.read_text(encoding="utf-8").strip()
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise ApiKeyMissing(f"cannot read the Vast.ai API key file {path}: {exc.strerror}") from None
+        if key:
+            return key
+    raise ApiKeyMissing(
+        f"no Vast.ai API key: set {KEY_ENV}, or run `ddpctl vast login` (writes {ddpctl_key_file()}), "
+        f"or `vastai set api-key` (writes {vastai_key_file()})"
+    )
+
+
+def save_api_key(key: str, path: Path | None = None) -> Path:
+    """Write the key atomically to ddpctl's key file (or `path`), readable by the owner only; returns it."""
+    key = key.strip()
+    if not key or any(c.isspace() for c in key):
+        raise ApiKeyMissing("the Vast.ai API key is empty or contains whitespace; paste it again")
+    target = path or ddpctl_key_file()
+    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # Created 0600 (never readable by others, not even for an instant); the rename replaces an older key at once.
+    write_bytes_atomic(target, (key + "\n").encode(), mode=0o600)
+    return target

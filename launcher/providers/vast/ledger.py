@@ -1,0 +1,167 @@
+"""The bill of a rented run: which instances it created (kept in run.json from the moment each exists), what
+they cost, and destroying them (verified). `ddpctl down` of a rented run is release.py; what is still rented,
+rented_list.py.
+
+run.json `instances`: one object per instance the run ever created, in creation order: `instance_id`, `node`,
+`dph` ($/hour, disk included), `created_at`, `state` (starting | failed | rented | destroyed | destroy_failed),
+`destroyed_at`, plus RentedInstance.to_json() once it ran. `cost_usd` at the top is the spend so far (final once
+`released_at` is set).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from launcher.errors import DdpctlError
+from launcher.providers.vast.models import RentedInstance, TeardownResult
+from launcher.results.progress import console
+from launcher.results.rundir import RunDir, write_json_atomic
+
+if TYPE_CHECKING:
+    from launcher.providers.vast.client import VastClient
+
+LIVE_STATES = frozenset({"starting", "failed", "rented", "destroy_failed"})  # may be billing
+
+
+def say(text: str, style: str | None = None) -> None:
+    """One message on stderr, taken literally (ids and paths hold brackets) and never wrapped mid-command."""
+    console.print(text, style=style, markup=False, highlight=False, soft_wrap=True)
+
+
+def instance_cost(inst: dict[str, Any], now: float) -> float:
+    """Dollars one recorded instance cost: its hourly price from creation to destruction (or to `now`)."""
+    end = inst.get("destroyed_at") or now
+    return float(inst.get("dph") or 0.0) * max(0.0, end - float(inst.get("created_at") or end)) / 3600.0
+
+
+def run_cost(instances: Iterable[dict[str, Any]], now: float | None = None) -> float:
+    """Dollars spent by every instance a run created."""
+    now = time.time() if now is None else now
+    return sum(instance_cost(i, now) for i in instances)
+
+
+def live(instances: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The instances that may still be billing."""
+    return [i for i in instances if i.get("state") in LIVE_STATES]
+
+
+class Ledger:
+    """A run's instances, written to run.json and events.jsonl as they are created, become ready, or go."""
+
+    def __init__(self, run_dir: RunDir, clock: Callable[[], float] = time.time) -> None:
+        self.run_dir = run_dir
+        self.clock = clock
+        self.instances: list[dict[str, Any]] = list(run_dir.record().get("instances") or [])
+
+    def _find(self, instance_id: int) -> dict[str, Any]:
+        """The record of an instance; made on the spot if its creation was not recorded (a Ctrl-C landed between
+        the create and our write), so that what became of it is never lost."""
+        found = next((i for i in self.instances if i["instance_id"] == instance_id), None)
+        if found is None:
+            found = {"instance_id": instance_id, "dph": None, "created_at": self.clock(), "state": "starting",
+                     "destroyed_at": None}
+            self.instances.append(found)
+        return found
+
+    def save(self) -> None:
+        self.run_dir.update_record(instances=self.instances, cost_usd=round(self.cost(), 6))
+
+    def cost(self) -> float:
+        return run_cost(self.instances, self.clock())
+
+    def hourly_rate(self) -> float:
+        """$/hour of everything still rented."""
+        return sum(float(i.get("dph") or 0.0) for i in live(self.instances))
+
+    def on_provision_event(self, event: dict[str, Any]) -> None:
+        """provision()'s on_event: record each instance id the moment it exists, and what became of it."""
+        now = self.clock()
+        fields = {k: v for k, v in event.items() if k != "event"}
+        self.run_dir.event(str(event["event"]), **fields)
+        # provision destroys a failed instance before its next call; any event after the failure marks it gone
+        for inst in self.instances:
+            if inst["state"] == "failed":
+                inst.update(state="destroyed", destroyed_at=now)
+        kind, iid = event["event"], event.get("instance_id")
+        if kind == "vast.instance_created":
+            self.instances.append({"instance_id": iid, "node": event.get("node"), "offer_id": event.get("offer_id"),
+                                   "machine_id": event.get("machine_id"), "dph": event.get("dph"),
+                                   "created_at": now, "state": "starting", "destroyed_at": None})
+        elif kind == "vast.instance_failed":
+            self._find(int(str(iid))).update(state="failed")
+        elif kind in ("vast.instance_destroyed", "vast.destroy_failed"):
+            destroyed = kind == "vast.instance_destroyed"
+            self._find(int(str(iid))).update(state="destroyed" if destroyed else "destroy_failed",
+                                             destroyed_at=now if destroyed else None)
+        self.save()
+
+    def rented(self, rented: list[RentedInstance]) -> None:
+        """Provisioning succeeded: every instance it created but did not return was destroyed by it."""
+        ready = {r.instance_id: r for r in rented}
+        for inst in self.instances:
+            if inst["instance_id"] in ready:
+                r = ready[inst["instance_id"]]
+                inst.update(r.to_json(), state="rented", created_at=min(inst["created_at"], r.created_at))
+            elif inst["state"] in ("starting", "failed"):
+                inst.update(state="destroyed", destroyed_at=inst.get("destroyed_at") or self.clock())
+        self.save()
+
+    def set_overlay_ips(self, ips: dict[int, str]) -> None:
+        for iid, ip in ips.items():
+            self._find(iid)["overlay_ip"] = ip
+        self.save()
+
+    def record_teardown(self, results: list[TeardownResult], reason: str) -> None:
+        for res in results:
+            inst = self._find(res.instance_id)
+            inst.update(state="destroyed" if res.destroyed else "destroy_failed", destroyed_at=res.destroyed_at)
+            self.run_dir.event("vast.instance_destroyed" if res.destroyed else "vast.destroy_failed",
+                               instance_id=res.instance_id, reason=reason, error=res.error)
+        if not live(self.instances):
+            self.run_dir.update_record(released_at=self.clock())
+        self.save()
+
+
+def destroy_all(client: VastClient, ledger: Ledger, reason: str) -> float:
+    """Destroy every instance of the run that may still bill (each verified gone) and return the run's cost.
+
+    A Ctrl-C during this is held back until it is done: stopping halfway would leave machines billing.
+    Raises a one-line DdpctlError naming any instance that could not be verified destroyed."""
+    from launcher.providers.vast.teardown import teardown
+
+    ids = [int(i["instance_id"]) for i in live(ledger.instances)]
+    overlay = next((i.get("overlay_name") for i in ledger.instances if i.get("overlay_name")), None)
+    ledger.run_dir.event("vast.teardown", reason=reason, instances=ids)
+    interrupted = False
+    while True:
+        try:
+            results = teardown(client, ids, overlay_name=overlay)
+            break
+        except KeyboardInterrupt:
+            interrupted = True
+    ledger.record_teardown(results, reason)
+    cost = ledger.cost()
+    write_summary_cost(ledger.run_dir, cost)
+    failed = [r for r in results if not r.destroyed]
+    if failed:
+        raise DdpctlError("could not verify that Vast.ai instance(s) " + ", ".join(str(r.instance_id) for r in failed)
+                          + f" are destroyed ({failed[0].error}); they may still be billing: check "
+                          "https://console.vast.ai and run `ddpctl down` again")
+    if interrupted:
+        raise KeyboardInterrupt
+    return cost
+
+
+def write_summary_cost(run_dir: RunDir, cost: float) -> None:
+    """Put the cost into summary.json, when the trainer wrote one (run.json always holds it)."""
+    path = run_dir.path / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    if isinstance(summary, dict):
+        summary["cost_usd"] = round(cost, 6)
+        write_json_atomic(path, summary)

@@ -1,0 +1,71 @@
+"""What rented runs still hold: `ddpctl status` rows of a run whose machines are gone, and `status --rented`."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from launcher.providers.vast.ledger import instance_cost, live, say
+from launcher.results.progress import console
+from launcher.results.rundir import RUN_FILE, RunDir
+
+
+def is_released(record: dict[str, Any]) -> bool:
+    """A rented run whose machines are all destroyed (nothing to reach over SSH any more)."""
+    return bool(record.get("instances")) and not live(record["instances"])
+
+
+def offline_rows(run_dir: RunDir) -> list[dict[str, Any]]:
+    """`ddpctl status` rows of a rented run that has no machine to ask: from what was pulled and recorded."""
+    record = run_dir.record()
+    rows = []
+    for node in record.get("nodes") or []:
+        code = run_dir.path / "nodes" / str(node["index"]) / "exit_code"
+        exit_code = int(code.read_text().strip()) if code.is_file() and code.read_text().strip().isdigit() else None
+        rows.append({"node": node["index"], "host": node["label"], "state": "machine destroyed",
+                     "exit_code": exit_code, "epoch": None, "epochs": None})
+    if not rows:  # provisioning never ended (or failed): one row per instance created
+        rows = [{"node": "-", "host": f"vast:{i['instance_id']}", "state": i["state"], "exit_code": None,
+                 "epoch": None, "epochs": None} for i in record.get("instances") or []]
+    return rows
+
+
+def rented_rows(runs_dir: Path, now: float | None = None) -> list[dict[str, Any]]:
+    """Every instance that a run under `runs_dir` rented and did not verify destroyed."""
+    now = time.time() if now is None else now
+    rows = []
+    for path in sorted(runs_dir.glob(f"*/{RUN_FILE}")):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        for inst in live(record.get("instances") or []):
+            rows.append({"run": path.parent.name, "instance_id": inst["instance_id"], "state": inst["state"],
+                         "gpu_name": inst.get("gpu_name"), "ssh": f"{inst.get('ssh_host')}:{inst.get('ssh_port')}",
+                         "dph": inst.get("dph"), "hours": (now - float(inst["created_at"])) / 3600,
+                         "cost_usd": round(instance_cost(inst, now), 6)})
+    return rows
+
+
+def print_rented(runs_dir: Path, json_out: bool) -> None:
+    """`ddpctl status --rented`: the machines local runs still rent (they keep billing until `ddpctl down`)."""
+    rows = rented_rows(runs_dir)
+    if json_out:
+        print(json.dumps({"rented": rows}, indent=2))
+        return
+    if not rows:
+        say(f"no run under {runs_dir} holds a rented machine")
+        return
+    from rich.table import Table
+
+    table = Table(title="still rented: billing until `ddpctl down RUN`")
+    for column in ("run", "instance", "state", "GPU", "ssh", "$/hour", "hours", "cost so far"):
+        table.add_column(column)
+    for r in rows:
+        table.add_row(r["run"], str(r["instance_id"]), r["state"], str(r["gpu_name"] or "?"), r["ssh"],
+                      f"{float(r['dph'] or 0):.4f}", f"{r['hours']:.2f}", f"${r['cost_usd']:.4f}")
+    console.print(table)
+    total = sum(float(r["dph"] or 0) for r in rows)
+    say(f"{len(rows)} machine(s) billing ${total:.4f}/hour in all")

@@ -1,0 +1,31 @@
+"""`up --provider vast`'s request: what to rent and how to stop paying (a leaf: the command layer builds it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from launcher.errors import SpecError
+
+
+@dataclass(frozen=True)
+class VastRequest:
+    """What to rent and how to stop paying: `up`'s Vast.ai options."""
+
+    nodes: int = 1
+    gpu_name: str | None = None
+    max_price: float | None = None
+    min_reliability: float = 0.95
+    disk: float = 32.0
+    down: bool = False  # destroy the machines as soon as the results are pulled and verified
+    max_cost: float | None = None  # USD for the whole run
+    max_cost_reserve_s: float = 120.0  # spend kept back for the final stop, pull and teardown
+    ready_timeout: float = 900.0
+    poll_interval: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1:
+            raise SpecError(f"--nodes must be at least 1, not {self.nodes}")
+        if self.max_cost is not None and self.max_cost <= 0:
+            raise SpecError(f"--max-cost must be a positive number of dollars, not {self.max_cost}")
+        if self.ready_timeout <= 0:
+            raise SpecError(f"--ready-timeout must be positive, not {self.ready_timeout}")

@@ -1,0 +1,185 @@
+"""The live progress display and the final summary table (rich, on stderr so --json keeps stdout clean)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+console = Console(stderr=True)
+
+
+# The numeric fields of a progress record (contracts.md: progress.json) and the type each is read as.
+_INT_FIELDS = ("epoch", "epochs", "step", "steps_per_epoch")
+_FLOAT_FIELDS = ("samples_per_s",)
+
+
+def progress_record(record: object) -> dict[str, Any] | None:
+    """A progress record as the display can use it, or None when it is not one. The file comes from a host, so
+    it may be anything: only a JSON object counts, numeric fields that do not read as finite numbers are left
+    out, and `state` is kept only as text."""
+    if not isinstance(record, Mapping):
+        return None
+    clean: dict[str, Any] = {k: v for k, v in record.items() if isinstance(k, str)}
+    for key in _INT_FIELDS + _FLOAT_FIELDS:
+        if key not in clean:
+            continue
+        number = _finite(clean.pop(key))
+        if number is not None:
+            clean[key] = int(number) if key in _INT_FIELDS else number
+    if not isinstance(clean.get("state", ""), str):
+        del clean["state"]
+    return clean
+
+
+def _finite(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+class RunProgress:
+    """One progress row per node: epoch, step, samples/s and ETA, fed by the trainer's progress records."""
+
+    def __init__(self, node_labels: list[str], enabled: bool = True) -> None:
+        self._progress = Progress(
+            TextColumn("{task.fields[label]}"),
+            BarColumn(),
+            TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(),
+            console=console,
+            disable=not enabled,
+            transient=False,
+        )
+        self._tasks: dict[int, TaskID] = {}
+        self._first_seen: dict[int, tuple[float, int]] = {}  # per node: (time, steps done) of the first record
+        for index, label in enumerate(node_labels):
+            self._tasks[index] = self._progress.add_task(
+                "", total=None, label=f"node {index} {label}", status="starting"
+            )
+
+    def __enter__(self) -> RunProgress:
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.stop()
+
+    def update(self, node: int, record: object, state: str | None = None,
+               extra: str = "") -> None:
+        """Show a node's latest progress record (contracts.md: progress.json) and/or its process state."""
+        task = self._tasks[node]
+        record = progress_record(record)
+        if not record:
+            self._progress.update(task, status=f"{state or 'starting'} {extra}".strip())
+            return
+        epochs = max(1, record.get("epochs") or 1)
+        steps = max(1, record.get("steps_per_epoch") or 1)
+        epoch = max(1, record.get("epoch") or 1)
+        step = max(0, record.get("step") or 0)
+        done = (epoch - 1) * steps + min(step, steps)
+        total = epochs * steps
+        rate = float(record.get("samples_per_s") or 0.0)
+        status = f"epoch {epoch}/{epochs} step {step}/{steps} {rate:,.0f} samples/s"
+        first = self._first_seen.setdefault(node, (time.monotonic(), done))
+        eta = _eta(first, done, total)
+        if eta is not None:
+            status += f" ETA {eta}"
+        if state and state != "running":
+            status += f" [{state}]"
+        self._progress.update(task, total=total, completed=done, status=f"{status} {extra}".strip())
+
+
+STALL_HINT_SECONDS = 300.0
+
+
+class FreshestProgress:
+    """Which node's progress record to show. Global rank 0 writes it, and rank 0 sits on whichever node has the
+    smallest rendezvous address, not always node 0, and can move after a restart; so the record shown is the one
+    that changed last as seen from here (host clocks may disagree). It also tells how long nothing has moved."""
+
+    def __init__(self, nodes: int) -> None:
+        self._records: list[Mapping[str, Any] | None] = [None] * nodes
+        self._changed: list[float] = [float("-inf")] * nodes
+
+    def observe(self, node: int, record: object, now: float | None = None) -> None:
+        """Note node's latest record (anything but a progress record counts as none)."""
+        record = progress_record(record)
+        if record is not None and record != self._records[node]:
+            self._records[node] = record
+            self._changed[node] = time.monotonic() if now is None else now
+
+    def freshest(self) -> int | None:
+        """The node whose record changed last, or None before any record."""
+        best = max(range(len(self._records)), key=lambda i: self._changed[i], default=None)
+        return None if best is None or self._records[best] is None else best
+
+    def record(self, node: int) -> Mapping[str, Any] | None:
+        return self._records[node] if node == self.freshest() else None
+
+    def stalled_for(self, now: float | None = None, threshold: float = STALL_HINT_SECONDS) -> float | None:
+        """Seconds since the record last moved while training or validating, once over `threshold`; else None."""
+        node = self.freshest()
+        if node is None or (self._records[node] or {}).get("state") == "done":
+            return None
+        idle = (time.monotonic() if now is None else now) - self._changed[node]
+        return idle if idle > threshold else None
+
+
+def stall_note(seconds: float | None) -> str:
+    return "" if seconds is None else f"[no progress for {int(seconds // 60)} min: see `ddpctl logs`]"
+
+
+def _eta(first: tuple[float, int], done: int, total: int) -> str | None:
+    """Time left at the pace seen since the first record (start-up excluded)."""
+    seen_at, seen_done = first
+    elapsed = time.monotonic() - seen_at
+    if done <= seen_done or total <= done or elapsed <= 0:
+        return None
+    remaining = elapsed / (done - seen_done) * (total - done)
+    minutes, seconds = divmod(int(remaining), 60)
+    return f"{minutes}:{seconds:02d}"
+
+
+def summary_table(summary: Mapping[str, Any], title: str) -> Table:
+    """The final figures of a run (summary.json) as a two-column table, at least as wide as its title (which
+    names the run: an id broken across lines cannot be copied into `ddpctl status`)."""
+    table = Table(title=title, show_header=False, min_width=len(title) + 4)
+    table.add_column("what", style="bold", no_wrap=True)
+    table.add_column("value", no_wrap=True)
+    rows = [
+        ("world size", summary.get("world_size")),
+        ("epochs", summary.get("epochs")),
+        ("training time", _seconds(summary.get("train_seconds"))),
+        ("wall time", _seconds(summary.get("wall_seconds"))),
+        ("samples/s", _number(summary.get("samples_per_s"))),
+        ("train accuracy", _percent(summary.get("final_train_acc"))),
+        ("validation accuracy", _percent(summary.get("final_val_acc"))),
+        ("restarts", summary.get("restarts")),
+    ]
+    if summary.get("cost_usd") is not None:
+        rows.append(("cost", f"${float(summary['cost_usd']):.4f}"))
+    for name, value in rows:
+        table.add_row(name, "-" if value is None else str(value))
+    return table
+
+
+def _seconds(value: Any) -> str | None:
+    return None if value is None else f"{float(value):.1f} s"
+
+
+def _number(value: Any) -> str | None:
+    return None if value is None else f"{float(value):,.0f}"
+
+
+def _percent(value: Any) -> str | None:
+    return None if value is None else f"{100 * float(value):.2f}%"

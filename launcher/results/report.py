@@ -1,0 +1,215 @@
+"""Scaling reports written out: the rows of launcher.results.run_figures as a terminal table, Markdown, JSON
+and plots (launcher.results.plots)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from launcher.errors import RunDirError
+from launcher.results.run_figures import Report, Row
+from launcher.spec.presets import ReferenceFigures
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+COLUMNS = ("layout", "world", "global batch", "lr", "steps/epoch", "epoch time (s, median)",
+           "training time (s)", "speed-up", "efficiency", "samples/s", "train acc", "val acc", "cost (USD)")
+
+
+def row_cells(row: Row) -> list[str]:
+    """A row as the strings every rendering shows."""
+    return [
+        row.layout, str(row.world_size), _num(row.global_batch, "d"), _num(row.lr, "g"),
+        _num(row.steps_per_epoch, "d"), f"{row.epoch_seconds:.2f}", f"{row.train_seconds:.2f}",
+        f"{row.speedup:.2f}x", f"{100 * row.efficiency:.0f}%", f"{row.samples_per_s:.1f}",
+        _pct(row.train_acc), _pct(row.val_acc), _num(row.cost_usd, ".2f"),
+    ]
+
+
+# Short two-line headers so the table fits an 80-column terminal; same order as COLUMNS.
+_TERMINAL_HEADERS = ("layout", "world\nsize", "global\nbatch", "lr", "steps\n/epoch", "epoch s\nmedian",
+                     "train\ns", "speed-\nup", "effi-\nciency", "samples\n/s", "train\nacc", "val\nacc", "cost\nUSD")
+
+
+def render_terminal(rows: list[Row]) -> Any:
+    """A rich Table of the rows; lr and cost are left out when they say nothing (one lr, nothing rented)."""
+    from rich.table import Table
+
+    cells = [row_cells(row) for row in rows]
+    drop = set()
+    lrs = {c[3] for c in cells}
+    if len(lrs) == 1:
+        drop.add(3)
+    if all(c[12] == "-" for c in cells):
+        drop.add(12)
+    title = f"Scaling: {_what_ran(rows)}" + (f", lr {lrs.pop()}" if 3 in drop else "")
+    table = Table(title=title, box=None, padding=(0, 0, 0, 1), pad_edge=False, header_style="bold")
+    keep = [i for i in range(len(COLUMNS)) if i not in drop]
+    for i in keep:
+        table.add_column(_TERMINAL_HEADERS[i], justify="left" if i == 0 else "right", no_wrap=True)
+    for line in cells:
+        table.add_row(*(line[i] for i in keep))
+    return table
+
+
+def _what_ran(rows: list[Row]) -> str:
+    models = sorted({r.model for r in rows})
+    datasets = sorted({r.dataset for r in rows})
+    batches = sorted({r.batch_size for r in rows if r.batch_size})
+    text = f"model {', '.join(models)} on data set {', '.join(datasets)}"
+    return text + (f", batch {', '.join(map(str, batches))} per process" if batches else "")
+
+
+def render_json(rows: list[Row], reference: ReferenceFigures | None = None,
+                plots: list[Path] | None = None) -> dict[str, Any]:
+    """The report's figures for scripts: rows (raw numbers, accuracies as fractions), reference, plot files."""
+    out_rows = []
+    for row in rows:
+        data = asdict(row)
+        data["layout"] = row.layout
+        data["superseded"] = list(row.superseded)
+        out_rows.append(data)
+    return {
+        "rows": out_rows,
+        "baseline_world_size": rows[0].world_size if rows else None,
+        "reference": reference.to_json() if reference else None,
+        "plots": [p.name for p in plots or []],
+    }
+
+
+def dump_json(rows: list[Row], reference: ReferenceFigures | None = None, plots: list[Path] | None = None) -> str:
+    return json.dumps(render_json(rows, reference, plots), indent=2, sort_keys=True)
+
+
+def _md_table(header: list[str], lines: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(cells) + " |" for cells in lines]
+    return out
+
+
+def _by_world_size(rows: list[Row]) -> dict[int, Row]:
+    # Where two layouts share a world size, the one on fewer nodes stands for it (rows are in that order).
+    chosen: dict[int, Row] = {}
+    for row in rows:
+        chosen.setdefault(row.world_size, row)
+    return chosen
+
+
+def _reference_section(rows: list[Row], ref: ReferenceFigures) -> list[str]:
+    ours = _by_world_size(rows)
+    base = rows[0]
+    lines = ["## Beside the reference", "",
+             f"reference: {ref.source}, on {ref.hardware}. Columns marked (reference) are the write-up's own "
+             "figures on its hardware; the others are this report's runs.", ""]
+    header = ["world size", "steps/epoch", "steps/epoch (reference)", "time vs smallest",
+              "time vs smallest (reference)", "train acc", "train acc (reference)", "val acc",
+              "val acc (reference)", "val acc drop (points)", "acc drop (points, reference)"]
+    cells = []
+    for ws in sorted(set(ours) | set(ref.world_sizes())):
+        row = ours.get(ws)
+        drop = (100 * (base.val_acc - row.val_acc) if row and row.val_acc is not None
+                and base.val_acc is not None else None)
+        cells.append([
+            str(ws),
+            _num(row.steps_per_epoch if row else None, "d"), _num(ref.steps_per_epoch.get(ws), "d"),
+            _num(1 / row.speedup if row and row.speedup else None, ".2f"), _num(ref.time_ratio.get(ws), ".2f"),
+            _pct(row.train_acc if row else None), _pct(ref.train_acc.get(ws)),
+            _pct(row.val_acc if row else None), _pct(ref.val_acc.get(ws)),
+            _num(drop, ".1f"), _num(ref.acc_drop_points.get(ws), ".1f"),
+        ])
+    lines += _md_table(header, cells)
+    if ref.train_minutes:
+        minutes = ", ".join(f"{m} min on {ws}" for ws, m in sorted(ref.train_minutes.items()))
+        lines += ["", f"reference training time: {minutes}."]
+    lines += [""] + [f"- reference: {note}" for note in ref.notes]
+    return lines
+
+
+def _accuracy_section(rows: list[Row]) -> list[str]:
+    base, last = rows[0], rows[-1]
+    text = [
+        "## Why accuracy drops at larger world sizes", "",
+        "Each of the W processes trains on its own 1/W share of the data with the same per-process batch B, "
+        "and DDP averages their gradients, so one optimizer step now stands for B x W samples (the global "
+        "batch) and an epoch has about 1/W as many steps. With the same learning rate the model takes W times "
+        "fewer steps of the same size per epoch, so after a fixed number of epochs it has moved less far: "
+        "accuracy falls, as in the reference's 4-GPU run. Scaling the learning rate with the global batch "
+        "wins much of it back: `ddpctl sweep --scale-lr linear` multiplies lr by W / W_smallest, "
+        "`--scale-lr sqrt` by its square root (gentler, safer without a warm-up).",
+    ]
+    if len(rows) > 1:
+        steps = (f"{base.steps_per_epoch} steps per epoch at world size {base.world_size} against "
+                 f"{last.steps_per_epoch} at {last.world_size}" if base.steps_per_epoch and last.steps_per_epoch
+                 else "")
+        lrs = sorted({r.lr for r in rows if r.lr is not None})
+        lr_text = ("the learning rate was scaled: " + ", ".join(f"{r.lr:g} at {r.world_size}" for r in rows)
+                   if len(lrs) > 1 else f"the same learning rate {lrs[0]:g} everywhere" if lrs else "")
+        drop = (f"validation accuracy {_pct(last.val_acc)} at world size {last.world_size} against "
+                f"{_pct(base.val_acc)} at {base.world_size}" if last.val_acc is not None
+                and base.val_acc is not None else "")
+        facts = "; ".join(part for part in (steps, lr_text, drop) if part)
+        if facts:
+            text += ["", f"In these runs: {facts}."]
+    return text
+
+
+def render_markdown(rows: list[Row], reference: ReferenceFigures | None = None,
+                    plots: list[Path] | None = None, preset: str | None = None,
+                    preset_dataset: str | None = None) -> str:
+    """The whole report as Markdown: what ran, the table, the reference beside it, the accuracy note, plots."""
+    if not rows:
+        raise RunDirError("no finished runs to report on")
+    lines = ["# Scaling report", "", f"What ran: {_what_ran(rows)}"
+             + (f" (preset {preset})" if preset else "") + "."]
+    datasets = {r.dataset for r in rows}
+    if preset_dataset and datasets != {preset_dataset}:
+        lines += ["", f"Note: these runs used data set {', '.join(sorted(datasets))}, not the preset's "
+                      f"{preset_dataset}: compare times and steps with the reference, not accuracies."]
+    lines += ["", f"Speed-up and efficiency are against layout {rows[0].layout} (world size "
+                  f"{rows[0].world_size}); times are training only (validation excluded); efficiency = speed-up "
+                  "/ (world size / smallest world size). Layout = nodes x processes per node.", ""]
+    lines += _md_table(list(COLUMNS), [row_cells(r) for r in rows])
+    lines += ["", "Runs: " + ", ".join(f"`{r.run_id}` ({r.layout})" for r in rows) + "."]
+    superseded = [f"`{old}`" for r in rows for old in r.superseded]
+    if superseded:
+        lines += ["", "Older runs of a layout already in the table were left out (the newest is shown): "
+                  + ", ".join(superseded) + "."]
+    if reference:
+        lines += [""] + _reference_section(rows, reference)
+    lines += [""] + _accuracy_section(rows)
+    if plots:
+        lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(report: Report, out_dir: Path) -> list[Path]:
+    """Write report.md, report.json and the PNG plots into out_dir; return the files written."""
+    from launcher.results.plots import write_plots
+    from launcher.results.rundir import write_json_atomic
+
+    if out_dir.exists() and not out_dir.is_dir():
+        raise RunDirError(f"cannot write the report: {out_dir} is a file, not a directory; give a directory "
+                          "with --out (it is created if missing)")
+    try:
+        plots = write_plots(report.rows, report.runs, out_dir)
+        markdown = render_markdown(report.rows, report.reference, plots, report.preset, report.preset_dataset)
+        md_path = out_dir / "report.md"
+        tmp = out_dir / ".report.md.tmp"
+        tmp.write_text(markdown)
+        tmp.replace(md_path)
+        json_path = out_dir / "report.json"
+        write_json_atomic(json_path, render_json(report.rows, report.reference, plots))
+    except OSError as e:
+        where = e.filename or out_dir
+        raise RunDirError(f"cannot write the report to {out_dir} ({where}: {e.strerror or e}); give a directory "
+                          "you can write to with --out") from None
+    return [md_path, json_path, *plots]

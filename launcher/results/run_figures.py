@@ -1,0 +1,216 @@
+"""The data model of scaling reports: run directories -> figures per run -> one row per process layout.
+
+Reads only the files of the run-directory contract (docs/contracts.md): timing.jsonl, summary.json and, when
+present, run.json. Compose runs (no run.json) and runs pulled from hosts (nodes/<k>/) read the same way.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from launcher.errors import RunDirError
+from launcher.results.rundir import RUN_FILE, primary_node_out, read_json, read_jsonl
+from launcher.spec.presets import ReferenceFigures
+
+TIMING_FILE = "timing.jsonl"
+SUMMARY_FILE = "summary.json"
+SWEEP_FILE = "sweep.json"
+
+
+@dataclass(frozen=True)
+class RunFigures:
+    """One run's records and what it was: the input of a report."""
+
+    path: Path
+    run_id: str
+    world_size: int
+    nnodes: int
+    model: str
+    dataset: str
+    batch_size: int | None
+    lr: float | None
+    epochs_planned: int | None
+    records: tuple[dict[str, Any], ...]  # one per finished epoch, in epoch order
+    cost_usd: float | None
+    started: float  # unix time; decides which of two runs of one layout is newer
+
+
+@dataclass(frozen=True)
+class Row:
+    """Figures of one layout (nodes x processes); `speedup` and `efficiency` are against the table's first row."""
+
+    world_size: int
+    nnodes: int
+    run_id: str
+    model: str
+    dataset: str
+    batch_size: int | None
+    global_batch: int | None
+    lr: float | None
+    epochs: int
+    steps_per_epoch: int | None
+    epoch_seconds: float  # median of the per-epoch training times
+    train_seconds: float  # sum of the per-epoch training times (validation excluded)
+    speedup: float
+    efficiency: float
+    samples_per_s: float
+    train_acc: float | None
+    val_acc: float | None
+    cost_usd: float | None
+    superseded: tuple[str, ...] = ()  # older runs of the same layout left out of the table
+
+    @property
+    def layout(self) -> str:
+        return f"{self.nnodes}x{self.world_size // self.nnodes}"
+
+
+def find_result_file(path: Path, name: str) -> Path | None:
+    """`name` at the top of a run directory, else among the pulled files of the node that held global rank 0;
+    None when absent."""
+    if (path / name).is_file():
+        return path / name
+    nodes = sum(1 for p in (path / "nodes").glob("*") if p.name.isdigit())
+    primary = primary_node_out(path, nodes)
+    return primary / name if primary is not None and (primary / name).is_file() else None
+
+
+def epoch_records(timing: Path | None) -> tuple[dict[str, Any], ...]:
+    """The timing records, one per finished epoch in order."""
+    # After a restart an epoch may be recorded twice; the later record is the one that counted.
+    by_epoch: dict[int, dict[str, Any]] = {}
+    for record in read_jsonl(timing) if timing else []:
+        if isinstance(record, dict) and isinstance(record.get("epoch"), int) and "seconds" in record:
+            by_epoch[record["epoch"]] = record
+    return tuple(by_epoch[e] for e in sorted(by_epoch))
+
+
+def _cost(*sources: dict[str, Any]) -> float | None:
+    for source in sources:
+        value = source.get("cost_usd")
+        if isinstance(value, int | float):
+            return float(value)
+    return None
+
+
+def load_run(path: Path) -> RunFigures:
+    """Read one run directory; RunDirError naming it when it is not a run or has no finished epoch."""
+    if not path.is_dir():
+        raise RunDirError(f"{path} is not a directory: give run directories (or a sweep directory) to report")
+    run = read_json(path / RUN_FILE) or {}
+    summary_path = find_result_file(path, SUMMARY_FILE)
+    summary = (read_json(summary_path) if summary_path else None) or {}
+    timing = find_result_file(path, TIMING_FILE)
+    if not run and not summary and timing is None:
+        raise RunDirError(f"{path} is not a run directory (no {RUN_FILE}, {TIMING_FILE} or {SUMMARY_FILE})")
+    records = epoch_records(timing)
+    if not records:
+        raise RunDirError(f"run {path} has no finished epoch in {TIMING_FILE}: nothing to report for it")
+    spec: dict[str, Any] = run["spec"] if isinstance(run.get("spec"), dict) else {}
+    last = records[-1]
+    world_size = int(last.get("world_size") or summary.get("world_size") or
+                     int(spec.get("nnodes", 1)) * int(spec.get("nproc_per_node", 1)))
+    started = run.get("created") or records[0].get("time") or path.stat().st_mtime
+    return RunFigures(
+        path=path,
+        run_id=str(run.get("run_id") or path.name),
+        world_size=world_size,
+        nnodes=int(summary.get("nnodes") or spec.get("nnodes") or 1),
+        model=str(summary.get("model") or spec.get("model") or "?"),
+        dataset=str(summary.get("dataset") or spec.get("dataset") or "?"),
+        batch_size=summary.get("batch_size") or spec.get("batch_size"),
+        lr=summary.get("lr") or spec.get("lr"),
+        epochs_planned=last.get("epochs") or summary.get("epochs") or spec.get("epochs"),
+        records=records,
+        cost_usd=_cost(run, summary),
+        started=float(started),
+    )
+
+
+def expand_report_dirs(paths: list[Path]) -> tuple[list[Path], dict[str, Any] | None]:
+    """Run directories to report on: sweep directories open into their finished runs. Also the sweep manifest
+    (of the first sweep given), which names the preset."""
+    runs: list[Path] = []
+    manifest = None
+    for path in paths:
+        sweep = read_json(path / SWEEP_FILE) if path.is_dir() else None
+        if sweep is None:
+            runs.append(path)
+            continue
+        manifest = manifest or sweep
+        runs += [path / Path(e["run_dir"]).name for e in sweep.get("entries", [])
+                 if e.get("status") == "done" and e.get("run_dir")]
+    return runs, manifest
+
+
+def scaling_table(runs: list[RunFigures]) -> list[Row]:
+    """One row per layout (newest run of it kept), ordered by world size; speed-up over the first row."""
+    newest: dict[tuple[int, int], RunFigures] = {}
+    older: dict[tuple[int, int], list[str]] = {}
+    for run in sorted(runs, key=lambda r: r.started):
+        key = (run.world_size, run.nnodes)
+        if key in newest:
+            older.setdefault(key, []).append(newest[key].run_id)
+        newest[key] = run
+    rows: list[Row] = []
+    base_seconds = base_ws = 0.0
+    for key in sorted(newest):
+        run = newest[key]
+        seconds = [float(r["seconds"]) for r in run.records]
+        train_seconds = sum(seconds)
+        if not rows:
+            base_seconds, base_ws = train_seconds, float(run.world_size)
+        speedup = base_seconds / train_seconds if train_seconds > 0 else 0.0
+        samples = sum(float(r.get("samples", 0)) for r in run.records)
+        last = run.records[-1]
+        rows.append(Row(
+            world_size=run.world_size,
+            nnodes=run.nnodes,
+            run_id=run.run_id,
+            model=run.model,
+            dataset=run.dataset,
+            batch_size=run.batch_size,
+            global_batch=run.batch_size * run.world_size if run.batch_size else None,
+            lr=run.lr,
+            epochs=len(run.records),
+            steps_per_epoch=last.get("steps"),
+            epoch_seconds=statistics.median(seconds),
+            train_seconds=train_seconds,
+            speedup=speedup,
+            efficiency=speedup / (run.world_size / base_ws),
+            samples_per_s=samples / train_seconds if train_seconds > 0 else 0.0,
+            train_acc=last.get("train_acc"),
+            val_acc=last.get("val_acc"),
+            cost_usd=run.cost_usd,
+            superseded=tuple(older.get(key, ())),
+        ))
+    return rows
+
+
+@dataclass(frozen=True)
+class Report:
+    """Everything a report shows: the table, the runs behind it and the preset's reference figures."""
+
+    rows: list[Row]
+    runs: list[RunFigures]
+    preset: str | None
+    reference: ReferenceFigures | None
+    preset_dataset: str | None
+
+
+def build_report(paths: list[Path], preset: str | None = None) -> Report:
+    """Load the run (or sweep) directories; the preset comes from `preset`, else from a sweep's manifest."""
+    from launcher.spec.presets import get_preset
+
+    run_paths, manifest = expand_report_dirs(paths)
+    if not run_paths:
+        raise RunDirError(f"no finished runs in {', '.join(map(str, paths))}: nothing to report")
+    runs = [load_run(p) for p in run_paths]
+    name = preset or (manifest or {}).get("preset")
+    chosen = get_preset(name) if name else None
+    return Report(scaling_table(runs), runs, name, chosen.reference if chosen else None,
+                  chosen.spec_fields.get("dataset") if chosen else None)
+
+

@@ -1,0 +1,191 @@
+"""The local run directory: runs/<run-id>/ with run.json, events.jsonl, logs/, timing.jsonl, snapshots/,
+summary.json (and nodes/<k>/ for runs pulled from hosts). Written so a crash never leaves half a file."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import launcher
+from launcher.errors import RunDirError
+from launcher.spec.run_spec import RunSpec
+
+RUN_FILE = "run.json"
+EVENTS_FILE = "events.jsonl"
+
+
+def write_bytes_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Write to a temporary file in the same directory (created with `mode`), fsync it, rename over `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # mkstemp: 0600 from the start
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """JSON (indented, sorted keys) written with write_bytes_atomic."""
+    write_bytes_atomic(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object from `path`; None when the file is missing, unreadable, or not an object."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Records of a JSON-lines file; a torn last line (a writer killed mid-write) is ignored."""
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def code_hash() -> str:
+    """sha256 over the launcher's and trainer's source files, so every run records what produced it."""
+    root = Path(launcher.__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for package in ("launcher", "trainer"):
+        for file in sorted((root / package).rglob("*.py")):
+            digest.update(str(file.relative_to(root)).encode())
+            digest.update(file.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """A run directory on this machine. create/open make `path` absolute, so the paths run.json records from it
+    (such as a rented run's known_hosts) serve `status`/`pull`/`down` from any working directory."""
+
+    path: Path
+
+    @property
+    def run_id(self) -> str:
+        return self.path.name
+
+    @classmethod
+    def create(cls, runs_dir: Path, spec: RunSpec, extra: dict[str, Any] | None = None) -> RunDir:
+        """Make runs_dir/<run_id> with run.json complete, or nothing at all."""
+        runs_dir = runs_dir.resolve()
+        try:
+            runs_dir.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=f".{spec.run_id}.", dir=runs_dir))
+        except OSError as e:
+            raise RunDirError(
+                f"cannot write the run directory {runs_dir}: {e.strerror}; pick another with --runs-dir"
+            ) from e
+        final = runs_dir / spec.run_id
+        try:
+            if final.exists():
+                raise RunDirError(f"run directory {final} already exists: choose another --name")
+            record = {
+                "run_id": spec.run_id,
+                "spec": spec.to_json(),
+                "code_hash": code_hash(),
+                "versions": {"ddpctl": launcher.__version__, "python": platform.python_version()},
+                "created": time.time(),
+                "launcher_host": platform.node(),
+            }
+            record.update(extra or {})
+            write_json_atomic(staging / RUN_FILE, record)
+            (staging / "logs").mkdir()
+            os.chmod(staging, 0o755)
+            staging.rename(final)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        return cls(final)
+
+    @classmethod
+    def open(cls, path: Path) -> RunDir:
+        if not (path / RUN_FILE).is_file():
+            raise RunDirError(f"{path} is not a ddpctl run directory (no {RUN_FILE})")
+        return cls(path.resolve())
+
+    def record(self) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads((self.path / RUN_FILE).read_text())
+        ssh = data.get("ssh")
+        if isinstance(ssh, dict) and ssh.get("known_hosts_file"):
+            ssh["known_hosts_file"] = str(self.recorded_path(ssh["known_hosts_file"]))
+        return data
+
+    def recorded_path(self, recorded: str) -> Path:
+        """A path from run.json. Older versions wrote the run's own known_hosts relative to the working directory
+        of `up` (runs/<id>/known_hosts): a relative path is taken inside this run directory, wherever it is now."""
+        path = Path(recorded)
+        if path.is_absolute():
+            return path
+        parts = path.parts
+        if self.run_id in parts:  # keep what follows the (last) run id
+            parts = parts[len(parts) - parts[::-1].index(self.run_id):]
+        return self.path.joinpath(*parts)
+
+    def spec(self) -> RunSpec:
+        return RunSpec.from_json(self.record()["spec"])
+
+    def update_record(self, **fields: Any) -> None:
+        data = self.record()
+        data.update(fields)
+        write_json_atomic(self.path / RUN_FILE, data)
+
+    def event(self, kind: str, **fields: Any) -> None:
+        """Append one launcher event with its time to events.jsonl."""
+        line = json.dumps({"time": time.time(), "event": kind, **fields}, sort_keys=True)
+        with open(self.path / EVENTS_FILE, "a") as f:
+            f.write(line + "\n")
+
+    def events(self) -> list[dict[str, Any]]:
+        return read_jsonl(self.path / EVENTS_FILE)
+
+
+def find_run(runs_dir: Path, run: str | None) -> RunDir:
+    """A run by id or path, or the newest run under runs_dir when `run` is None."""
+    if run:
+        candidate = Path(run)
+        if not candidate.is_dir():
+            candidate = runs_dir / run
+        return RunDir.open(candidate)
+    runs = sorted((p for p in runs_dir.glob("*/" + RUN_FILE)), key=lambda p: p.stat().st_mtime)
+    if not runs:
+        raise RunDirError(f"no runs under {runs_dir}: start one with `ddpctl up`")
+    return RunDir.open(runs[-1].parent)
+
+
+def primary_node_out(run_path: Path, nodes: int) -> Path | None:
+    """The out/ folder of the node that held global rank 0 last. c10d rendezvous assigns ranks itself (it
+    ignores --node-rank), so that can be any node, and another one after a restart: take the newest summary,
+    else the longest timing record."""
+    outs = [run_path / "nodes" / str(k) / "out" for k in range(nodes)]
+    with_summary = [o for o in outs if (o / "summary.json").is_file()]
+    if with_summary:
+        return max(with_summary, key=lambda o: (o / "summary.json").stat().st_mtime)
+    with_timing = [o for o in outs if (o / "timing.jsonl").is_file()]
+    if with_timing:
+        return max(with_timing, key=lambda o: len((o / "timing.jsonl").read_bytes().splitlines()))
+    return None

@@ -1,0 +1,147 @@
+"""The Docker runtime for SSH hosts: each node is a container of the trainer image wrapping the same torchrun argv.
+
+`docker_node_plan` is pure (plan_remote calls it for --runtime docker). The node's command is a fixed POSIX
+shell wrapper, `sh -c RUN_SCRIPT ddpctl-docker WORKSPACE DATA_DIR NAME GRACE ENV_FILE DOCKER-RUN-OPTIONS... IMAGE
+TORCHRUN...`: every value reaches it as a quoted argument. The wrapper
+- makes WORKSPACE (and DATA_DIR) absolute against the login user's $HOME (docker -v needs absolute paths), so
+  the executor needs to know nothing of the host's home: run NodePlan.command like a native one;
+- starts the container detached (`docker run -d`, named ddpctl-<run_id>-n<index>, labelled ddpctl.run and
+  ddpctl.node, --network host, --ipc host, --gpus all where the host has the NVIDIA runtime, the workspace
+  bind-mounted at /workspace, running as the login user so the files it writes stay the user's), its
+  environment from WORKSPACE/ENV_FILE (`--env-file`, written by the start step: launcher/runtimes/native.py), which
+  it deletes once the container exists, so no value is ever on a command line;
+- follows the container's output and exits with the container's exit code, then removes the container;
+- on SIGTERM/SIGINT/SIGHUP stops the container (`docker stop -t GRACE`, GRACE = STOP_GRACE_SECONDS); stopping
+  the node gives the wrapper longer than that (NODE_STOP_GRACE_SECONDS) to finish its `docker stop` and `docker rm`.
+So the native machinery (launcher/runtimes/native.py: detached start, pid, exit_code, torchrun.out, stop by process
+group) works unchanged for containers. Inside, outputs go to /workspace/out and /workspace/logs, and
+PYTHONPATH=/workspace/code puts the run's shipped trainer ahead of the image's copy.
+
+The hosts' engines (what they have, getting the image onto them) are launcher/runtimes/docker_hosts.py.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from launcher.errors import SpecError
+from launcher.planning.plan import NodeHost, NodePlan, node_env, secret_names
+from launcher.spec.run_spec import RunSpec
+from launcher.spec.torchrun import NodeRole, torchrun_argv
+
+CONTAINER_WORKSPACE = "/workspace"
+CONTAINER_DATA = "/data"
+DEFAULT_IMAGE = "ddpctl:latest"
+# `docker stop -t`: how long the container's processes get between SIGTERM and SIGKILL.
+STOP_GRACE_SECONDS = 20
+# How long stopping a docker node waits for its wrapper before killing it: the container's grace plus time for
+# `docker stop` to return and `docker wait` / `docker rm` to run, so the container never outlives `ddpctl down`.
+NODE_STOP_GRACE_SECONDS = STOP_GRACE_SECONDS + 15
+# The container's environment in docker's --env-file format, in the node's workspace (0600; see remote_node).
+ENV_FILE = "docker.env"
+# Python inside the image; spec.python names the hosts' python, which the container does not have.
+IMAGE_PYTHON = "python3"
+
+RUN_SCRIPT = r"""
+ws=$1; data=$2; name=$3; grace=$4; envfile=$5; shift 5
+case "$ws" in /*) ;; *) ws="$HOME/$ws" ;; esac
+if [ -n "$data" ]; then
+  case "$data" in /*) ;; *) data="$HOME/$data" ;; esac
+  set -- -v "$data:/data" "$@"
+fi
+mkdir -p "$ws/out" "$ws/logs" || exit 125
+trap 'docker stop -t "$grace" "$name" >/dev/null 2>&1' TERM INT HUP
+docker rm "$name" >/dev/null 2>&1
+docker run -d --name "$name" --user "$(id -u):$(id -g)" -v "$ws:/workspace" --env-file "$ws/$envfile" "$@" \
+  >/dev/null
+started=$?
+rm -f "$ws/$envfile"
+[ "$started" -eq 0 ] || exit 125
+docker logs -f "$name" 2>&1 &
+logs=$!
+code=
+while [ -z "$code" ]; do
+  docker wait "$name" > "$ws/.docker-wait" 2>/dev/null &
+  wait $!
+  code=$(cat "$ws/.docker-wait" 2>/dev/null)
+  if [ -z "$code" ] && ! docker inspect "$name" >/dev/null 2>&1; then
+    echo "ddpctl: container $name is gone" >&2; code=125
+  fi
+done
+wait "$logs" 2>/dev/null
+docker rm "$name" >/dev/null 2>&1
+rm -f "$ws/.docker-wait"
+exit "$code"
+"""
+
+
+def display_line(node: NodePlan) -> str:
+    """What a docker node runs, as the `docker run` line the wrapper issues (for --dry-run and logs)."""
+    ws, data, name, _grace, env_file, *rest = node.command[len(("sh", "-c", RUN_SCRIPT, "ddpctl-docker")):]
+    home = lambda path: path if path.startswith("/") else f"$HOME/{path}"  # noqa: E731
+    mounts = f'-v "{home(ws)}:{CONTAINER_WORKSPACE}"' + (f' -v "{home(data)}:{CONTAINER_DATA}"' if data else "")
+    return (f'docker run -d --name {name} --user "$(id -u):$(id -g)" {mounts} --env-file "{home(ws)}/{env_file}" '
+            f"{shlex.join(rest)}  # {env_file}: {node.shown_env()}; then follows its output and exits with its "
+            "exit code")
+
+
+def container_name(run_id: str, index: int) -> str:
+    """The node's container name (run ids are safe docker names: see launcher.spec.run_spec.SAFE_NAME)."""
+    return f"ddpctl-{run_id}-n{index}"
+
+
+def docker_node_plan(spec: RunSpec, index: int, host: NodeHost, rdzv_addr: str, workspace: str,
+                     image: str | None) -> NodePlan:
+    """Node `index` as a container on `host`: the wrapper around `docker run ... IMAGE torchrun ...`."""
+    multi = spec.nnodes > 1
+    ws = CONTAINER_WORKSPACE
+    role = NodeRole(
+        node_rank=index,
+        out_dir=f"{ws}/out",
+        log_dir=f"{ws}/logs",
+        rdzv_addr=rdzv_addr if multi else None,
+        local_addr=host.address if multi else None,
+        data_dir=CONTAINER_DATA if spec.data_dir else None,
+        snapshot_dir=f"{ws}/out/snapshots",
+    )
+    argv = torchrun_argv(replace(spec, python=IMAGE_PYTHON), role)
+    env = node_env(spec, host.iface, HOME="/tmp", PYTHONPATH=f"{ws}/code")
+    broken = [key for key, value in env if "\n" in value or "\r" in value]
+    if broken:
+        raise SpecError(f"--env {', '.join(broken)}: a value with a line break cannot reach a container (docker's "
+                        "--env-file holds one line per variable); use --runtime native for it")
+    options = [
+        "--init",
+        "--label", f"ddpctl.run={spec.run_id}",
+        "--label", f"ddpctl.node={index}",
+        "--network", "host",
+        "--ipc", "host",
+        "-w", f"{ws}/code" if spec.user_command else ws,
+    ]  # fmt: skip
+    if host.gpus:
+        options += ["--gpus", "all"]
+    command = ("sh", "-c", RUN_SCRIPT, "ddpctl-docker", workspace, spec.data_dir or "",
+               container_name(spec.run_id, index), str(STOP_GRACE_SECONDS), ENV_FILE, *options,
+               image or DEFAULT_IMAGE, *argv)
+    node = NodePlan(index, host, "docker", workspace, command, env, workspace, secret_names(spec))
+    return replace(node, display=display_line(node))
+
+
+@dataclass(frozen=True)
+class DockerRuntime:
+    """Each node a container of `image`, which brings its own python and torch (see launcher.runtimes.base)."""
+
+    image: str = DEFAULT_IMAGE
+    name: str = "docker"
+    runs_host_torch: bool = False
+
+    def plan_node(self, spec: RunSpec, index: int, host: NodeHost, rdzv_addr: str, workspace: str) -> NodePlan:
+        """Node `index` as a container on `host` (docker_node_plan)."""
+        return docker_node_plan(spec, index, host, rdzv_addr, workspace, self.image)
+
+
+def env_file_text(env: Sequence[tuple[str, str]]) -> str:
+    """`env` in docker's --env-file format: one NAME=VALUE line each, the value verbatim to the end of the line."""
+    return "".join(f"{key}={value}\n" for key, value in env)

@@ -1,0 +1,218 @@
+"""Per-node operations on a host, each one quoted argv over SSH: start torchrun detached, read its state,
+stop it. The workspace layout is docs/contracts.md's "Remote workspace".
+
+A node's environment (NodePlan.env: the user's --env API keys and tokens among it) never goes on a command line,
+where every user of the host could read it in the process table: the start step writes it over SFTP into a 0600
+file in the (0700) workspace, and the node reads it from there and deletes it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from launcher.errors import HostError
+from launcher.planning.plan import NodePlan, native_node_plan
+from launcher.runtimes import proctree
+
+if TYPE_CHECKING:
+    from launcher.planning.plan import NodeHost
+    from launcher.planning.preflight import Runner
+    from launcher.spec.run_spec import RunSpec
+
+
+@dataclass(frozen=True)
+class NativeRuntime:
+    """torchrun started by the host's own python (see launcher.runtimes.base): host versions must agree."""
+
+    name: str = "native"
+    runs_host_torch: bool = True
+
+    def plan_node(self, spec: RunSpec, index: int, host: NodeHost, rdzv_addr: str, workspace: str) -> NodePlan:
+        """Node `index` as torchrun on `host` (launcher.planning.plan.native_node_plan)."""
+        return native_node_plan(spec, index, host, rdzv_addr, workspace)
+
+
+# A native node's environment file in its workspace: one NAME=VALUE line per variable, the value with each
+# backslash doubled and each newline written as \n (see encode_env), which `printf %b` undoes. Nothing in it
+# is ever run as shell text.
+ENV_FILE = "env"
+# How long a native node's process tree gets between SIGTERM and SIGKILL when it is stopped.
+NATIVE_STOP_GRACE_SECONDS = 20
+
+# Starts the node's command in a session of its own (so it outlives the SSH connection), output to a file,
+# stdin from /dev/null, and records its pid, its stop grace and, when it ends, its exit status. Arguments:
+# workspace, cwd (both relative to home or absolute), the environment file's name in the workspace (exported,
+# then deleted; empty: none), the seconds a stop waits before killing, then the command.
+# A fixed script: every value reaches it as a quoted argument, never as shell text.
+DETACH_SCRIPT = r"""
+ws=$1; cwd=$2; envfile=$3; grace=$4; shift 4
+cd "$ws" || { echo "no workspace $ws" >&2; exit 3; }
+ws=$(pwd)
+if [ -n "$envfile" ] && [ ! -f "$envfile" ]; then echo "no environment file $ws/$envfile" >&2; exit 3; fi
+mkdir -p out logs
+rm -f exit_code pid
+echo "$grace" > stop_grace
+setsid sh -c '
+  ws=$1; cwd=$2; envfile=$3; shift 3
+  if [ -n "$envfile" ]; then
+    while IFS= read -r line; do
+      value=$(printf "%bx" "${line#*=}"); export "${line%%=*}=${value%x}"
+    done < "$ws/$envfile"
+    rm -f "$ws/$envfile"
+  fi
+  export PYTHONPATH="$ws/code${PYTHONPATH:+:$PYTHONPATH}"
+  cd "$HOME" && cd "$cwd" && "$@"
+  echo $? > "$ws/exit_code.tmp" && mv "$ws/exit_code.tmp" "$ws/exit_code"
+' ddpctl-node "$ws" "$cwd" "$envfile" "$@" > torchrun.out 2>&1 < /dev/null &
+echo $! > pid
+echo $!
+"""
+
+# Prints `pid|exit_code|alive` then the node's progress record, if any (only global rank 0's node has one).
+STATE_SCRIPT = r"""
+cd "$1" 2>/dev/null || { echo "||gone"; exit 0; }
+pid=$(cat pid 2>/dev/null); ec=$(cat exit_code 2>/dev/null); alive=0
+if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then alive=1; fi
+echo "$pid|$ec|$alive"
+cat out/progress.json 2>/dev/null
+"""
+
+# Stop the node's torchrun and all its workers (launcher/runtimes/proctree.py, whose source this is, plus the
+# workspace's pid file), and record exit status 143 unless the node recorded its own. Arguments: the workspace,
+# the grace in seconds (empty: the one the node recorded at its start), the grace when it recorded none.
+STOP_SCRIPT = Path(proctree.__file__).read_text() + r"""
+import sys
+workspace, grace, fallback = sys.argv[1:4]
+try:
+    os.chdir(os.path.expanduser("~"))
+    os.chdir(workspace)
+    pid = int(open("pid").read())
+except (OSError, ValueError):
+    sys.exit(0)
+if not grace:
+    try:
+        grace = open("stop_grace").read().strip()
+    except OSError:
+        grace = fallback
+stop_tree(pid, float(grace))
+if not os.path.exists("exit_code"):
+    with open("exit_code", "w") as f:
+        f.write("143\n")
+"""
+
+
+class NodeConnection(Protocol):
+    """What starting a node needs of a connection (launcher.transport.ssh.Connection has it)."""
+
+    def run(self, argv: list[str], *, timeout: float | None = None) -> Any: ...
+
+    @property
+    def sftp(self) -> Any: ...
+
+
+def start_argv(node: NodePlan) -> list[str]:
+    """The quoted-argv command that starts a node detached; its environment is in env_file(node), written first."""
+    from launcher.runtimes.docker import NODE_STOP_GRACE_SECONDS
+
+    docker = node.runtime == "docker"  # the wrapper hands the file to `docker run --env-file` itself
+    grace = NODE_STOP_GRACE_SECONDS if docker else NATIVE_STOP_GRACE_SECONDS
+    return ["sh", "-c", DETACH_SCRIPT, "ddpctl-start", node.workspace, node.cwd, "" if docker else ENV_FILE,
+            str(grace), *node.command]
+
+
+def encode_env(env: Sequence[tuple[str, str]]) -> bytes:
+    """ENV_FILE's contents: values may hold anything a command line can (quotes, `$`, newlines, other bytes)."""
+    lines = (f"{key}=" + value.replace("\\", "\\\\").replace("\n", "\\n") + "\n" for key, value in env)
+    return "".join(lines).encode("utf-8", "surrogateescape")
+
+
+def env_file(node: NodePlan) -> tuple[str, bytes]:
+    """The file that carries the node's environment to its host: its name in the workspace, and its bytes."""
+    if node.runtime == "docker":
+        from launcher.runtimes.docker import ENV_FILE as DOCKER_ENV_FILE
+        from launcher.runtimes.docker import env_file_text
+
+        return DOCKER_ENV_FILE, env_file_text(node.env).encode("utf-8", "surrogateescape")
+    return ENV_FILE, encode_env(node.env)
+
+
+def write_env_file(conn: NodeConnection, node: NodePlan) -> None:
+    """Write env_file(node) over SFTP into the node's workspace (which must exist): the workspace is made 0700
+    first, so nobody else can open the file even before its own mode, 0600, is set."""
+    name, data = env_file(node)
+    sftp = conn.sftp
+    sftp.chmod(node.workspace, 0o700)
+    with sftp.open(f"{node.workspace}/{name}", "wb") as f:
+        f.chmod(0o600)
+        f.write(data)
+
+
+@dataclass(frozen=True)
+class NodeState:
+    pid: int | None
+    exit_code: int | None
+    alive: bool
+    progress: dict[str, Any] | None
+
+    @property
+    def finished(self) -> bool:
+        return self.exit_code is not None or (self.pid is not None and not self.alive)
+
+    @property
+    def label(self) -> str:
+        # exit_code first: an exited process can linger as a zombie where nothing reaps orphans.
+        if self.exit_code is not None:
+            return "finished" if self.exit_code == 0 else f"failed (exit {self.exit_code})"
+        if self.alive:
+            return "running"
+        return "not started" if self.pid is None else "lost"
+
+
+def start_node(conn: NodeConnection, node: NodePlan, label: str) -> int:
+    """Write the node's environment file, then start its command detached; return its pid."""
+    try:
+        write_env_file(conn, node)
+    except OSError as e:
+        raise HostError(label, f"could not write the node's environment into {node.workspace}: {e}") from e
+    result = conn.run(start_argv(node), timeout=30)
+    if result.exit_code != 0 or not result.stdout.strip().isdigit():
+        raise HostError(label, f"could not start torchrun: {(result.stderr or result.stdout).strip()[:300]}")
+    return int(result.stdout.strip())
+
+
+def read_state(conn: Runner, workspace: str) -> NodeState:
+    result = conn.run(["sh", "-c", STATE_SCRIPT, "ddpctl-state", workspace], timeout=30)
+    lines = result.stdout.splitlines()
+    pid_s, ec_s, alive_s = (lines[0].split("|") + ["", "", ""])[:3] if lines else ("", "", "")
+    progress = None
+    if len(lines) > 1:
+        try:
+            progress = json.loads("\n".join(lines[1:]))
+        except ValueError:
+            progress = None
+    return NodeState(
+        pid=int(pid_s) if pid_s.isdigit() else None,
+        exit_code=int(ec_s) if ec_s.strip().lstrip("-").isdigit() else None,
+        alive=alive_s == "1",
+        progress=progress,
+    )
+
+
+def stop_node(conn: Runner, workspace: str, python: str = "python3", grace_seconds: float | None = None) -> None:
+    """TERM the node's torchrun tree, KILL what is left after `grace_seconds`, by default the grace the node
+    recorded at its start (longer for a docker node: its wrapper must finish `docker stop` and `docker rm`);
+    `python` is the host's."""
+    from launcher.runtimes.docker import NODE_STOP_GRACE_SECONDS
+
+    grace = "" if grace_seconds is None else str(grace_seconds)
+    conn.run([python, "-c", STOP_SCRIPT, workspace, grace, str(NATIVE_STOP_GRACE_SECONDS)],
+             timeout=max(grace_seconds or 0, NODE_STOP_GRACE_SECONDS) + 30)
+
+
+def log_tail(conn: Runner, workspace: str, lines: int = 20) -> str:
+    """The end of torchrun's output on a node, for failure messages."""
+    result = conn.run(["tail", "-n", str(lines), f"{workspace}/torchrun.out"], timeout=30)
+    return str(result.stdout)

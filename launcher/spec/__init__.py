@@ -1,0 +1,1 @@
+"""What to run: the run spec, torchrun's argv, presets, data sets and hosts as the user typed them."""

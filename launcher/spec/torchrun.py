@@ -1,0 +1,78 @@
+"""torchrun's argument list, built from a RunSpec by pure functions (quoting happens later, at the boundary)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from launcher.spec.run_spec import RunSpec
+
+
+@dataclass(frozen=True)
+class NodeRole:
+    """Where one node sits in the rendezvous and where its files go (paths as seen on that node)."""
+
+    node_rank: int
+    out_dir: str
+    log_dir: str
+    # None for a single-node run: torchrun --standalone then picks a free local port itself.
+    rdzv_addr: str | None = None
+    local_addr: str | None = None
+    data_dir: str | None = None
+    snapshot_dir: str | None = None
+
+
+def trainer_argv(spec: RunSpec, role: NodeRole) -> list[str]:
+    """Our trainer's module and options (what follows torchrun's own options)."""
+    argv = [
+        "-m", "trainer",
+        "--model", spec.model,
+        "--dataset", spec.dataset,
+        "--epochs", str(spec.epochs),
+        "--batch-size", str(spec.batch_size),
+        "--lr", repr(spec.lr),
+        "--save-every", str(spec.save_every),
+        "--seed", str(spec.seed),
+        "--backend", spec.backend,
+        "--out-dir", role.out_dir,
+    ]  # fmt: skip
+    data_dir = role.data_dir or spec.data_dir
+    if data_dir:
+        argv += ["--data-dir", data_dir]
+    if role.snapshot_dir:
+        argv += ["--snapshot-dir", role.snapshot_dir]
+    return argv + list(spec.trainer_args)
+
+
+def torchrun_argv(spec: RunSpec, role: NodeRole) -> list[str]:
+    """The whole command a node runs: `PYTHON -m torch.distributed.run OPTIONS (-m trainer ... | --no-python CMD)`."""
+    argv = [spec.python, "-m", "torch.distributed.run"]
+    if spec.nnodes == 1 and role.rdzv_addr is None:
+        argv += ["--standalone", "--nnodes", "1"]
+    else:
+        if role.rdzv_addr is None:
+            raise ValueError("a multi-node run needs node 0's rendezvous address")
+        argv += [
+            "--nnodes", str(spec.nnodes),
+            "--node-rank", str(role.node_rank),
+            "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"{_bracket(role.rdzv_addr)}:{spec.rdzv_port}",
+            "--rdzv-id", spec.run_id,
+            # Hostname matching decides who hosts the store; behind NAT or with shared hostnames nobody
+            # matches, so say it outright.
+            "--rdzv-conf", f"is_host={1 if role.node_rank == 0 else 0}",
+        ]  # fmt: skip
+        if role.local_addr:
+            argv += ["--local-addr", role.local_addr]
+    argv += [
+        "--nproc-per-node", str(spec.nproc_per_node),
+        "--max-restarts", str(spec.max_restarts),
+        "--log-dir", role.log_dir,
+        "--redirects", "3",
+    ]  # fmt: skip
+    if spec.user_command:
+        return argv + ["--no-python", *spec.user_command]
+    return argv + trainer_argv(spec, role)
+
+
+def _bracket(addr: str) -> str:
+    return f"[{addr}]" if ":" in addr and not addr.startswith("[") else addr

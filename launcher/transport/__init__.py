@@ -1,0 +1,1 @@
+"""Reaching hosts: SSH connections, verified host keys, per-host fan-out and file transfer."""

@@ -1,0 +1,90 @@
+"""The hosts of one run: resolved SSH targets and their (lazily opened, self-reopening) connections."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from launcher.transport.known_hosts import KnownHosts, default_known_hosts_path
+from launcher.transport.parallel import raise_for_errors, run_on_hosts
+from launcher.transport.ssh import Connection, SSHTarget, resolve_target
+
+if TYPE_CHECKING:
+    from launcher.execute.request import UpOptions
+
+
+def target_to_json(target: SSHTarget) -> dict[str, Any]:
+    """What run.json keeps of a host: enough to reconnect later (absolute key paths, never key contents)."""
+    return {"label": target.label, "hostname": target.hostname, "port": target.port, "user": target.user,
+            "identity_files": [os.path.abspath(p) for p in target.identity_files], "proxy_jump": target.proxy_jump}
+
+
+def target_from_json(data: dict[str, Any]) -> SSHTarget:
+    return SSHTarget(label=data["label"], hostname=data["hostname"], port=int(data["port"]), user=data["user"],
+                     identity_files=tuple(data.get("identity_files", ())), proxy_jump=data.get("proxy_jump"))
+
+
+class HostSession:
+    """Connections to a run's hosts, node 0 first. Failing hosts are named together, never one at a time."""
+
+    def __init__(self, targets: list[SSHTarget], options: UpOptions, settings: dict[str, Any] | None = None) -> None:
+        self.targets = targets
+        self.options = options
+        settings = settings or {}
+        known_hosts_file = settings.get("known_hosts_file") or str(default_known_hosts_path())
+        self._known_hosts = KnownHosts(ddpctl_file=Path(known_hosts_file))
+        self._conns = [self._connection(t) for t in targets]
+
+    @classmethod
+    def open(cls, options: UpOptions) -> HostSession:
+        """Resolve every --host and connect to all of them in parallel (host keys verified)."""
+        targets = [resolve_target(h, options.ssh_config, options.identity_file) for h in options.hosts]
+        session = cls(targets, options)
+        try:
+            session.connect_all()
+        except BaseException:
+            session.close()
+            raise
+        return session
+
+    def _connection(self, target: SSHTarget) -> Connection:
+        """The target's connection; -i/--identity-file is tried first, also for targets read back from run.json."""
+        if self.options.identity_file:
+            given = os.path.abspath(os.path.expanduser(self.options.identity_file))
+            target = replace(target, identity_files=tuple(dict.fromkeys((given, *target.identity_files))))
+        return Connection(target, known_hosts=self._known_hosts, accept_new_host_keys=self.options.accept_new_host_keys,
+                          connect_timeout=self.options.connect_timeout, ssh_config=self.options.ssh_config)
+
+    def connect_all(self) -> None:
+        outcomes = run_on_hosts(list(range(len(self._conns))), lambda i: self._conns[i].transport,
+                                timeout=self.options.connect_timeout * 2 + 10, label=self.label_of)
+        raise_for_errors(outcomes, "connect")
+
+    @property
+    def labels(self) -> list[str]:
+        return [t.label for t in self.targets]
+
+    def label_of(self, index: int) -> str:
+        return self.targets[index].label
+
+    def conn(self, index: int) -> Connection:
+        return self._conns[index]
+
+    def drop(self, index: int) -> None:
+        """Forget a broken connection; the next use reconnects."""
+        self._conns[index].close()
+
+    def settings_json(self) -> dict[str, Any]:
+        return {"known_hosts_file": str(self._known_hosts.ddpctl_file), "connect_timeout": self.options.connect_timeout}
+
+    def close(self) -> None:
+        for conn in self._conns:
+            conn.close()
+
+    def __enter__(self) -> HostSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

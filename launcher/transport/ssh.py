@@ -1,0 +1,357 @@
+"""SSH to hosts with paramiko: resolve what the user typed, verify host keys, authenticate, run quoted commands.
+
+Quoting happens in one place, `command_line()`: a remote command is always `shlex.join(argv)` for a POSIX
+login shell. Host keys are checked against ~/.ssh/known_hosts and ddpctl's own file (launcher.transport.known_hosts):
+a host with no entry at all is refused unless the user passed --accept-new-host-keys; a host that presents a
+key other than those pinned for it (of the same type or of another one) or a revoked key is always refused.
+As OpenSSH does, we ask a host first for the key types pinned for it, so one with several keys shows a pinned one.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import re
+import select
+import shlex
+import socket
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import paramiko
+
+from launcher.errors import AuthenticationFailed, DdpctlError, HostError
+from launcher.spec.hosts import HostSpec, parse_host
+from launcher.transport.known_hosts import ACCEPT_FLAG, KnownHosts, KnownKey, fingerprint, host_key_name
+
+DEFAULT_CONNECT_TIMEOUT = 15.0
+KEEPALIVE_S = 15
+_DEFAULT_KEYS = ("id_ed25519", "id_ecdsa", "id_rsa")
+# The host key algorithms that present an `ssh-rsa` key (paramiko 5 has dropped SHA-1 "ssh-rsa" itself).
+_RSA_ALGORITHMS = ("rsa-sha2-512", "rsa-sha2-256", "ssh-rsa")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class SSHTarget:
+    """Where and as whom to connect. `label` is what the user typed; it names the host in every message."""
+
+    label: str
+    hostname: str
+    port: int
+    user: str
+    identity_files: tuple[str, ...] = ()
+    proxy_jump: str | None = None  # OpenSSH ProxyJump text: "[user@]host[:port][,...]"
+
+    @property
+    def key_name(self) -> str:
+        """The name the host's key is filed under in known_hosts files."""
+        return host_key_name(self.hostname, self.port)
+
+
+def resolve_target(host: HostSpec, ssh_config: Path | None = None, identity_file: Path | None = None) -> SSHTarget:
+    """Apply ~/.ssh/config (HostName, User, Port, IdentityFile, ProxyJump) to `host`; explicit values win."""
+    path = ssh_config if ssh_config is not None else Path.home() / ".ssh" / "config"
+    try:
+        config = paramiko.SSHConfig.from_path(str(path)) if path.is_file() else paramiko.SSHConfig()
+        opts: dict[str, Any] = dict(config.lookup(host.hostname))
+    except (OSError, paramiko.SSHException, ValueError) as e:
+        raise DdpctlError(f"cannot read ssh config {path}: {e}") from e
+    # Absolute, so run.json's record of them serves `status`/`pull`/`down` from any working directory.
+    given = [str(identity_file)] if identity_file else []
+    identities = [os.path.abspath(os.path.expanduser(p)) for p in given + opts.get("identityfile", [])]
+    jump = opts.get("proxyjump")
+    try:
+        port = host.port or int(opts.get("port", 22))
+    except ValueError as e:
+        raise DdpctlError(f"ssh config {path}: Port for {host.hostname!r} is not a number") from e
+    return SSHTarget(
+        label=host.label,
+        hostname=opts.get("hostname", host.hostname),
+        port=port,
+        user=host.user or opts.get("user") or getpass.getuser(),
+        identity_files=tuple(dict.fromkeys(identities)),
+        proxy_jump=None if not jump or jump.lower() == "none" else jump,
+    )
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """A finished remote command: its exit code and output (decoded as UTF-8, undecodable bytes replaced)."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+def command_line(argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None) -> str:
+    """The one place remote commands are quoted: `[cd DIR && ]exec [env K=V ...] argv` for a POSIX shell."""
+    if not argv:
+        raise ValueError("empty command")
+    words = list(argv)
+    if env:
+        for key in env:
+            if not _ENV_NAME.match(key):
+                raise DdpctlError(f"environment variable name {key!r} is not valid")
+        words = ["env", *(f"{k}={v}" for k, v in env.items()), *words]
+    line = "exec " + shlex.join(words)
+    return f"cd {shlex.quote(cwd)} && {line}" if cwd else line
+
+
+class Connection:
+    """A lazily opened SSH connection to one target; memoizes its SFTP client. Use as a context manager.
+
+    Thread-safe for concurrent run() calls (each is its own channel). Reopens if the transport died.
+    """
+
+    def __init__(self, target: SSHTarget, *, known_hosts: KnownHosts | None = None,
+                 accept_new_host_keys: bool = False, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+                 allow_agent: bool = True, ssh_config: Path | None = None) -> None:
+        self.target = target
+        self.known_hosts = known_hosts or KnownHosts()
+        self.accept_new_host_keys = accept_new_host_keys
+        self.connect_timeout = connect_timeout
+        self.allow_agent = allow_agent
+        self.ssh_config = ssh_config
+        self._transport: paramiko.Transport | None = None
+        self._sftp: paramiko.SFTPClient | None = None
+        self._jump: Connection | None = None
+        self._lock = threading.Lock()
+
+    # -- public -------------------------------------------------------------------------------------------
+
+    @property
+    def label(self) -> str:
+        return self.target.label
+
+    @property
+    def transport(self) -> paramiko.Transport:
+        """The open transport (connecting, verifying the host key and authenticating on first use)."""
+        with self._lock:
+            if self._transport is None or not self._transport.is_active():
+                self._close_locked()
+                self._transport = self._open()
+            return self._transport
+
+    @property
+    def sftp(self) -> paramiko.SFTPClient:
+        transport = self.transport
+        with self._lock:
+            if self._sftp is None:
+                self._sftp = paramiko.SFTPClient.from_transport(transport)
+                if self._sftp is None:
+                    raise HostError(self.label, "the host refused the SFTP subsystem")
+            return self._sftp
+
+    def run(self, argv: Sequence[str], *, timeout: float | None = None, stdin: bytes | None = None,
+            env: Mapping[str, str] | None = None, cwd: str | None = None) -> CommandResult:
+        """Run argv on the host (quoted by command_line) and wait for it; HostError after `timeout` seconds."""
+        return self._exec(command_line(argv, env=env, cwd=cwd), timeout, stdin, shlex.join(argv))
+
+    def run_shell(self, script: str, *, timeout: float | None = None, stdin: bytes | None = None) -> CommandResult:
+        """Run a shell script verbatim. ONLY for fixed scripts written in our code: never interpolate input."""
+        return self._exec(script, timeout, stdin, script.splitlines()[0] if script else "")
+
+    def open_channel_command(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+                             cwd: str | None = None) -> paramiko.Channel:
+        """Start argv and return its channel for streaming (sendall/shutdown_write, recv, recv_exit_status)."""
+        chan = self._session()
+        chan.exec_command(command_line(argv, env=env, cwd=cwd))
+        return chan
+
+    def check(self, argv: Sequence[str], what: str, **kwargs: Any) -> CommandResult:
+        """run() and raise HostError naming `what` and the command's stderr when it exits non-zero."""
+        result = self.run(argv, **kwargs)
+        if not result.ok:
+            tail = (result.stderr.strip() or result.stdout.strip()).splitlines()[-1:] or ["no output"]
+            raise HostError(self.label, f"{what} failed (exit {result.exit_code}): {tail[0]}")
+        return result
+
+    def close(self) -> None:
+        with self._lock:
+            self._close_locked()
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals ------------------------------------------------------------------------------------------
+
+    def _session(self) -> paramiko.Channel:
+        try:
+            return self.transport.open_session(timeout=self.connect_timeout)
+        except (paramiko.SSHException, EOFError, OSError) as e:
+            raise HostError(self.label, f"cannot open a session: {e or type(e).__name__}") from e
+
+    def _exec(self, line: str, timeout: float | None, stdin: bytes | None, shown: str) -> CommandResult:
+        chan = self._session()
+        out, err = bytearray(), bytearray()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            chan.exec_command(line)
+            if timeout is not None:
+                chan.settimeout(timeout)  # bounds sendall when the command does not read its input
+            if stdin:
+                chan.sendall(stdin)
+            chan.shutdown_write()  # EOF on the remote stdin, so a command reading it does not wait for us
+            while True:
+                if chan.recv_ready():
+                    out += chan.recv(65536)
+                elif chan.recv_stderr_ready():
+                    err += chan.recv_stderr(65536)
+                elif chan.exit_status_ready() and chan.eof_received:
+                    break
+                else:
+                    wait = 0.2 if deadline is None else min(0.2, deadline - time.monotonic())
+                    if wait <= 0:
+                        raise HostError(self.label, f"`{_short(shown)}` did not finish within {timeout:g} s")
+                    select.select([chan], [], [], wait)
+            code = chan.recv_exit_status()
+        except TimeoutError as e:
+            raise HostError(self.label, f"`{_short(shown)}` did not finish within {timeout:g} s") from e
+        except (paramiko.SSHException, EOFError, OSError) as e:
+            raise HostError(self.label, f"connection lost while running `{_short(shown)}`: {e}") from e
+        finally:
+            chan.close()
+        return CommandResult(code, out.decode(errors="replace"), err.decode(errors="replace"))
+
+    def _open(self) -> paramiko.Transport:
+        sock = self._socket()
+        transport = paramiko.Transport(sock)
+        try:
+            known = self.known_hosts.lookup(self.target.key_name)
+            opts = transport.get_security_options()
+            opts.key_types = _pinned_types_first(known, opts.key_types)
+            transport.banner_timeout = self.connect_timeout
+            transport.auth_timeout = self.connect_timeout
+            transport.start_client(timeout=self.connect_timeout)
+            self._verify_host_key(transport.get_remote_server_key(), known)
+            self._authenticate(transport)
+            transport.set_keepalive(KEEPALIVE_S)
+            return transport
+        except BaseException as e:
+            transport.close()
+            if isinstance(e, DdpctlError):
+                raise
+            if isinstance(e, (paramiko.SSHException, EOFError, OSError)):
+                raise HostError(self.label, f"SSH handshake with {self._where()} failed: {e}") from e
+            raise
+
+    def _socket(self) -> socket.socket | paramiko.Channel:
+        t = self.target
+        if t.proxy_jump:
+            hops = t.proxy_jump.split(",")
+            spec = parse_host(hops[-1])
+            jump_target = resolve_target(spec, self.ssh_config)
+            # The user's keys (--identity-file, the target's IdentityFile) also serve the jump host.
+            jump_target = replace(
+                jump_target, proxy_jump=",".join(hops[:-1]) or None,
+                identity_files=tuple(dict.fromkeys(jump_target.identity_files + t.identity_files)))
+            self._jump = Connection(jump_target, known_hosts=self.known_hosts,
+                                    accept_new_host_keys=self.accept_new_host_keys,
+                                    connect_timeout=self.connect_timeout, allow_agent=self.allow_agent,
+                                    ssh_config=self.ssh_config)
+            try:
+                return self._jump.transport.open_channel("direct-tcpip", (t.hostname, t.port), ("127.0.0.1", 0),
+                                                         timeout=self.connect_timeout)
+            except (paramiko.SSHException, OSError) as e:
+                raise HostError(self.label, f"jump host {jump_target.label} cannot reach {self._where()}: "
+                                            f"{e}") from e
+        try:
+            return socket.create_connection((t.hostname, t.port), timeout=self.connect_timeout)
+        except TimeoutError as e:
+            raise HostError(self.label, f"host unreachable within {self.connect_timeout:g} s "
+                                        f"({self._where()})") from e
+        except ConnectionRefusedError as e:
+            raise HostError(self.label, f"connection refused at {self._where()}: is sshd running on that "
+                                        "port?") from e
+        except OSError as e:
+            raise HostError(self.label, f"host unreachable ({self._where()}): {e.strerror or e}") from e
+
+    def _verify_host_key(self, key: paramiko.PKey, known: list[KnownKey]) -> None:
+        """Accept a pinned key; record a new host's key with --accept-new-host-keys; refuse everything else."""
+        name, desc = self.target.key_name, f"{key.get_name()} {fingerprint(key)}"
+        revoked = [k for k in self.known_hosts.revoked(name) if k.holds(key)]
+        if revoked:
+            raise HostError(self.label, f"REVOKED HOST KEY for {name}: it presents {desc}, which {revoked[0].where} "
+                                        "marks @revoked; refusing to connect")
+        if any(k.holds(key) for k in known):
+            return
+        if not known:
+            if not self.accept_new_host_keys:
+                raise HostError(self.label, f"unknown host key for {name} ({desc}); check the fingerprint and "
+                                            f"pass {ACCEPT_FLAG} to trust it")
+            self.known_hosts.record(name, key)
+            return
+        same_type = [k for k in known if k.key_type == key.get_name()]
+        pin = (same_type or known)[0]
+        remove = f"delete that line (`ssh-keygen -R {shlex.quote(name)} -f {shlex.quote(str(pin.path))}`)"
+        if same_type:
+            raise HostError(self.label, f"HOST KEY CHANGED for {name}: it now presents {desc}, but {pin.where} "
+                                        f"holds another key. Possible attack; if the host was really reinstalled, "
+                                        f"{remove} and connect again")
+        raise HostError(self.label, f"HOST KEY TYPE CHANGED for {name}: it presents {desc}, a key of another type, "
+                                    f"while {pin.where} pins its {pin.key_type} key. Possible attack; if the host "
+                                    f"really dropped that key, {remove} and connect again")
+
+    def _authenticate(self, transport: paramiko.Transport) -> None:
+        tried: list[str] = []
+        for path, key in self._keys(tried):
+            try:
+                transport.auth_publickey(self.target.user, key)
+            except paramiko.AuthenticationException:
+                tried.append(path)
+                continue
+            except paramiko.SSHException as e:
+                raise AuthenticationFailed(self.label, f"authentication as {self.target.user} failed: {e}") from e
+            if transport.is_authenticated():
+                return
+        raise AuthenticationFailed(self.label, f"authentication as {self.target.user!r} at {self._where()} failed; "
+                                               f"keys tried: {', '.join(tried) or 'none'} (give one with "
+                                               "--identity-file, IdentityFile in ~/.ssh/config, or ssh-agent)")
+
+    def _keys(self, tried: list[str]) -> Any:
+        """Yield (description, key): identity files (else the default ~/.ssh/id_*), then agent keys."""
+        files = list(self.target.identity_files) or [str(Path.home() / ".ssh" / n) for n in _DEFAULT_KEYS]
+        for path in files:
+            if not os.path.exists(path):
+                if self.target.identity_files:
+                    tried.append(f"{path} (not found)")
+                continue
+            try:
+                yield path, paramiko.PKey.from_path(path)
+            except (paramiko.SSHException, OSError, ValueError) as e:
+                tried.append(f"{path} (unreadable: {e})")
+        if self.allow_agent:
+            for n, key in enumerate(paramiko.Agent().get_keys(), start=1):
+                yield f"agent key {n} ({fingerprint(key)})", key
+
+    def _where(self) -> str:
+        return f"{self.target.hostname}:{self.target.port}"
+
+    def _close_locked(self) -> None:
+        for closable in (self._sftp, self._transport, self._jump):
+            if closable is not None:
+                closable.close()
+        self._sftp = self._transport = self._jump = None
+
+
+def _pinned_types_first(known: list[KnownKey], offered: Sequence[str]) -> tuple[str, ...]:
+    """Host key algorithms to offer, those of the keys pinned for the host first (as OpenSSH orders them)."""
+    pinned = [a for k in known for a in (_RSA_ALGORITHMS if k.key_type == "ssh-rsa" else (k.key_type,))]
+    first = [a for a in dict.fromkeys(pinned) if a in offered]
+    return tuple(first + [a for a in offered if a not in first])
+
+
+def _short(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
