@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Set up ddpctl on this machine: the CPU torch (pinned, so pip never pulls the multi-GB CUDA build), then ddpctl
-# with its training extra. `infra/setup.sh --test` also installs what the test suite needs: OpenSSH (test hosts),
+# Set up ddpctl on this machine: torch (the build infra/torch_choice.py picks: the CPU build from PyTorch's CPU
+# index on a machine without an NVIDIA driver, the CUDA build the driver runs otherwise; `--torch cpu|cuda` and
+# DDPCTL_TORCH_VERSION override), then ddpctl with its training extra. Needs root or sudo where apt must install
+# python3-venv and to link ddpctl into /usr/local/bin.
+# `infra/setup.sh --test` also installs what the test suite needs: OpenSSH (test hosts),
 # iproute2/iptables (network namespaces), Docker's engine, docker-compose 1.29 and Compose v2 (infra/compose_v2.sh),
 # mmdebstrap (offline base image),
 # docker-registry (a local registry for `ddpctl image push` tests).
@@ -9,15 +12,36 @@ cd "$(dirname "$0")/.."
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
-if [ "${1:-}" = "--test" ]; then
+usage="usage: bash infra/setup.sh [--test] [--torch auto|cpu|cuda]"
+with_tests=false
+torch_build=auto
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --test) with_tests=true ;;
+    --torch) [ $# -ge 2 ] || { echo "--torch needs a value: cpu, cuda or auto; $usage" >&2; exit 2; }
+             torch_build=$2; shift ;;
+    --torch=*) torch_build=${1#--torch=} ;;
+    *) echo "unknown option '$1'; $usage" >&2; exit 2 ;;
+  esac
+  shift
+done
+case "$torch_build" in
+  auto|cpu|cuda) ;;
+  *) echo "--torch '$torch_build' is not one of auto, cpu, cuda; $usage" >&2; exit 2 ;;
+esac
+apt_install() {
+  as_root apt-get update -q
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@"
+}
+
+if $with_tests; then
   missing=()
   for pkg in openssh-server openssh-client iproute2 iptables procps docker.io docker-compose mmdebstrap docker-registry; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
   done
   if [ ${#missing[@]} -gt 0 ]; then
     echo "installing system packages: ${missing[*]}"
-    as_root apt-get update -q
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
+    apt_install "${missing[@]}"
   fi
   as_root bash infra/compose_v2.sh  # `docker compose` (v2) beside Debian's docker-compose 1.29
   extras="train,dev"
@@ -28,14 +52,24 @@ fi
 source infra/pick_python.sh
 if [ "$py" != python3 ] && [ ! -x "$py" ]; then
   if ! python3 -c "import ensurepip, venv" 2>/dev/null; then
-    as_root apt-get update -q
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-venv
+    apt_install python3-venv
   fi
   python3 -m venv .venv
 fi
-"$py" -m pip install -q --disable-pip-version-check "torch==${DDPCTL_TORCH_VERSION:-2.13.0}"
+# Three lines: requirement, index URL (empty: pip's own configuration), why. Pip's progress stays visible: the
+# CUDA build is several GB.
+mapfile -t torch_choice < <(python3 infra/torch_choice.py --torch "$torch_build")
+[ ${#torch_choice[@]} -eq 3 ] || exit 2  # torch_choice.py said what was wrong
+index_args=()
+# --extra-index-url: the build is pinned by its local version (+cpu, +cu126), which only that index has; torch's
+# dependencies may come from either (a mirror of PyTorch's index may carry torch alone).
+if [ -n "${torch_choice[1]}" ]; then index_args=(--extra-index-url "${torch_choice[1]}"); fi
+echo "installing ${torch_choice[0]}${torch_choice[1]:+ from ${torch_choice[1]}}"
+"$py" -m pip install --disable-pip-version-check "${index_args[@]}" "${torch_choice[0]}"
 "$py" -m pip install -q --disable-pip-version-check -e ".[$extras]"
 if [ "$py" != python3 ]; then
   as_root ln -sf "$PWD/.venv/bin/ddpctl" /usr/local/bin/ddpctl  # on PATH without activating .venv
 fi
+torch_installed=$("$py" -c 'from importlib.metadata import version; print(version("torch"))')
+echo "torch $torch_installed installed: ${torch_choice[2]}"
 echo "ddpctl set up: $(command -v ddpctl) (python: $("$py" -c 'import sys; print(sys.executable)'))"

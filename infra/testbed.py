@@ -25,6 +25,7 @@ Usable by hand: `python -m infra.testbed start --hosts 3 | list | stop`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -43,6 +44,7 @@ from infra.testbed_host import (  # noqa: F401 - TestHost, TestbedError, SSHD re
     netns_pids,
     process_state,
     read_pid,
+    remove_mounted_tree,
     run_cmd,
     sh,
     shared_python_env,
@@ -55,6 +57,13 @@ STATE_ROOT = Path(os.environ.get("DDPCTL_TESTBED_ROOT", "/tmp/ddpctl-testbed"))
 SUBNET_FMT = "10.231.{idx}"
 HOST_IFACE = "eth0"  # the interface name inside every host's namespace
 _PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{0,7}$")  # short: interface names are limited to 15 characters
+
+# What beds this process started, for a test session's end-of-run check (tests/session_leaks.py). With
+# WATCH_NAMESPACES on, each host's network namespace is also held open by a descriptor: a namespace's identity
+# (its inode) is then not reused once the bed deleted its name, so a process left inside it can still be found.
+STARTED_HERE: list[BedState] = []
+WATCHED_NAMESPACES: dict[str, int] = {}  # namespace name -> open descriptor on it
+WATCH_NAMESPACES = False
 
 
 @dataclass
@@ -97,6 +106,7 @@ class Testbed:
                               owner_start=start_time(owner) if owner else None,
                               bridge=f"{name_prefix}br{idx}", bridge_address=f"{SUBNET_FMT.format(idx=idx)}.1",
                               client_key_path=str(self.dir / "client_ed25519"))
+        STARTED_HERE.append(self.state)
         self._save()
         try:
             self._start_network()
@@ -198,6 +208,8 @@ class Testbed:
     def _create_namespace(self, host: TestHost) -> None:
         peer = f"{self.prefix}{self.idx}p{host.index}"
         sh("ip", "netns", "add", host.netns)
+        if WATCH_NAMESPACES:
+            WATCHED_NAMESPACES[host.netns] = os.open(f"/run/netns/{host.netns}", os.O_RDONLY)
         sh("ip", "link", "add", host.veth, "type", "veth", "peer", "name", peer)
         sh("ip", "link", "set", peer, "netns", host.netns)
         sh("ip", "link", "set", host.veth, "master", self.state.bridge, "up")
@@ -235,8 +247,11 @@ def _teardown_host(host: dict[str, Any]) -> None:
             if proc.returncode == 0 or "lock" not in proc.stderr:
                 break
             time.sleep(0.2)
-    shutil.rmtree(host["home"], ignore_errors=True)
-    shutil.rmtree(host["dir"], ignore_errors=True)
+    # A host's dockerd killed above (its test failed before stopping it) leaves its data root mounted.
+    for tree in (host["home"], host["dir"], f"/run/{host['netns']}-docker"):
+        with contextlib.suppress(TestbedError):
+            remove_mounted_tree(tree)
+        shutil.rmtree(tree, ignore_errors=True)
 
 
 def _teardown_bed(state: BedState) -> None:

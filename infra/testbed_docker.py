@@ -13,14 +13,20 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.testbed_host import TestbedError, TestHost, kill_and_wait, process_state, read_pid
+from infra.testbed_host import (
+    TestbedError,
+    TestHost,
+    kill_and_wait,
+    process_state,
+    read_pid,
+    remove_mounted_tree,
+)
 
 
 @dataclass
@@ -62,8 +68,7 @@ class HostEngine:
         if env.pop("DOCKER_HOST", None) is not None:
             self.host.set_ssh_environment(env)
         for root in (self.data_root, self.exec_root):
-            _unmount_below(root)
-            shutil.rmtree(root, ignore_errors=True)
+            remove_mounted_tree(root)
         Path(self.socket).unlink(missing_ok=True)
 
 
@@ -102,11 +107,3 @@ def start_engine(host: TestHost, timeout: float = 60, insecure_registries: tuple
         time.sleep(0.5)
     host.update_ssh_environment({"DOCKER_HOST": engine.docker_host})
     return engine
-
-
-def _unmount_below(root: str) -> None:
-    """Unmount whatever a killed dockerd left mounted below `root` (deepest first), so it can be removed."""
-    with open("/proc/mounts") as f:
-        points = [line.split()[1] for line in f if line.split()[1].startswith(root.rstrip("/") + "/")]
-    for point in sorted(points, key=len, reverse=True):
-        subprocess.run(["umount", "-l", point], capture_output=True)

@@ -290,3 +290,26 @@ def process_state(pid: int) -> str | None:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return None
+
+
+def mounts_at_or_below(root: str) -> list[str]:
+    """Mount points that are `root` itself or lie below it, as /proc/mounts lists them."""
+    root = root.rstrip("/")
+    with open("/proc/mounts") as f:
+        points = [line.split()[1].replace("\\040", " ") for line in f]
+    return [p for p in points if p == root or p.startswith(root + "/")]
+
+
+def remove_mounted_tree(root: str) -> None:
+    """Unmount `root` and whatever is mounted below it (deepest first), then remove it; raise if anything stays.
+
+    dockerd bind-mounts its data root onto itself (to make it a shared mount) and mounts each layer below it; a
+    stopped or killed dockerd may leave those behind, and a mounted directory cannot be removed.
+    """
+    for point in sorted(mounts_at_or_below(root), key=len, reverse=True):
+        subprocess.run(["umount", "-l", point], capture_output=True)
+    with contextlib.suppress(FileNotFoundError):
+        shutil.rmtree(root)
+    left = mounts_at_or_below(root)
+    if left or os.path.exists(root):
+        raise TestbedError(f"could not remove {root}: still mounted there: {', '.join(left) or 'nothing'}")

@@ -64,14 +64,29 @@ def node_states(result: subprocess.CompletedProcess[str]) -> list[str]:
     return [n["state"] for n in json.loads(result.stdout)["nodes"]]
 
 
-def test_status_and_pull_by_absolute_path_from_another_directory(project: Path, tmp_path: Path) -> None:
+def host_torchrun_out(bed: Testbed, run: Path) -> Path:
+    """The node's torchrun.out in its workspace on the host (whatever torch and torchrun printed: maybe nothing)."""
+    return Path(bed.hosts[0].home, ".ddpctl", "runs", run.name, "torchrun.out")
+
+
+def mark_host_output(bed: Testbed, run: Path, marker: str) -> str:
+    """Append a line of our own to the node's torchrun.out on the host; its whole content after that."""
+    out = host_torchrun_out(bed, run)
+    with open(out, "a") as f:
+        f.write(f"{marker}\n")
+    return out.read_text()
+
+
+def test_status_and_pull_by_absolute_path_from_another_directory(bed: Testbed, project: Path,
+                                                                 tmp_path: Path) -> None:
     run = the_run(project)
     nowhere = tmp_path / "no_known_hosts"  # only the file `up` recorded can vouch for the host
     assert node_states(ddpctl("status", str(run), "--json", cwd=tmp_path, known_hosts=nowhere)) == ["finished"]
+    on_host = mark_host_output(bed, run, "pulled by absolute path")
     (run / "nodes" / "0" / "torchrun.out").unlink()
     pulled = ddpctl("pull", str(run), cwd=tmp_path, known_hosts=nowhere)
     assert pulled.returncode == 0, pulled.stderr
-    assert (run / "nodes" / "0" / "torchrun.out").read_text().strip()
+    assert (run / "nodes" / "0" / "torchrun.out").read_text() == on_host  # the host's file, as it is there now
     assert not nowhere.exists()
 
 
@@ -89,9 +104,10 @@ def test_older_run_json_with_a_relative_known_hosts_path(bed: Testbed, project: 
     assert node_states(status) == ["finished"]
 
 
-def test_identity_file_option_serves_a_reattached_run(project: Path, tmp_path: Path) -> None:
+def test_identity_file_option_serves_a_reattached_run(bed: Testbed, project: Path, tmp_path: Path) -> None:
     """The key `up` used moved away: -i names where it is now, for status, logs, pull and down."""
     run, recorded = the_run(project), project / "keys" / "id"
+    mark_host_output(bed, run, "read with -i keys/id")
     (tmp_path / "keys").mkdir()
     moved = shutil.move(recorded, tmp_path / "keys" / "id")
     try:
@@ -107,6 +123,6 @@ def test_identity_file_option_serves_a_reattached_run(project: Path, tmp_path: P
             if command[0] == "status":
                 assert node_states(result) == ["finished"]
             if command[0] == "logs":
-                assert result.stdout.strip(), "the node's torchrun output"
+                assert result.stdout.splitlines()[-1] == "read with -i keys/id", "the end of the node's output"
     finally:
         shutil.move(moved, recorded)

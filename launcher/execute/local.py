@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from launcher.errors import DdpctlError, SpecError
+from launcher.execute.local_checks import FirstStepWatch
 from launcher.planning.plan import RunPlan
 from launcher.results.progress import RunProgress
 from launcher.results.rundir import RunDir, read_json
@@ -115,9 +116,11 @@ def run_local(plan: RunPlan, run_dir: RunDir, show_progress: bool = True) -> int
         run_dir.event("started", node=0, pid=proc.pid, command=list(node.command))
         progress_file = run_dir.path / "progress.json"
         previous = _stop_on_hangup()
+        first_step = FirstStepWatch(out_path)
         with RunProgress([node.host.label], enabled=show_progress) as progress:
             while proc.poll() is None:
-                progress.update(0, read_json(progress_file), "running")
+                record = read_json(progress_file)
+                progress.update(0, record, first_step.state(record))
                 time.sleep(POLL_SECONDS)
             progress.update(0, read_json(progress_file), "finished" if proc.returncode == 0 else "failed")
     except KeyboardInterrupt:

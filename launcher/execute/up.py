@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from launcher.execute.local import check_local_gpus, check_local_programs, local_gpu_count, run_local
+from launcher.execute.local_checks import check_local_rendezvous
 from launcher.execute.request import UpOptions, UpResult
 from launcher.planning.plan import RunPlan, plan_local
 from launcher.results.rundir import RunDir, read_json
@@ -58,6 +59,7 @@ def check_local_run(spec: RunSpec, run_path: Path | None = None) -> RunPlan:
         check_local_data(spec.dataset, spec.data_dir)
     check_local_gpus(spec.nproc_per_node)
     check_gpus(spec.strategy, spec.devices, spec.nproc_per_node, local_gpu_count(), "this machine")
+    check_local_rendezvous()
     plan = plan_local(spec, str(run_path or Path(spec.run_id).resolve()), cwd=os.getcwd())
     check_local_programs(plan)
     return plan
