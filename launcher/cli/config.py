@@ -65,7 +65,8 @@ def _typed(option: LaunchOption, value: Any, where: str) -> Any:
         want = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
                 "path": "a path (a non-empty string)", "repeated": 'a list of strings, e.g. ["a", "b"]',
                 "choice": "one of " + ", ".join(repr(c) for c in option.choices)}[kind]
-        raise SpecError(f"{where} = {_toml_value(value) if _writable(value) else value!r}: expected {want}")
+        shown = _toml_value(value) if _writable(value) else repr(value)
+        raise SpecError(f"{where} = {shown}: expected {want}")
     if kind == "float":
         return float(value)
     if kind == "path":
