@@ -65,7 +65,8 @@ def up(
     declared = declared_options(up)
     recorded, from_run, env_names = (recorded_launch(values["from_run"], declared) if values["from_run"]
                                      else ({}, None, []))
-    values, given = resolve_values(ctx, {**values, "command": command}, declared, recorded)
+    values, given = resolve_values(ctx, {**values, "command": command or recorded.pop("command", None)}, declared,
+                                   recorded)
     if from_run:
         check_from_env(env_names, values["env"], from_run)
     if values["save_config"] is not None and not values["dry_run"]:
@@ -74,7 +75,9 @@ def up(
     spec = up_spec(values, where)
     # What re-runs it (`up --from`): the options as resolved here (the spec's python and processes per node).
     resolved = {**values, "python": spec.python, "gpus": None if where.auto_gpus else spec.nproc_per_node}
-    record = {"options": recorded_options(resolved, declared), **({"from_run": from_run} if from_run else {})}
+    options = {**recorded_options(resolved, declared), **({"command": list(spec.user_command)} if spec.user_command
+                                                           else {})}
+    record = {"options": options, **({"from_run": from_run} if from_run else {})}
     result = run_up(spec, replace(where, record=record))
     if values["save_config"] is not None:
         save_config(values["save_config"], values, declared)

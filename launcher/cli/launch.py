@@ -192,7 +192,10 @@ def recorded_launch(run_ref: Path, declared: dict[str, LaunchOption]) -> tuple[d
                         "the run again with its options, or with --config")
     options = dict(record.options)
     env_names = options.pop("env_names", [])
+    command = options.pop("command", None)  # the `-- CMD ...` after the options
     values = check_values(options, declared, where)
+    if isinstance(command, list) and all(isinstance(c, str) for c in command):
+        values["command"] = command
     values.setdefault("gpus", run_dir.spec().nproc_per_node)  # what --gpus resolved to on those hosts
     return values, record.run_id, list(env_names)
 

@@ -47,7 +47,8 @@ def up_executor(launch: dict[str, Any], env: list[str], show_progress: bool = Tr
 
         spec = with_env(spec, env_values)
         vast = replace(base.vast, nodes=spec.nnodes) if base.vast else None
-        options = replace(base, runs_dir=runs_dir, hosts=base.hosts[: spec.nnodes], vast=vast, auto_gpus=False)
+        options = replace(base, runs_dir=runs_dir, hosts=base.hosts[: spec.nnodes], vast=vast, auto_gpus=False,
+                          record={"options": entry_options(launch, spec)})
         result = run_up(spec, options)
         if result.exit_code == EXIT_INTERRUPTED:
             raise KeyboardInterrupt
@@ -59,6 +60,15 @@ def up_executor(launch: dict[str, Any], env: list[str], show_progress: bool = Tr
         return result.run_dir
 
     return execute
+
+
+def entry_options(launch: dict[str, Any], spec: RunSpec) -> dict[str, Any]:
+    """What run.json keeps to re-run one entry with `up --from`: the sweep's launch options and the entry's spec."""
+    fields = ("model", "dataset", "data_dir", "epochs", "batch_size", "lr", "seed", "save_every", "max_restarts",
+              "python")
+    return {**{k: v for k, v in launch.items() if k != "host"}, "host": list(launch.get("host", []))[: spec.nnodes],
+            **{k: getattr(spec, k) for k in fields if getattr(spec, k) is not None}, "gpus": spec.nproc_per_node,
+            "trainer_arg": list(spec.trainer_args), "env_names": [name for name, _ in spec.extra_env]}
 
 
 def launch_values(launch: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
