@@ -209,8 +209,9 @@ def _start_sweep(o: dict[str, Any], given: list[str]) -> tuple[Path, dict[str, A
                         f"(got {len(where.hosts)}); a local run has one node")
     spec_options = ("model", "dataset", "data_dir", "epochs", "batch_size", "lr", "seed", "save_every",
                     "max_restarts", "backend")
+    python = o["python"] if o["python"] is not None else default_python(where.provider)
     fields = apply_preset(o["preset"], trainer_args=tuple(trainer_args) or None, extra_env=parse_env(o["env"]),
-                          python=o["python"] or default_python(where.provider), rdzv_port=o["rdzv_port"],
+                          python=python, rdzv_port=o["rdzv_port"],
                           **{k: o[k] for k in spec_options})
     base = RunSpec(run_id="sweep", **fields)
     if where.provider == "local":  # what `up` checks before each local run, checked once before the sweep exists
