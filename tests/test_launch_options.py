@@ -150,3 +150,17 @@ def test_sweep_takes_every_launch_option_of_up() -> None:
                     "--provider", "--gpu-name", "--max-price", "--max-cost", "--disk", "--min-reliability",
                     "--ready-timeout", "--down", "--image", "--runtime", "--host", "--identity-file"}
     assert launch_flags <= flags("sweep") and launch_flags <= flags("up")
+
+
+def test_a_resumed_sweep_asks_for_its_env_values_again(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from launcher.results.sweep import Layout, load_manifest, new_sweep
+    from launcher.spec.run_spec import RunSpec
+
+    base = RunSpec(run_id="sweep", nproc_per_node=1, extra_env=(("API_TOKEN", "s3cret"),))
+    sweep_dir = new_sweep(base, [Layout(1, 1)], tmp_path, launch={"env_names": ["API_TOKEN"], "host": []})
+    assert "s3cret" not in (sweep_dir / "sweep.json").read_text()
+    with pytest.raises(SystemExit):
+        cli.main(["sweep", "--resume", str(sweep_dir)])
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "started with --env API_TOKEN" in err
+    assert load_manifest(sweep_dir)["entries"][0]["status"] == "pending"  # nothing ran, nothing marked failed

@@ -41,7 +41,9 @@ def resolve_values(ctx: typer.Context, values: dict[str, Any], declared: dict[st
         if not typed and name in layered:
             merged[name] = layered[name]
         default = list(option.default) if option.type is list else option.default
-        if merged.get(name) != default and merged.get(name) is not False:  # --no-x asks for what happens anyway
+        if merged.get(name) is False:  # --no-x (or x = false) asks for what happens anyway
+            continue
+        if typed or (name in layered and merged.get(name) != default):  # a file's default value is no request
             given.append(name)
     return merged, given
 

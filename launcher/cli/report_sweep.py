@@ -41,6 +41,10 @@ def up_executor(launch: dict[str, Any], env: list[str], show_progress: bool = Tr
     values given to this invocation, which the entries' specs get back."""
     base = where_options(*launch_values(launch), show_progress=show_progress)
     env_values = parse_env(env)
+    missing = sorted(set(launch.get("env_names") or ()) - {name for name, _ in env_values})
+    if missing:  # before any entry runs, not as the first entry's failure
+        raise SpecError(f"this sweep was started with --env {', '.join(missing)}: sweep.json keeps names only; "
+                        "give the values again with --env NAME=VALUE")
 
     def execute(spec: RunSpec, runs_dir: Path) -> Path:
         from launcher.execute.up import run_up
