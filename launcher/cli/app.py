@@ -4,18 +4,28 @@ from __future__ import annotations
 
 import importlib
 import json
-import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import typer
 
+from launcher.cli.config import config_text, recorded_options
+from launcher.cli.launch import check_from_env, recorded_launch, resolve_values, up_spec, where_options
+from launcher.cli.options import (
+    OUTPUT,
+    RUN_OPTIONS,
+    STRATEGY_OPTIONS,
+    UP_OUTPUT_OPTIONS,
+    UP_WHERE_OPTIONS,
+    VAST_OPTIONS,
+    WHERE_OPTIONS,
+    declared_options,
+    takes_options,
+)
 from launcher.errors import DdpctlError, Interrupted, SpecError
 from launcher.results.progress import console, summary_table
-from launcher.spec.hosts import HostSpec, parse_hosts
-from launcher.spec.run_spec import DEFAULT_RDZV_PORT, RUNTIMES, RunSpec, check_port, new_run_id
-from launcher.spec.validate import check_runs_dir, check_seconds
 
 app = typer.Typer(
     name="ddpctl",
@@ -40,278 +50,50 @@ def _root() -> None:
     """Run PyTorch DDP experiments locally, on SSH hosts or on Vast.ai, and bring back what happened."""
 
 
-# `up --help` groups its ~40 options into these panels.
-RUN, HOSTS, OUTPUT = "Run", "Hosts / SSH", "Output"
-DOCKER, VAST = "Docker (--runtime docker)", "Vast.ai (--provider vast)"
 RUNS_DIR = typer.Option(Path("runs"), "--runs-dir", help="Where run directories live.", rich_help_panel=OUTPUT)
 
 
-def spec_from_options(*, gpus: int, nnodes: int, model: str, dataset: str, data_dir: str | None,
-                      epochs: int, batch_size: int, lr: float, save_every: int, seed: int, max_restarts: int,
-                      name: str | None, command: list[str], python: str, rdzv_port: int,
-                      synthetic_train_size: int | None, synthetic_test_size: int | None,
-                      trainer_arg: list[str], env: list[str],
-                      strategy_options: dict[str, Any] | None = None) -> RunSpec:
-    """Build the validated RunSpec from `up`'s options."""
-    trainer_args: list[str] = []
-    if synthetic_train_size is not None:
-        trainer_args += ["--synthetic-train-size", str(synthetic_train_size)]
-    if synthetic_test_size is not None:
-        trainer_args += ["--synthetic-test-size", str(synthetic_test_size)]
-    trainer_args += trainer_arg
-    extra_env = []
-    for item in env:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SpecError(f"--env {item!r} is not of the form NAME=VALUE")
-        extra_env.append((key, value))
-    return RunSpec(
-        run_id=new_run_id(name, model, dataset),
-        model=model, dataset=dataset, data_dir=data_dir, epochs=epochs, batch_size=batch_size, lr=lr,
-        save_every=save_every, seed=seed, max_restarts=max_restarts, nproc_per_node=gpus, nnodes=nnodes,
-        user_command=tuple(command), trainer_args=tuple(trainer_args), python=python, rdzv_port=rdzv_port,
-        extra_env=tuple(sorted(extra_env)), **(strategy_options or {}),
-    )  # fmt: skip
-
-
-# Issue 14: the parallel strategy and its options (one block, shared by `up` and `sweep`).
-STRATEGY = "Strategy"
-STRATEGY_HELP = ("ddp (torchrun), spawn, dp, mp, ddp-mp, hogwild or local-sgd; --gpus stays the processes / GPUs "
-                 "to use (README: Strategies).")
-DEVICES_HELP = "dp, mp, ddp-mp: devices, e.g. cpu,cpu or cuda:0,cuda:1 (default: the GPUs)."
-THREADS_HELP = "Intra-op threads per process (default: the node's cores / its processes)."
-AVERAGE_HELP = "local-sgd: average parameters every N steps, each 'epoch' (default) or at the 'end'."
-PRECISION_HELP = "fp32 (default) or bf16 (autocast)."
-
-
-def strategy_fields(strategy: str | None, devices: str | None, threads_per_process: int | None,
-                    average_every: str | None, precision: str | None) -> dict[str, Any]:
-    """RunSpec fields of the strategy options the user gave (RunSpec validates them)."""
-    given = {"strategy": strategy, "devices": devices, "threads_per_process": threads_per_process,
-             "average_every": average_every, "precision": precision}
-    return {key: value for key, value in given.items() if value is not None}
-
-
 @app.command(context_settings={"allow_interspersed_args": False})
+@takes_options(RUN_OPTIONS, STRATEGY_OPTIONS, WHERE_OPTIONS, UP_WHERE_OPTIONS, VAST_OPTIONS, UP_OUTPUT_OPTIONS)
 def up(
     ctx: typer.Context,
     command: list[str] | None = typer.Argument(None, help="After `--`: your own command to run under torchrun."),
-    gpus: int | None = typer.Option(None, "--gpus", help="Processes per node (default: the node's GPUs, or 2 on CPU).",
-        rich_help_panel=RUN),
-    host: list[str] = typer.Option([], "--host", help=r"\[user@]host[:port] or ssh alias; repeat, node 0 first.",
-        rich_help_panel=HOSTS),
-    model: str = typer.Option("mnist-cnn", help="mnist-cnn, mnist-cnn-small (write-up 5) or resnet18.",
-        rich_help_panel=RUN),
-    dataset: str = typer.Option("synthetic", help="synthetic, mnist or cifar10.", rich_help_panel=RUN),
-    data_dir: str | None = typer.Option(None, help="Folder holding the data set files.", rich_help_panel=RUN),
-    epochs: int = typer.Option(3, help="Epochs to train.", rich_help_panel=RUN),
-    batch_size: int = typer.Option(32, help="Batch size per process.", rich_help_panel=RUN),
-    lr: float = typer.Option(0.01, help="SGD learning rate.", rich_help_panel=RUN),
-    save_every: int = typer.Option(1, help="Snapshot every N epochs.", rich_help_panel=RUN),
-    seed: int = typer.Option(0, help="Seed for data order, initial weights and synthetic data.", rich_help_panel=RUN),
-    max_restarts: int = typer.Option(0, help="torchrun restarts after a worker fails (resume from snapshots).",
-        rich_help_panel=RUN),
-    name: str | None = typer.Option(None, help="Run name (letters, digits, . _ -); an id is derived from it.",
-        rich_help_panel=RUN),
-    runs_dir: Path = RUNS_DIR,
-    json_out: bool = typer.Option(False, "--json", help="Print the final summary as JSON on stdout.",
-        rich_help_panel=OUTPUT),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print what each node would run; change nothing.",
-        rich_help_panel=OUTPUT),
-    runtime: str = typer.Option("native", help="native, docker or auto (on SSH hosts).", rich_help_panel=RUN),
-    image: str | None = typer.Option(None, help="The image to run: with --runtime docker (or auto), a local image "
-                                     "shipped to the hosts (default ddpctl:latest); with --provider vast, the "
-                                     "registry reference each machine starts from (required; `ddpctl image push`).",
-        rich_help_panel=DOCKER),
-    registry: str | None = typer.Option(None, help="With --runtime docker (or auto): hosts pull this image "
-                                        "reference instead of receiving the local --image.", rich_help_panel=DOCKER),
-    python: str | None = typer.Option(None, help="The Python that runs torchrun, on the hosts (default python3) "
-                                                  "or here (default: the one running ddpctl), e.g. a venv's "
-                                                  "bin/python.", rich_help_panel=RUN),
-    identity_file: Path | None = typer.Option(None, "--identity-file", "-i", help="SSH private key.",
-        rich_help_panel=HOSTS),
-    accept_new_host_keys: bool = typer.Option(False, help="Trust and record unknown host keys (never changed ones).",
-        rich_help_panel=HOSTS),
-    connect_timeout: float = typer.Option(10.0, help="Seconds to wait for each SSH connection.", rich_help_panel=HOSTS),
-    rdzv_addr: str | None = typer.Option(None, help="Node 0's address as the other nodes reach it.",
-        rich_help_panel=HOSTS),
-    rdzv_port: int | None = typer.Option(None, help="Rendezvous port on node 0 \\[default: 29400, or a free one].",
-        rich_help_panel=HOSTS),
-    detach: bool = typer.Option(False, help="Start the run on the hosts and return; follow with status/logs.",
-        rich_help_panel=HOSTS),
-    allow_public_rendezvous: bool = typer.Option(
-        False, help="Allow node 0's rendezvous on a public address (only behind a firewall: it is unauthenticated).",
-        rich_help_panel=HOSTS),
-    stall_timeout: float = typer.Option(
-        0.0, "--stall-timeout", help="Hosts: stop every node and pull when no training step was seen for this many "
-        "seconds (a hung collective); 0: only note it after 300 s.", rich_help_panel=HOSTS),
-    synthetic_train_size: int | None = typer.Option(None, help="Synthetic data set: training samples.",
-        rich_help_panel=RUN),
-    synthetic_test_size: int | None = typer.Option(None, help="Synthetic data set: test samples.", rich_help_panel=RUN),
-    trainer_arg: list[str] = typer.Option([], "--trainer-arg", help="Extra option passed to the trainer.", hidden=True,
-        rich_help_panel=RUN),
-    env: list[str] = typer.Option([], "--env", help="NAME=VALUE set for torchrun on every node; repeat.",
-        rich_help_panel=RUN),
-    provider: str | None = typer.Option(None, help="local, ssh or vast \\[default: ssh with --host, else local].",
-        rich_help_panel=RUN),
-    nodes: int = typer.Option(1, "--nodes", help="Vast.ai: machines to rent (one torchrun node each).",
-        rich_help_panel=VAST),
-    gpu_name: str | None = typer.Option(None, "--gpu-name", help='Vast.ai: GPU model, e.g. "RTX 3080".',
-        rich_help_panel=VAST),
-    max_price: float | None = typer.Option(None, "--max-price", help="Vast.ai: most $/hour per machine.",
-        rich_help_panel=VAST),
-    min_reliability: float = typer.Option(0.95, "--min-reliability", help="Vast.ai: least reliability, 0..1.",
-        rich_help_panel=VAST),
-    disk: float = typer.Option(32.0, "--disk", help="Vast.ai: disk per machine, GB.", rich_help_panel=VAST),
-    down: bool = typer.Option(False, "--down", help="Vast.ai: destroy the machines once results are verified.",
-        rich_help_panel=VAST),
-    max_cost: float | None = typer.Option(None, "--max-cost", help="Vast.ai: stop, pull and destroy before the "
-                                          "run's spend passes this many USD.", rich_help_panel=VAST),
-    max_cost_reserve: float = typer.Option(120.0, "--max-cost-reserve", hidden=True,
-                                           help="Seconds of spend --max-cost keeps for the final pull and teardown.",
-        rich_help_panel=VAST),
-    ready_timeout: float = typer.Option(900.0, "--ready-timeout", help="Vast.ai: seconds for a machine to start.",
-        rich_help_panel=VAST),
-    strategy: str = typer.Option("ddp", "--strategy", help=STRATEGY_HELP, rich_help_panel=STRATEGY),
-    devices: str | None = typer.Option(None, "--devices", help=DEVICES_HELP, rich_help_panel=STRATEGY),
-    threads_per_process: int | None = typer.Option(None, "--threads-per-process", help=THREADS_HELP,
-        rich_help_panel=STRATEGY),
-    average_every: str | None = typer.Option(None, "--average-every", help=AVERAGE_HELP, rich_help_panel=STRATEGY),
-    precision: str = typer.Option("fp32", "--precision", help=PRECISION_HELP, rich_help_panel=STRATEGY),
+    **values: Any,
 ) -> None:
     """Launch a DDP training run and follow it to the end."""
-    from launcher.execute.local import default_local_procs, default_python
-    from launcher.execute.request import UpOptions
     from launcher.execute.up import run_up
 
-    if runtime not in RUNTIMES:
-        raise SpecError(f"--runtime {runtime!r}: choose one of {', '.join(RUNTIMES)}")
-    hosts = parse_hosts(host)
-    # Values first, then whether the options fit where the run goes.
-    if stall_timeout < 0 or not math.isfinite(stall_timeout):
-        raise SpecError(f"--stall-timeout {stall_timeout:g}: give seconds >= 0 (0 turns it off)")
-    check_seconds(connect_timeout, "--connect-timeout")
-    if rdzv_port is not None:
-        check_port(rdzv_port)
-    from launcher.runtimes.image import check_reference
-
-    if image is not None:
-        check_reference(image, "--image")
-    if registry is not None:
-        check_reference(registry, "--registry")
-    provider = provider or ("ssh" if hosts else "local")
-    _check_options_fit(provider, hosts, runtime, _given(ctx))
-    vast = _vast_request(provider, nodes=nodes, gpu_name=gpu_name, max_price=max_price,
-                         min_reliability=min_reliability, disk=disk, down=down, max_cost=max_cost,
-                         max_cost_reserve_s=max_cost_reserve, ready_timeout=ready_timeout)
-    if stall_timeout and detach:
-        raise SpecError("--stall-timeout acts while `up` follows the run: drop --detach, or stop a stalled run "
-                        "with `ddpctl down`")
-    if command and provider != "local":
-        from launcher.transport.sync import check_ship_dir
-
-        check_ship_dir(Path.cwd())
-    if runtime == "docker" and not hosts:
-        raise SpecError("--runtime docker needs --host (locally, use `docker compose up`)")
-    check_runs_dir(runs_dir)
-    spec = spec_from_options(
-        gpus=gpus if gpus is not None else (1 if hosts or vast else default_local_procs()),
-        nnodes=vast.nodes if vast else max(1, len(hosts)), model=model, dataset=dataset, data_dir=data_dir,
-        epochs=epochs, batch_size=batch_size, lr=lr, save_every=save_every, seed=seed, max_restarts=max_restarts,
-        name=name,
-        command=command or [], python=python if python is not None else default_python(provider),
-        rdzv_port=DEFAULT_RDZV_PORT if rdzv_port is None else rdzv_port,
-        synthetic_train_size=synthetic_train_size, synthetic_test_size=synthetic_test_size, trainer_arg=trainer_arg,
-        env=env, strategy_options=strategy_fields(strategy, devices, threads_per_process, average_every, precision),
-    )  # fmt: skip
-    options = UpOptions(
-        runs_dir=runs_dir, hosts=hosts, runtime=runtime, show_progress=not json_out, dry_run=dry_run,
-        detach=detach, allow_public_rendezvous=allow_public_rendezvous,
-        identity_file=identity_file, accept_new_host_keys=accept_new_host_keys,
-        connect_timeout=connect_timeout, rdzv_addr=rdzv_addr, image=image,
-        registry=registry, auto_gpus=gpus is None and (bool(hosts) or vast is not None),
-        auto_rdzv_port=rdzv_port is None, provider=provider, vast=vast, stall_timeout=stall_timeout,
-    )  # fmt: skip
-    result = run_up(spec, options)
-    finish_up(result, json_out)
+    declared = declared_options(up)
+    recorded, from_run, env_names = (recorded_launch(values["from_run"], declared) if values["from_run"]
+                                     else ({}, None, []))
+    values, given = resolve_values(ctx, {**values, "command": command or recorded.pop("command", None)}, declared,
+                                   recorded)
+    if from_run:
+        check_from_env(env_names, values["env"], from_run)
+    if values["save_config"] is not None and not values["dry_run"]:
+        raise SpecError("--save-config writes the options of a run that is not started: add --dry-run")
+    where = where_options(values, given, show_progress=not values["json_out"], dry_run=values["dry_run"])
+    spec = up_spec(values, where)
+    # What re-runs it (`up --from`): the options as resolved here (the spec's python and processes per node).
+    resolved = {**values, "python": spec.python, "gpus": None if where.auto_gpus else spec.nproc_per_node}
+    options = {**recorded_options(resolved, declared), **({"command": list(spec.user_command)} if spec.user_command
+                                                           else {})}
+    record = {"options": options, **({"from_run": from_run} if from_run else {})}
+    result = run_up(spec, replace(where, record=record))
+    if values["save_config"] is not None:
+        save_config(values["save_config"], values, declared)
+    finish_up(result, values["json_out"])
 
 
-# `up` options that only --provider vast reads, and those a run on this machine has no use for.
-VAST_ONLY = ("nodes", "gpu_name", "max_price", "min_reliability", "disk", "down", "max_cost", "max_cost_reserve",
-             "ready_timeout")
-NOT_LOCAL = ("detach", "stall_timeout", "identity_file", "accept_new_host_keys", "connect_timeout", "rdzv_addr",
-             "rdzv_port", "allow_public_rendezvous")
+def save_config(path: Path, values: dict[str, Any], declared: dict[str, Any]) -> None:
+    """Write `values` as a --config file (atomically: all of it or nothing)."""
+    from launcher.results.rundir import write_bytes_atomic
 
-
-def _given(ctx: typer.Context) -> list[str]:
-    """The options the user typed (not defaults), as their flags (`--max-price`), in the command's order."""
-    flags = []
-    for param in ctx.command.params:
-        source = ctx.get_parameter_source(param.name or "")
-        if param.param_type_name != "option" or source is None or source.name in ("DEFAULT", "DEFAULT_MAP"):
-            continue
-        if ctx.params.get(param.name or "") is False:  # --no-detach and the like ask for what happens anyway
-            continue
-        flags.append(max(param.opts, key=len))
-    return flags
-
-
-def _flags(names: tuple[str, ...]) -> set[str]:
-    return {"--" + name.replace("_", "-") for name in names}
-
-
-def _check_options_fit(provider: str, hosts: tuple[HostSpec, ...], runtime: str, given: list[str]) -> None:
-    """Refuse options the chosen provider and runtime would silently ignore, and providers that lack hosts."""
-    if provider not in ("local", "ssh", "vast"):
-        raise SpecError(f"--provider {provider!r}: choose local, ssh or vast")
-    if provider == "ssh" and not hosts:
-        raise SpecError("--provider ssh needs --host (one per node)")
-    if provider != "ssh" and hosts:
-        raise SpecError(f"--host is for --provider ssh, not {provider}")
-    vast_only = [flag for flag in given if flag in _flags(VAST_ONLY)]
-    if provider != "vast" and vast_only:
-        raise SpecError(f"{_listed(vast_only, 'is', 'are')} for --provider vast only: add --provider vast to rent "
-                        f"machines, or drop {_it(vast_only)}")
-    if provider == "vast":
-        if runtime != "native":
-            raise SpecError("on Vast.ai our image is the machine: the run is native there (drop --runtime)")
-        if "--registry" in given:
-            raise SpecError("with --provider vast, --image is the registry reference each machine starts from: "
-                            "drop --registry")
-        return
-    image_flags = [flag for flag in given if flag in ("--image", "--registry")]
-    if provider == "local":
-        not_local = [flag for flag in given if flag in _flags(NOT_LOCAL)] + image_flags
-        if not_local:
-            foreground = " (a local run stays in the foreground until it ends or Ctrl-C)" if "--detach" in given else ""
-            raise SpecError(f"{_listed(not_local, 'has', 'have')} no effect on a run on this machine{foreground}: "
-                            f"{_listed(['it'] if len(not_local) == 1 else ['they'], 'is', 'are')} for runs on "
-                            f"--host or --provider vast; drop {_it(not_local)}")
-    elif runtime == "native" and image_flags:
-        raise SpecError(f"{_listed(image_flags, 'names', 'name')} the image of --runtime docker: add --runtime docker "
-                        f"(or auto), or drop {_it(image_flags)} for a native run")
-
-
-def _listed(flags: list[str], singular: str, plural: str) -> str:
-    """`--a is`, `--a and --b are`, `--a, --b and --c are`."""
-    names = ", ".join(flags[:-1]) + (" and " if len(flags) > 1 else "") + flags[-1]
-    return f"{names} {singular if len(flags) == 1 else plural}"
-
-
-def _it(flags: list[str]) -> str:
-    return "it" if len(flags) == 1 else "them"
-
-
-def _vast_request(provider: str, **vast_options: Any) -> Any:
-    """The VastRequest for --provider vast (None for the others)."""
-    if provider != "vast":
-        return None
-    for name, value in vast_options.items():
-        if isinstance(value, float) and not math.isfinite(value):
-            raise SpecError(f"--{name.replace('_', '-').removesuffix('-s')} {value}: give a finite number")
-    from launcher.providers.vast.request import VastRequest
-
-    return VastRequest(**vast_options)
+    try:
+        write_bytes_atomic(path, config_text(values, declared).encode())
+    except OSError as e:
+        raise SpecError(f"--save-config {path}: cannot write it ({e.strerror})") from None
+    print(f"options written to {path}", file=sys.stderr)
 
 
 def finish_up(result: Any, json_out: bool) -> None:

@@ -5,13 +5,29 @@ Errors are DdpctlError and are turned into one line by the CLI's edge (launcher/
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from launcher.cli.app import AVERAGE_HELP, DEVICES_HELP, PRECISION_HELP, THREADS_HELP
+from launcher.cli.config import check_values, recorded_options
+from launcher.cli.launch import parse_env, where_options, with_env
+from launcher.cli.options import (
+    AVERAGE_HELP,
+    DEVICES_HELP,
+    OUTPUT,
+    PRECISION_HELP,
+    RUN,
+    STRATEGY,
+    THREADS_HELP,
+    VAST_OPTIONS,
+    WHERE_OPTIONS,
+    flag_of,
+    takes_options,
+)
 from launcher.errors import Interrupted, SpecError
+from launcher.execute.local import default_python
 from launcher.results.sweep import (
     SCALE_LR_MODES,
     Execute,
@@ -25,33 +41,33 @@ from launcher.results.sweep import (
     run_sweep,
     strategy_spec,
 )
-from launcher.spec.hosts import parse_host, parse_hosts
 from launcher.spec.presets import apply_preset, get_preset
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.strategies import DEVICE_STRATEGIES, STRATEGIES
-from launcher.spec.validate import check_runs_dir, check_seconds
 
 EXIT_INTERRUPTED = 130
 
 
-def up_executor(launch: dict[str, Any], show_progress: bool = True) -> Execute:
-    """The sweep's way to run one entry: `ddpctl up` on the first spec.nnodes of the sweep's hosts (or locally).
+def up_executor(launch: dict[str, Any], env: list[str], show_progress: bool = True) -> Execute:
+    """The sweep's way to run one entry: `ddpctl up` on the first spec.nnodes of the sweep's hosts (or locally,
+    or on spec.nnodes rented machines).
 
-    `launch` is the manifest's record of where and how (hosts, runtime, SSH settings)."""
-    hosts = tuple(parse_host(h) for h in launch.get("hosts", []))
-    identity = launch.get("identity_file")
+    `launch` is the manifest's record of where and how (the launch options, --env by name only); `env` the --env
+    values given to this invocation, which the entries' specs get back."""
+    base = where_options(*launch_values(launch), show_progress=show_progress)
+    env_values = parse_env(env)
+    missing = sorted(set(launch.get("env_names") or ()) - {name for name, _ in env_values})
+    if missing:  # before any entry runs, not as the first entry's failure
+        raise SpecError(f"this sweep was started with --env {', '.join(missing)}: sweep.json keeps names only; "
+                        "give the values again with --env NAME=VALUE")
 
     def execute(spec: RunSpec, runs_dir: Path) -> Path:
-        from launcher.execute.request import UpOptions
         from launcher.execute.up import run_up
 
-        options = UpOptions(
-            runs_dir=runs_dir, hosts=hosts[: spec.nnodes], runtime=str(launch.get("runtime", "native")),
-            show_progress=show_progress, identity_file=Path(identity) if identity else None,
-            accept_new_host_keys=bool(launch.get("accept_new_host_keys", False)),
-            connect_timeout=float(launch.get("connect_timeout", 10.0)), rdzv_addr=launch.get("rdzv_addr"),
-            image=launch.get("image"),
-        )  # fmt: skip
+        spec = with_env(spec, env_values)
+        vast = replace(base.vast, nodes=spec.nnodes) if base.vast else None
+        options = replace(base, runs_dir=runs_dir, hosts=base.hosts[: spec.nnodes], vast=vast, auto_gpus=False,
+                          record={"options": entry_options(launch, spec)})
         result = run_up(spec, options)
         if result.exit_code == EXIT_INTERRUPTED:
             raise KeyboardInterrupt
@@ -63,6 +79,27 @@ def up_executor(launch: dict[str, Any], show_progress: bool = True) -> Execute:
         return result.run_dir
 
     return execute
+
+
+def entry_options(launch: dict[str, Any], spec: RunSpec) -> dict[str, Any]:
+    """What run.json keeps to re-run one entry with `up --from`: the sweep's launch options and the entry's spec."""
+    fields = ("model", "dataset", "data_dir", "epochs", "batch_size", "lr", "seed", "save_every", "max_restarts",
+              "python")
+    return {**{k: v for k, v in launch.items() if k != "host"}, "host": list(launch.get("host", []))[: spec.nnodes],
+            **{k: getattr(spec, k) for k in fields if getattr(spec, k) is not None}, "gpus": spec.nproc_per_node,
+            "trainer_arg": list(spec.trainer_args), "env_names": [name for name, _ in spec.extra_env]}
+
+
+def launch_values(launch: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The launch options a sweep manifest records, over the declared defaults (manifests written before the
+    option layer name the hosts `hosts`), and the names set; --env comes back empty (names only are kept)."""
+    declared = {o.name: o for block in (WHERE_OPTIONS, VAST_OPTIONS) for o in block}
+    recorded = {("host" if k == "hosts" else k): v for k, v in launch.items() if v is not None and k != "env_names"}
+    values = {name: list(o.default) if o.type is list else o.default for name, o in declared.items()}
+    values.update(check_values(recorded, declared, "sweep.json: launch"), runs_dir=Path("runs"))
+    given = [name for name, o in declared.items() if values[name] != (list(o.default) if o.type is list
+                                                                       else o.default) and values[name] is not False]
+    return values, given
 
 
 def report_command(
@@ -99,61 +136,64 @@ def _print_table(rows: Any) -> None:
     Console().print(render_terminal(rows))
 
 
+@takes_options(WHERE_OPTIONS, VAST_OPTIONS)
 def sweep_command(
+    ctx: typer.Context,
     gpus: str | None = typer.Option(None, "--gpus", help="Processes per node to sweep, e.g. 1,2,4 "
-                                    "(default: the preset's)."),
-    nodes: str | None = typer.Option(None, "--nodes", help="Node counts to sweep, e.g. 1,2 (default 1)."),
+                                    "(default: the preset's).", rich_help_panel=RUN),
+    nodes: str | None = typer.Option(None, "--nodes", help="Node counts to sweep, e.g. 1,2 (default 1).",
+                                     rich_help_panel=RUN),
     preset: str | None = typer.Option(None, "--preset", help="mnist, mnist-spawn, mnist-dp-mp, "
-                                        "cifar10-resnet18 or mnist-cpu (README: Reproducing the write-ups)."),
+                                      "cifar10-resnet18 or mnist-cpu (README: Reproducing the write-ups).",
+                                      rich_help_panel=RUN),
     scale_lr: str | None = typer.Option(None, "--scale-lr", help="none (default), linear or sqrt: scale lr "
-                                        "with the world size over the smallest one."),
-    resume: Path | None = typer.Option(None, "--resume", help="Continue the sweep in this directory."),
-    model: str | None = typer.Option(None, "--model", help="mnist-cnn, mnist-cnn-small (write-up 5) or resnet18."),
-    dataset: str | None = typer.Option(None, "--dataset", help="synthetic, mnist or cifar10."),
-    data_dir: str | None = typer.Option(None, "--data-dir", help="Folder holding the data set files."),
-    epochs: int | None = typer.Option(None, "--epochs"),
-    batch_size: int | None = typer.Option(None, "--batch-size", help="Per process."),
-    lr: float | None = typer.Option(None, "--lr", help="Learning rate at the smallest world size."),
-    seed: int | None = typer.Option(None, "--seed"),
-    save_every: int | None = typer.Option(None, "--save-every", help="Snapshot every N epochs."),
-    max_restarts: int | None = typer.Option(None, "--max-restarts"),
-    backend: str | None = typer.Option(None, "--backend", help="auto, nccl or gloo."),
-    python: str | None = typer.Option(None, "--python",
-                                      help="Python on the hosts (default python3), or here (default: ddpctl's)."),
-    synthetic_train_size: int | None = typer.Option(None, "--synthetic-train-size"),
-    synthetic_test_size: int | None = typer.Option(None, "--synthetic-test-size"),
-    host: list[str] | None = typer.Option(None, "--host", help="[user@]host[:port]; repeat, node 0 first."),
-    runtime: str | None = typer.Option(None, "--runtime", help="native, docker or auto (on hosts)."),
-    image: str | None = typer.Option(None, "--image", help="Image for --runtime docker."),
-    identity_file: Path | None = typer.Option(None, "--identity-file", "-i", help="SSH private key."),
-    accept_new_host_keys: bool = typer.Option(False, "--accept-new-host-keys",
-                                              help="Trust and record unknown host keys (never changed ones)."),
-    connect_timeout: float | None = typer.Option(None, "--connect-timeout"),
-    rdzv_addr: str | None = typer.Option(None, "--rdzv-addr", help="Node 0's address as the other nodes reach it."),
-    runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="The sweep directory goes under here."),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show each run's progress."),
-    # Issue 14: strategy options (one block; the help texts are `up`'s).
+                                        "with the world size over the smallest one.", rich_help_panel=RUN),
+    resume: Path | None = typer.Option(None, "--resume", help="Continue the sweep in this directory.",
+                                       rich_help_panel=OUTPUT),
+    model: str | None = typer.Option(None, "--model", help="mnist-cnn, mnist-cnn-small (write-up 5) or resnet18.",
+                                     rich_help_panel=RUN),
+    dataset: str | None = typer.Option(None, "--dataset", help="synthetic, mnist or cifar10.", rich_help_panel=RUN),
+    data_dir: str | None = typer.Option(None, "--data-dir", help="Folder holding the data set files.",
+                                        rich_help_panel=RUN),
+    epochs: int | None = typer.Option(None, "--epochs", rich_help_panel=RUN),
+    batch_size: int | None = typer.Option(None, "--batch-size", help="Per process.", rich_help_panel=RUN),
+    lr: float | None = typer.Option(None, "--lr", help="Learning rate at the smallest world size.",
+                                    rich_help_panel=RUN),
+    seed: int | None = typer.Option(None, "--seed", rich_help_panel=RUN),
+    save_every: int | None = typer.Option(None, "--save-every", help="Snapshot every N epochs.", rich_help_panel=RUN),
+    max_restarts: int | None = typer.Option(None, "--max-restarts", rich_help_panel=RUN),
+    backend: str | None = typer.Option(None, "--backend", help="auto, nccl or gloo.", rich_help_panel=RUN),
+    synthetic_train_size: int | None = typer.Option(None, "--synthetic-train-size", rich_help_panel=RUN),
+    synthetic_test_size: int | None = typer.Option(None, "--synthetic-test-size", rich_help_panel=RUN),
+    runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="The sweep directory goes under here.",
+                                  rich_help_panel=OUTPUT),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show each run's progress.",
+                                  rich_help_panel=OUTPUT),
+    # Issue 14: strategy options (the help texts are `up`'s, from launcher/cli/options.py).
     strategy: str | None = typer.Option(None, "--strategy", help="Strategies to compare, e.g. ddp,hogwild,local-sgd "
-                                        "(default: the preset's, else ddp)."),
-    devices: str | None = typer.Option(None, "--devices", help=DEVICES_HELP),
-    threads_per_process: int | None = typer.Option(None, "--threads-per-process", help=THREADS_HELP),
-    average_every: str | None = typer.Option(None, "--average-every", help=AVERAGE_HELP),
-    precision: str | None = typer.Option(None, "--precision", help=PRECISION_HELP),
+                                        "(default: the preset's, else ddp).", rich_help_panel=STRATEGY),
+    devices: str | None = typer.Option(None, "--devices", help=DEVICES_HELP, rich_help_panel=STRATEGY),
+    threads_per_process: int | None = typer.Option(None, "--threads-per-process", help=THREADS_HELP,
+                                                   rich_help_panel=STRATEGY),
+    average_every: str | None = typer.Option(None, "--average-every", help=AVERAGE_HELP, rich_help_panel=STRATEGY),
+    precision: str | None = typer.Option(None, "--precision", help=PRECISION_HELP, rich_help_panel=STRATEGY),
+    **launch_options: Any,
 ) -> None:
     """Run one experiment per process layout, one after another, then write the scaling report."""
-    options = dict(locals())
+    options = {**{k: v for k, v in locals().items() if k not in ("ctx", "launch_options")}, **launch_options}
+    typed = typed_here(ctx, list(options))
     if resume is not None:
-        # Everything about the experiment and where it runs is in the manifest; only the display may change.
-        given = [f"--{k.replace('_', '-')}" for k, v in options.items()
-                 if k not in ("resume", "runs_dir", "progress") and v not in (None, False)]
+        # Everything about the experiment and where it runs is in the manifest; only the display (and the --env
+        # values, which it does not keep) may be given again.
+        given = [flag_of(k) for k in typed if k not in ("resume", "runs_dir", "progress", "env")]
         if given:
             raise SpecError(f"--resume continues the sweep as its sweep.json records it; leave out {', '.join(given)}")
         sweep_dir = resume
         launch = load_manifest(sweep_dir).get("launch", {})
     else:
-        sweep_dir, launch = _start_sweep(options)
+        sweep_dir, launch = _start_sweep(options, [k for k in typed if k in launch_options])
     try:
-        run_sweep(sweep_dir, up_executor(launch, progress), _announce)
+        run_sweep(sweep_dir, up_executor(launch, options["env"], progress), _announce)
     except KeyboardInterrupt:
         # A message that says how to go on is worth more than the bare exit status of Ctrl-C.
         raise Interrupted(f"sweep interrupted; continue it with `ddpctl sweep --resume {sweep_dir}`") from None
@@ -167,11 +207,16 @@ def _announce(entry: dict[str, Any], spec: RunSpec) -> None:
                f"lr {spec.lr:g}): run {spec.run_id}")
 
 
-def _start_sweep(o: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
+def typed_here(ctx: typer.Context, names: list[str]) -> list[str]:
+    """The options of `names` given on the command line (not defaults)."""
+    sources = {name: ctx.get_parameter_source(name) for name in names}
+    return [name for name, source in sources.items() if source is not None and source.name == "COMMANDLINE"
+            and ctx.params.get(name) is not False]
+
+
+def _start_sweep(o: dict[str, Any], given: list[str]) -> tuple[Path, dict[str, Any]]:
     """Validate the options and create the sweep directory with its manifest; nothing is written on bad input."""
-    from launcher.execute.local import default_python
     from launcher.execute.up import check_local_run
-    from launcher.spec.run_spec import RUNTIMES
 
     trainer_args: list[str] = []
     for option in ("synthetic_train_size", "synthetic_test_size"):
@@ -179,46 +224,31 @@ def _start_sweep(o: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
             if o[option] < 1:
                 raise SpecError(f"--{option.replace('_', '-')} must be an integer >= 1, got {o[option]}")
             trainer_args += [f"--{option.replace('_', '-')}", str(o[option])]
-    spec_options = ("model", "dataset", "data_dir", "epochs", "batch_size", "lr", "seed", "save_every",
-                    "max_restarts", "backend", "python")
-    if o["python"] is None:
-        o = {**o, "python": default_python("ssh" if o["host"] else "local")}
-    fields = apply_preset(o["preset"], trainer_args=tuple(trainer_args) or None,
-                          **{k: o[k] for k in spec_options + ("threads_per_process", "precision")})
-    strategies, strategy_options = _sweep_strategies(o, fields)
-    base = RunSpec(run_id="sweep", **fields)
     if o["gpus"] is None and o["preset"] is None:
         raise SpecError("--gpus is missing: give the processes per node to sweep, e.g. --gpus 1,2,4")
     gpu_counts = parse_counts(o["gpus"], "--gpus") if o["gpus"] is not None else list(
         get_preset(o["preset"]).sweep_gpus)
     node_counts = parse_counts(o["nodes"], "--nodes") if o["nodes"] is not None else [1]
-    hosts = parse_hosts(o["host"] or [])
-    if max(node_counts) > max(len(hosts), 1):
-        raise SpecError(f"--nodes {max(node_counts)} needs at least {max(node_counts)} --host options "
-                        f"(got {len(hosts)}); a local run has one node")
     mode = o["scale_lr"] or "none"
     if mode not in SCALE_LR_MODES:
         raise SpecError(f"--scale-lr {mode!r}: choose one of {', '.join(SCALE_LR_MODES)}")
-    runtime = o["runtime"] or "native"
-    if runtime not in RUNTIMES:
-        raise SpecError(f"--runtime {runtime!r}: choose one of {', '.join(RUNTIMES)}")
-    if runtime == "docker" and not hosts:
-        raise SpecError("--runtime docker needs --host (locally, use `docker compose up`)")
-    if o["image"] is not None:
-        from launcher.runtimes.image import check_reference
-
-        check_reference(o["image"], "--image")
-    if o["connect_timeout"] is not None:
-        check_seconds(o["connect_timeout"], "--connect-timeout")
-    check_runs_dir(o["runs_dir"])
-    if not hosts:  # what `up` checks before each local run, checked once before the sweep directory exists
+    where = where_options(o, given, show_progress=False)  # the options `up` takes, checked as `up` checks them
+    if where.provider != "vast" and max(node_counts) > max(len(where.hosts), 1):
+        raise SpecError(f"--nodes {max(node_counts)} needs at least {max(node_counts)} --host options "
+                        f"(got {len(where.hosts)}); a local run has one node")
+    spec_options = ("model", "dataset", "data_dir", "epochs", "batch_size", "lr", "seed", "save_every",
+                    "max_restarts", "backend", "threads_per_process", "precision")
+    python = o["python"] if o["python"] is not None else default_python(where.provider)
+    fields = apply_preset(o["preset"], trainer_args=tuple(trainer_args) or None, extra_env=parse_env(o["env"]),
+                          python=python, rdzv_port=o["rdzv_port"],
+                          **{k: o[k] for k in spec_options})
+    strategies, strategy_options = _sweep_strategies(o, fields)
+    base = RunSpec(run_id="sweep", **fields)
+    if where.provider == "local":  # what `up` checks before each local run, checked once before the sweep exists
         for name in strategies:
             if name != "local-sgd" or max(gpu_counts) > 1:
                 check_local_run(strategy_spec(base, name, strategy_options, Layout(1, max(gpu_counts))))
-    launch = {"hosts": [h.text for h in hosts], "runtime": runtime, "image": o["image"],
-              "identity_file": str(o["identity_file"].resolve()) if o["identity_file"] else None,
-              "accept_new_host_keys": o["accept_new_host_keys"], "rdzv_addr": o["rdzv_addr"],
-              "connect_timeout": o["connect_timeout"] or 10.0}
+    launch = recorded_options(o, {opt.name: opt for block in (WHERE_OPTIONS, VAST_OPTIONS) for opt in block})
     layouts = plan_layouts(gpu_counts, node_counts)
     skipped: list[str] = []
     sweep_dir = new_sweep(base, layouts, o["runs_dir"], mode, o["preset"], launch, strategies, strategy_options,

@@ -39,7 +39,9 @@ def _find_run(runs_dir: Path, run: str | None) -> RunDir:
     """find_run, after refusing a --runs-dir that is a file where it would be searched."""
     if run is None or not Path(run).is_dir():
         check_runs_dir(runs_dir)
-    return find_run(runs_dir, run)
+    run_dir = find_run(runs_dir, run)
+    run_dir.typed_record()  # a corrupt or foreign run.json is one line naming it, before anything connects
+    return run_dir
 
 
 def status(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, json_out: bool = typer.Option(False, "--json"),

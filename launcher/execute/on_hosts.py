@@ -95,7 +95,7 @@ def run_remote_up(spec: RunSpec, options: UpOptions, session: HostSession | None
             "hosts": [target_to_json(t) for t in session.targets],
             "nodes": [{"index": n.index, "label": n.host.label, "address": n.host.address,
                        "workspace": n.workspace, "runtime": n.runtime} for n in plan.nodes],
-            "ssh": session.settings_json(), **(record_extra or {}),
+            "ssh": session.settings_json(), **options.record, **(record_extra or {}),
         }  # fmt: skip
         if run_dir is None:
             run_dir = RunDir.create(options.runs_dir, spec, fields)

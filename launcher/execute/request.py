@@ -5,7 +5,7 @@ them without importing each other."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +41,8 @@ class UpOptions:
     stall_timeout: float = 0.0
     provider: str = ""  # "local", "ssh" or "vast"; empty: ssh when hosts are given, else local
     vast: VastRequest | None = None  # what to rent, with provider "vast"
+    # Fields the command layer adds to run.json: the resolved options (`options`) and `from_run` (`up --from`).
+    record: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

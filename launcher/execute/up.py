@@ -72,6 +72,7 @@ def _run_local_up(spec: RunSpec, options: UpOptions) -> UpResult:
     plan = check_local_run(spec, run_path)
     if options.dry_run:
         return UpResult(None, 0, None, plan)
-    run_dir = RunDir.create(options.runs_dir, spec, {"hosts": [], "runtime": "native", "provider": "local"})
+    run_dir = RunDir.create(options.runs_dir, spec, {"hosts": [], "runtime": "native", "provider": "local",
+                                                       **options.record})
     code = run_local(plan, run_dir, show_progress=options.show_progress)
     return UpResult(run_dir.path, code, read_json(run_dir.path / "summary.json"), plan)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import RunDirError
+from launcher.results.record import load_run_record
 from launcher.results.rundir import RUN_FILE, primary_node_out, read_json, read_jsonl
 from launcher.spec.presets import ReferenceFigures
 
@@ -123,7 +124,8 @@ def load_run(path: Path) -> RunFigures:
     """Read one run directory; RunDirError naming it when it is not a run or has no finished epoch."""
     if not path.is_dir():
         raise RunDirError(f"{path} is not a directory: give run directories (or a sweep directory) to report")
-    run = read_json(path / RUN_FILE) or {}
+    # A run.json that is there but unreadable is named as such (compose runs have none at all).
+    run = load_run_record(path / RUN_FILE).to_json() if (path / RUN_FILE).exists() else {}
     summary_path = find_result_file(path, SUMMARY_FILE)
     summary = (read_json(summary_path) if summary_path else None) or {}
     timing = find_result_file(path, TIMING_FILE)

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import launcher
-from launcher.errors import RunDirError
+from launcher.errors import RunDirError, SpecError
+from launcher.results.record import RECORD_VERSION, RecordError, RunRecord, load_run_record
 from launcher.spec.run_spec import RunSpec
 
 RUN_FILE = "run.json"
@@ -105,6 +106,7 @@ class RunDir:
             if final.exists():
                 raise RunDirError(f"run directory {final} already exists: choose another --name")
             record = {
+                "record_version": RECORD_VERSION,
                 "run_id": spec.run_id,
                 "spec": spec.to_json(),
                 "code_hash": code_hash(),
@@ -128,8 +130,13 @@ class RunDir:
             raise RunDirError(f"{path} is not a ddpctl run directory (no {RUN_FILE})")
         return cls(path.resolve())
 
+    def typed_record(self) -> RunRecord:
+        """run.json as a RunRecord; one-line RecordError naming the file when it is corrupt or foreign."""
+        return load_run_record(self.path / RUN_FILE)
+
     def record(self) -> dict[str, Any]:
-        data: dict[str, Any] = json.loads((self.path / RUN_FILE).read_text())
+        """run.json as checked JSON (see typed_record), with recorded paths made usable from here."""
+        data = self.typed_record().to_json()
         ssh = data.get("ssh")
         if isinstance(ssh, dict) and ssh.get("known_hosts_file"):
             ssh["known_hosts_file"] = str(self.recorded_path(ssh["known_hosts_file"]))
@@ -147,7 +154,11 @@ class RunDir:
         return self.path.joinpath(*parts)
 
     def spec(self) -> RunSpec:
-        return RunSpec.from_json(self.record()["spec"])
+        """The run's spec; a spec this ddpctl cannot read is one line naming run.json."""
+        try:
+            return RunSpec.from_json(self.record()["spec"])
+        except (TypeError, ValueError, KeyError, SpecError) as e:
+            raise RecordError(f"{self.path / RUN_FILE}: spec is not a valid run spec ({e})") from None
 
     def update_record(self, **fields: Any) -> None:
         data = self.record()

@@ -13,17 +13,68 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from launcher.errors import DdpctlError
 from launcher.providers.vast.models import RentedInstance, TeardownResult
 from launcher.results.progress import console
+from launcher.results.record import RecordError
 from launcher.results.rundir import RunDir, write_json_atomic
 
 if TYPE_CHECKING:
     from launcher.providers.vast.client import VastClient
 
 LIVE_STATES = frozenset({"starting", "failed", "rented", "destroy_failed"})  # may be billing
+STATES = LIVE_STATES | {"destroyed"}
+LEDGER_VERSION = 1
+
+
+@dataclass
+class InstanceRecord:
+    """One instance in run.json's `instances` ledger; the fields RentedInstance.to_json() adds stay in `extra`."""
+
+    instance_id: int
+    state: str
+    node: int | None = None
+    dph: float | None = None
+    created_at: float | None = None
+    destroyed_at: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> InstanceRecord:
+        """An instance from the ledger; RecordError naming `where` when it is not one."""
+        if not isinstance(data, dict):
+            raise RecordError(f"{where}: an entry of instances is not an object")
+        iid = data.get("instance_id")
+        if not isinstance(iid, int) or isinstance(iid, bool):
+            raise RecordError(f"{where}: an instance's instance_id is {iid!r}, expected an integer")
+        if data.get("state") not in STATES:
+            raise RecordError(f"{where}: instance {iid} has state {data.get('state')!r}, expected one of "
+                              f"{', '.join(sorted(STATES))}")
+        for key in ("node", "dph", "created_at", "destroyed_at"):
+            value = data.get(key)
+            if value is not None and (not isinstance(value, int | float) or isinstance(value, bool)):
+                raise RecordError(f"{where}: instance {iid}'s {key} is {value!r}, expected a number or null")
+        typed = ("instance_id", "state", "node", "dph", "created_at", "destroyed_at")
+        return cls(instance_id=iid, state=data["state"], node=data.get("node"), dph=data.get("dph"),
+                   created_at=data.get("created_at"), destroyed_at=data.get("destroyed_at"),
+                   extra={k: v for k, v in data.items() if k not in typed})
+
+    def to_json(self) -> dict[str, Any]:
+        """The instance as the ledger's JSON object."""
+        return {**self.extra, "instance_id": self.instance_id, "state": self.state, "node": self.node,
+                "dph": self.dph, "created_at": self.created_at, "destroyed_at": self.destroyed_at}
+
+
+def read_ledger(run_dir: RunDir) -> list[dict[str, Any]]:
+    """A run's instances from run.json, each checked as an InstanceRecord (the one place the ledger is read)."""
+    where = str(run_dir.path / "run.json")
+    instances = run_dir.record().get("instances") or []
+    if not isinstance(instances, list):
+        raise RecordError(f"{where}: instances is not a list")
+    return [InstanceRecord.from_json(i, where).to_json() for i in instances]
 
 
 def say(text: str, style: str | None = None) -> None:
@@ -54,7 +105,7 @@ class Ledger:
     def __init__(self, run_dir: RunDir, clock: Callable[[], float] = time.time) -> None:
         self.run_dir = run_dir
         self.clock = clock
-        self.instances: list[dict[str, Any]] = list(run_dir.record().get("instances") or [])
+        self.instances: list[dict[str, Any]] = read_ledger(run_dir)
 
     def _find(self, instance_id: int) -> dict[str, Any]:
         """The record of an instance; made on the spot if its creation was not recorded (a Ctrl-C landed between

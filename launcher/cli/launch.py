@@ -1,0 +1,223 @@
+"""The launch options validated once, into typed objects: UpOptions (where and how) and, for `up`, the RunSpec.
+`up` and `sweep` both go through `where_options`; the layering of `--from`, `--config` and the command line is
+`resolve_values`."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from launcher.cli.config import check_values, read_config
+from launcher.cli.options import LaunchOption, flag_of
+from launcher.errors import SpecError
+from launcher.execute.request import UpOptions
+from launcher.spec.hosts import HostSpec, parse_hosts
+from launcher.spec.run_spec import DEFAULT_RDZV_PORT, RunSpec, check_port, new_run_id
+from launcher.spec.validate import check_runs_dir, check_seconds
+
+# Options only --provider vast reads, and those a run on this machine has no use for.
+VAST_ONLY = ("nodes", "gpu_name", "max_price", "min_reliability", "disk", "down", "max_cost", "max_cost_reserve",
+             "ready_timeout")
+NOT_LOCAL = ("detach", "stall_timeout", "identity_file", "accept_new_host_keys", "connect_timeout", "rdzv_addr",
+             "rdzv_port", "allow_public_rendezvous")
+# The strategy options (RunSpec validates them; None: the spec's default).
+STRATEGY_SPEC_OPTIONS = ("strategy", "devices", "threads_per_process", "average_every", "precision")
+SPEC_OPTIONS = ("model", "dataset", "data_dir", "epochs", "batch_size", "lr", "save_every", "seed", "max_restarts")
+
+
+def resolve_values(ctx: typer.Context, values: dict[str, Any], declared: dict[str, LaunchOption],
+                   recorded: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[str]]:
+    """The options after layering defaults < `recorded` (--from) < --config < the command line, and the names of
+    those set by anything but a default (what `up` checks fits the provider), in declaration order."""
+    layered = dict(recorded or {})
+    if values.get("config") is not None:
+        layered.update(read_config(values["config"], declared))
+    merged, given = dict(values), []
+    for name, option in declared.items():
+        source = ctx.get_parameter_source(name)
+        typed = source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+        if not typed and name in layered:
+            merged[name] = layered[name]
+        default = list(option.default) if option.type is list else option.default
+        if merged.get(name) is False:  # --no-x (or x = false) asks for what happens anyway
+            continue
+        if typed or (name in layered and merged.get(name) != default):  # a file's default value is no request
+            given.append(name)
+    return merged, given
+
+
+def where_options(values: dict[str, Any], given: list[str], *, show_progress: bool, dry_run: bool = False,
+                  hosts: tuple[HostSpec, ...] | None = None) -> UpOptions:
+    """Where and how to run, from the declared WHERE and VAST options; SpecError on anything that does not fit."""
+    hosts = parse_hosts(values["host"]) if hosts is None else hosts
+    runtime = values["runtime"]
+    if runtime not in ("native", "docker", "auto"):
+        raise SpecError(f"--runtime {runtime!r}: choose one of native, docker, auto")
+    stall_timeout = values["stall_timeout"]
+    if stall_timeout < 0 or not math.isfinite(stall_timeout):
+        raise SpecError(f"--stall-timeout {stall_timeout:g}: give seconds >= 0 (0 turns it off)")
+    check_seconds(values["connect_timeout"], "--connect-timeout")
+    if values["rdzv_port"] is not None:
+        check_port(values["rdzv_port"])
+    from launcher.runtimes.image import check_reference
+
+    for name in ("image", "registry"):
+        if values[name] is not None:
+            check_reference(values[name], flag_of(name))
+    provider = values["provider"] or ("ssh" if hosts else "local")
+    check_options_fit(provider, hosts, runtime, [flag_of(n) for n in given])
+    vast = _vast_request(provider, values)
+    if stall_timeout and values.get("detach"):
+        raise SpecError("--stall-timeout acts while `up` follows the run: drop --detach, or stop a stalled run "
+                        "with `ddpctl down`")
+    if runtime == "docker" and not hosts:
+        raise SpecError("--runtime docker needs --host (locally, use `docker compose up`)")
+    parse_env(values["env"])
+    return UpOptions(
+        runs_dir=check_runs_dir(values["runs_dir"]), hosts=hosts, runtime=runtime, show_progress=show_progress,
+        dry_run=dry_run, detach=bool(values.get("detach")), allow_public_rendezvous=values["allow_public_rendezvous"],
+        identity_file=values["identity_file"], accept_new_host_keys=values["accept_new_host_keys"],
+        connect_timeout=values["connect_timeout"], rdzv_addr=values["rdzv_addr"], image=values["image"],
+        registry=values["registry"], auto_gpus=values.get("gpus") is None and (bool(hosts) or vast is not None),
+        auto_rdzv_port=values["rdzv_port"] is None, provider=provider, vast=vast, stall_timeout=stall_timeout,
+    )  # fmt: skip
+
+
+def parse_env(items: list[str]) -> tuple[tuple[str, str], ...]:
+    """--env NAME=VALUE items, sorted by name."""
+    env = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SpecError(f"--env {item!r} is not of the form NAME=VALUE")
+        env.append((key, value))
+    return tuple(sorted(env))
+
+
+def up_spec(values: dict[str, Any], where: UpOptions) -> RunSpec:
+    """The validated RunSpec of `up`'s options (after where_options, which picked the provider)."""
+    from launcher.execute.local import default_local_procs, default_python
+
+    if values["command"] and where.provider != "local":
+        from launcher.transport.sync import check_ship_dir
+
+        check_ship_dir(Path.cwd())
+    trainer_args: list[str] = []
+    for name in ("synthetic_train_size", "synthetic_test_size"):
+        if values[name] is not None:
+            trainer_args += [flag_of(name), str(values[name])]
+    gpus = values["gpus"]
+    return RunSpec(
+        run_id=new_run_id(values["name"], values["model"], values["dataset"]),
+        **{name: values[name] for name in SPEC_OPTIONS},
+        nproc_per_node=gpus if gpus is not None else (1 if where.hosts or where.vast else default_local_procs()),
+        nnodes=where.vast.nodes if where.vast else max(1, len(where.hosts)),
+        user_command=tuple(values["command"] or ()), trainer_args=tuple(trainer_args + list(values["trainer_arg"])),
+        python=values["python"] if values["python"] is not None else default_python(where.provider),
+        rdzv_port=DEFAULT_RDZV_PORT if values["rdzv_port"] is None else values["rdzv_port"],
+        extra_env=parse_env(values["env"]),
+        **{name: values[name] for name in STRATEGY_SPEC_OPTIONS if values.get(name) is not None},
+    )  # fmt: skip
+
+
+def _flags(names: tuple[str, ...]) -> set[str]:
+    return {flag_of(name) for name in names}
+
+
+def check_options_fit(provider: str, hosts: tuple[HostSpec, ...], runtime: str, given: list[str]) -> None:
+    """Refuse options the chosen provider and runtime would silently ignore, and providers that lack hosts."""
+    if provider not in ("local", "ssh", "vast"):
+        raise SpecError(f"--provider {provider!r}: choose local, ssh or vast")
+    if provider == "ssh" and not hosts:
+        raise SpecError("--provider ssh needs --host (one per node)")
+    if provider != "ssh" and hosts:
+        raise SpecError(f"--host is for --provider ssh, not {provider}")
+    vast_only = [flag for flag in given if flag in _flags(VAST_ONLY)]
+    if provider != "vast" and vast_only:
+        raise SpecError(f"{_listed(vast_only, 'is', 'are')} for --provider vast only: add --provider vast to rent "
+                        f"machines, or drop {_it(vast_only)}")
+    if provider == "vast":
+        if runtime != "native":
+            raise SpecError("on Vast.ai our image is the machine: the run is native there (drop --runtime)")
+        if "--registry" in given:
+            raise SpecError("with --provider vast, --image is the registry reference each machine starts from: "
+                            "drop --registry")
+        return
+    image_flags = [flag for flag in given if flag in ("--image", "--registry")]
+    if provider == "local":
+        not_local = [flag for flag in given if flag in _flags(NOT_LOCAL)] + image_flags
+        if not_local:
+            foreground = " (a local run stays in the foreground until it ends or Ctrl-C)" if "--detach" in given else ""
+            raise SpecError(f"{_listed(not_local, 'has', 'have')} no effect on a run on this machine{foreground}: "
+                            f"{_listed(['it'] if len(not_local) == 1 else ['they'], 'is', 'are')} for runs on "
+                            f"--host or --provider vast; drop {_it(not_local)}")
+    elif runtime == "native" and image_flags:
+        raise SpecError(f"{_listed(image_flags, 'names', 'name')} the image of --runtime docker: add --runtime docker "
+                        f"(or auto), or drop {_it(image_flags)} for a native run")
+
+
+def _listed(flags: list[str], singular: str, plural: str) -> str:
+    """`--a is`, `--a and --b are`, `--a, --b and --c are`."""
+    names = ", ".join(flags[:-1]) + (" and " if len(flags) > 1 else "") + flags[-1]
+    return f"{names} {singular if len(flags) == 1 else plural}"
+
+
+def _it(flags: list[str]) -> str:
+    return "it" if len(flags) == 1 else "them"
+
+
+def _vast_request(provider: str, values: dict[str, Any]) -> Any:
+    """The VastRequest for --provider vast (None for the others)."""
+    if provider != "vast":
+        return None
+    names = ("gpu_name", "max_price", "min_reliability", "disk", "down", "max_cost", "ready_timeout")
+    options = {name: values[name] for name in names}
+    options.update(nodes=values.get("nodes", 1), max_cost_reserve_s=values["max_cost_reserve"])
+    for name, value in options.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise SpecError(f"--{name.replace('_', '-').removesuffix('-s')} {value}: give a finite number")
+    from launcher.providers.vast.request import VastRequest
+
+    return VastRequest(**options)
+
+
+def recorded_launch(run_ref: Path, declared: dict[str, LaunchOption]) -> tuple[dict[str, Any], str, list[str]]:
+    """--from: the recorded options of a run (its directory or run.json), its id, and its --env names."""
+    from launcher.results.rundir import RunDir
+
+    run_dir = RunDir.open(run_ref.parent if run_ref.name == "run.json" and run_ref.is_file() else run_ref)
+    record = run_dir.typed_record()
+    where = f"{run_dir.path / 'run.json'}: options"
+    if record.options is None:
+        raise SpecError(f"{run_dir.path / 'run.json'} has no recorded options (written by an older ddpctl): start "
+                        "the run again with its options, or with --config")
+    options = dict(record.options)
+    env_names = options.pop("env_names", [])
+    command = options.pop("command", None)  # the `-- CMD ...` after the options
+    values = check_values(options, declared, where)
+    if isinstance(command, list) and all(isinstance(c, str) for c in command):
+        values["command"] = command
+    values.setdefault("gpus", run_dir.spec().nproc_per_node)  # what --gpus resolved to on those hosts
+    return values, record.run_id, list(env_names)
+
+
+def check_from_env(env_names: list[str], env: list[str], run_id: str) -> None:
+    """A run's --env values are not recorded: --from needs them given again."""
+    missing = sorted(set(env_names) - {item.partition("=")[0] for item in env})
+    if missing:
+        raise SpecError(f"run {run_id} was started with --env {', '.join(missing)}: the values were not recorded; "
+                        "give them again with --env NAME=VALUE")
+
+
+def with_env(spec: RunSpec, env: tuple[tuple[str, str], ...]) -> RunSpec:
+    """`spec` with the --env values it was recorded without (a sweep entry read back from sweep.json)."""
+    given = dict(env)
+    missing = [name for name in spec.withheld_env if name not in given]
+    if missing:
+        raise SpecError(f"the values of --env {', '.join(missing)} were not stored (sweep.json keeps names only): "
+                        "give them again with --env NAME=VALUE")
+    return replace(spec, extra_env=tuple(sorted({**dict(spec.extra_env), **given}.items())), withheld_env=())
