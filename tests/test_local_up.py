@@ -109,7 +109,7 @@ def test_local_runs_use_the_python_running_ddpctl(tmp_path: Path) -> None:
     result = ddpctl("up", "--dry-run", "--epochs", "1", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert f" {sys.executable} -m torch.distributed.run " in result.stdout
-    hosts = ddpctl("up", "--dry-run", "--host", "u@10.0.0.1", "--epochs", "1", cwd=tmp_path)
+    hosts = ddpctl("up", "--dry-run", "--no-probe", "--host", "u@10.0.0.1", "--epochs", "1", cwd=tmp_path)
     assert " python3 -m torch.distributed.run " in hosts.stdout, hosts.stderr
 
 

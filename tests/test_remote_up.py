@@ -58,7 +58,7 @@ def host_sha256(host: TestHost, path: str) -> str:
 
 
 def test_dry_run_prints_each_node_and_connects_to_nothing(tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "launcher", "up", "--dry-run", "--gpus", "2", "--host",
+    result = subprocess.run([sys.executable, "-m", "launcher", "up", "--dry-run", "--no-probe", "--gpus", "2", "--host",
                              "alice@203.0.113.9:2200", "--host", "bob@198.51.100.7", "--runs-dir", str(tmp_path)],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr

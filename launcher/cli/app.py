@@ -96,8 +96,10 @@ def up(
     runs_dir: Path = RUNS_DIR,
     json_out: bool = typer.Option(False, "--json", help="Print the final summary as JSON on stdout.",
         rich_help_panel=OUTPUT),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print what each node would run; change nothing.",
-        rich_help_panel=OUTPUT),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print what each node would run (hosts are probed, "
+        "read-only); change nothing.", rich_help_panel=OUTPUT),
+    no_probe: bool = typer.Option(False, "--no-probe", help="With --dry-run: connect to no host; what only the "
+        "hosts can tell is shown as unknown.", rich_help_panel=OUTPUT),
     runtime: str = typer.Option("native", help="native, docker or auto (on SSH hosts).", rich_help_panel=RUN),
     image: str | None = typer.Option(None, help="The image to run: with --runtime docker (or auto), a local image "
                                      "shipped to the hosts (default ddpctl:latest); with --provider vast, the "
@@ -178,6 +180,8 @@ def up(
     vast = _vast_request(provider, nodes=nodes, gpu_name=gpu_name, max_price=max_price,
                          min_reliability=min_reliability, disk=disk, down=down, max_cost=max_cost,
                          max_cost_reserve_s=max_cost_reserve, ready_timeout=ready_timeout)
+    if no_probe and not dry_run:
+        raise SpecError("--no-probe only changes --dry-run (a run always probes its hosts): add --dry-run or drop it")
     if stall_timeout and detach:
         raise SpecError("--stall-timeout acts while `up` follows the run: drop --detach, or stop a stalled run "
                         "with `ddpctl down`")
@@ -205,6 +209,7 @@ def up(
         connect_timeout=connect_timeout, rdzv_addr=rdzv_addr, image=image,
         registry=registry, auto_gpus=gpus is None and (bool(hosts) or vast is not None),
         auto_rdzv_port=rdzv_port is None, provider=provider, vast=vast, stall_timeout=stall_timeout,
+        probe=not no_probe,
     )  # fmt: skip
     result = run_up(spec, options)
     finish_up(result, json_out)
@@ -214,7 +219,7 @@ def up(
 VAST_ONLY = ("nodes", "gpu_name", "max_price", "min_reliability", "disk", "down", "max_cost", "max_cost_reserve",
              "ready_timeout")
 NOT_LOCAL = ("detach", "stall_timeout", "identity_file", "accept_new_host_keys", "connect_timeout", "rdzv_addr",
-             "rdzv_port", "allow_public_rendezvous")
+             "rdzv_port", "allow_public_rendezvous", "no_probe")
 
 
 def _given(ctx: typer.Context) -> list[str]:
@@ -292,6 +297,9 @@ def finish_up(result: Any, json_out: bool) -> None:
     """Print the plan (dry run), or the summary table / JSON; exit with the run's status."""
     if result.run_dir is None and result.plan is not None:
         print(json.dumps(result.plan.to_json(), indent=2) if json_out else result.plan.describe())
+        if result.error:  # the plan above has unknowns: the hosts could not be probed
+            raise DdpctlError(f"the plan above was made without probing the hosts (it names what that leaves unknown): "
+                              f"{result.error}")
         return
     if json_out:
         print(json.dumps({"run_dir": str(result.run_dir), "exit_code": result.exit_code,

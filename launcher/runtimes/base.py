@@ -22,6 +22,11 @@ class NodeRuntime(Protocol):
         ...
 
     @property
+    def image(self) -> str | None:
+        """The image its nodes run (None: the host's own python)."""
+        ...
+
+    @property
     def runs_host_torch(self) -> bool:
         """Whether the host's own python and torch run the trainer (so preflight must check their versions)."""
         ...

@@ -29,6 +29,7 @@ class NativeRuntime:
 
     name: str = "native"
     runs_host_torch: bool = True
+    image: str | None = None
 
     def plan_node(self, spec: RunSpec, index: int, host: NodeHost, rdzv_addr: str, workspace: str) -> NodePlan:
         """Node `index` as torchrun on `host` (launcher.planning.plan.native_node_plan)."""
