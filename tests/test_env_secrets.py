@@ -20,7 +20,8 @@ import pytest
 from infra.testbed import Testbed, cleanup_stale
 from launcher.planning.plan import NodeHost, plan_remote
 from launcher.runtimes.docker import container_name, docker_node_plan
-from launcher.runtimes.native import encode_env, env_file, start_argv, write_env_file
+from launcher.runtimes.native import encode_env
+from launcher.runtimes.start import env_file, start_argv, write_env_file
 from launcher.spec.run_spec import RunSpec
 from tests.docker_fixtures import REPO, base_image, requires_docker, test_image  # noqa: F401
 from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, connect, run_ddpctl

@@ -14,7 +14,8 @@ import pytest
 
 from launcher.errors import SpecError
 from launcher.planning.plan import NodeHost, NodePlan, plan_local, plan_remote
-from launcher.runtimes.native import STATE_SCRIPT, env_file, start_argv
+from launcher.runtimes.native import STATE_SCRIPT
+from launcher.runtimes.start import env_file, start_argv
 from launcher.spec.hosts import parse_host, parse_hosts
 from launcher.spec.run_spec import RunSpec, new_run_id
 from launcher.spec.torchrun import NodeRole, torchrun_argv

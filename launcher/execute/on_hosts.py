@@ -19,7 +19,8 @@ from launcher.planning.preflight import Runner
 from launcher.results.progress import FreshestProgress, RunProgress, console, stall_note
 from launcher.results.rundir import RunDir, primary_node_out, read_json, write_bytes_atomic, write_json_atomic
 from launcher.runtimes.docker_hosts import ensure_image
-from launcher.runtimes.native import NodeState, log_tail, read_state, start_node, stop_node
+from launcher.runtimes.native import NodeState, log_tail, read_state, stop_node
+from launcher.runtimes.start import start_node
 from launcher.transport.hostsession import HostSession, target_from_json, target_to_json
 from launcher.transport.parallel import raise_for_errors, run_on_hosts
 from launcher.transport.sync import TransferChangedError, pull_tree, ship_tree
