@@ -33,7 +33,8 @@ from launcher.runtimes.docker import (
 )
 from launcher.runtimes.docker_hosts import ensure_image, host_docker_info
 from launcher.runtimes.image import docker_client
-from launcher.runtimes.native import env_file, start_argv, stop_node
+from launcher.runtimes.native import stop_node
+from launcher.runtimes.start import env_file, start_argv
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.torchrun import NodeRole, torchrun_argv
 from launcher.transport.parallel import raise_for_errors

@@ -20,7 +20,8 @@ import pytest
 from infra.testbed import Testbed, cleanup_stale
 from launcher.planning.plan import NodeHost, plan_remote
 from launcher.runtimes.docker import container_name, docker_node_plan
-from launcher.runtimes.native import encode_env, env_file, start_argv, write_env_file
+from launcher.runtimes.native import encode_env
+from launcher.runtimes.start import env_file, start_argv, write_env_file
 from launcher.spec.run_spec import RunSpec
 from tests.docker_fixtures import REPO, base_image, requires_docker, test_image  # noqa: F401
 from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, connect, run_ddpctl
@@ -100,14 +101,16 @@ def wait_for(predicate: Callable[[], bool], seconds: float, what: str) -> None:
                                    ["--host", "alice@203.0.113.9", "--runtime", "docker"]])
 def test_dry_run_shows_the_names_only(where: list[str], tmp_path: Path) -> None:
     token, value = secret(line_breaks=False)
-    result = ddpctl(tmp_path, "up", "--dry-run", *where, "--env", f"{NAME}={value}")
+    no_probe = ["--no-probe"] if "--host" in where else []  # documentation addresses: never contacted
+    result = ddpctl(tmp_path, "up", "--dry-run", *no_probe, *where, "--env", f"{NAME}={value}")
     assert result.returncode == 0, result.stderr
     assert f"{NAME}=***" in result.stdout
     assert token not in result.stdout + result.stderr
 
 
 def test_docker_refuses_a_value_with_a_line_break_in_one_line(tmp_path: Path) -> None:
-    result = ddpctl(tmp_path, "up", "--dry-run", "--host", "alice@203.0.113.9", "--runtime", "docker", "--env",
+    result = ddpctl(tmp_path, "up", "--dry-run", "--no-probe", "--host", "alice@203.0.113.9", "--runtime", "docker",
+                    "--env",
                     f"{NAME}=a\nb")
     assert result.returncode == 1
     assert result.stderr.splitlines() == [f"error: --env {NAME}: a value with a line break cannot reach a container "

@@ -115,27 +115,31 @@ def test_shipping_the_home_directory_is_refused(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
     env = {**os.environ, "HOME": str(home), "PYTHONPATH": str(REPO)}
-    refused = ddpctl(env, home, "up", "--host", "u@10.0.0.1", "--dry-run", "--", "python", "train.py")
+    refused = ddpctl(env, home, "up", "--host", "u@10.0.0.1", "--dry-run", "--no-probe", "--", "python",
+                  "train.py")
     assert refused.returncode == 1
     assert refused.stderr.strip().splitlines() == [
         f"error: `-- CMD` ships the working directory to the hosts, and {home} is your home directory: "
         "cd into the project first"]
     (home / "project").mkdir()
-    planned = ddpctl(env, home / "project", "up", "--host", "u@10.0.0.1", "--dry-run", "--", "python", "train.py")
+    planned = ddpctl(env, home / "project", "up", "--host", "u@10.0.0.1", "--dry-run", "--no-probe", "--", "python",
+                  "train.py")
     assert planned.returncode == 0, planned.stderr
 
 
 def test_dry_run_json_is_the_plan_with_secrets_masked(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     result = ddpctl(env, tmp_path, "up", "--host", "u@10.0.0.1", "--host", "v@10.0.0.2", "--env", "TOKEN=s3cret",
-                    "--dry-run", "--json", "--epochs", "1")
+                    "--dry-run", "--no-probe", "--json", "--epochs", "1")
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     assert plan["nnodes"] == 2 and [n["host"] for n in plan["nodes"]] == ["u@10.0.0.1", "v@10.0.0.2"]
     command = plan["nodes"][1]["command"]
     assert command[command.index("--rdzv-endpoint") + 1] == "10.0.0.1:29400"
     assert all(n["env"]["TOKEN"] == "***" for n in plan["nodes"]) and "s3cret" not in result.stdout + result.stderr
-    assert "counted at launch" in result.stderr  # no --gpus: the hosts' GPUs decide, not the 1 shown
+    # Not probed: the hosts' GPUs decide the process count (not the 1 shown), node 0 the port.
+    assert [u.split(" (")[0].split(":")[0] for u in plan["unknown"]] == [
+        "processes per node", "rendezvous port", "node addresses and network interfaces"]
     assert not (tmp_path / "runs").exists()
 
 

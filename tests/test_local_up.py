@@ -109,8 +109,34 @@ def test_local_runs_use_the_python_running_ddpctl(tmp_path: Path) -> None:
     result = ddpctl("up", "--dry-run", "--epochs", "1", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert f" {sys.executable} -m torch.distributed.run " in result.stdout
-    hosts = ddpctl("up", "--dry-run", "--host", "u@10.0.0.1", "--epochs", "1", cwd=tmp_path)
+    hosts = ddpctl("up", "--dry-run", "--no-probe", "--host", "u@10.0.0.1", "--epochs", "1", cwd=tmp_path)
     assert " python3 -m torch.distributed.run " in hosts.stdout, hosts.stderr
+
+
+def test_a_dry_run_whose_hosts_cannot_be_reached_prints_the_plan_and_its_unknowns(tmp_path: Path) -> None:
+    """Two ports of this machine that refuse connections (bound, never listening): the plan is still printed,
+    with what only the hosts could tell named as unknown; the error names both hosts; exit 1; nothing written."""
+    import socket
+
+    closed = [socket.socket(), socket.socket()]
+    try:
+        for sock in closed:
+            sock.bind(("127.0.0.1", 0))
+        hosts = [arg for k, sock in enumerate(closed)
+                 for arg in ("--host", f"u{k}@127.0.0.1:{sock.getsockname()[1]}")]
+        result = ddpctl("up", "--dry-run", "--json", *hosts, "--runtime", "auto", "--runs-dir",
+                        str(tmp_path / "runs"), cwd=tmp_path)
+    finally:
+        for sock in closed:
+            sock.close()
+    assert result.returncode == 1
+    plan = json.loads(result.stdout)
+    assert [u.split(":")[0] for u in plan["unknown"]] == ["runtime", "processes per node", "rendezvous port",
+                                                          "node addresses and network interfaces (shown as the "
+                                                          "names given)"]
+    assert result.stderr.startswith("error: the plan above was made without probing the hosts")
+    assert result.stderr.count("connection refused") == 2
+    assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.parametrize("args, message", [

@@ -14,7 +14,7 @@ from infra.testbed import Testbed, cleanup_stale
 from infra.testbed_docker import HostEngine, start_engine
 from infra.testbed_host import shared_python_env
 from tests.docker_fixtures import base_image, requires_docker, test_image  # noqa: F401
-from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, run_ddpctl
+from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, comparable_plan, run_ddpctl
 
 pytestmark = [pytest.mark.skipif(TESTBED_UNAVAILABLE, reason=TESTBED_SKIP_REASON), requires_docker,
               pytest.mark.docker]
@@ -73,6 +73,28 @@ def test_docker_runtime_trains_on_two_hosts_and_ships_the_image_once(
     out = json.loads(second.stdout)
     assert out["summary"]["restarts"] == 1, "a worker killed inside its container is restarted by torchrun"
     assert [e["bytes_sent"] for e in image_events(Path(out["run_dir"]))] == [0, 0]
+
+
+@pytest.mark.parametrize("runtime", ["docker", "auto"])
+def test_the_dry_run_plan_is_the_docker_plan_that_runs(docker_hosts: tuple[Testbed, list[HostEngine]],
+                                                       test_image: str, tmp_path: Path,  # noqa: F811
+                                                       runtime: str) -> None:
+    """Both hosts have an engine (and no torch of their own): auto is docker, decided by the dry run's probe
+    exactly as by the run's, with the process count and rendezvous port the hosts gave."""
+    bed, _ = docker_hosts
+    hosts = [arg for h in bed.hosts[:2] for arg in ("--host", h.spec)]
+    args = ["--runtime", runtime, "--image", test_image, *hosts, "--epochs", "1", *SMALL]
+    dry = ddpctl(bed, "up", *args, "--runs-dir", str(tmp_path / "dry"), "--dry-run", "--json")
+    assert dry.returncode == 0, dry.stderr
+    planned = json.loads(dry.stdout)
+    assert planned["runtime"] == "docker" and planned["image"] == test_image and planned["unknown"] == []
+    assert all(n["runtime"] == "docker" for n in planned["nodes"]) and planned["nproc_per_node"] == 2
+    assert [f["torch"] for f in planned["node_facts"]] == [None, None]  # the image brings torch
+    ran = ddpctl(bed, "up", *args, "--runs-dir", str(tmp_path / "runs"), "--json")
+    assert ran.returncode == 0, ran.stderr
+    run = Path(json.loads(ran.stdout)["run_dir"])
+    assert comparable_plan(json.loads((run / "plan.json").read_text())) == comparable_plan(planned)
+    assert json.loads((run / "run.json").read_text())["runtime"] == "docker"
 
 
 def test_a_host_without_docker_is_named_in_one_line(docker_hosts: tuple[Testbed, list[HostEngine]],

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from infra.testbed import Testbed, TestHost, cleanup_stale, write_user_file
-from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, run_ddpctl
+from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, comparable_plan, run_ddpctl
 
 pytestmark = pytest.mark.skipif(TESTBED_UNAVAILABLE, reason=TESTBED_SKIP_REASON)
 SMALL = ["--synthetic-train-size", "1024", "--synthetic-test-size", "256"]
@@ -58,13 +58,58 @@ def host_sha256(host: TestHost, path: str) -> str:
 
 
 def test_dry_run_prints_each_node_and_connects_to_nothing(tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "launcher", "up", "--dry-run", "--gpus", "2", "--host",
+    result = subprocess.run([sys.executable, "-m", "launcher", "up", "--dry-run", "--no-probe", "--gpus", "2", "--host",
                              "alice@203.0.113.9:2200", "--host", "bob@198.51.100.7", "--runs-dir", str(tmp_path)],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "node 0 [alice@203.0.113.9:2200, native]" in result.stdout
     assert "--rdzv-conf is_host=0" in result.stdout and "--node-rank 1" in result.stdout
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("runtime", ["native", "auto"])
+def test_the_dry_run_plan_is_the_plan_that_runs(bed: Testbed, tmp_path: Path, runtime: str) -> None:
+    """No --gpus, no --rdzv-port, --runtime auto: what only the hosts can tell is decided by the dry run's probe
+    exactly as by the run's (these hosts' users cannot reach a Docker engine: auto is native)."""
+    args = ["--runtime", runtime, "--epochs", "1", *SMALL]
+    dry = ddpctl(bed, "up", *host_args(bed.hosts[:2]), "--runs-dir", str(tmp_path / "dry"), "--dry-run", "--json",
+                 *args)
+    assert dry.returncode == 0, dry.stderr
+    planned = json.loads(dry.stdout)
+    assert not (tmp_path / "dry").exists()  # a dry run records nothing
+    assert planned["unknown"] == [] and planned["runtime"] == "native" and planned["rdzv_port"] == 29400
+    assert planned["nproc_per_node"] == 2  # CPU-only hosts: two processes each
+    assert [f["torch"] for f in planned["node_facts"]] == [torch_version()] * 2
+    ran = ddpctl(bed, "up", *host_args(bed.hosts[:2]), "--runs-dir", str(tmp_path / "runs"), "--json", *args)
+    assert ran.returncode == 0, ran.stderr
+    run = the_run(tmp_path / "runs")
+    executed = json.loads((run / "plan.json").read_text())
+    assert comparable_plan(executed) == comparable_plan(planned)
+    record = json.loads((run / "run.json").read_text())
+    assert record["runtime"] == "native"
+    assert [f["label"] for f in record["node_facts"]] == [h.spec for h in bed.hosts[:2]]
+    assert json.loads(ran.stdout)["summary"]["world_size"] == 4
+
+
+def test_a_dry_run_verifies_host_keys_and_records_none(bed: Testbed, tmp_path: Path) -> None:
+    """An unknown host key is refused as a run would refuse it (the plan is still shown, its unknowns named);
+    with --accept-new-host-keys the hosts are probed, and the key is still not written anywhere."""
+    known_hosts = tmp_path / "known_hosts"
+    args = ["up", *host_args(bed.hosts[:2]), "--runs-dir", str(tmp_path / "runs"), "--dry-run"]
+    refused = run_ddpctl(bed, *args, known_hosts=known_hosts)
+    assert refused.returncode == 1
+    assert "unknown host key" in refused.stderr and "--accept-new-host-keys" in refused.stderr
+    assert "not known without probing the hosts" in refused.stdout and "processes per node" in refused.stdout
+    accepted = run_ddpctl(bed, *args, "--accept-new-host-keys", "--json", known_hosts=known_hosts)
+    assert accepted.returncode == 0, accepted.stderr
+    assert json.loads(accepted.stdout)["unknown"] == []
+    assert not known_hosts.exists() and not (tmp_path / "runs").exists()
+
+
+def torch_version() -> str:
+    from importlib import metadata
+
+    return metadata.version("torch").split("+")[0]
 
 
 def test_two_hosts_train_and_everything_is_pulled_and_verified(bed: Testbed, tmp_path: Path) -> None:

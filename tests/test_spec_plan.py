@@ -14,7 +14,8 @@ import pytest
 
 from launcher.errors import SpecError
 from launcher.planning.plan import NodeHost, NodePlan, plan_local, plan_remote
-from launcher.runtimes.native import STATE_SCRIPT, env_file, start_argv
+from launcher.runtimes.native import STATE_SCRIPT
+from launcher.runtimes.start import env_file, start_argv
 from launcher.spec.hosts import parse_host, parse_hosts
 from launcher.spec.run_spec import RunSpec, new_run_id
 from launcher.spec.torchrun import NodeRole, torchrun_argv
@@ -228,10 +229,11 @@ def test_a_public_address_anywhere_is_refused_unless_allowed() -> None:
     """torchrun's stores listen on every address of a node, so any node's own public address counts, not
     only the rendezvous address: an IPv4 or IPv6 global address on any interface of any node."""
     from launcher.errors import DdpctlError
-    from launcher.planning.preflight import HostFacts, check_public_rendezvous
+    from launcher.planning.facts import HostAddress, HostFacts
+    from launcher.planning.preflight import check_public_rendezvous
 
     def host(label: str, *addrs: str) -> HostFacts:
-        return HostFacts(label, {"addrs": [{"iface": f"eth{i}", "addr": a} for i, a in enumerate(addrs)]})
+        return HostFacts(label, addrs=tuple(HostAddress(f"eth{i}", a) for i, a in enumerate(addrs)))
 
     private = [host("n0", "127.0.0.1", "10.231.1.2", "fe80::1"), host("n1", "10.231.1.3", "fd00::3")]
     check_public_rendezvous("10.231.1.2", private, allow_public=False)

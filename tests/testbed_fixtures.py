@@ -10,6 +10,7 @@ Other test modules use them through tests/conftest.py (`testbed`), and `connect(
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -82,3 +83,14 @@ def testbed() -> Iterator[Testbed]:
         yield bed
     finally:
         bed.stop()
+
+
+def comparable_plan(plan: dict[str, Any]) -> dict[str, Any]:
+    """A plan (`up --dry-run --json`, or a run's plan.json) with what differs between two runs of the same
+    options taken out: the run id (in workspaces, container names and commands) and the facts that change on
+    their own (free disk)."""
+    text = json.dumps(plan).replace(plan["run_id"], "RUN_ID")
+    same = json.loads(text)
+    for facts in same.get("node_facts", []):
+        facts.pop("disk_free", None)
+    return same

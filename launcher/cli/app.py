@@ -100,6 +100,9 @@ def finish_up(result: Any, json_out: bool) -> None:
     """Print the plan (dry run), or the summary table / JSON; exit with the run's status."""
     if result.run_dir is None and result.plan is not None:
         print(json.dumps(result.plan.to_json(), indent=2) if json_out else result.plan.describe())
+        if result.error:  # the plan above has unknowns: the hosts could not be probed
+            raise DdpctlError(f"the plan above was made without probing the hosts (it names what that leaves unknown): "
+                              f"{result.error}")
         return
     if json_out:
         print(json.dumps({"run_dir": str(result.run_dir), "exit_code": result.exit_code,

@@ -34,10 +34,9 @@ def run_doctor(options: UpOptions, *, gpus: int, python: str, rdzv_port: int, js
                 row["problems"].append(_short(outcome.error))
             else:
                 facts.append(outcome.value)
-                info = outcome.value.info
-                row.update(python=info.get("python"), torch=info.get("torch"), gpus=info.get("gpus"),
-                           cpus=info.get("cpus"), disk_free_gb=round(int(info.get("disk_free") or 0) / 2**30, 1),
-                           address=outcome.value.address)
+                found = outcome.value
+                row.update(python=found.python, torch=found.torch, gpus=found.gpus, cpus=found.cpus,
+                           disk_free_gb=round(found.disk_free / 2**30, 1), address=found.address)
             rows.append(row)
         problems = check_requirements(facts, gpus, runs_host_torch=True) if len(facts) == len(rows) else []
         network: str | None = None

@@ -23,7 +23,7 @@ from launcher.spec.validate import check_runs_dir, check_seconds
 VAST_ONLY = ("nodes", "gpu_name", "max_price", "min_reliability", "disk", "down", "max_cost", "max_cost_reserve",
              "ready_timeout")
 NOT_LOCAL = ("detach", "stall_timeout", "identity_file", "accept_new_host_keys", "connect_timeout", "rdzv_addr",
-             "rdzv_port", "allow_public_rendezvous")
+             "rdzv_port", "allow_public_rendezvous", "no_probe")
 # The strategy options (RunSpec validates them; None: the spec's default).
 STRATEGY_SPEC_OPTIONS = ("strategy", "devices", "threads_per_process", "average_every", "precision")
 SPEC_OPTIONS = ("model", "dataset", "data_dir", "epochs", "batch_size", "lr", "save_every", "seed", "max_restarts")
@@ -71,6 +71,8 @@ def where_options(values: dict[str, Any], given: list[str], *, show_progress: bo
     provider = values["provider"] or ("ssh" if hosts else "local")
     check_options_fit(provider, hosts, runtime, [flag_of(n) for n in given])
     vast = _vast_request(provider, values)
+    if values.get("no_probe") and not dry_run:
+        raise SpecError("--no-probe only changes --dry-run (a run always probes its hosts): add --dry-run or drop it")
     if stall_timeout and values.get("detach"):
         raise SpecError("--stall-timeout acts while `up` follows the run: drop --detach, or stop a stalled run "
                         "with `ddpctl down`")
@@ -84,6 +86,7 @@ def where_options(values: dict[str, Any], given: list[str], *, show_progress: bo
         connect_timeout=values["connect_timeout"], rdzv_addr=values["rdzv_addr"], image=values["image"],
         registry=values["registry"], auto_gpus=values.get("gpus") is None and (bool(hosts) or vast is not None),
         auto_rdzv_port=values["rdzv_port"] is None, provider=provider, vast=vast, stall_timeout=stall_timeout,
+        probe=not values.get("no_probe"),
     )  # fmt: skip
 
 

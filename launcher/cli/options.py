@@ -146,7 +146,10 @@ UP_WHERE_OPTIONS = (
 UP_OUTPUT_OPTIONS = (
     opt("runs_dir", Path, Path("runs"), "Where run directories live.", OUTPUT, in_config=False),
     opt("json_out", bool, False, "Print the final summary as JSON on stdout.", OUTPUT, in_config=False),
-    opt("dry_run", bool, False, "Print what each node would run; change nothing.", OUTPUT, in_config=False),
+    opt("dry_run", bool, False, "Print what each node would run (hosts are probed, read-only); change nothing.",
+        OUTPUT, in_config=False),
+    opt("no_probe", bool, False, "With --dry-run: connect to no host; what only the hosts can tell is shown as "
+        "unknown.", OUTPUT, in_config=False),
     opt("config", Path, None, "TOML file of launch options (same names as the flags); the command line overrides "
         "it.", OUTPUT, optional=True, in_config=False),
     opt("save_config", Path, None, "With --dry-run: write this run's options to a TOML file for --config "
@@ -160,7 +163,7 @@ LAUNCH_BLOCKS: tuple[tuple[LaunchOption, ...], ...] = (RUN_OPTIONS, STRATEGY_OPT
                                                         VAST_OPTIONS, UP_OUTPUT_OPTIONS)
 
 _FLAG_OVERRIDES = {"json_out": "--json", "from_run": "--from"}
-NOT_NEGATABLE = ("json_out", "dry_run", "down")  # flags with no --no-x form
+NOT_NEGATABLE = ("json_out", "dry_run", "no_probe", "down")  # flags with no --no-x form
 
 
 def _flag(option: LaunchOption) -> str:

@@ -7,41 +7,34 @@ import importlib.util
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher.errors import DdpctlError, Interrupted
 from launcher.execute import failure_log
 from launcher.execute.failure_log import without_control_chars
-from launcher.planning.plan import NodeHost, RunPlan, plan_remote
-from launcher.planning.preflight import (
-    HostFacts,
-    Runner,
-    check_public_rendezvous,
-    check_rendezvous_reachable,
-    check_requirements,
-    probe_host,
-)
+from launcher.planning.plan import RunPlan
+from launcher.planning.preflight import Runner
 from launcher.results.progress import FreshestProgress, RunProgress, console, stall_note
-from launcher.results.rundir import RunDir, primary_node_out, read_json, write_bytes_atomic
-from launcher.runtimes.docker import DEFAULT_IMAGE, DockerRuntime
-from launcher.runtimes.docker_hosts import ensure_image, host_docker_info, require_engine
-from launcher.runtimes.native import NativeRuntime, NodeState, log_tail, read_state, start_node, stop_node
-from launcher.spec.run_spec import RunSpec
+from launcher.results.rundir import RunDir, primary_node_out, read_json, write_bytes_atomic, write_json_atomic
+from launcher.runtimes.docker_hosts import ensure_image
+from launcher.runtimes.native import NodeState, log_tail, read_state, stop_node
+from launcher.runtimes.start import start_node
 from launcher.transport.hostsession import HostSession, target_from_json, target_to_json
 from launcher.transport.parallel import raise_for_errors, run_on_hosts
 from launcher.transport.sync import TransferChangedError, pull_tree, ship_tree
 
 if TYPE_CHECKING:
     from launcher.execute.request import UpOptions, UpResult
-    from launcher.runtimes.base import NodeRuntime
 
 POLL_SECONDS = 1.0
 # Files copied from node 0 to the top of the run directory, so every run reads the same way.
 TOP_LEVEL_FILES = ("timing.jsonl", "summary.json", "progress.json")
 CODE_CACHE = ".ddpctl/code"
 PULL_ATTEMPTS = 3
+# The plan a run carried out, in its run directory: what `up --dry-run --json` printed for it.
+PLAN_FILE = "plan.json"
 # What comes back from a node's workspace (gitignore patterns): everything but the shipped code.
 PULLED = ("/out/", "/logs/", "/torchrun.out", "/exit_code", "/pid")
 
@@ -63,132 +56,68 @@ class RunStopRequested(DdpctlError):
         self.reason = reason
 
 
-def run_remote_up(spec: RunSpec, options: UpOptions, session: HostSession | None = None,
-                  provider_hosts: list[NodeHost] | None = None, record_extra: dict[str, Any] | None = None,
+def run_remote_up(plan: RunPlan, options: UpOptions, session: HostSession, record_extra: dict[str, Any] | None = None,
                   run_dir: RunDir | None = None, watch: Callable[[], str] | None = None) -> UpResult:
-    """Run on SSH hosts (or hosts a provider rented: pass its session and NodeHosts) and pull the results.
+    """Carry out `plan` on the session's hosts (node k on host k) and pull the results; nothing is re-decided.
 
     A provider may pass the run directory it already made (it records rented machines before they are
     reachable) and `watch`, called on every poll: its text joins the progress display; it may raise
-    RunStopRequested."""
+    RunStopRequested. The executed plan is kept in the run directory as plan.json."""
     from launcher.execute.request import UpResult
 
-    if options.dry_run:
-        spec = spec.with_layout(nnodes=len(options.hosts), nproc_per_node=spec.nproc_per_node)
-        hosts = provider_hosts or [NodeHost(h.text, h.hostname) for h in options.hosts]
-        # auto is decided by looking at hosts
-        runtime = DockerRuntime(image_name(options)) if options.runtime == "docker" else NativeRuntime()
-        if spec.nnodes > 1 and options.rdzv_addr:  # judged without connecting; the nodes' own at launch
-            check_public_rendezvous(options.rdzv_addr, [], options.allow_public_rendezvous)
-        plan = plan_remote(spec, hosts, options.rdzv_addr, runtime)
-        if options.auto_gpus:
-            console.print("note: without --gpus each host runs one process per GPU (CPU-only: up to 2), counted "
-                          f"at launch; shown here as {spec.nproc_per_node}", markup=False, highlight=False,
-                          soft_wrap=True)
-        return UpResult(None, 0, None, plan)
-    own_session = session is None
-    session = session or HostSession.open(options)
+    if plan.unknown:
+        raise ValueError("a plan with unknown facts cannot run: " + "; ".join(plan.unknown))
+    spec = plan.spec
+    fields = {
+        "provider": "ssh", "runtime": plan.runtime,
+        "hosts": [target_to_json(t) for t in session.targets],
+        "nodes": [{"index": n.index, "label": n.host.label, "address": n.host.address,
+                   "workspace": n.workspace, "runtime": n.runtime} for n in plan.nodes],
+        "node_facts": [f.to_json() for f in plan.node_facts],
+        "ssh": session.settings_json(), **options.record, **(record_extra or {}),
+    }  # fmt: skip
+    if run_dir is None:
+        run_dir = RunDir.create(options.runs_dir, spec, fields)
+    else:
+        run_dir.update_record(spec=spec.to_json(), **fields)
+    write_json_atomic(run_dir.path / PLAN_FILE, plan.to_json())
+    run_dir.event("planned", nodes=[n.shell_line() for n in plan.nodes])
+    ship_image(session, plan, run_dir, options.show_progress)
+    ship_code(session, plan, run_dir)
+    start_nodes(session, plan, run_dir)
+    if options.detach:
+        console.print(f"started run {spec.run_id} on {len(plan.nodes)} node(s); it runs on without this "
+                      f"terminal. Follow with `ddpctl status {spec.run_id}`, `ddpctl logs {spec.run_id} -f`; "
+                      f"fetch with `ddpctl pull {spec.run_id}`; stop with `ddpctl down {spec.run_id}`.")
+        return UpResult(run_dir.path, 0, None, plan)
     try:
-        spec, plan = prepare(spec, options, session, provider_hosts)
-        fields = {
-            "provider": "ssh", "runtime": options.runtime,
-            "hosts": [target_to_json(t) for t in session.targets],
-            "nodes": [{"index": n.index, "label": n.host.label, "address": n.host.address,
-                       "workspace": n.workspace, "runtime": n.runtime} for n in plan.nodes],
-            "ssh": session.settings_json(), **options.record, **(record_extra or {}),
-        }  # fmt: skip
-        if run_dir is None:
-            run_dir = RunDir.create(options.runs_dir, spec, fields)
-        else:
-            run_dir.update_record(spec=spec.to_json(), **fields)
-        run_dir.event("planned", nodes=[n.shell_line() for n in plan.nodes])
-        ship_image(session, plan, run_dir, options)
-        ship_code(session, plan, run_dir)
-        start_nodes(session, plan, run_dir)
-        if options.detach:
-            console.print(f"started run {spec.run_id} on {len(plan.nodes)} node(s); it runs on without this "
-                          f"terminal. Follow with `ddpctl status {spec.run_id}`, `ddpctl logs {spec.run_id} -f`; "
-                          f"fetch with `ddpctl pull {spec.run_id}`; stop with `ddpctl down {spec.run_id}`.")
-            return UpResult(run_dir.path, 0, None, plan)
-        try:
-            code = follow(session, run_dir, show_progress=options.show_progress, watch=watch,
-                          stall_timeout=options.stall_timeout)
-        except (KeyboardInterrupt, RunStopRequested) as stop:
-            # Ctrl-C means stop: a run to keep going without this terminal is what --detach is for.
-            run_dir.event("interrupted" if isinstance(stop, KeyboardInterrupt) else "stop_requested", reason=str(stop))
-            stop_all(session, run_dir)
-            pull_run(session, run_dir)
-            if isinstance(stop, RunStopRequested):
-                raise RunStopRequested(f"{stop}; every node was stopped and what it wrote pulled to {run_dir.path}",
-                                       stop.reason) from None
-            raise Interrupted(f"stopped by Ctrl-C on every node; what they wrote is in {run_dir.path}") from None
+        code = follow(session, run_dir, show_progress=options.show_progress, watch=watch,
+                      stall_timeout=options.stall_timeout)
+    except (KeyboardInterrupt, RunStopRequested) as stop:
+        # Ctrl-C means stop: a run to keep going without this terminal is what --detach is for.
+        run_dir.event("interrupted" if isinstance(stop, KeyboardInterrupt) else "stop_requested", reason=str(stop))
+        stop_all(session, run_dir)
         pull_run(session, run_dir)
-        summary = read_json(run_dir.path / "summary.json")
-        return UpResult(run_dir.path, code, summary, plan)
-    finally:
-        if own_session:
-            session.close()
+        if isinstance(stop, RunStopRequested):
+            raise RunStopRequested(f"{stop}; every node was stopped and what it wrote pulled to {run_dir.path}",
+                                   stop.reason) from None
+        raise Interrupted(f"stopped by Ctrl-C on every node; what they wrote is in {run_dir.path}") from None
+    pull_run(session, run_dir)
+    summary = read_json(run_dir.path / "summary.json")
+    return UpResult(run_dir.path, code, summary, plan)
 
 
-def prepare(spec: RunSpec, options: UpOptions, session: HostSession,
-            provider_hosts: list[NodeHost] | None) -> tuple[RunSpec, RunPlan]:
-    """Preflight every host, fix the process layout and addresses, check rendezvous, and plan."""
-    outcomes = run_on_hosts(list(range(len(session.targets))),
-                            lambda i: probe_host(session.conn(i), spec.python, session.labels[i]),
-                            timeout=options.connect_timeout + 90, label=session.label_of)
-    facts: list[HostFacts] = raise_for_errors(outcomes, "preflight")
-    runtime, docker_infos = choose_runtime(options, session)
-    gpus = spec.nproc_per_node
-    if options.auto_gpus:
-        gpus = min(int(f.info.get("gpus") or 0) or min(2, int(f.info.get("cpus") or 1)) for f in facts)
-    spec = spec.with_layout(nnodes=len(facts), nproc_per_node=gpus)
-    problems = check_requirements(facts, gpus, runs_host_torch=runtime.runs_host_torch)
-    if problems:
-        raise DdpctlError("preflight failed:\n" + "\n".join(f"  {p}" for p in problems))
-    hosts = provider_hosts or [NodeHost(f.label, f.address, f.iface_of(f.address)) for f in facts]
-    if docker_infos:
-        hosts = [replace(h, gpus=info.nvidia_runtime) for h, info in zip(hosts, docker_infos, strict=True)]
-    addr0 = options.rdzv_addr or hosts[0].address or session.targets[0].hostname
-    if spec.nnodes > 1:
-        check_public_rendezvous(addr0, facts, options.allow_public_rendezvous)
-        port = check_rendezvous_reachable([session.conn(i) for i in range(len(hosts))], session.labels, spec.python,
-                                          addr0, spec.rdzv_port, any_free_port=options.auto_rdzv_port)
-        spec = replace(spec, rdzv_port=port)
-    return spec, plan_remote(spec, hosts, addr0, runtime)
-
-
-def image_name(options: UpOptions) -> str:
-    """The image docker nodes run: --registry's reference, else --image, else ddpctl's default."""
-    return options.registry or options.image or DEFAULT_IMAGE
-
-
-def choose_runtime(options: UpOptions, session: HostSession) -> tuple[NodeRuntime, list[Any] | None]:
-    """native, or docker with each host's engine facts. `auto` takes docker when every host has a working
-    engine (one runtime per run: the nodes then share the image's python and torch), native otherwise."""
-    if options.runtime == "native":
-        return NativeRuntime(), None
-    image = image_name(options)
-    outcomes = run_on_hosts(list(range(len(session.targets))),
-                            lambda i: host_docker_info(session.conn(i), image), timeout=90, label=session.label_of)
-    infos = raise_for_errors(outcomes, "docker check")
-    if options.runtime == "auto":
-        return (DockerRuntime(image), infos) if all(i.has_engine for i in infos) else (NativeRuntime(), None)
-    outcomes = run_on_hosts(list(range(len(infos))), lambda i: require_engine(infos[i], session.label_of(i)),
-                            timeout=10, label=session.label_of)
-    return DockerRuntime(image), raise_for_errors(outcomes, "docker runtime")
-
-
-def ship_image(session: HostSession, plan: RunPlan, run_dir: RunDir, options: UpOptions) -> None:
-    """Put our image on every docker node: streamed from the local engine where missing or different (a second
-    run ships nothing), or pulled from --registry."""
-    if not any(n.runtime == "docker" for n in plan.nodes):
+def ship_image(session: HostSession, plan: RunPlan, run_dir: RunDir, show_progress: bool) -> None:
+    """Put the plan's image on every node of a runtime that runs one: streamed from the local engine where
+    missing or different (a second run ships nothing), or pulled from the registry (plan.pull_image)."""
+    image = plan.image
+    if image is None:
         return
     from launcher.runtimes.image import docker_client
 
-    image = image_name(options)
-    engine = None if options.registry else docker_client()
+    engine = None if plan.pull_image else docker_client()
     outcomes = ensure_image([session.conn(n.index) for n in plan.nodes], image, engine,
-                            pull=bool(options.registry), show_progress=options.show_progress)
+                            pull=plan.pull_image, show_progress=show_progress)
     for node, result in zip(plan.nodes, raise_for_errors(outcomes, "image"), strict=True):
         run_dir.event("image", node=node.index, image=image, bytes_sent=result.bytes_sent, skipped=result.skipped,
                       replaced=result.replaced, pulled=result.pulled)

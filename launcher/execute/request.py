@@ -24,6 +24,7 @@ class UpOptions:
     runtime: str = "native"
     show_progress: bool = True
     dry_run: bool = False
+    probe: bool = True  # a dry run on hosts connects and probes them (read-only); False: plan from options alone
     detach: bool = False
     identity_file: Path | None = None
     accept_new_host_keys: bool = False
@@ -53,3 +54,4 @@ class UpResult:
     exit_code: int
     summary: dict[str, Any] | None
     plan: RunPlan | None = None
+    error: str | None = None  # a dry run whose hosts could not be probed: why (its plan has unknowns)

@@ -33,16 +33,19 @@ def run_up(spec: RunSpec, options: UpOptions) -> UpResult:
 
 
 def run_on_provider(provider: HostProvider, spec: RunSpec, options: UpOptions) -> UpResult:
-    """Provider acquires hosts -> the executor runs on them and pulls -> provider releases them."""
+    """Provider acquires hosts -> read-only probe -> pure plan -> the executor runs exactly that plan and pulls
+    -> provider releases them (a dry run: the provider's plan, acquiring nothing it would have to give back)."""
     from launcher.execute.on_hosts import run_remote_up
+    from launcher.planning.probe import plan_probed, probe_hosts
 
     try:
         if options.dry_run:
             return provider.dry_run(spec, options)
         acquired = provider.acquire(spec, options)
         try:
-            result = run_remote_up(acquired.spec, acquired.options, session=acquired.session,
-                                   provider_hosts=acquired.hosts, record_extra=acquired.record,
+            probe = probe_hosts(acquired.session, acquired.spec, acquired.options, acquired.hosts)
+            plan = plan_probed(acquired.spec, acquired.options, probe, acquired.hosts)
+            result = run_remote_up(plan, acquired.options, acquired.session, record_extra=acquired.record,
                                    run_dir=acquired.run_dir, watch=acquired.watch)
             return provider.release(result)
         except BaseException as exc:

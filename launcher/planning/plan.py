@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from launcher.errors import SpecError
@@ -14,6 +14,7 @@ from launcher.spec.run_spec import MASKED, RunSpec
 from launcher.spec.torchrun import NodeRole, torchrun_argv
 
 if TYPE_CHECKING:
+    from launcher.planning.facts import HostFacts
     from launcher.runtimes.base import NodeRuntime
 
 LOCAL = "local"
@@ -66,23 +67,47 @@ class NodePlan:
 
 @dataclass(frozen=True)
 class RunPlan:
+    """Everything a run will do, decided before it starts: the executor carries out exactly this.
+
+    `unknown` names what could not be decided because the hosts were not probed (a dry run that could not, or
+    was told not to, reach them); a plan with unknowns is shown, never run. `image` is what docker nodes run
+    (`pull_image`: the hosts pull it from a registry instead of receiving ours); `node_facts` what the probe saw."""
+
     spec: RunSpec
     nodes: tuple[NodePlan, ...]
+    runtime: str = "native"
+    image: str | None = None
+    pull_image: bool = False
+    unknown: tuple[str, ...] = ()
+    node_facts: tuple[HostFacts, ...] = field(default=(), compare=False)
 
     def to_json(self) -> dict[str, Any]:
         """The plan as `up --dry-run --json` prints it; --env values as ***."""
+        multi = self.spec.nnodes > 1
         return {
             "run_id": self.spec.run_id, "nnodes": self.spec.nnodes, "nproc_per_node": self.spec.nproc_per_node,
+            "runtime": self.runtime, "image": self.image, "pull_image": self.pull_image,
+            "rdzv_port": self.spec.rdzv_port if multi else None, "unknown": list(self.unknown),
+            "node_facts": [f.to_json() for f in self.node_facts],
             "nodes": [{"index": n.index, "host": n.host.label, "address": n.host.address, "runtime": n.runtime,
                        "workspace": n.workspace, "cwd": n.cwd, "command": list(n.command),
                        "env": {k: MASKED if k in n.secret_names else v for k, v in n.env}} for n in self.nodes],
         }  # fmt: skip
 
     def describe(self) -> str:
-        lines = [f"run {self.spec.run_id}: {self.spec.nnodes} node(s) x {self.spec.nproc_per_node} process(es)"]
-        for node in self.nodes:
+        """The plan for people: one header, then each node's command; then what is not known, if anything."""
+        port = f", rendezvous port {self.spec.rdzv_port}" if self.spec.nnodes > 1 else ""
+        lines = [f"run {self.spec.run_id}: {self.spec.nnodes} node(s) x {self.spec.nproc_per_node} process(es), "
+                 f"runtime {self.runtime}{port}"]
+        for node, facts in zip(self.nodes, self.node_facts or [None] * len(self.nodes), strict=True):
             lines.append(f"node {node.index} [{node.host.label}, {node.runtime}]:")
+            if facts is not None:
+                gpus = ", ".join(facts.gpu_names) or "no GPU"
+                lines.append(f"  # python {facts.python}, torch {facts.torch or 'none'}, {facts.cpus} cores, {gpus}")
             lines.append(f"  {node.shell_line()}")
+        if self.unknown:
+            lines.append("not known without probing the hosts (shown with placeholders above):")
+            lines += [f"  {item}" for item in self.unknown]
         return "\n".join(lines)
 
 
@@ -115,7 +140,10 @@ def plan_remote(spec: RunSpec, hosts: list[NodeHost], rdzv_addr: str | None = No
     addr0 = rdzv_addr or hosts[0].address or hosts[0].label
     workspace = remote_workspace(spec.run_id)
     plan_node = runtime.plan_node if runtime is not None else native_node_plan
-    return RunPlan(spec, tuple(plan_node(spec, index, host, addr0, workspace) for index, host in enumerate(hosts)))
+    nodes = tuple(plan_node(spec, index, host, addr0, workspace) for index, host in enumerate(hosts))
+    if runtime is None:
+        return RunPlan(spec, nodes)
+    return RunPlan(spec, nodes, runtime=runtime.name, image=runtime.image)
 
 
 def native_node_plan(spec: RunSpec, index: int, host: NodeHost, rdzv_addr: str, workspace: str) -> NodePlan:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import ipaddress
 import json
-from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 from launcher.errors import DdpctlError, HostError
+from launcher.planning.facts import HostFacts
 from launcher.transport.parallel import raise_for_errors, run_on_hosts
 
 MIN_FREE_DISK = 1 << 30  # bytes: snapshots and logs of a small run fit easily
@@ -21,15 +21,17 @@ info = {"python": "%d.%d.%d" % sys.version_info[:3], "executable": sys.executabl
 # torch's version from its metadata and the GPUs from nvidia-smi: importing torch would cost seconds per host.
 try:
     from importlib import metadata
-    info["torch"] = metadata.version("torch").split("+")[0]
+    info["torch"] = metadata.version("torch")  # with its local part (+cu121): the CUDA build
 except Exception as e:
     info["torch_error"] = (type(e).__name__ + ": " + str(e))[:200]
 if shutil.which("nvidia-smi"):
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=20).stdout
-        info["gpu_names"] = [line.strip() for line in out.splitlines() if line.strip()]
-        info["gpus"] = len(info["gpu_names"])
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20).stdout
+        rows = [line.rsplit(",", 1) for line in out.splitlines() if line.strip()]
+        info["gpu_names"] = [row[0].strip() for row in rows]
+        info["gpus"] = len(rows)
+        info["driver"] = rows[0][-1].strip() if rows else None
     except Exception:
         pass
 info["disk_free"] = shutil.disk_usage(info["home"]).free
@@ -99,35 +101,6 @@ class Runner(Protocol):
     def run(self, argv: list[str], *, timeout: float | None = None, stdin: bytes | None = None) -> Any: ...
 
 
-@dataclass(frozen=True)
-class HostFacts:
-    label: str
-    info: dict[str, Any]
-
-    @property
-    def address(self) -> str | None:
-        """The address the host was reached at, when it is one of its own; else its first non-loopback one."""
-        own = [a["addr"] for a in self.info.get("addrs", [])]
-        ssh_addr = self.info.get("ssh_server_addr")
-        if ssh_addr in own:
-            return str(ssh_addr)
-        for a in self.info.get("addrs", []):
-            if not ipaddress.ip_address(a["addr"]).is_loopback and ":" not in a["addr"]:
-                return str(a["addr"])
-        return ssh_addr
-
-    def iface_of(self, addr: str | None) -> str | None:
-        for a in self.info.get("addrs", []):
-            if a["addr"] == addr:
-                return str(a["iface"])
-        return None
-
-    @property
-    def slots(self) -> int:
-        """Processes this host can run: its GPUs, or its cores on a CPU-only host."""
-        return int(self.info.get("gpus") or 0) or int(self.info.get("cpus") or 1)
-
-
 def probe_host(conn: Runner, python: str, label: str, timeout: float = 60.0) -> HostFacts:
     """Run the probe on one host; a missing python or an unparsable answer is that host's error."""
     result = conn.run([python, "-c", PROBE_SCRIPT], timeout=timeout)
@@ -135,8 +108,8 @@ def probe_host(conn: Runner, python: str, label: str, timeout: float = 60.0) -> 
         raise HostError(label, f"{python} failed ({(result.stderr or result.stdout).strip()[:200]}); "
                         "install python3 there or pass --python PATH")
     try:
-        return HostFacts(label, json.loads(result.stdout.strip().splitlines()[-1]))
-    except (ValueError, IndexError) as e:
+        return HostFacts.from_probe(label, json.loads(result.stdout.strip().splitlines()[-1]))
+    except (ValueError, IndexError, KeyError, TypeError, AttributeError) as e:
         raise HostError(label, f"unexpected preflight answer: {result.stdout[:200]!r}") from e
 
 
@@ -155,15 +128,15 @@ def check_requirements(facts: list[HostFacts], gpus: int, runs_host_torch: bool)
     trainer (native runtime), missing torch and versions that differ. A container brings its own of both."""
     problems = []
     for f in facts:
-        if runs_host_torch and not f.info.get("torch"):
-            problems.append(Problem(f.label, f"torch is not importable ({f.info.get('torch_error', 'not installed')})"))
+        if runs_host_torch and not f.torch:
+            problems.append(Problem(f.label, f"torch is not importable ({f.torch_error or 'not installed'})"))
         if f.slots < gpus:
-            kind = "GPUs" if f.info.get("gpus") else "CPU cores (no GPU)"
+            kind = "GPUs" if f.gpus else "CPU cores (no GPU)"
             problems.append(Problem(f.label, f"--gpus {gpus} but the host has {f.slots} {kind}"))
-        if int(f.info.get("disk_free") or 0) < MIN_FREE_DISK:
-            problems.append(Problem(f.label, f"less than 1 GiB free in {f.info.get('home')}"))
+        if f.disk_free < MIN_FREE_DISK:
+            problems.append(Problem(f.label, f"less than 1 GiB free in {f.home}"))
     for key in ("python", "torch") if runs_host_torch else ():
-        versions = {f.label: _major_minor(f.info.get(key)) for f in facts}
+        versions = {f.label: _major_minor(getattr(f, key)) for f in facts}
         if len(set(versions.values())) > 1:
             listing = ", ".join(f"{label} {v}" for label, v in versions.items())
             problems.append(Problem(None, f"{key} versions differ between nodes ({listing}): "
@@ -208,7 +181,7 @@ def check_public_rendezvous(addr: str, facts: list[HostFacts], allow_public: boo
     if allow_public:
         return
     public = [f"{addr} (the rendezvous address)"] if _is_global(addr) else []
-    public += [f"{a['addr']} on {f.label}" for f in facts for a in f.info.get("addrs", []) if _is_global(a["addr"])]
+    public += [f"{a.addr} on {f.label}" for f in facts for a in f.addrs if _is_global(a.addr)]
     if public:
         raise DdpctlError(
             f"public address {public[0]}{f' and {len(public) - 1} more' if len(public) > 1 else ''}: torchrun's "

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from launcher.errors import HostError, HostsFailed
+from launcher.planning.probe import plan_probed, plan_unprobed, probe_hosts
 from launcher.providers.base import AcquiredHosts
 from launcher.transport.hostsession import HostSession
 
@@ -19,10 +21,19 @@ class SshHosts:
         self._session: HostSession | None = None
 
     def dry_run(self, spec: RunSpec, options: UpOptions) -> UpResult:
-        """The plan from the hosts as typed (the executor's dry run)."""
-        from launcher.execute.on_hosts import run_remote_up
+        """The plan that would run, from a read-only probe of the hosts (host keys verified as a run would, nothing
+        recorded). Hosts that cannot be reached give the plan from the options with its unknowns named, and the
+        reason as the result's error; with `probe` off, that plan and no error."""
+        from launcher.execute.request import UpResult
 
-        return run_remote_up(spec, options)
+        if not options.probe:
+            return UpResult(None, 0, None, plan_unprobed(spec, options))
+        try:
+            self._session = HostSession.open(options)
+        except (HostError, HostsFailed) as unreachable:
+            return UpResult(None, 1, None, plan_unprobed(spec, options), error=str(unreachable))
+        plan = plan_probed(spec, options, probe_hosts(self._session, spec, options))
+        return UpResult(None, 0, None, plan)
 
     def acquire(self, spec: RunSpec, options: UpOptions) -> AcquiredHosts:
         """A session to the named hosts (connections open lazily, host keys verified)."""

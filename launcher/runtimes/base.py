@@ -22,8 +22,27 @@ class NodeRuntime(Protocol):
         ...
 
     @property
+    def image(self) -> str | None:
+        """The image its nodes run (None: the host's own python)."""
+        ...
+
+    @property
     def runs_host_torch(self) -> bool:
         """Whether the host's own python and torch run the trainer (so preflight must check their versions)."""
+        ...
+
+    @property
+    def detach_reads_env_file(self) -> bool:
+        """Whether the detach script exports the node's environment file (else the node's wrapper reads it)."""
+        ...
+
+    @property
+    def stop_grace_seconds(self) -> int:
+        """How long stopping a node waits before killing what is left of it."""
+        ...
+
+    def env_file(self, node: NodePlan) -> tuple[str, bytes]:
+        """The file that carries the node's environment to its host: its name in the workspace, and its bytes."""
         ...
 
     def plan_node(self, spec: RunSpec, index: int, host: NodeHost, rdzv_addr: str, workspace: str) -> NodePlan:

@@ -136,6 +136,12 @@ class DockerRuntime:
     image: str = DEFAULT_IMAGE
     name: str = "docker"
     runs_host_torch: bool = False
+    detach_reads_env_file: bool = False  # the wrapper hands the file to `docker run --env-file` itself
+    stop_grace_seconds: int = NODE_STOP_GRACE_SECONDS
+
+    def env_file(self, node: NodePlan) -> tuple[str, bytes]:
+        """ENV_FILE in docker's --env-file format."""
+        return ENV_FILE, env_file_text(node.env).encode("utf-8", "surrogateescape")
 
     def plan_node(self, spec: RunSpec, index: int, host: NodeHost, rdzv_addr: str, workspace: str) -> NodePlan:
         """Node `index` as a container on `host` (docker_node_plan)."""

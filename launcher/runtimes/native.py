@@ -11,9 +11,8 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from launcher.errors import HostError
 from launcher.planning.plan import NodePlan, native_node_plan
 from launcher.runtimes import proctree
 
@@ -29,6 +28,17 @@ class NativeRuntime:
 
     name: str = "native"
     runs_host_torch: bool = True
+    image: str | None = None
+    detach_reads_env_file: bool = True  # the detach script exports the file's variables itself
+
+    @property
+    def stop_grace_seconds(self) -> int:
+        """How long a stop waits between SIGTERM and SIGKILL of the node's process tree."""
+        return NATIVE_STOP_GRACE_SECONDS
+
+    def env_file(self, node: NodePlan) -> tuple[str, bytes]:
+        """ENV_FILE and its bytes (encode_env)."""
+        return ENV_FILE, encode_env(node.env)
 
     def plan_node(self, spec: RunSpec, index: int, host: NodeHost, rdzv_addr: str, workspace: str) -> NodePlan:
         """Node `index` as torchrun on `host` (launcher.planning.plan.native_node_plan)."""
@@ -104,50 +114,10 @@ if not os.path.exists("exit_code"):
 """
 
 
-class NodeConnection(Protocol):
-    """What starting a node needs of a connection (launcher.transport.ssh.Connection has it)."""
-
-    def run(self, argv: list[str], *, timeout: float | None = None) -> Any: ...
-
-    @property
-    def sftp(self) -> Any: ...
-
-
-def start_argv(node: NodePlan) -> list[str]:
-    """The quoted-argv command that starts a node detached; its environment is in env_file(node), written first."""
-    from launcher.runtimes.docker import NODE_STOP_GRACE_SECONDS
-
-    docker = node.runtime == "docker"  # the wrapper hands the file to `docker run --env-file` itself
-    grace = NODE_STOP_GRACE_SECONDS if docker else NATIVE_STOP_GRACE_SECONDS
-    return ["sh", "-c", DETACH_SCRIPT, "ddpctl-start", node.workspace, node.cwd, "" if docker else ENV_FILE,
-            str(grace), *node.command]
-
-
 def encode_env(env: Sequence[tuple[str, str]]) -> bytes:
     """ENV_FILE's contents: values may hold anything a command line can (quotes, `$`, newlines, other bytes)."""
     lines = (f"{key}=" + value.replace("\\", "\\\\").replace("\n", "\\n") + "\n" for key, value in env)
     return "".join(lines).encode("utf-8", "surrogateescape")
-
-
-def env_file(node: NodePlan) -> tuple[str, bytes]:
-    """The file that carries the node's environment to its host: its name in the workspace, and its bytes."""
-    if node.runtime == "docker":
-        from launcher.runtimes.docker import ENV_FILE as DOCKER_ENV_FILE
-        from launcher.runtimes.docker import env_file_text
-
-        return DOCKER_ENV_FILE, env_file_text(node.env).encode("utf-8", "surrogateescape")
-    return ENV_FILE, encode_env(node.env)
-
-
-def write_env_file(conn: NodeConnection, node: NodePlan) -> None:
-    """Write env_file(node) over SFTP into the node's workspace (which must exist): the workspace is made 0700
-    first, so nobody else can open the file even before its own mode, 0600, is set."""
-    name, data = env_file(node)
-    sftp = conn.sftp
-    sftp.chmod(node.workspace, 0o700)
-    with sftp.open(f"{node.workspace}/{name}", "wb") as f:
-        f.chmod(0o600)
-        f.write(data)
 
 
 @dataclass(frozen=True)
@@ -169,18 +139,6 @@ class NodeState:
         if self.alive:
             return "running"
         return "not started" if self.pid is None else "lost"
-
-
-def start_node(conn: NodeConnection, node: NodePlan, label: str) -> int:
-    """Write the node's environment file, then start its command detached; return its pid."""
-    try:
-        write_env_file(conn, node)
-    except OSError as e:
-        raise HostError(label, f"could not write the node's environment into {node.workspace}: {e}") from e
-    result = conn.run(start_argv(node), timeout=30)
-    if result.exit_code != 0 or not result.stdout.strip().isdigit():
-        raise HostError(label, f"could not start torchrun: {(result.stderr or result.stdout).strip()[:300]}")
-    return int(result.stdout.strip())
 
 
 def read_state(conn: Runner, workspace: str) -> NodeState:

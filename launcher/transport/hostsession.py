@@ -5,14 +5,31 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from launcher.transport.known_hosts import KnownHosts, default_known_hosts_path
 from launcher.transport.parallel import raise_for_errors, run_on_hosts
 from launcher.transport.ssh import Connection, SSHTarget, resolve_target
 
 if TYPE_CHECKING:
-    from launcher.execute.request import UpOptions
+    from launcher.spec.hosts import HostSpec
+
+
+class ConnectOptions(Protocol):
+    """What connecting to hosts needs of a request (launcher.execute.request.ConnectOptions has it)."""
+
+    @property
+    def hosts(self) -> tuple[HostSpec, ...]: ...
+    @property
+    def identity_file(self) -> Path | None: ...
+    @property
+    def accept_new_host_keys(self) -> bool: ...
+    @property
+    def connect_timeout(self) -> float: ...
+    @property
+    def ssh_config(self) -> Path | None: ...
+    @property
+    def dry_run(self) -> bool: ...
 
 
 def target_to_json(target: SSHTarget) -> dict[str, Any]:
@@ -29,16 +46,18 @@ def target_from_json(data: dict[str, Any]) -> SSHTarget:
 class HostSession:
     """Connections to a run's hosts, node 0 first. Failing hosts are named together, never one at a time."""
 
-    def __init__(self, targets: list[SSHTarget], options: UpOptions, settings: dict[str, Any] | None = None) -> None:
+    def __init__(self, targets: list[SSHTarget], options: ConnectOptions,
+                 settings: dict[str, Any] | None = None) -> None:
         self.targets = targets
         self.options = options
         settings = settings or {}
         known_hosts_file = settings.get("known_hosts_file") or str(default_known_hosts_path())
-        self._known_hosts = KnownHosts(ddpctl_file=Path(known_hosts_file))
+        # A dry run records nothing: a new host key it was told to accept is trusted for this session only.
+        self._known_hosts = KnownHosts(ddpctl_file=Path(known_hosts_file), record_keys=not options.dry_run)
         self._conns = [self._connection(t) for t in targets]
 
     @classmethod
-    def open(cls, options: UpOptions) -> HostSession:
+    def open(cls, options: ConnectOptions) -> HostSession:
         """Resolve every --host and connect to all of them in parallel (host keys verified)."""
         targets = [resolve_target(h, options.ssh_config, options.identity_file) for h in options.hosts]
         session = cls(targets, options)

@@ -57,13 +57,17 @@ class KnownKey:
 class KnownHosts:
     """The union of the user's OpenSSH known_hosts and ddpctl's own file."""
 
-    def __init__(self, ddpctl_file: Path | None = None, system_file: Path | None = None) -> None:
+    def __init__(self, ddpctl_file: Path | None = None, system_file: Path | None = None,
+                 record_keys: bool = True) -> None:
         self.ddpctl_file = ddpctl_file or default_known_hosts_path()
+        self.record_keys = record_keys
+        # Keys accepted but not recorded (record_keys False: a dry run), by host key name.
+        self._session_keys: dict[str, list[KnownKey]] = {}
         self.system_file = system_file if system_file is not None else Path.home() / ".ssh" / "known_hosts"
 
     def lookup(self, name: str) -> list[KnownKey]:
         """The keys pinned for `name` (as host_key_name gives it), from both files, in file order."""
-        return self._entries(name, revoked=False)
+        return self._entries(name, revoked=False) + self._session_keys.get(name, [])
 
     def revoked(self, name: str) -> list[KnownKey]:
         """The `@revoked` entries that apply to `name`: keys never to accept."""
@@ -76,7 +80,11 @@ class KnownHosts:
         return found
 
     def record(self, name: str, key: paramiko.PKey) -> None:
-        """Append `name keytype base64` to ddpctl's file (created mode 0600 in a 0700 directory)."""
+        """Append `name keytype base64` to ddpctl's file (created mode 0600 in a 0700 directory); without
+        record_keys, trust it for this object's life only."""
+        if not self.record_keys:
+            self._session_keys.setdefault(name, []).append(KnownKey(key.get_name(), key, Path("(this dry run)"), 0))
+            return
         self.ddpctl_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd = os.open(self.ddpctl_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         with os.fdopen(fd, "a") as f:

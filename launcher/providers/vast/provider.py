@@ -18,7 +18,7 @@ from __future__ import annotations
 import ipaddress
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from launcher.errors import AuthenticationFailed, DdpctlError, HostError, HostsFailed, Interrupted, SpecError
 from launcher.execute.on_hosts import RunStopRequested, pull_run
@@ -212,7 +212,7 @@ def _connect_new_instances(session: HostSession) -> None:
                     conn.accept_new_host_keys = False
     for index in range(len(session.targets)):
         session.conn(index).accept_new_host_keys = False
-    session.options = replace(session.options, accept_new_host_keys=False)
+    session.options = replace(cast("UpOptions", session.options), accept_new_host_keys=False)
 
 
 def _refused_our_key(exc: DdpctlError) -> bool:

@@ -1,0 +1,145 @@
+"""Probe a run's hosts (read-only: connect, run the probe, look at their Docker engines, try node 0's rendezvous
+port), then decide everything the plan needs from what was found: runtime `auto`, processes per node, addresses,
+the rendezvous port. `plan_probed` and `plan_unprobed` are pure; the executor runs the plan they return."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from launcher.errors import DdpctlError
+from launcher.planning.facts import HostFacts
+from launcher.planning.plan import NodeHost, RunPlan, plan_remote
+from launcher.planning.preflight import (
+    check_public_rendezvous,
+    check_rendezvous_reachable,
+    check_requirements,
+    probe_host,
+)
+from launcher.transport.parallel import raise_for_errors, run_on_hosts
+
+if TYPE_CHECKING:
+    from launcher.execute.request import UpOptions
+    from launcher.runtimes.base import NodeRuntime
+    from launcher.spec.run_spec import RunSpec
+    from launcher.transport.hostsession import HostSession
+
+# Processes per node on CPU-only hosts when --gpus is not given: enough to exercise DDP.
+CPU_PROCS = 2
+
+
+@dataclass(frozen=True)
+class HostProbe:
+    """What the probe found: each host's facts, the runtime chosen from them, the rendezvous port node 0 has free,
+    and (docker) whether each host's engine has the NVIDIA runtime."""
+
+    facts: tuple[HostFacts, ...]
+    runtime: NodeRuntime
+    rdzv_port: int
+    engine_gpus: tuple[bool, ...] | None = None
+    first_hostname: str = ""  # node 0's SSH hostname: the rendezvous address when no better one is known
+
+
+def image_name(options: UpOptions) -> str:
+    """The image docker nodes run: --registry's reference, else --image, else ddpctl's default."""
+    from launcher.runtimes.docker import DEFAULT_IMAGE
+
+    return options.registry or options.image or DEFAULT_IMAGE
+
+
+def choose_runtime(options: UpOptions, session: HostSession) -> tuple[NodeRuntime, tuple[bool, ...] | None]:
+    """native, or docker with whether each host's engine has the NVIDIA runtime. `auto` takes docker when every
+    host has a working engine (one runtime per run: the nodes then share the image's python and torch)."""
+    from launcher.runtimes.docker import DockerRuntime
+    from launcher.runtimes.docker_hosts import host_docker_info, require_engine
+    from launcher.runtimes.native import NativeRuntime
+
+    if options.runtime == "native":
+        return NativeRuntime(), None
+    image = image_name(options)
+    outcomes = run_on_hosts(list(range(len(session.targets))),
+                            lambda i: host_docker_info(session.conn(i), image), timeout=90, label=session.label_of)
+    infos = raise_for_errors(outcomes, "docker check")
+    if options.runtime == "auto" and not all(i.has_engine for i in infos):
+        return NativeRuntime(), None
+    if options.runtime == "docker":
+        outcomes = run_on_hosts(list(range(len(infos))), lambda i: require_engine(infos[i], session.label_of(i)),
+                                timeout=10, label=session.label_of)
+        infos = raise_for_errors(outcomes, "docker runtime")
+    return DockerRuntime(image), tuple(i.nvidia_runtime for i in infos)
+
+
+def procs_per_node(spec: RunSpec, options: UpOptions, facts: tuple[HostFacts, ...]) -> int:
+    """--gpus, or without it one process per GPU of the host with the fewest (CPU-only hosts: up to CPU_PROCS)."""
+    if not options.auto_gpus:
+        return spec.nproc_per_node
+    return min(f.gpus or min(CPU_PROCS, f.cpus) for f in facts)
+
+
+def node_hosts(options: UpOptions, probe: HostProbe, provider_hosts: list[NodeHost] | None
+               ) -> tuple[list[NodeHost], str]:
+    """Each node's host as the plan needs it, and node 0's rendezvous address."""
+    hosts = provider_hosts or [NodeHost(f.label, f.address, f.iface_of(f.address)) for f in probe.facts]
+    if probe.engine_gpus is not None:
+        hosts = [replace(h, gpus=g) for h, g in zip(hosts, probe.engine_gpus, strict=True)]
+    return hosts, options.rdzv_addr or hosts[0].address or probe.first_hostname
+
+
+def probe_hosts(session: HostSession, spec: RunSpec, options: UpOptions,
+                provider_hosts: list[NodeHost] | None = None) -> HostProbe:
+    """Probe every host (read-only) and refuse what cannot run: missing torch, too few GPUs, a public or
+    unreachable rendezvous address. Raises a DdpctlError naming every failing host."""
+    outcomes = run_on_hosts(list(range(len(session.targets))),
+                            lambda i: probe_host(session.conn(i), spec.python, session.labels[i]),
+                            timeout=options.connect_timeout + 90, label=session.label_of)
+    facts = tuple(raise_for_errors(outcomes, "preflight"))
+    runtime, engine_gpus = choose_runtime(options, session)
+    problems = check_requirements(list(facts), procs_per_node(spec, options, facts),
+                                  runs_host_torch=runtime.runs_host_torch)
+    if problems:
+        raise DdpctlError("preflight failed:\n" + "\n".join(f"  {p}" for p in problems))
+    probe = HostProbe(facts, runtime, spec.rdzv_port, engine_gpus, session.targets[0].hostname)
+    if len(facts) < 2:
+        return probe
+    _hosts, addr0 = node_hosts(options, probe, provider_hosts)
+    check_public_rendezvous(addr0, list(facts), options.allow_public_rendezvous)
+    port = check_rendezvous_reachable([session.conn(i) for i in range(len(facts))], session.labels, spec.python,
+                                      addr0, spec.rdzv_port, any_free_port=options.auto_rdzv_port)
+    return replace(probe, rdzv_port=port)
+
+
+def plan_probed(spec: RunSpec, options: UpOptions, probe: HostProbe,
+                provider_hosts: list[NodeHost] | None = None) -> RunPlan:
+    """The plan that runs, decided from the probe alone (pure)."""
+    spec = spec.with_layout(nnodes=len(probe.facts), nproc_per_node=procs_per_node(spec, options, probe.facts))
+    spec = replace(spec, rdzv_port=probe.rdzv_port)
+    hosts, addr0 = node_hosts(options, probe, provider_hosts)
+    plan = plan_remote(spec, hosts, addr0, probe.runtime)
+    return replace(plan, pull_image=bool(options.registry and plan.image), node_facts=probe.facts)
+
+
+def plan_unprobed(spec: RunSpec, options: UpOptions, provider_hosts: list[NodeHost] | None = None) -> RunPlan:
+    """The plan from the options alone, for a dry run that did not probe the hosts: what only the hosts can
+    tell is shown with a placeholder and named in `unknown` (pure)."""
+    from launcher.runtimes.docker import DockerRuntime
+    from launcher.runtimes.native import NativeRuntime
+
+    spec = spec.with_layout(nnodes=len(options.hosts) or spec.nnodes, nproc_per_node=spec.nproc_per_node)
+    hosts = provider_hosts or [NodeHost(h.text, h.hostname) for h in options.hosts]
+    runtime: NodeRuntime = DockerRuntime(image_name(options)) if options.runtime == "docker" else NativeRuntime()
+    if spec.nnodes > 1 and options.rdzv_addr:  # judged without connecting; the nodes' own when probed
+        check_public_rendezvous(options.rdzv_addr, [], options.allow_public_rendezvous)
+    unknown = []
+    if options.runtime == "auto":
+        unknown.append("runtime: auto is docker when every host has a working Docker engine, else native "
+                       "(shown as native)")
+    if options.auto_gpus:
+        unknown.append(f"processes per node: one per GPU of the hosts, up to {CPU_PROCS} on CPU-only hosts "
+                       f"(shown as {spec.nproc_per_node})")
+    if spec.nnodes > 1:
+        if options.auto_rdzv_port:
+            unknown.append(f"rendezvous port: {spec.rdzv_port} unless taken on node 0, then one it has free")
+        if not options.rdzv_addr:
+            unknown.append("node addresses and network interfaces (shown as the names given)")
+    plan = plan_remote(spec, hosts, options.rdzv_addr, runtime)
+    return replace(plan, pull_image=bool(options.registry and plan.image), unknown=tuple(unknown))

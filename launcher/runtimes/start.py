@@ -1,0 +1,70 @@
+"""Starting a planned node on its host, whatever its runtime: the environment file first (over SFTP, 0600 in the
+0700 workspace: never on a command line), then the fixed detach script (launcher/runtimes/native.py's
+DETACH_SCRIPT) around the node's command. The node's runtime answers what differs: the file's name and format,
+whether the detach script or the node's own wrapper reads it, and how long a stop waits."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+from launcher.errors import HostError
+from launcher.runtimes.docker import DockerRuntime
+from launcher.runtimes.native import DETACH_SCRIPT, NativeRuntime
+
+if TYPE_CHECKING:
+    from launcher.planning.plan import NodePlan
+    from launcher.runtimes.base import NodeRuntime
+
+RUNTIMES: dict[str, type[NativeRuntime] | type[DockerRuntime]] = {"native": NativeRuntime, "docker": DockerRuntime}
+
+
+def runtime_named(name: str, image: str | None = None) -> NodeRuntime:
+    """The runtime a plan or run.json names (`image`: the one its docker nodes run)."""
+    if name not in RUNTIMES:
+        raise ValueError(f"unknown runtime {name!r}")
+    return DockerRuntime(image) if name == "docker" and image else RUNTIMES[name]()
+
+
+class NodeConnection(Protocol):
+    """What starting a node needs of a connection (launcher.transport.ssh.Connection has it)."""
+
+    def run(self, argv: list[str], *, timeout: float | None = None) -> Any: ...
+
+    @property
+    def sftp(self) -> Any: ...
+
+
+def start_argv(node: NodePlan) -> list[str]:
+    """The quoted-argv command that starts a node detached; its environment is in env_file(node), written first."""
+    runtime = runtime_named(node.runtime)
+    name = runtime.env_file(node)[0] if runtime.detach_reads_env_file else ""
+    return ["sh", "-c", DETACH_SCRIPT, "ddpctl-start", node.workspace, node.cwd, name,
+            str(runtime.stop_grace_seconds), *node.command]
+
+
+def env_file(node: NodePlan) -> tuple[str, bytes]:
+    """The file that carries the node's environment to its host: its name in the workspace, and its bytes."""
+    return runtime_named(node.runtime).env_file(node)
+
+
+def write_env_file(conn: NodeConnection, node: NodePlan) -> None:
+    """Write env_file(node) over SFTP into the node's workspace (which must exist): the workspace is made 0700
+    first, so nobody else can open the file even before its own mode, 0600, is set."""
+    name, data = env_file(node)
+    sftp = conn.sftp
+    sftp.chmod(node.workspace, 0o700)
+    with sftp.open(f"{node.workspace}/{name}", "wb") as f:
+        f.chmod(0o600)
+        f.write(data)
+
+
+def start_node(conn: NodeConnection, node: NodePlan, label: str) -> int:
+    """Write the node's environment file, then start its command detached; return its pid."""
+    try:
+        write_env_file(conn, node)
+    except OSError as e:
+        raise HostError(label, f"could not write the node's environment into {node.workspace}: {e}") from e
+    result = conn.run(start_argv(node), timeout=30)
+    if result.exit_code != 0 or not result.stdout.strip().isdigit():
+        raise HostError(label, f"could not start torchrun: {(result.stderr or result.stdout).strip()[:300]}")
+    return int(result.stdout.strip())
