@@ -106,6 +106,20 @@ def test_a_dry_run_verifies_host_keys_and_records_none(bed: Testbed, tmp_path: P
     assert not known_hosts.exists() and not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("strategy", ["dp", "mp", "ddp-mp"])
+def test_a_strategy_needing_gpus_is_refused_on_cpu_hosts_before_anything_starts(bed: Testbed, tmp_path: Path,
+                                                                               strategy: str) -> None:
+    """The test bed's hosts have no GPU: the probe finds that out, and the run is refused by host, in the
+    preflight's words, with no run directory and nothing started on the hosts."""
+    runs = tmp_path / "runs"
+    hosts = bed.hosts[:2] if strategy == "ddp-mp" else bed.hosts[:1]  # dp and mp drive one node
+    result = up(bed, hosts, runs, "--gpus", "2", "--strategy", strategy)
+    assert result.returncode == 1
+    assert f"--strategy {strategy} needs" in result.stderr and "the host has 0" in result.stderr
+    assert all(h.spec in result.stderr for h in hosts)
+    assert not runs.exists() or not any(runs.iterdir())
+
+
 def torch_version() -> str:
     from importlib import metadata
 

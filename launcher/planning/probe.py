@@ -7,15 +7,17 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from launcher.errors import DdpctlError
+from launcher.errors import DdpctlError, SpecError
 from launcher.planning.facts import HostFacts
 from launcher.planning.plan import NodeHost, RunPlan, plan_remote
 from launcher.planning.preflight import (
+    Problem,
     check_public_rendezvous,
     check_rendezvous_reachable,
     check_requirements,
     probe_host,
 )
+from launcher.spec.strategies import check_gpus
 from launcher.transport.parallel import raise_for_errors, run_on_hosts
 
 if TYPE_CHECKING:
@@ -94,8 +96,9 @@ def probe_hosts(session: HostSession, spec: RunSpec, options: UpOptions,
                             timeout=options.connect_timeout + 90, label=session.label_of)
     facts = tuple(raise_for_errors(outcomes, "preflight"))
     runtime, engine_gpus = choose_runtime(options, session)
-    problems = check_requirements(list(facts), procs_per_node(spec, options, facts),
-                                  runs_host_torch=runtime.runs_host_torch)
+    procs = procs_per_node(spec, options, facts)
+    problems = check_requirements(list(facts), procs, runs_host_torch=runtime.runs_host_torch)
+    problems += strategy_problems(spec, procs, facts)
     if problems:
         raise DdpctlError("preflight failed:\n" + "\n".join(f"  {p}" for p in problems))
     probe = HostProbe(facts, runtime, spec.rdzv_port, engine_gpus, session.targets[0].hostname)
@@ -106,6 +109,17 @@ def probe_hosts(session: HostSession, spec: RunSpec, options: UpOptions,
     port = check_rendezvous_reachable([session.conn(i) for i in range(len(facts))], session.labels, spec.python,
                                       addr0, spec.rdzv_port, any_free_port=options.auto_rdzv_port)
     return replace(probe, rdzv_port=port)
+
+
+def strategy_problems(spec: RunSpec, procs: int, facts: tuple[HostFacts, ...]) -> list[Problem]:
+    """Hosts with too few GPUs for the strategy (dp, mp, ddp-mp), found before anything starts on any host."""
+    problems = []
+    for f in facts:
+        try:
+            check_gpus(spec.strategy, spec.devices, procs, f.gpus, "the host")
+        except SpecError as exc:
+            problems.append(Problem(f.label, str(exc)))
+    return problems
 
 
 def plan_probed(spec: RunSpec, options: UpOptions, probe: HostProbe,
