@@ -147,6 +147,19 @@ def test_newest_run_of_a_layout_is_kept_and_the_older_named(tmp_path: Path) -> N
     assert "`old`" in render_markdown(rows)
 
 
+def test_a_bf16_run_is_a_row_of_its_own_named_by_its_precision(tmp_path: Path) -> None:
+    """--precision bf16 (summary.json's precision) is not the same experiment as fp32: it neither replaces the
+    fp32 run of its layout nor serves as its speed-up base, and the table says which row is which."""
+    write_run(tmp_path, "fp32", 1, seed=1, created=1000.0)
+    write_run(tmp_path, "bf16", 1, seed=2, created=2000.0)
+    summary_path = tmp_path / "bf16" / "summary.json"
+    summary_path.write_text(json.dumps({**json.loads(summary_path.read_text()), "precision": "bf16"}))
+    rows = scaling_table([load_run(tmp_path / n) for n in ("fp32", "bf16")])
+    assert [(r.run_id, r.strategy_label, r.superseded) for r in rows] == [("fp32", "ddp", ()),
+                                                                         ("bf16", "ddp (bf16)", ())]
+    assert "ddp (bf16)" in render_markdown(rows)
+
+
 def test_an_epoch_recorded_twice_after_a_restart_counts_once(tmp_path: Path) -> None:
     records = write_run(tmp_path, "restarted", 2, epochs=2)
     again = {**records[1], "seconds": 50.0, "restart_count": 1}

@@ -41,7 +41,7 @@ def _save(fig: Figure, path: Path) -> Path:
 def _by_strategy(rows: list[Row]) -> dict[str, list[Row]]:
     lines: dict[str, list[Row]] = {}
     for row in rows:
-        lines.setdefault(row.strategy, []).append(row)
+        lines.setdefault(row.strategy_label, []).append(row)
     return lines
 
 

@@ -33,7 +33,7 @@ def row_cells(row: Row) -> list[str]:
     """A row as the strings every rendering shows; a speed-up that is not a result shows as n/c."""
     flagged = bool(row.not_comparable)
     return [
-        row.layout, row.strategy, str(row.world_size), _num(row.threads_per_process, "d"),
+        row.layout, row.strategy_label, str(row.world_size), _num(row.threads_per_process, "d"),
         _num(row.global_batch, "d"), _num(row.lr, "g"),
         _num(row.steps_per_epoch, "d"), f"{row.epoch_seconds:.2f}", f"{row.train_seconds:.2f}",
         NOT_COMPARABLE if flagged else f"{row.speedup:.2f}x",

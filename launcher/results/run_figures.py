@@ -42,6 +42,7 @@ class RunFigures:
     cost_usd: float | None
     started: float  # unix time; decides which of two runs of one layout is newer
     strategy: str = "ddp"
+    precision: str = "fp32"  # --precision: bf16 runs are rows of their own
     threads_per_process: int | None = None
     processes_per_node: int | None = None
     cores: int | None = None
@@ -85,11 +86,17 @@ class Row:
     superseded: tuple[str, ...] = ()  # older runs of the same layout left out of the table
     strategy: str = "ddp"
     threads_per_process: int | None = None
-    not_comparable: str = ""  # why speed-up and efficiency are not a result ("" when they are)
+    not_comparable: str = ""
+    precision: str = "fp32"  # why speed-up and efficiency are not a result ("" when they are)
 
     @property
     def layout(self) -> str:
         return f"{self.nnodes}x{self.world_size // self.nnodes}"
+
+    @property
+    def strategy_label(self) -> str:
+        """The strategy as tables and plots name it: with its precision when that is not the default fp32."""
+        return self.strategy if self.precision == "fp32" else f"{self.strategy} ({self.precision})"
 
 
 def find_result_file(path: Path, name: str) -> Path | None:
@@ -153,6 +160,7 @@ def load_run(path: Path) -> RunFigures:
         cost_usd=_cost(run, summary),
         started=float(started),
         strategy=str(summary.get("strategy") or spec.get("strategy") or "ddp"),
+        precision=str(summary.get("precision") or spec.get("precision") or "fp32"),
         threads_per_process=_int_or_none(summary.get("threads_per_process") or spec.get("threads_per_process")),
         processes_per_node=_int_or_none(summary.get("processes_per_node")),
         cores=_int_or_none(summary.get("cores")),
@@ -191,23 +199,23 @@ def expand_report_dirs(paths: list[Path]) -> tuple[list[Path], dict[str, Any] | 
 def scaling_table(runs: list[RunFigures]) -> list[Row]:
     """One row per strategy x layout (newest run of it kept), by strategy then world size; speed-up over the
     strategy's smallest world size, flagged "not comparable" when super-linear or taken on a busy machine."""
-    newest: dict[tuple[str, int, int], RunFigures] = {}
-    older: dict[tuple[str, int, int], list[str]] = {}
+    newest: dict[tuple[str, str, int, int], RunFigures] = {}
+    older: dict[tuple[str, str, int, int], list[str]] = {}
     for run in sorted(runs, key=lambda r: r.started):
-        key = (run.strategy, run.world_size, run.nnodes)
+        key = (run.strategy, run.precision, run.world_size, run.nnodes)
         if key in newest:
             older.setdefault(key, []).append(newest[key].run_id)
         newest[key] = run
-    order = {name: i for i, name in enumerate(dict.fromkeys(run.strategy for run in
+    order = {name: i for i, name in enumerate(dict.fromkeys((run.strategy, run.precision) for run in
                                                              sorted(newest.values(), key=lambda r: r.started)))}
     rows: list[Row] = []
     base: RunFigures | None = None
     base_seconds = 0.0
-    for key in sorted(newest, key=lambda k: (order[k[0]], k[1], k[2])):
+    for key in sorted(newest, key=lambda k: (order[k[0], k[1]], k[2], k[3])):
         run = newest[key]
         seconds = [float(r["seconds"]) for r in run.records]
         train_seconds = sum(seconds)
-        if base is None or base.strategy != run.strategy:
+        if base is None or (base.strategy, base.precision) != (run.strategy, run.precision):
             base, base_seconds = run, train_seconds
         speedup = base_seconds / train_seconds if train_seconds > 0 else 0.0
         efficiency = speedup / (run.world_size / base.world_size)
@@ -236,6 +244,7 @@ def scaling_table(runs: list[RunFigures]) -> list[Row]:
             strategy=run.strategy,
             threads_per_process=run.threads_per_process,
             not_comparable=_not_comparable(run, base, efficiency),
+            precision=run.precision,
         ))
     return rows
 
