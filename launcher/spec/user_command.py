@@ -9,10 +9,11 @@ import re
 from launcher.errors import SpecError
 
 # The options that only reach our trainer's argv (spec/torchrun.py: trainer_argv and strategy_argv, and the
-# synthetic data set's sizes, passed as trainer_args): with `-- CMD` nothing reads them.
+# synthetic data set's sizes, passed as trainer_args): with `-- CMD` nothing reads them. --strategy is not here:
+# ddp is what a command gets anyway, and the spec refuses any other with `-- CMD` (strategies.check_strategy).
 TRAINER_ONLY = ("model", "dataset", "data_dir", "epochs", "batch_size", "lr", "save_every", "seed",
-                "synthetic_train_size", "synthetic_test_size", "trainer_arg", "strategy", "devices",
-                "threads_per_process", "average_every", "precision")
+                "synthetic_train_size", "synthetic_test_size", "trainer_arg", "devices", "threads_per_process",
+                "average_every", "precision")
 
 # First words that mean "the node's interpreter" (torchrun itself runs a script with its own sys.executable).
 INTERPRETER_WORDS = ("python", "python3")
