@@ -16,8 +16,8 @@ from launcher.cli.options import LaunchOption, flag_of
 from launcher.errors import SpecError
 from launcher.execute.request import UpOptions
 from launcher.spec.hosts import HostSpec, parse_hosts
-from launcher.spec.user_command import TRAINER_ONLY, check_user_command
 from launcher.spec.run_spec import DEFAULT_RDZV_PORT, RunSpec, check_port, new_run_id
+from launcher.spec.user_command import TRAINER_ONLY, check_user_command
 from launcher.spec.validate import check_runs_dir, check_seconds
 
 # Options only --provider vast reads, and those a run on this machine has no use for.
