@@ -27,7 +27,6 @@ from tests.docker_fixtures import REPO, base_image, requires_docker, test_image 
 from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, connect, run_ddpctl
 
 NAME = "DDPCTL_TEST_TOKEN"
-SMALL = ["--gpus", "1", "--epochs", "1", "--synthetic-train-size", "1024", "--synthetic-test-size", "256"]
 # The user's script: prints the variable into the run's output (each rank's stdout log), then, given a path,
 # waits for that file to appear, so the test can look at the process table while it runs.
 SHOW_ENV = """\
@@ -122,7 +121,7 @@ def test_a_local_run_gets_the_value_and_run_json_keeps_the_name_only(tmp_path: P
     token, value = secret()
     (tmp_path / "show_env.py").write_text(SHOW_ENV)
     runs = tmp_path / "runs"
-    result = ddpctl(tmp_path, "up", *SMALL, "--runs-dir", str(runs), "--env", f"{NAME}={value}", "--", "python3",
+    result = ddpctl(tmp_path, "up", "--gpus", "1", "--runs-dir", str(runs), "--env", f"{NAME}={value}", "--", "python3",
                     "show_env.py")
     assert result.returncode == 0, result.stderr
     (run,) = runs.iterdir()
@@ -174,7 +173,7 @@ def test_the_value_reaches_the_node_and_not_the_process_table_or_the_run_directo
     runs = tmp_path / "runs"
     env = {**LAUNCHER_ENV, "DDPCTL_KNOWN_HOSTS": str(bed.known_hosts_path)}
     launcher = subprocess.Popen([sys.executable, "-m", "launcher", "up", "-i", bed.client_key_path, "--host",
-                                 host.spec, *SMALL, "--name", "envsecret", "--runs-dir", str(runs), "--env",
+                                 host.spec, "--gpus", "1", "--name", "envsecret", "--runs-dir", str(runs), "--env",
                                  f"{NAME}={value}", "--", "python3", "show_env.py", release], cwd=tmp_path, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

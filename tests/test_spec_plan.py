@@ -47,7 +47,8 @@ def test_torchrun_argv_standalone_and_user_command() -> None:
     spec = RunSpec(run_id="r", nproc_per_node=4, user_command=("python", "my train.py", "--x", "$(id)"))
     argv = torchrun_argv(spec, NodeRole(node_rank=0, out_dir="/o", log_dir="/o/logs"))
     assert argv[3:6] == ["--standalone", "--nnodes", "1"]
-    assert argv[argv.index("--no-python") + 1:] == ["python", "my train.py", "--x", "$(id)"]
+    # `python` is the node's interpreter, the one running torchrun (spec.python)
+    assert argv[argv.index("--no-python") + 1:] == [spec.python, "my train.py", "--x", "$(id)"]
 
 
 @pytest.mark.parametrize("kwargs, message", [

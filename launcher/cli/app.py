@@ -73,7 +73,7 @@ def up(
     if values["save_config"] is not None and not values["dry_run"]:
         raise SpecError("--save-config writes the options of a run that is not started: add --dry-run")
     where = where_options(values, given, show_progress=not values["json_out"], dry_run=values["dry_run"])
-    spec = up_spec(values, where)
+    spec = up_spec(values, where, given)
     # What re-runs it (`up --from`): the options as resolved here (the spec's python and processes per node).
     resolved = {**values, "python": spec.python, "gpus": None if where.auto_gpus else spec.nproc_per_node}
     options = {**recorded_options(resolved, declared), **({"command": list(spec.user_command)} if spec.user_command
@@ -144,7 +144,10 @@ def main(argv: list[str] | None = None) -> None:
     except _CLICK_ERROR as e:  # a click.ClickException: format_message() and exit_code
         if e.__class__.__name__ == "NoArgsIsHelpError":
             sys.exit(0)
-        print(f"error: {e.format_message()} (see --help)", file=sys.stderr)  # type: ignore[attr-defined]
+        from launcher.cli.option_hints import no_such_option_message
+
+        message = no_such_option_message(e) or e.format_message()  # type: ignore[attr-defined]
+        print(f"error: {message} (see --help)", file=sys.stderr)
         sys.exit(e.exit_code)  # type: ignore[attr-defined]
     except typer.Exit as e:
         sys.exit(e.exit_code)

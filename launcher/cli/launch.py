@@ -17,6 +17,7 @@ from launcher.errors import SpecError
 from launcher.execute.request import UpOptions
 from launcher.spec.hosts import HostSpec, parse_hosts
 from launcher.spec.run_spec import DEFAULT_RDZV_PORT, RunSpec, check_port, new_run_id
+from launcher.spec.user_command import TRAINER_ONLY, check_user_command
 from launcher.spec.validate import check_runs_dir, check_seconds
 
 # Options only --provider vast reads, and those a run on this machine has no use for.
@@ -101,10 +102,13 @@ def parse_env(items: list[str]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(env))
 
 
-def up_spec(values: dict[str, Any], where: UpOptions) -> RunSpec:
-    """The validated RunSpec of `up`'s options (after where_options, which picked the provider)."""
+def up_spec(values: dict[str, Any], where: UpOptions, given: tuple[str, ...] | list[str] = ()) -> RunSpec:
+    """The validated RunSpec of `up`'s options (after where_options, which picked the provider); `given`: the names
+    of the options the user set (typed or from --config), checked against `-- CMD`."""
     from launcher.execute.local import default_local_procs, default_python
 
+    if values["command"]:
+        check_user_command(tuple(values["command"]), [flag_of(name) for name in given if name in TRAINER_ONLY])
     if values["command"] and where.provider != "local":
         from launcher.transport.sync import check_ship_dir
 

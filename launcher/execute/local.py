@@ -19,6 +19,7 @@ from launcher.planning.plan import RunPlan
 from launcher.results.progress import RunProgress
 from launcher.results.rundir import RunDir, read_json
 from launcher.runtimes.proctree import stop_tree
+from launcher.spec.user_command import node_command
 
 POLL_SECONDS = 0.5
 STOP_GRACE_SECONDS = 30.0
@@ -78,7 +79,7 @@ def check_local_programs(plan: RunPlan) -> None:
         raise SpecError(f"--python {python!r}: {_not_runnable(python)}; give a Python that has torch installed, "
                         "e.g. --python python3 or --python /opt/venv/bin/python")
     if plan.spec.user_command:
-        program = plan.spec.user_command[0]
+        program = node_command(plan.spec.user_command, python)[0]
         if shutil.which(program, path=path) is None:
             raise SpecError(f"the command after `--`: {_not_runnable(program)}; give a program on PATH or the path "
                             "of an executable file, e.g. `-- python3 my_train.py`")

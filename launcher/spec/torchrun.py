@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from launcher.spec import strategies
 from launcher.spec.run_spec import RunSpec
+from launcher.spec.user_command import node_command
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ def torchrun_argv(spec: RunSpec, role: NodeRole) -> list[str]:
         "--redirects", "3",
     ]  # fmt: skip
     if spec.user_command:
-        return argv + ["--no-python", *spec.user_command]
+        return argv + ["--no-python", *node_command(spec.user_command, spec.python)]
     return argv + trainer_argv(spec, role)
 
 
