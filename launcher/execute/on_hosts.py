@@ -20,7 +20,7 @@ from launcher.results.progress import FreshestProgress, RunProgress, console, st
 from launcher.results.rundir import RunDir, primary_node_out, read_json, write_bytes_atomic, write_json_atomic
 from launcher.runtimes.docker_hosts import ensure_image
 from launcher.runtimes.native import NodeState, log_tail, read_state, stop_node
-from launcher.runtimes.start import start_node
+from launcher.runtimes.start import runtime_of, start_node
 from launcher.transport.hostsession import HostSession, target_from_json, target_to_json
 from launcher.transport.parallel import raise_for_errors, run_on_hosts
 from launcher.transport.sync import TransferChangedError, pull_tree, ship_tree
@@ -248,8 +248,9 @@ def failed_worker_log(conn: Runner, workspace: str, python: str, lines: int = 20
 
 def stop_all(session: HostSession, run_dir: RunDir) -> None:
     workspaces, python = node_workspaces(run_dir), run_dir.spec().python
+    fallback = runtime_of(run_dir.typed_record()).stop_grace_seconds  # for nodes that recorded no grace
     outcomes = run_on_hosts(list(range(len(workspaces))),
-                            lambda i: stop_node(session.conn(i), workspaces[i], python),
+                            lambda i: stop_node(session.conn(i), workspaces[i], python, fallback),
                             timeout=90, label=session.label_of)
     run_dir.event("stopped", errors={o.label: str(o.error) for o in outcomes if o.error})
 
