@@ -18,7 +18,7 @@ from launcher.planning.plan import RunPlan
 from launcher.planning.preflight import Runner
 from launcher.results.progress import FreshestProgress, RunProgress, console, stall_note
 from launcher.results.rundir import RunDir, primary_node_out, read_json, write_bytes_atomic, write_json_atomic
-from launcher.runtimes.docker_hosts import ensure_image
+from launcher.runtimes.docker_hosts import ensure_image, registry_digest
 from launcher.runtimes.native import NodeState, log_tail, read_state, stop_node
 from launcher.runtimes.start import runtime_of, start_node
 from launcher.transport.hostsession import HostSession, target_from_json, target_to_json
@@ -118,9 +118,14 @@ def ship_image(session: HostSession, plan: RunPlan, run_dir: RunDir, show_progre
     engine = None if plan.pull_image else docker_client()
     outcomes = ensure_image([session.conn(n.index) for n in plan.nodes], image, engine,
                             pull=plan.pull_image, show_progress=show_progress)
-    for node, result in zip(plan.nodes, raise_for_errors(outcomes, "image"), strict=True):
+    results = raise_for_errors(outcomes, "image")
+    for node, result in zip(plan.nodes, results, strict=True):
         run_dir.event("image", node=node.index, image=image, bytes_sent=result.bytes_sent, skipped=result.skipped,
-                      replaced=result.replaced, pulled=result.pulled)
+                      replaced=result.replaced, pulled=result.pulled, image_id=result.image_id)
+    # What the nodes ran, for run.json: node 0's image ID (streamed images are verified equal on every node), and
+    # where it was pulled from a registry, the digest that names it there.
+    digest = registry_digest(image, results[0].repo_digests) if plan.pull_image else None
+    run_dir.update_record(image_id=results[0].image_id, **({"image_digest": digest} if digest else {}))
 
 
 def _cache_key(path: Path) -> str:
