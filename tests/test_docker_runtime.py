@@ -31,7 +31,7 @@ from launcher.runtimes.docker import (
     container_name,
     docker_node_plan,
 )
-from launcher.runtimes.docker_hosts import ensure_image, host_docker_info
+from launcher.runtimes.docker_hosts import ensure_image, host_docker_info, registry_digest
 from launcher.runtimes.image import docker_client
 from launcher.runtimes.native import stop_node
 from launcher.runtimes.start import env_file, start_argv
@@ -391,6 +391,10 @@ def test_with_a_registry_hosts_pull_the_image(docker_bed: DockerBed, small_image
                                   "pull")
         assert pulled[0].pulled and pulled[0].bytes_sent == 0 and not pulled[0].skipped
         assert engines[1].docker("image", "inspect", "-f", "{{.Id}}", ref).stdout.decode().strip() == image_id
+        assert pulled[0].image_id == image_id
+        pushed = engines[0].docker("image", "inspect", "-f", "{{index .RepoDigests 0}}", ref).stdout.decode().strip()
+        assert pushed.startswith(ref.rpartition(":")[0] + "@sha256:")
+        assert registry_digest(ref, pulled[0].repo_digests) == pushed.partition("@")[2], "the digest pushed"
         again = raise_for_errors(ensure_image(conns[1:], ref, docker_client(), pull=True, show_progress=False),
                                  "pull")
         assert again[0].skipped

@@ -63,6 +63,10 @@ def test_docker_runtime_trains_on_two_hosts_and_ships_the_image_once(
         remote_id = engine.docker("image", "inspect", "--format", "{{.Id}}", test_image).stdout.decode().strip()
         assert remote_id == local_id
         assert engine.docker("ps", "-aq", "--filter", f"label=ddpctl.run={run.name}").stdout.strip() == b""
+    record = json.loads((run / "run.json").read_text())
+    assert record["image_id"] == local_id, "run.json names the image the nodes ran"
+    assert "image_digest" not in record  # streamed, not pulled from a registry
+    assert [e["image_id"] for e in shipped] == [local_id, local_id]
     for k in (0, 1):
         assert list((run / "nodes" / str(k) / "out" / "snapshots").iterdir())
 
@@ -73,6 +77,7 @@ def test_docker_runtime_trains_on_two_hosts_and_ships_the_image_once(
     out = json.loads(second.stdout)
     assert out["summary"]["restarts"] == 1, "a worker killed inside its container is restarted by torchrun"
     assert [e["bytes_sent"] for e in image_events(Path(out["run_dir"]))] == [0, 0]
+    assert json.loads((Path(out["run_dir"]) / "run.json").read_text())["image_id"] == local_id  # skipped: same ID
 
 
 @pytest.mark.parametrize("runtime", ["docker", "auto"])

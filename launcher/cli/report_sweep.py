@@ -216,7 +216,7 @@ def typed_here(ctx: typer.Context, names: list[str]) -> list[str]:
 
 def _start_sweep(o: dict[str, Any], given: list[str]) -> tuple[Path, dict[str, Any]]:
     """Validate the options and create the sweep directory with its manifest; nothing is written on bad input."""
-    from launcher.execute.up import check_local_run
+    from launcher.execute.local import check_local_run
 
     trainer_args: list[str] = []
     for option in ("synthetic_train_size", "synthetic_test_size"):

@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from launcher.errors import DdpctlError, SpecError
-from launcher.execute.reattach import ran_here
+from launcher.providers.recorded import provider_of
 from launcher.results.progress import console
 from launcher.results.rundir import RunDir, find_run
 from launcher.spec.hosts import parse_hosts
@@ -49,7 +49,6 @@ def status(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, json_out: bool 
            rented: bool = typer.Option(False, "--rented", help="List every Vast.ai machine still rented (and "
                                        "billing) by any run under --runs-dir.")) -> None:
     """Where a run stands: each node's process state and progress, and what was pulled."""
-    from launcher.execute.reattach import status_rows
     from launcher.providers.vast.ledger import say
     from launcher.providers.vast.rented_list import print_rented, rented_rows
 
@@ -59,7 +58,8 @@ def status(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, json_out: bool 
         return
     run_dir = _find_run(runs_dir, run)
     record = run_dir.record()
-    rows = status_rows(run_dir, _options(runs_dir, identity_file, False, connect_timeout))
+    rows = provider_of(run_dir.typed_record()).status_rows(run_dir, _options(runs_dir, identity_file, False,
+                                                                               connect_timeout))
     extra = {k: record[k] for k in ("instances", "cost_usd") if k in record}
     if json_out:
         print(json.dumps({"run": run_dir.run_id, "path": str(run_dir.path), "nodes": rows, **extra}, indent=2))
@@ -82,35 +82,21 @@ def logs(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, node: int = typer
          follow: bool = typer.Option(False, "--follow", "-f"), lines: int = typer.Option(50, "--lines", "-n"),
          identity_file: Path | None = IDENTITY, connect_timeout: float = TIMEOUT) -> None:
     """Print a node's torchrun output (`-f` to keep following it)."""
-    from launcher.execute.reattach import print_host_log, print_local_log
-
     check_seconds(connect_timeout, "--connect-timeout")
     if lines < 1:
         raise SpecError(f"--lines must be at least 1, got {lines}")
     run_dir = _find_run(runs_dir, run)
-    if ran_here(run_dir):
-        if node != 0:
-            raise SpecError(f"--node {node}: run {run_dir.run_id} ran on this machine; it has node 0 only")
-        print_local_log(run_dir, lines, follow)
-        return
-    if not run_dir.record().get("hosts"):
-        raise DdpctlError(f"run {run_dir.run_id} has no machines to read logs from (none was rented and reached): "
-                          f"see `ddpctl status {run_dir.run_id}`")
-    print_host_log(run_dir, node, lines, follow, _options(runs_dir, identity_file, False, connect_timeout))
+    provider_of(run_dir.typed_record()).print_log(run_dir, node, lines, follow,
+                                                   _options(runs_dir, identity_file, False, connect_timeout))
 
 
 def pull(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, identity_file: Path | None = IDENTITY,
          connect_timeout: float = TIMEOUT) -> None:
     """Fetch every node's outputs into the run directory (incremental, sha256-verified)."""
-    from launcher.execute.on_hosts import pull_run, reattach
-
     check_seconds(connect_timeout, "--connect-timeout")
     run_dir = _find_run(runs_dir, run)
-    if ran_here(run_dir):
-        raise DdpctlError(f"run {run_dir.run_id} is a local run and `pull` is for runs on hosts: its files are "
-                          f"already in {run_dir.path}")
-    with reattach(run_dir, _options(runs_dir, identity_file, False, connect_timeout)) as session:
-        stats = pull_run(session, run_dir)
+    stats = provider_of(run_dir.typed_record()).pull(run_dir, _options(runs_dir, identity_file, False,
+                                                                        connect_timeout))
     moved = sum(int(s.get("bytes_fetched", 0)) for s in stats)
     console.print(f"pulled {moved:,} bytes into {run_dir.path}/nodes (all files verified)")
 
@@ -119,24 +105,11 @@ def down(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, identity_file: Pa
          connect_timeout: float = TIMEOUT, force: bool = typer.Option(False, "--force", help="Destroy rented "
          "machines even when their results could not be verified.")) -> None:
     """Stop every node's processes, then pull what they wrote (and release rented machines)."""
-    from launcher.execute.on_hosts import pull_run, reattach, stop_all
-
     check_seconds(connect_timeout, "--connect-timeout")
     run_dir = _find_run(runs_dir, run)
-    if ran_here(run_dir):
-        pid = run_dir.record().get("local_pid")
-        raise DdpctlError(f"run {run_dir.run_id} is a local run and `down` is for runs on hosts: stop a local run "
-                          "with Ctrl-C where `ddpctl up` runs" + (f" (or `kill {pid}`, its torchrun)" if pid else "")
-                          + f"; its files are in {run_dir.path}")
-    if run_dir.record().get("instances"):  # rented: pull and verify, then destroy (refused unverified w/o --force)
-        from launcher.providers.vast.release import release_run
-
-        release_run(run_dir, _options(runs_dir, identity_file, False, connect_timeout), force=force)
-        return
-    with reattach(run_dir, _options(runs_dir, identity_file, False, connect_timeout)) as session:
-        stop_all(session, run_dir)
-        pull_run(session, run_dir)
-    console.print(f"stopped run {run_dir.run_id}; results in {run_dir.path}")
+    done = provider_of(run_dir.typed_record()).down(run_dir, _options(runs_dir, identity_file, False,
+                                                                       connect_timeout), force)
+    console.print(done, markup=False, highlight=False, soft_wrap=True)
 
 
 def doctor(host: list[str] = typer.Option(..., "--host", help="Hosts to check; repeat."),

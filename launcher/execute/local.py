@@ -11,14 +11,18 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from launcher.errors import DdpctlError, SpecError
-from launcher.execute.local_checks import FirstStepWatch
-from launcher.planning.plan import RunPlan
+from launcher.execute.local_checks import FirstStepWatch, check_local_rendezvous
+from launcher.planning.plan import RunPlan, plan_local
 from launcher.results.progress import RunProgress
 from launcher.results.rundir import RunDir, read_json
 from launcher.runtimes.proctree import stop_tree
+from launcher.spec.datasets import check_local_data
+from launcher.spec.run_spec import RunSpec
+from launcher.spec.strategies import check_gpus
 from launcher.spec.user_command import node_command
 
 POLL_SECONDS = 0.5
@@ -91,6 +95,19 @@ def _not_runnable(program: str) -> str:
     if not os.path.isfile(program):
         return f"there is no file {program}"
     return f"{program} is not executable"
+
+
+def check_local_run(spec: RunSpec, run_path: Path | None = None) -> RunPlan:
+    """What a run on this machine needs before anything is written: the data set, enough GPUs, a python (and
+    the `-- CMD` program) that can start. Returns the run's plan (for a run directory at run_path)."""
+    if not spec.user_command:
+        check_local_data(spec.dataset, spec.data_dir)
+    check_local_gpus(spec.nproc_per_node)
+    check_gpus(spec.strategy, spec.devices, spec.nproc_per_node, local_gpu_count(), "this machine")
+    check_local_rendezvous()
+    plan = plan_local(spec, str(run_path or Path(spec.run_id).resolve()), cwd=os.getcwd())
+    check_local_programs(plan)
+    return plan
 
 
 def run_local(plan: RunPlan, run_dir: RunDir, show_progress: bool = True) -> int:

@@ -18,9 +18,9 @@ from launcher.planning.plan import RunPlan
 from launcher.planning.preflight import Runner
 from launcher.results.progress import FreshestProgress, RunProgress, console, stall_note
 from launcher.results.rundir import RunDir, primary_node_out, read_json, write_bytes_atomic, write_json_atomic
-from launcher.runtimes.docker_hosts import ensure_image
+from launcher.runtimes.docker_hosts import ensure_image, registry_digest
 from launcher.runtimes.native import NodeState, log_tail, read_state, stop_node
-from launcher.runtimes.start import start_node
+from launcher.runtimes.start import runtime_of, start_node
 from launcher.transport.hostsession import HostSession, target_from_json, target_to_json
 from launcher.transport.parallel import raise_for_errors, run_on_hosts
 from launcher.transport.sync import TransferChangedError, pull_tree, ship_tree
@@ -118,9 +118,14 @@ def ship_image(session: HostSession, plan: RunPlan, run_dir: RunDir, show_progre
     engine = None if plan.pull_image else docker_client()
     outcomes = ensure_image([session.conn(n.index) for n in plan.nodes], image, engine,
                             pull=plan.pull_image, show_progress=show_progress)
-    for node, result in zip(plan.nodes, raise_for_errors(outcomes, "image"), strict=True):
+    results = raise_for_errors(outcomes, "image")
+    for node, result in zip(plan.nodes, results, strict=True):
         run_dir.event("image", node=node.index, image=image, bytes_sent=result.bytes_sent, skipped=result.skipped,
-                      replaced=result.replaced, pulled=result.pulled)
+                      replaced=result.replaced, pulled=result.pulled, image_id=result.image_id)
+    # What the nodes ran, for run.json: node 0's image ID (streamed images are verified equal on every node), and
+    # where it was pulled from a registry, the digest that names it there.
+    digest = registry_digest(image, results[0].repo_digests) if plan.pull_image else None
+    run_dir.update_record(image_id=results[0].image_id, **({"image_digest": digest} if digest else {}))
 
 
 def _cache_key(path: Path) -> str:
@@ -248,8 +253,9 @@ def failed_worker_log(conn: Runner, workspace: str, python: str, lines: int = 20
 
 def stop_all(session: HostSession, run_dir: RunDir) -> None:
     workspaces, python = node_workspaces(run_dir), run_dir.spec().python
+    fallback = runtime_of(run_dir.typed_record()).stop_grace_seconds  # for nodes that recorded no grace
     outcomes = run_on_hosts(list(range(len(workspaces))),
-                            lambda i: stop_node(session.conn(i), workspaces[i], python),
+                            lambda i: stop_node(session.conn(i), workspaces[i], python, fallback),
                             timeout=90, label=session.label_of)
     run_dir.event("stopped", errors={o.label: str(o.error) for o in outcomes if o.error})
 

@@ -20,39 +20,46 @@ FOLLOW_POLL_SECONDS = 1.0
 START_GRACE_SECONDS = 30.0
 
 
-def ran_here(run_dir: RunDir) -> bool:
-    """A local run: no hosts, nothing rented (a Vast.ai run records its instances before it has hosts)."""
-    record = run_dir.record()
-    return not record.get("hosts") and record.get("provider", "local") == "local"
-
-
-def status_rows(run_dir: RunDir, options: UpOptions) -> list[dict[str, Any]]:
-    """One row per node: its process state and progress, asked of its host, or read from the run directory when
-    the run ran here or its rented machines are gone."""
+def host_status_rows(run_dir: RunDir, options: UpOptions) -> list[dict[str, Any]]:
+    """One row per node of a run on hosts: its process state and progress, asked of its host."""
     from launcher.execute.on_hosts import poll_states, reattach
-    from launcher.providers.vast.rented_list import is_released, offline_rows
 
-    record = run_dir.record()
+    with reattach(run_dir, options) as session:
+        states = poll_states(session, run_dir)
     rows = []
-    if record.get("hosts") and not is_released(record):  # a destroyed machine's address may be someone else's now
-        with reattach(run_dir, options) as session:
-            states = poll_states(session, run_dir)
-        for index, state in enumerate(states):
-            progress = (progress_record(state.progress) or {}) if state else {}
-            rows.append({"node": index, "host": session.labels[index],
-                         "state": state.label if state else "unreachable",
-                         "exit_code": state.exit_code if state else None,
-                         "epoch": progress.get("epoch"), "epochs": progress.get("epochs")})
-    elif record.get("provider") == "vast":  # released, or never got as far as starting: nothing to reach
-        rows = offline_rows(run_dir)
-    else:
-        events = run_dir.events()
-        exited = [e for e in events if e["event"] in ("exited", "stopped")]
-        summary_exists = (run_dir.path / "summary.json").exists()
-        local_state = "finished" if summary_exists else ("ended" if exited else "running or interrupted")
-        rows.append({"node": 0, "host": "local", "state": local_state,
-                     "exit_code": exited[-1].get("exit_code") if exited else None, "epoch": None, "epochs": None})
+    for index, state in enumerate(states):
+        progress = (progress_record(state.progress) or {}) if state else {}
+        rows.append({"node": index, "host": session.labels[index],
+                     "state": state.label if state else "unreachable",
+                     "exit_code": state.exit_code if state else None,
+                     "epoch": progress.get("epoch"), "epochs": progress.get("epochs")})
     return rows
+
+
+def local_status_rows(run_dir: RunDir) -> list[dict[str, Any]]:
+    """The one row of a run on this machine, read from its run directory."""
+    exited = [e for e in run_dir.events() if e["event"] in ("exited", "stopped")]
+    summary_exists = (run_dir.path / "summary.json").exists()
+    local_state = "finished" if summary_exists else ("ended" if exited else "running or interrupted")
+    return [{"node": 0, "host": "local", "state": local_state,
+             "exit_code": exited[-1].get("exit_code") if exited else None, "epoch": None, "epochs": None}]
+
+
+def pull_hosts(run_dir: RunDir, options: UpOptions) -> list[dict[str, Any]]:
+    """Fetch every host node's outputs into the run directory (verified)."""
+    from launcher.execute.on_hosts import pull_run, reattach
+
+    with reattach(run_dir, options) as session:
+        return pull_run(session, run_dir)
+
+
+def stop_and_pull_hosts(run_dir: RunDir, options: UpOptions) -> None:
+    """Stop every host node, then pull what it wrote (verified)."""
+    from launcher.execute.on_hosts import pull_run, reattach, stop_all
+
+    with reattach(run_dir, options) as session:
+        stop_all(session, run_dir)
+        pull_run(session, run_dir)
 
 
 def print_host_log(run_dir: RunDir, node: int, lines: int, follow: bool, options: UpOptions) -> None:

@@ -25,7 +25,7 @@ class AcquiredHosts:
 
     spec: RunSpec  # the spec with the provider's layout (e.g. one node per rented machine)
     options: UpOptions  # the options the executor runs with (a provider may pin the runtime or host keys)
-    session: HostSession
+    session: HostSession | None  # None: this machine (launcher.providers.local), started here without SSH
     hosts: list[NodeHost] | None = None  # addresses the provider knows better than the hosts (overlay networks)
     record: dict[str, Any] = field(default_factory=dict)  # the provider's fields for run.json
     run_dir: RunDir | None = None  # made by the provider when it must record what it acquired before the run
@@ -53,4 +53,25 @@ class HostProvider(Protocol):
 
     def close(self) -> None:
         """Close connections; called last, whatever happened."""
+        ...
+
+
+class RunProvider(Protocol):
+    """A recorded run's provider, rebuilt from its run.json (launcher.providers.provider_of): it answers
+    `ddpctl status`, `logs`, `pull` and `down` for that run, so the commands never branch on run.json fields."""
+
+    def status_rows(self, run_dir: RunDir, options: UpOptions) -> list[dict[str, Any]]:
+        """One row per node: host, process state, exit code, progress."""
+        ...
+
+    def print_log(self, run_dir: RunDir, node: int, lines: int, follow: bool, options: UpOptions) -> None:
+        """The end of node `node`'s torchrun output; with `follow`, what is added until the node ends."""
+        ...
+
+    def pull(self, run_dir: RunDir, options: UpOptions) -> list[dict[str, Any]]:
+        """Fetch every node's outputs into the run directory (verified); one stats dict per node."""
+        ...
+
+    def down(self, run_dir: RunDir, options: UpOptions, force: bool) -> str:
+        """Stop every node, pull what it wrote, give back what the run holds; what to tell the user."""
         ...

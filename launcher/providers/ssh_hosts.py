@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from launcher.errors import HostError, HostsFailed
+from launcher.execute.reattach import host_status_rows, print_host_log, pull_hosts, stop_and_pull_hosts
 from launcher.planning.probe import plan_probed, plan_unprobed, probe_hosts
 from launcher.providers.base import AcquiredHosts
 from launcher.transport.hostsession import HostSession
 
 if TYPE_CHECKING:
     from launcher.execute.request import UpOptions, UpResult
+    from launcher.results.rundir import RunDir
     from launcher.spec.run_spec import RunSpec
 
 
@@ -51,3 +53,20 @@ class SshHosts:
         """Close the SSH connections."""
         if self._session is not None:
             self._session.close()
+
+    def status_rows(self, run_dir: RunDir, options: UpOptions) -> list[dict[str, Any]]:
+        """Each node's state and progress, asked of its host (see launcher.providers.base.RunProvider)."""
+        return host_status_rows(run_dir, options)
+
+    def print_log(self, run_dir: RunDir, node: int, lines: int, follow: bool, options: UpOptions) -> None:
+        """A node's torchrun output, read on its host."""
+        print_host_log(run_dir, node, lines, follow, options)
+
+    def pull(self, run_dir: RunDir, options: UpOptions) -> list[dict[str, Any]]:
+        """Every node's outputs, fetched and verified."""
+        return pull_hosts(run_dir, options)
+
+    def down(self, run_dir: RunDir, options: UpOptions, force: bool) -> str:
+        """Stop every node, then pull; the hosts are the user's, so nothing is given back."""
+        stop_and_pull_hosts(run_dir, options)
+        return f"stopped run {run_dir.run_id}; results in {run_dir.path}"

@@ -35,6 +35,7 @@ class DockerHostInfo:
     has_engine: bool
     nvidia_runtime: bool = False
     image_id: str | None = None
+    repo_digests: tuple[str, ...] = ()  # REPOSITORY@sha256:... of the image, for one pulled from a registry
     problem: str | None = None
 
 
@@ -46,9 +47,12 @@ class ShipResult:
     skipped: bool
     replaced: bool = False  # the host had another image under this name
     pulled: bool = False
+    image_id: str | None = None  # the ID the host has under the name now
+    repo_digests: tuple[str, ...] = ()
 
 
-# Prints `engine RUNTIMES-JSON` or `problem TEXT`, then `image ID` (empty when the host lacks it).
+# Prints `engine RUNTIMES-JSON` or `problem TEXT`, then `image ID` and `digests REPO@DIGEST...` (empty when the
+# host lacks it).
 INFO_SCRIPT = r"""
 command -v docker >/dev/null 2>&1 || { echo "problem no docker command on this host"; exit 0; }
 if ! out=$(docker info --format '{{json .Runtimes}}' 2>&1); then
@@ -56,6 +60,7 @@ if ! out=$(docker info --format '{{json .Runtimes}}' 2>&1); then
 fi
 echo "engine $out"
 echo "image $(docker image inspect --format '{{.Id}}' "$1" 2>/dev/null)"
+echo "digests $(docker image inspect --format '{{join .RepoDigests " "}}' "$1" 2>/dev/null)"
 """
 
 SHIP_TIMEOUT = 3600.0  # seconds: a multi-GB CUDA image over a slow link
@@ -74,7 +79,8 @@ def host_docker_info(conn: DockerHost, image: str) -> DockerHostInfo:
         runtimes = json.loads(fields["engine"]) or {}
     except ValueError:
         runtimes = {}
-    return DockerHostInfo(True, nvidia_runtime="nvidia" in runtimes, image_id=fields.get("image", "").strip() or None)
+    return DockerHostInfo(True, nvidia_runtime="nvidia" in runtimes, image_id=fields.get("image", "").strip() or None,
+                          repo_digests=tuple(fields.get("digests", "").split()))
 
 
 def require_engine(info: DockerHostInfo, label: str) -> DockerHostInfo:
@@ -112,7 +118,8 @@ def ensure_image(conns: Sequence[DockerHost], image: str, local_engine: Any = No
         if info.error is not None:
             outcomes[i].error = info.error
         elif want is not None and info.value is not None and info.value.image_id == want:
-            outcomes[i].value = ShipResult(0, skipped=True)
+            outcomes[i].value = ShipResult(0, skipped=True, image_id=info.value.image_id,
+                                           repo_digests=info.value.repo_digests)
         else:
             todo.append(i)
     if not todo:
@@ -125,12 +132,14 @@ def ensure_image(conns: Sequence[DockerHost], image: str, local_engine: Any = No
     for i, (sent, error) in zip(todo, results, strict=True):
         before = infos[i].value
         old = before.image_id if before is not None else None
+        now = None
         if error is None:
-            error = _verify(conns[i], image, want, old)
-        if error is not None:
+            error, now = _verify(conns[i], image, want, old)
+        if error is not None or now is None:
             outcomes[i].error = error
         else:
-            outcomes[i].value = ShipResult(sent or 0, skipped=False, replaced=old is not None, pulled=pull)
+            outcomes[i].value = ShipResult(sent or 0, skipped=False, replaced=old is not None, pulled=pull,
+                                           image_id=now.image_id, repo_digests=now.repo_digests)
     return outcomes
 
 
@@ -142,14 +151,16 @@ def _pull(conn: DockerHost, image: str) -> int:
     return 0
 
 
-def _verify(conn: DockerHost, image: str, want: str | None, old: str | None) -> HostError | None:
-    """None when the host now has `want` under `image` (and its superseded image is removed)."""
+def _verify(conn: DockerHost, image: str, want: str | None,
+            old: str | None) -> tuple[HostError | None, DockerHostInfo]:
+    """(None, what the host has now) when the host now has `want` under `image` (and its superseded image is
+    removed); else the error naming the host."""
     info = host_docker_info(conn, image)
     if want is not None and info.image_id != want:
-        return HostError(conn.label, f"after loading, {image} there has ID {info.image_id}, not ours ({want})")
+        return HostError(conn.label, f"after loading, {image} there has ID {info.image_id}, not ours ({want})"), info
     if old and old != info.image_id:
         conn.run(["docker", "image", "rm", old], timeout=120)  # best effort: it may still be in use
-    return None
+    return None, info
 
 
 def _stream(engine: Any, image: str, conns: Sequence[DockerHost],
@@ -256,3 +267,16 @@ class _HostFeed:
         if status != 0:
             tail = output.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
             self.fail(HostError(self.label, f"docker load failed (exit {status}): {tail[0]}"))
+
+
+def registry_digest(reference: str, repo_digests: Sequence[str]) -> str | None:
+    """The `sha256:...` digest under which `reference`'s repository holds the image (None: not from a registry)."""
+    last = reference.rpartition("/")[2]
+    repository = reference.partition("@")[0]
+    if ":" in last and "@" not in reference:
+        repository = reference.rpartition(":")[0]
+    for entry in repo_digests:
+        name, _, digest = entry.partition("@")
+        if name == repository and digest:
+            return digest
+    return None

@@ -159,14 +159,15 @@ def read_state(conn: Runner, workspace: str) -> NodeState:
     )
 
 
-def stop_node(conn: Runner, workspace: str, python: str = "python3", grace_seconds: float | None = None) -> None:
+def stop_node(conn: Runner, workspace: str, python: str = "python3", grace_seconds: float | None = None,
+              fallback_grace_seconds: float = NATIVE_STOP_GRACE_SECONDS) -> None:
     """TERM the node's torchrun tree, KILL what is left after `grace_seconds`, by default the grace the node
-    recorded at its start (longer for a docker node: its wrapper must finish `docker stop` and `docker rm`);
-    `python` is the host's."""
+    recorded at its start (longer for a docker node: its wrapper must finish `docker stop` and `docker rm`), else
+    `fallback_grace_seconds` (its runtime's); `python` is the host's."""
     from launcher.runtimes.docker import NODE_STOP_GRACE_SECONDS
 
     grace = "" if grace_seconds is None else str(grace_seconds)
-    conn.run([python, "-c", STOP_SCRIPT, workspace, grace, str(NATIVE_STOP_GRACE_SECONDS)],
+    conn.run([python, "-c", STOP_SCRIPT, workspace, grace, str(fallback_grace_seconds)],
              timeout=max(grace_seconds or 0, NODE_STOP_GRACE_SECONDS) + 30)
 
 

@@ -8,11 +8,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 from launcher.errors import HostError
+from launcher.results.record import RecordError
 from launcher.runtimes.docker import DockerRuntime
 from launcher.runtimes.native import DETACH_SCRIPT, NativeRuntime
 
 if TYPE_CHECKING:
     from launcher.planning.plan import NodePlan
+    from launcher.results.record import RunRecord
     from launcher.runtimes.base import NodeRuntime
 
 RUNTIMES: dict[str, type[NativeRuntime] | type[DockerRuntime]] = {"native": NativeRuntime, "docker": DockerRuntime}
@@ -23,6 +25,16 @@ def runtime_named(name: str, image: str | None = None) -> NodeRuntime:
     if name not in RUNTIMES:
         raise ValueError(f"unknown runtime {name!r}")
     return DockerRuntime(image) if name == "docker" and image else RUNTIMES[name]()
+
+
+def runtime_of(record: RunRecord) -> NodeRuntime:
+    """The runtime a recorded run's nodes ran (native when the record predates `runtime`)."""
+    name = record.extra.get("runtime", "native")
+    if name not in RUNTIMES:
+        raise RecordError(f"run {record.run_id}: run.json names runtime {name!r}, which this ddpctl does not know "
+                          f"({', '.join(RUNTIMES)})")
+    image = (record.options or {}).get("image")
+    return runtime_named(name, image if isinstance(image, str) else None)
 
 
 class NodeConnection(Protocol):

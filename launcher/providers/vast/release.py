@@ -1,11 +1,14 @@
-"""`ddpctl down` of a rented run: stop its nodes, pull and verify what they wrote, then destroy its machines."""
+"""A rented run's provider after `up`, rebuilt from its run.json: `status`, `logs`, `pull` and `down` of a Vast.ai
+run (down: stop its nodes, pull and verify what they wrote, then destroy its machines)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from launcher.errors import DdpctlError
+from launcher.execute.reattach import host_status_rows, print_host_log, pull_hosts, stop_and_pull_hosts
 from launcher.providers.vast.ledger import Ledger, destroy_all, live, say
+from launcher.providers.vast.rented_list import is_released, offline_rows
 from launcher.results.rundir import RunDir
 
 if TYPE_CHECKING:
@@ -21,15 +24,41 @@ def vast_client() -> VastClient:
     return VastClient(load_api_key())
 
 
-def release_run(run_dir: RunDir, options: UpOptions, force: bool = False) -> None:
+class RentedRun:
+    """A Vast.ai run's machines, as its run.json records them (see launcher.providers.base.RunProvider)."""
+
+    def status_rows(self, run_dir: RunDir, options: UpOptions) -> list[dict[str, Any]]:
+        """Asked of the machines while they are rented and reached; else from what was recorded and pulled (a
+        destroyed machine's address may be someone else's now)."""
+        record = run_dir.record()
+        if record.get("hosts") and not is_released(record):
+            return host_status_rows(run_dir, options)
+        return offline_rows(run_dir)
+
+    def print_log(self, run_dir: RunDir, node: int, lines: int, follow: bool, options: UpOptions) -> None:
+        """A node's torchrun output, read on its machine."""
+        if not run_dir.record().get("hosts"):
+            raise DdpctlError(f"run {run_dir.run_id} has no machines to read logs from (none was rented and "
+                              f"reached): see `ddpctl status {run_dir.run_id}`")
+        print_host_log(run_dir, node, lines, follow, options)
+
+    def pull(self, run_dir: RunDir, options: UpOptions) -> list[dict[str, Any]]:
+        """Every node's outputs, fetched and verified (refused once the machines are destroyed)."""
+        return pull_hosts(run_dir, options)
+
+    def down(self, run_dir: RunDir, options: UpOptions, force: bool) -> str:
+        """Pull and verify, then destroy the machines (kept when unverified, unless `force`)."""
+        return release_run(run_dir, options, force)
+
+
+def release_run(run_dir: RunDir, options: UpOptions, force: bool = False) -> str:
     """`ddpctl down` of a rented run: stop the nodes, pull and verify everything, then destroy the machines.
 
     When the results cannot be pulled and verified the machines are kept (they hold the only copy) unless
-    `force`. A run whose training never started has nothing to pull."""
+    `force`. A run whose training never started has nothing to pull. Returns what to tell the user."""
     ledger = Ledger(run_dir)
     if not live(ledger.instances):
-        say(f"run {run_dir.run_id} holds no rented machine any more (cost ${ledger.cost():.4f})")
-        return
+        return f"run {run_dir.run_id} holds no rented machine any more (cost ${ledger.cost():.4f})"
     problem = None
     if run_dir.record().get("nodes"):
         problem = _stop_and_pull(run_dir, options)
@@ -42,18 +71,13 @@ def release_run(run_dir: RunDir, options: UpOptions, force: bool = False) -> Non
         say(f"destroying the machines without verified results (--force): {problem}", style="yellow")
     with vast_client() as client:
         cost = destroy_all(client, ledger, "down --force" if problem else "down")
-    say(f"run {run_dir.run_id}: machines destroyed (verified); it cost ${cost:.4f}; results in "
-        f"{run_dir.path}")
+    return f"run {run_dir.run_id}: machines destroyed (verified); it cost ${cost:.4f}; results in {run_dir.path}"
 
 
 def _stop_and_pull(run_dir: RunDir, options: UpOptions) -> str | None:
     """Stop every node and pull; None when every file came back verified, else what went wrong."""
-    from launcher.execute.on_hosts import pull_run, reattach, stop_all
-
     try:
-        with reattach(run_dir, options) as session:
-            stop_all(session, run_dir)
-            pull_run(session, run_dir)
+        stop_and_pull_hosts(run_dir, options)
     except DdpctlError as exc:
         return str(exc).splitlines()[0]
     return None

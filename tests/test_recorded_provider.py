@@ -1,0 +1,41 @@
+"""A recorded run's provider and runtime, rebuilt from its typed run.json (what status/logs/pull/down ask)."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher.providers.local import LocalMachine
+from launcher.providers.recorded import provider_of
+from launcher.providers.ssh_hosts import SshHosts
+from launcher.providers.vast.release import RentedRun
+from launcher.results.record import RecordError, RunRecord
+from launcher.runtimes.docker import DockerRuntime
+from launcher.runtimes.native import NativeRuntime
+from launcher.runtimes.start import runtime_of
+
+HOST = {"user": "u", "host": "10.0.0.2", "port": 22}
+
+
+def record(**fields: object) -> RunRecord:
+    return RunRecord.from_json({"run_id": "r1", "spec": {}, **fields})
+
+
+@pytest.mark.parametrize(("fields", "kind"), [
+    ({}, LocalMachine),  # a record older than `provider`, run here
+    ({"provider": "local", "hosts": []}, LocalMachine),
+    ({"provider": "ssh", "hosts": [HOST]}, SshHosts),
+    ({"hosts": [HOST]}, SshHosts),  # a host run recorded before `provider`
+    ({"provider": "vast", "instances": []}, RentedRun),  # rented, never reached: no hosts yet
+    ({"provider": "vast", "hosts": [HOST], "instances": [{"instance_id": 1}]}, RentedRun),
+])
+def test_the_provider_is_rebuilt_from_the_record(fields: dict[str, object], kind: type) -> None:
+    assert isinstance(provider_of(record(**fields)), kind)
+
+
+def test_the_runtime_is_rebuilt_from_the_record() -> None:
+    assert isinstance(runtime_of(record()), NativeRuntime)
+    docker = runtime_of(record(runtime="docker", options={"image": "ddpctl-trainer:1"}))
+    assert isinstance(docker, DockerRuntime) and docker.image == "ddpctl-trainer:1"
+    assert docker.stop_grace_seconds > NativeRuntime().stop_grace_seconds
+    with pytest.raises(RecordError, match="runtime 'podman'"):
+        runtime_of(record(runtime="podman"))
