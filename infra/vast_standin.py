@@ -75,7 +75,8 @@ def make_offer(offer_id: int, machine_id: int, **fields: Any) -> dict[str, Any]:
                  gpu_name="RTX 3080", num_gpus=1, dph_base=0.20, storage_cost=0.15, reliability=0.99,
                  reliability2=0.99, inet_down=800.0, disk_space=200.0, cuda_max_good=12.4,
                  direct_port_count=20, cluster_id=None, verified=True, verification="verified", rentable=True,
-                 rented=False, external=False, public_ipaddr="127.0.0.1")
+                 rented=False, external=False, public_ipaddr="127.0.0.1",
+                 inet_up_cost=0.0, inet_down_cost=0.0)  # free bandwidth unless a test prices it (vast_market)
     offer.update(fields)
     return offer
 
