@@ -213,11 +213,11 @@ class VastStandIn:
 
     def _search_offers_post(self, _id: Any, q: dict[str, Any], _query: Any) -> tuple[int, Any]:
         storage = float(q.get("allocated_storage", 8))
-        matches = []
+        matches, filters = [], vast_market.search_filters(self.market, q)
         for offer in self.offers.values():
             priced = dict(offer, storage_total_cost=offer["storage_cost"] * storage / 720)
             priced["dph_total"] = priced["dph_base"] + priced["storage_total_cost"]
-            if all(_matches(priced, k, v) for k, v in vast_market.search_filters(self.market, q).items()):
+            if all(_matches(priced, k, v) for k, v in filters.items()):
                 matches.append(priced)
         for col, direction in reversed(q.get("order", [])):
             matches.sort(key=lambda o, c=col: float(o.get(c) or 0), reverse=direction == "desc")  # type: ignore[misc]

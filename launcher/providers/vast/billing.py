@@ -23,7 +23,7 @@ def moved_bytes(events: Iterable[Mapping[str, Any]]) -> dict[int, tuple[int, int
         if not isinstance(node, int):
             continue
         down, up = moved.get(node, (0, 0))
-        if event.get("event") == "shipped":
+        if event.get("event") in ("shipped", "image"):  # what ddpctl sent to the node (code, data, an image)
             down += int(event.get("bytes_sent") or 0)
         elif event.get("event") == "pulled":
             up += int(event.get("bytes_fetched") or 0)
