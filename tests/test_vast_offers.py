@@ -202,3 +202,20 @@ def test_offers_explain_lists_the_excluded_and_why(monkeypatch, capsys):
                        5: "contract ends"}.items():
         assert words in why[oid], (oid, why[oid])
     assert "excluded because" in table and "no kernels" in table
+
+
+def test_max_cost_that_bandwidth_alone_would_use_up_rents_nothing():
+    from types import SimpleNamespace
+
+    from launcher.providers.vast.market import find_offers
+    from launcher.providers.vast.request import VastRequest
+
+    catalogue = [_market_offer(6, **USABLE[6], inet_down_cost=0.5, inet_up_cost=0.5)]
+    with VastStandIn(api_key="k", offers=catalogue) as standin:
+        client = VastClient("k", base_url=standin.url)
+        spec = SimpleNamespace(model="mnist-cnn")
+        with pytest.raises(OfferError) as err:  # image pull 4 GB + 1 GB in, 1 GB out at $0.5/GB = $3
+            find_offers(client, spec, VastRequest(disk=16, max_cost=2.5), 1)  # type: ignore[arg-type]
+        assert "does not cover the bandwidth" in str(err.value) and "$3.0000" in str(err.value)
+        assert [o.id for o in find_offers(client, spec, VastRequest(disk=16, max_cost=3.5), 1)] == [6]  # type: ignore[arg-type]
+        assert standin.instances == {}

@@ -11,7 +11,7 @@ from launcher.providers.vast.offers import OfferError, OfferFilter, choose_offer
 
 if TYPE_CHECKING:
     from launcher.providers.vast.client import VastClient
-    from launcher.providers.vast.models import Offer
+    from launcher.providers.vast.models import Offer, RentedInstance
     from launcher.providers.vast.request import VastRequest
     from launcher.spec.run_spec import RunSpec
 
@@ -43,6 +43,11 @@ def first_machines(offers: list[Offer], nodes: int) -> list[Offer]:
         if offer.machine_id not in {o.machine_id for o in picked} and len(picked) < nodes:
             picked.append(offer)
     return picked
+
+
+def pull_reserve_usd(rented: list[RentedInstance]) -> float:
+    """Bandwidth --max-cost keeps back while the run goes: pulling DATA_GB of results off every machine."""
+    return sum(DATA_GB * r.offer.inet_up_cost for r in rented)
 
 
 def offer_note(offer: Offer) -> str:

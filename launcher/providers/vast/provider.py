@@ -24,7 +24,7 @@ from launcher.execute.on_hosts import RunStopRequested, pull_run
 from launcher.planning.plan import NodeHost, plan_remote
 from launcher.providers.base import AcquiredHosts
 from launcher.providers.vast.ledger import Ledger, destroy_all, live, say, write_summary_cost
-from launcher.providers.vast.market import chosen_summary, find_offers, first_machines, offer_note
+from launcher.providers.vast.market import chosen_summary, find_offers, first_machines, offer_note, pull_reserve_usd
 from launcher.providers.vast.models import Offer, RentedInstance
 from launcher.providers.vast.overlay import overlay_hosts
 from launcher.providers.vast.provision import provision
@@ -47,12 +47,13 @@ class CostWatch:
     """Called on every poll of a running run: the live cost for the display; stops the run before the spend
     would pass --max-cost (keeping `reserve_s` seconds of spend for the final pull and teardown)."""
 
-    def __init__(self, ledger: Ledger, max_cost: float | None, reserve_s: float) -> None:
+    def __init__(self, ledger: Ledger, max_cost: float | None, reserve_s: float, reserve_usd: float = 0.0) -> None:
         self.ledger, self.max_cost, self.reserve_s = ledger, max_cost, reserve_s
+        self.reserve_usd = reserve_usd  # bandwidth the final pull will cost (market.pull_reserve_usd)
 
     def __call__(self) -> str:
         cost, rate = self.ledger.cost(), self.ledger.hourly_rate()
-        if self.max_cost is not None and cost + rate * self.reserve_s / 3600 >= self.max_cost:
+        if self.max_cost is not None and cost + rate * self.reserve_s / 3600 + self.reserve_usd >= self.max_cost:
             self.ledger.run_dir.event("vast.max_cost_reached", cost_usd=cost, max_cost=self.max_cost,
                                       reserve_s=self.reserve_s)
             raise RunStopRequested(f"--max-cost ${self.max_cost:g} reached: ${cost:.4f} spent, and stopping, "
@@ -182,7 +183,7 @@ def _reach(spec: RunSpec, options: UpOptions, req: VastRequest, session: HostSes
     if len(rented) > 1:
         hosts = overlay_hosts(session, rented, spec.python)
         ledger.set_overlay_ips({r.instance_id: h.address for r, h in zip(rented, hosts, strict=True) if h.address})
-    watch = CostWatch(ledger, req.max_cost, req.max_cost_reserve_s)
+    watch = CostWatch(ledger, req.max_cost, req.max_cost_reserve_s, pull_reserve_usd(rented))
     watch()  # the budget may not even cover starting
     record: dict[str, Any] = {"provider": "vast", "instances": ledger.instances}
     return AcquiredHosts(spec, replace(options, runtime="native", accept_new_host_keys=False), session, hosts=hosts,
