@@ -22,7 +22,7 @@ from launcher.spec.validate import check_runs_dir, check_seconds
 
 # Options only --provider vast reads, and those a run on this machine has no use for.
 VAST_ONLY = ("nodes", "gpu_name", "max_price", "min_reliability", "disk", "down", "max_cost", "max_cost_reserve",
-             "ready_timeout")
+             "ready_timeout", "expected_hours")
 NOT_LOCAL = ("detach", "stall_timeout", "identity_file", "accept_new_host_keys", "connect_timeout", "rdzv_addr",
              "rdzv_port", "allow_public_rendezvous", "no_probe")
 # The strategy options (RunSpec validates them; None: the spec's default).
@@ -184,6 +184,7 @@ def _vast_request(provider: str, values: dict[str, Any]) -> Any:
     names = ("gpu_name", "max_price", "min_reliability", "disk", "down", "max_cost", "ready_timeout")
     options = {name: values[name] for name in names}
     options.update(nodes=values.get("nodes", 1), max_cost_reserve_s=values["max_cost_reserve"])
+    options["expected_hours"] = values.get("expected_hours")
     for name, value in options.items():
         if isinstance(value, float) and not math.isfinite(value):
             raise SpecError(f"--{name.replace('_', '-').removesuffix('-s')} {value}: give a finite number")

@@ -103,6 +103,8 @@ VAST_OPTIONS = (
     opt("max_cost_reserve", float, 120.0, "Seconds of spend --max-cost keeps for the final pull and teardown.",
         VAST, hidden=True),
     opt("ready_timeout", float, 900.0, "Vast.ai: seconds for a machine to start.", VAST),
+    opt("expected_hours", float, None, "Vast.ai: how long the run takes; rented contracts must outlast it (default "
+        "1 hour), with a margin.", VAST, optional=True),
 )
 
 # `up` only: one run's experiment (sweep declares the same names as comma lists or preset-defaulted values).
