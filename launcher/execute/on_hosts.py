@@ -139,7 +139,7 @@ def ship_code(session: HostSession, plan: RunPlan, run_dir: RunDir) -> None:
     if plan.spec.user_command:
         source, dest = Path(os.getcwd()), ""
         manifest, left_out = outputs.record_shipped(run_dir.path, source)  # what is not an output, for pull_run
-        console.print(outputs.shipping_note(source, manifest, left_out), markup=False, highlight=False)
+        console.print(outputs.shipping_note(source, manifest, left_out), markup=False, highlight=False, soft_wrap=True)
     else:
         source, dest = trainer_source_dir(), "/trainer"
     cache = f"{CODE_CACHE}/{_cache_key(source)}"

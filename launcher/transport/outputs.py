@@ -117,14 +117,14 @@ def left_out_by_ignore_files(source: Path, spec: pathspec.PathSpec) -> list[Left
 
 
 def shipping_note(source: Path, manifest: dict[str, tuple[int, str, int]], left_out: list[LeftOut]) -> str:
-    """One line: what is shipped (files, MB) and, when the ignore files left out folders or big files, the
+    """One line: what is shipped (files, bytes) and, when the ignore files left out folders or big files, the
     biggest few of them with the .ddpctlignore line that ships one again."""
     total = sum(size for size, _sha, _mode in manifest.values())
-    line = f"shipping {_count(len(manifest), 'file')} ({_mb(total)}) of {source} to each node"
+    line = f"shipping {_count(len(manifest), 'file')} ({_size(total)}) of {source} to each node"
     if not left_out:
         return line
     named = ", ".join(f"{item.path} ({_count(item.files, 'file') + ', ' if item.path.endswith('/') else ''}"
-                      f"{_mb(item.size)})" for item in left_out[:NOTE_NAMES])
+                      f"{_size(item.size)})" for item in left_out[:NOTE_NAMES])
     more = f" and {len(left_out) - NOTE_NAMES} more" if len(left_out) > NOTE_NAMES else ""
     return (f"{line}; left out by .gitignore/.ddpctlignore: {named}{more}; a .ddpctlignore line "
             f"`!{left_out[0].path}` ships it")
@@ -145,8 +145,10 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
-def _mb(size: int) -> str:
-    return f"{size / 1e6:.1f} MB" if size >= 50_000 else f"{size / 1e6:.2f} MB"
+def _size(size: int) -> str:
+    if size < 1000:
+        return f"{size} B"
+    return f"{size / 1e3:.1f} kB" if size < 1_000_000 else f"{size / 1e6:.1f} MB"
 
 
 # -- pulling them back -------------------------------------------------------------------------------------
