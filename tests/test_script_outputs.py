@@ -193,10 +193,10 @@ def hosts_of(bed: Testbed) -> list[str]:
     return [arg for host in bed.hosts for arg in ("--host", host.spec)]
 
 
-def run_tutorial(bed: Testbed, root: Path, *extra: str) -> TutorialRun:
+def run_tutorial(bed: Testbed, root: Path, *extra: str, gpus: int = 2) -> TutorialRun:
     project = make_project(root)
     runs = root / "runs"
-    result = run_ddpctl(bed, "up", *hosts_of(bed), "--gpus", "2", "--runs-dir", str(runs), *extra,
+    result = run_ddpctl(bed, "up", *hosts_of(bed), "--gpus", str(gpus), "--runs-dir", str(runs), *extra,
                         "--", "python", "ddp/multinode.py", "1", "2", "32", cwd=project, timeout=300)
     assert result.returncode == 0, result.stderr
     (run,) = [p for p in runs.iterdir() if p.is_dir()]
@@ -281,15 +281,17 @@ def test_a_second_pull_moves_nothing(tutorial: TutorialRun) -> None:
 
 
 def test_outputs_narrows_what_comes_back(python3_only_bed: Testbed, tmp_path: Path) -> None:
-    narrowed = run_tutorial(python3_only_bed, tmp_path, "--outputs", "snapshot.pt", "--outputs", "metrics/")
+    narrowed = run_tutorial(python3_only_bed, tmp_path, "--outputs", "snapshot.pt", "--outputs", "metrics/", gpus=1)
     assert json.loads((narrowed.run / "run.json").read_text())["options"]["outputs"] == ["snapshot.pt", "metrics/"]
     for index in (0, 1):
         pulled = set(local_files(narrowed.run / "nodes" / str(index) / "workdir"))
         assert "snapshot.pt" in pulled and all(rel == "snapshot.pt" or rel.startswith("metrics/") for rel in pulled)
         assert list((narrowed.run / "nodes" / str(index) / "out").glob("done-*.json"))  # the output folder: whole
-    # `ddpctl pull` narrows the same way (from run.json): scratch.bin still does not come back.
-    again = run_ddpctl(python3_only_bed, "pull", str(narrowed.run))
-    assert again.returncode == 0, again.stderr
+    # `ddpctl down` pulls too, narrowed the same way (from run.json): what was lost here comes back, scratch.bin not.
+    shutil.rmtree(narrowed.run / "nodes" / "0" / "workdir")
+    down = run_ddpctl(python3_only_bed, "down", str(narrowed.run))
+    assert down.returncode == 0, down.stderr
+    assert (narrowed.run / "nodes" / "0" / "workdir" / "snapshot.pt").is_file()
     assert not list(narrowed.run.glob("nodes/*/workdir/scratch.bin"))
 
 
