@@ -143,6 +143,9 @@ STRATEGY_OPTIONS = (
 UP_WHERE_OPTIONS = (
     opt("detach", bool, False, "Start the run on the hosts and return; follow with status/logs.", HOSTS),
     opt("nodes", int, 1, "Vast.ai: machines to rent (one torchrun node each).", VAST),
+    opt("outputs", list, (), "With `-- CMD` on hosts: bring back only these of the files your script writes in its "
+        "working directory (gitignore-style: 'snapshot.pt', '*.csv', 'checkpoints/'); repeat. Its "
+        "$DDPCTL_OUTPUT_DIR always comes back.", OUTPUT),
 )
 
 UP_OUTPUT_OPTIONS = (
