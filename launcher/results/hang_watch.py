@@ -135,7 +135,8 @@ class RunWatch:
             if state is not None:
                 self.rule.observe(index, state.progress, now)
         self._check_disk(states)
-        if any(s is not None and s.finished and s.exit_code not in (None, 0) for s in states):
+        # A node whose torchrun ended without recording its status (no room left to write it) failed too.
+        if any(s is not None and s.finished and s.exit_code != 0 for s in states):
             self._tell_failure()
         self._check_hang(states, now)
 
