@@ -115,7 +115,7 @@ def test_hang_rule_scales_with_the_runs_slowest_interval() -> None:
 def test_hang_floor_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DDPCTL_HANG_FLOOR", "10")
     rule = HangRule.from_env()
-    assert (rule.floor, rule.first_step) == (10.0, 50.0)
+    assert (rule.floor, rule.first_step) == (10.0, 300.0)
     monkeypatch.setenv("DDPCTL_HANG_FLOOR", "nan")
     assert HangRule.from_env().floor == 60.0
 

@@ -57,6 +57,8 @@ class FailureNote:
             os.close(self.fd)
         with contextlib.suppress(OSError):
             self.path.unlink()
+        with contextlib.suppress(OSError):  # the last rank to end cleanly removes the folder
+            self.path.parent.rmdir()
 
 
 _note: FailureNote | None = None

@@ -27,8 +27,8 @@ from launcher.runtimes.native import NodeState
 HANG_FACTOR = 5.0
 HANG_FLOOR_SECONDS = 60.0
 FIRST_STEP_SECONDS = 300.0
-# A shorter floor (seconds; the first-step wait becomes 5 floors, at most FIRST_STEP_SECONDS): for tests, and
-# for users of runs whose steps are known to be short.
+# Another floor in seconds (the first-step wait stays FIRST_STEP_SECONDS): for tests, and for users of runs
+# whose steps are known to be short.
 HANG_FLOOR_ENV = "DDPCTL_HANG_FLOOR"
 NODE_REPORT_SCRIPT = Path(node_report.__file__).read_text()
 
@@ -57,7 +57,7 @@ class HangRule:
             return cls()
         if not (math.isfinite(floor) and floor > 0):
             return cls()
-        return cls(floor=floor, first_step=min(FIRST_STEP_SECONDS, 5 * floor))
+        return cls(floor=floor)
 
     def observe(self, node: int, record: object, now: float) -> None:
         """Note node's latest progress record (None: it has none)."""

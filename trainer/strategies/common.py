@@ -76,6 +76,7 @@ def train_in_process(ctx: DistContext, config: TrainConfig, data_dir: Path, make
         config.out_dir.mkdir(parents=True, exist_ok=True)
     failure.reserve(config.out_dir, ctx.rank)  # written ahead: the reason must fit on a disk that fills up
     make_trainer(config, ctx, data, model).train()
+    failure.discard()  # a clean end: no note to keep
 
 
 def strategy_summary(options: StrategyOptions, processes: int, threads: int, **extra: Any) -> dict[str, Any]:
