@@ -21,8 +21,9 @@ from infra.testbed import Testbed, TestHost, cleanup_stale
 from tests.testbed_fixtures import REPO, TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, run_ddpctl
 
 MIB = 1 << 20
-# 256 steps per epoch per rank: a few seconds an epoch, time enough to fill the disk between two snapshots.
-TRAIN = ["--synthetic-train-size", "16384", "--synthetic-test-size", "256"]
+# 32 steps per epoch per rank (a second or so an epoch on an idle machine), 30 epochs: the disk is filled between
+# two snapshots, and the run fails long before it would end.
+TRAIN = ["--synthetic-train-size", "2048", "--synthetic-test-size", "256"]
 
 
 class SmallDisk:
@@ -57,7 +58,9 @@ class SmallDisk:
         self.filler.unlink(missing_ok=True)
 
     def unmount(self) -> None:
-        subprocess.run(["umount", str(self.path)], check=True, capture_output=True)
+        if subprocess.run(["umount", str(self.path)], capture_output=True).returncode != 0:
+            # still busy (a test that failed left a process there): detach it now, it goes when they do
+            subprocess.run(["umount", "-l", str(self.path)], check=True, capture_output=True)
 
 
 def wait_for(what: str, found: Callable[[], bool], timeout: float = 180.0) -> None:
@@ -153,6 +156,7 @@ def test_a_host_disk_filling_up_mid_run(bed: Testbed, host1_disk: SmallDisk, tmp
     result = run_ddpctl(bed, "up", "--host", bed.hosts[0].spec, "--host", bed.hosts[1].spec, "--gpus", "1",
                         "--runs-dir", str(runs), "--epochs", "30", *TRAIN, timeout=400)  # fmt: skip
     filler.join(timeout=5)
+    print(result.stderr)  # what the user saw (shown with pytest -s)
     assert "error" not in filled, filled
     assert result.returncode != 0, result.stderr
     (run,) = [p for p in runs.iterdir() if p.is_dir()]
@@ -166,7 +170,7 @@ def test_a_host_disk_filling_up_mid_run(bed: Testbed, host1_disk: SmallDisk, tmp
     finished = next(float(e["time"]) for e in events(run) if e["event"] == "finished")  # type: ignore[arg-type]
     assert finished - filled["at"] < 60, (finished - filled["at"], result.stderr)
     # what was written before the fault came back intact, from both nodes
-    workspace = next(env_runs.iterdir())
+    (workspace,) = [p for p in env_runs.iterdir() if p.is_dir()]
     host_files = {0: Path(bed.hosts[0].home, ".ddpctl", "runs", workspace.name), 1: workspace}
     for k, host_ws in host_files.items():
         snapshots = sorted((host_ws / "out" / "snapshots").glob("snapshot-epoch-*.pt"))
