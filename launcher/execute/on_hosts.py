@@ -16,6 +16,7 @@ from launcher.execute import failure_log
 from launcher.execute.failure_log import without_control_chars
 from launcher.planning.plan import RunPlan
 from launcher.planning.preflight import Runner
+from launcher.results.hang_watch import RunWatch
 from launcher.results.progress import FreshestProgress, RunProgress, console, stall_note
 from launcher.results.rundir import RunDir, primary_node_out, read_json, write_bytes_atomic, write_json_atomic
 from launcher.runtimes.docker_hosts import ensure_image, registry_digest
@@ -199,6 +200,7 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
     failed_reported = False
     stall_reported = False
     freshest = FreshestProgress(len(labels))
+    node_watch = RunWatch.on_hosts(session, run_dir)  # hangs, low disk, the first rank failure: told unasked
     with RunProgress(labels, enabled=show_progress) as progress:
         while True:
             states = poll_states(session, run_dir)
@@ -207,6 +209,7 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
             for index, state in enumerate(states):
                 if state is not None:
                     freshest.observe(index, state.progress, now)
+            node_watch.poll(states, now)
             stalled = freshest.stalled_for(now)
             if stalled is not None and not stall_reported:
                 run_dir.event("stalled", seconds=round(stalled))
