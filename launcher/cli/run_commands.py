@@ -65,12 +65,13 @@ def status(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, json_out: bool 
         print(json.dumps({"run": run_dir.run_id, "path": str(run_dir.path), "nodes": rows, **extra}, indent=2))
         return
     table = Table(title=f"run {run_dir.run_id}")
-    for column in ("node", "host", "state", "exit", "epoch"):
+    for column in ("node", "host", "state", "exit", "epoch", "restarts"):
         table.add_column(column)
     for row in rows:
         epoch = f"{row['epoch']}/{row['epochs']}" if row["epoch"] else "-"
         exit_code = "-" if row["exit_code"] is None else str(row["exit_code"])
-        table.add_row(str(row["node"]), str(row["host"]), str(row["state"]), exit_code, epoch)
+        table.add_row(str(row["node"]), str(row["host"]), str(row["state"]), exit_code, epoch,
+                      str(row.get("restarts", "-")))
     console.print(table)
     still = rented_rows(runs_dir)
     if still:

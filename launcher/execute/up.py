@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from launcher.execute.local import check_local_run, run_local
 from launcher.execute.request import UpOptions, UpResult
+from launcher.results.run_records import finish_records
 from launcher.results.rundir import RunDir, read_json
 from launcher.spec.run_spec import RunSpec
 
@@ -69,5 +70,6 @@ def _run_here(acquired: AcquiredHosts) -> UpResult:
     run_path = (options.runs_dir / spec.run_id).resolve()
     plan = check_local_run(spec, run_path)
     run_dir = RunDir.create(options.runs_dir, spec, {**acquired.record, **options.record})
-    code = run_local(plan, run_dir, show_progress=options.show_progress)
+    code = run_local(plan, run_dir, show_progress=options.show_progress, show_output=options.show_output)
+    finish_records(run_dir)
     return UpResult(run_dir.path, code, read_json(run_dir.path / "summary.json"), plan)

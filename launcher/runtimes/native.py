@@ -81,13 +81,36 @@ echo $! > pid
 echo $!
 """
 
-# Prints `pid|exit_code|alive` then the node's progress record, if any (only global rank 0's node has one).
+# Prints `pid|exit_code|alive`, then `@attempt|N|FROM|TO` (N: the newest attempt_<N> folder under logs/, which
+# counts torchrun's restarts; FROM-TO: the byte range of local rank $2's stdout.log sent at the end, when $2 is
+# given), then the node's progress record, if any (only global rank 0's node has one), then `@output` and those
+# bytes. Arguments: the workspace, then optionally the local rank to tail, the attempt its offset $4 belongs to
+# (another attempt starts at 0), and the most bytes to send ($5; older new bytes are skipped).
 STATE_SCRIPT = r"""
 cd "$1" 2>/dev/null || { echo "||gone"; exit 0; }
 pid=$(cat pid 2>/dev/null); ec=$(cat exit_code 2>/dev/null); alive=0
 if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then alive=1; fi
 echo "$pid|$ec|$alive"
+n=""; nd=""
+for d in logs/*/attempt_*; do
+  [ -d "$d" ] || continue
+  k=${d##*attempt_}
+  case $k in ''|*[!0-9]*) continue;; esac
+  if [ -z "$n" ] || [ "$k" -gt "$n" ]; then n=$k; nd=$d; fi
+done
+from=""; to=""; log=""
+if [ -n "$2" ] && [ -n "$nd" ] && [ -f "$nd/$2/stdout.log" ]; then
+  log="$nd/$2/stdout.log"
+  from=${4:-0}; [ "$3" = "$n" ] || from=0
+  to=$(wc -c < "$log"); to=$((to))
+  if [ $((to - from)) -gt "${5:-65536}" ]; then from=$((to - ${5:-65536})); fi
+  if [ "$from" -gt "$to" ]; then from=0; fi
+fi
+echo "@attempt|$n|$from|$to"
 cat out/progress.json 2>/dev/null
+echo
+echo "@output"
+if [ -n "$log" ]; then tail -c +$((from + 1)) "$log" | head -c $((to - from)); fi
 """
 
 # Stop the node's torchrun and all its workers (launcher/runtimes/proctree.py, whose source this is, plus the
@@ -121,11 +144,25 @@ def encode_env(env: Sequence[tuple[str, str]]) -> bytes:
 
 
 @dataclass(frozen=True)
+class OutputRequest:
+    """What read_state also fetches of one worker's stdout.log: the bytes after `offset` of attempt `attempt`."""
+
+    local_rank: int
+    attempt: int | None = None
+    offset: int = 0
+    max_bytes: int = 65536
+
+
+@dataclass(frozen=True)
 class NodeState:
     pid: int | None
     exit_code: int | None
     alive: bool
     progress: dict[str, Any] | None
+    attempt: int | None = None  # the newest attempt_<N> under logs/: torchrun's restarts so far
+    output: str = ""  # the requested worker's new output (OutputRequest), bytes output_from..output_to
+    output_from: int | None = None
+    output_to: int | None = None
 
     @property
     def finished(self) -> bool:
@@ -141,12 +178,25 @@ class NodeState:
         return "not started" if self.pid is None else "lost"
 
 
-def read_state(conn: Runner, workspace: str) -> NodeState:
-    result = conn.run(["sh", "-c", STATE_SCRIPT, "ddpctl-state", workspace], timeout=30)
-    lines = result.stdout.splitlines()
+def _int(text: str) -> int | None:
+    return int(text) if text.strip().isdigit() else None
+
+
+def read_state(conn: Runner, workspace: str, output: OutputRequest | None = None) -> NodeState:
+    """The node's process state, progress record and restarts, and (with `output`) a worker's new output: one
+    command on the host."""
+    tail = [] if output is None else [str(output.local_rank), "" if output.attempt is None else str(output.attempt),
+                                      str(output.offset), str(output.max_bytes)]
+    result = conn.run(["sh", "-c", STATE_SCRIPT, "ddpctl-state", workspace, *tail], timeout=30)
+    head, _, chunk = result.stdout.partition("\n@output\n")
+    lines = head.splitlines()
     pid_s, ec_s, alive_s = (lines[0].split("|") + ["", "", ""])[:3] if lines else ("", "", "")
+    attempt_s, from_s, to_s = "", "", ""
+    if len(lines) > 1 and lines[1].startswith("@attempt|"):
+        attempt_s, from_s, to_s = (lines[1].split("|") + ["", "", ""])[1:4]
+        lines = lines[1:]
     progress = None
-    if len(lines) > 1:
+    if len(lines) > 1 and "\n".join(lines[1:]).strip():
         try:
             progress = json.loads("\n".join(lines[1:]))
         except ValueError:
@@ -156,6 +206,10 @@ def read_state(conn: Runner, workspace: str) -> NodeState:
         exit_code=int(ec_s) if ec_s.strip().lstrip("-").isdigit() else None,
         alive=alive_s == "1",
         progress=progress,
+        attempt=_int(attempt_s),
+        output=chunk if _int(to_s) is not None else "",
+        output_from=_int(from_s),
+        output_to=_int(to_s),
     )
 
 
