@@ -85,7 +85,8 @@ echo $!
 # counts torchrun's restarts; FROM-TO: the byte range of local rank $2's stdout.log sent at the end, when $2 is
 # given), then the node's progress record, if any (only global rank 0's node has one), then `@output` and those
 # bytes. Arguments: the workspace, then optionally the local rank to tail, the attempt its offset $4 belongs to
-# (another attempt starts at 0), and the most bytes to send ($5; older new bytes are skipped).
+# (another attempt starts at 0), the most bytes to send ($5; older new bytes are skipped), the stream ($6: stdout
+# or stderr).
 STATE_SCRIPT = r"""
 cd "$1" 2>/dev/null || { echo "||gone"; exit 0; }
 pid=$(cat pid 2>/dev/null); ec=$(cat exit_code 2>/dev/null); alive=0
@@ -99,8 +100,9 @@ for d in logs/*/attempt_*; do
   if [ -z "$n" ] || [ "$k" -gt "$n" ]; then n=$k; nd=$d; fi
 done
 from=""; to=""; log=""
-if [ -n "$2" ] && [ -n "$nd" ] && [ -f "$nd/$2/stdout.log" ]; then
-  log="$nd/$2/stdout.log"
+stream=${6:-stdout}
+if [ -n "$2" ] && [ -n "$nd" ] && [ -f "$nd/$2/$stream.log" ]; then
+  log="$nd/$2/$stream.log"
   from=${4:-0}; [ "$3" = "$n" ] || from=0
   to=$(wc -c < "$log"); to=$((to))
   if [ $((to - from)) -gt "${5:-65536}" ]; then from=$((to - ${5:-65536})); fi
@@ -145,12 +147,14 @@ def encode_env(env: Sequence[tuple[str, str]]) -> bytes:
 
 @dataclass(frozen=True)
 class OutputRequest:
-    """What read_state also fetches of one worker's stdout.log: the bytes after `offset` of attempt `attempt`."""
+    """What read_state also fetches of one worker's stdout.log (or `stream`.log): the bytes after `offset` of
+    attempt `attempt`, at most the newest `max_bytes`."""
 
     local_rank: int
     attempt: int | None = None
     offset: int = 0
     max_bytes: int = 65536
+    stream: str = "stdout"
 
 
 @dataclass(frozen=True)
@@ -186,7 +190,8 @@ def read_state(conn: Runner, workspace: str, output: OutputRequest | None = None
     """The node's process state, progress record and restarts, and (with `output`) a worker's new output: one
     command on the host."""
     tail = [] if output is None else [str(output.local_rank), "" if output.attempt is None else str(output.attempt),
-                                      str(output.offset), str(output.max_bytes)]
+                                      str(output.offset), str(output.max_bytes),
+                                      "stderr" if output.stream == "stderr" else "stdout"]
     result = conn.run(["sh", "-c", STATE_SCRIPT, "ddpctl-state", workspace, *tail], timeout=30)
     head, _, chunk = result.stdout.partition("\n@output\n")
     lines = head.splitlines()
