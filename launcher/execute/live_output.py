@@ -55,7 +55,7 @@ class LiveOutput:
                 self.note_attempt(node, state.attempt)
         rank0 = states[self.rank0_node] if self.rank0_node < len(states) else None
         if rank0 is not None and rank0.output_to is not None:
-            self.take(rank0.attempt, rank0.output_from or 0, rank0.output_to, rank0.output)
+            self.take(rank0.output_attempt, rank0.output_from or 0, rank0.output_to, rank0.output)
         record = self._script.record
         if record is None:
             return states
@@ -86,13 +86,19 @@ class LiveOutput:
         if newest is not None:
             attempt = attempt_number(newest.name)
             self.note_attempt(0, attempt)
-            path = newest / str(self.rank0_local) / "stdout.log"
-            start = self._offset if attempt == self._attempt else 0
-            data = _read_from(path, start, MAX_BYTES_PER_POLL)
-            if data is not None:
-                skipped, chunk = data
-                self.take(attempt, start + skipped, start + skipped + len(chunk), chunk.decode(errors="replace"))
+            previous = self._attempt
+            if previous is not None and previous != attempt:  # the rest of the attempt that ended
+                for old in logs.glob(f"*/attempt_{previous}"):
+                    self._take_file(previous, old / str(self.rank0_local) / "stdout.log", self._offset)
+            self._take_file(attempt, newest / str(self.rank0_local) / "stdout.log",
+                            self._offset if attempt == self._attempt else 0)
         return record or self._script.record
+
+    def _take_file(self, attempt: int | None, path: Path, start: int) -> None:
+        data = _read_from(path, start, MAX_BYTES_PER_POLL)
+        if data is not None and (data[1] or attempt != self._attempt):
+            skipped, chunk = data
+            self.take(attempt, start + skipped, start + skipped + len(chunk), chunk.decode(errors="replace"))
 
 
 def _read_from(path: Path, start: int, most: int) -> tuple[int, bytes] | None:

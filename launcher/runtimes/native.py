@@ -81,12 +81,12 @@ echo $! > pid
 echo $!
 """
 
-# Prints `pid|exit_code|alive`, then `@attempt|N|FROM|TO` (N: the newest attempt_<N> folder under logs/, which
-# counts torchrun's restarts; FROM-TO: the byte range of local rank $2's stdout.log sent at the end, when $2 is
-# given), then the node's progress record, if any (only global rank 0's node has one), then `@output` and those
-# bytes. Arguments: the workspace, then optionally the local rank to tail, the attempt its offset $4 belongs to
-# (another attempt starts at 0), the most bytes to send ($5; older new bytes are skipped), the stream ($6: stdout
-# or stderr).
+# Prints `pid|exit_code|alive`, then `@attempt|N|FROM|TO|M` (N: the newest attempt_<N> folder under logs/, which
+# counts torchrun's restarts; FROM-TO: the byte range of local rank $2's stdout.log in attempt M sent at the end,
+# when $2 is given), then the node's progress record, if any (only global rank 0's node has one), then `@output`
+# and those bytes. Arguments: the workspace, then optionally the local rank to tail, the attempt its offset $4
+# belongs to (another attempt starts at 0), the most bytes to send ($5; older new bytes are skipped), the stream
+# ($6: stdout or stderr).
 STATE_SCRIPT = r"""
 cd "$1" 2>/dev/null || { echo "||gone"; exit 0; }
 pid=$(cat pid 2>/dev/null); ec=$(cat exit_code 2>/dev/null); alive=0
@@ -100,15 +100,21 @@ for d in logs/*/attempt_*; do
   if [ -z "$n" ] || [ "$k" -gt "$n" ]; then n=$k; nd=$d; fi
 done
 from=""; to=""; log=""
-stream=${6:-stdout}
-if [ -n "$2" ] && [ -n "$nd" ] && [ -f "$nd/$2/$stream.log" ]; then
-  log="$nd/$2/$stream.log"
-  from=${4:-0}; [ "$3" = "$n" ] || from=0
+stream=${6:-stdout}; rn=$n; rd=$nd
+if [ -n "$3" ] && [ "$3" != "$n" ]; then
+  # The attempt read last has ended: send the rest of its file first, the new attempt's on the next poll.
+  for d in logs/*/attempt_"$3"; do
+    if [ -f "$d/$2/$stream.log" ] && [ "$(wc -c < "$d/$2/$stream.log")" -gt "${4:-0}" ]; then rn=$3; rd=$d; fi
+  done
+fi
+if [ -n "$2" ] && [ -n "$rd" ] && [ -f "$rd/$2/$stream.log" ]; then
+  log="$rd/$2/$stream.log"
+  from=${4:-0}; [ "$3" = "$rn" ] || from=0
   to=$(wc -c < "$log"); to=$((to))
   if [ $((to - from)) -gt "${5:-65536}" ]; then from=$((to - ${5:-65536})); fi
   if [ "$from" -gt "$to" ]; then from=0; fi
 fi
-echo "@attempt|$n|$from|$to"
+echo "@attempt|$n|$from|$to|$rn"
 cat out/progress.json 2>/dev/null
 echo
 echo "@output"
@@ -167,6 +173,7 @@ class NodeState:
     output: str = ""  # the requested worker's new output (OutputRequest), bytes output_from..output_to
     output_from: int | None = None
     output_to: int | None = None
+    output_attempt: int | None = None  # the attempt those bytes belong to (the one before `attempt` until read)
 
     @property
     def finished(self) -> bool:
@@ -196,9 +203,9 @@ def read_state(conn: Runner, workspace: str, output: OutputRequest | None = None
     head, _, chunk = result.stdout.partition("\n@output\n")
     lines = head.splitlines()
     pid_s, ec_s, alive_s = (lines[0].split("|") + ["", "", ""])[:3] if lines else ("", "", "")
-    attempt_s, from_s, to_s = "", "", ""
+    attempt_s, from_s, to_s, read_s = "", "", "", ""
     if len(lines) > 1 and lines[1].startswith("@attempt|"):
-        attempt_s, from_s, to_s = (lines[1].split("|") + ["", "", ""])[1:4]
+        attempt_s, from_s, to_s, read_s = (lines[1].split("|") + ["", "", "", ""])[1:5]
         lines = lines[1:]
     progress = None
     if len(lines) > 1 and "\n".join(lines[1:]).strip():
@@ -215,6 +222,7 @@ def read_state(conn: Runner, workspace: str, output: OutputRequest | None = None
         output=chunk if _int(to_s) is not None else "",
         output_from=_int(from_s),
         output_to=_int(to_s),
+        output_attempt=_int(read_s),
     )
 
 
