@@ -96,6 +96,11 @@ def _read_local(logs: Path, local_rank: int, stream: str, attempt: int | None, o
     if newest is None:
         return None
     number = attempt_number(newest.name)
+    if attempt is not None and attempt != number:  # the rest of the attempt read last, then the new one
+        for old in logs.glob(f"*/attempt_{attempt}"):
+            path = old / str(local_rank) / f"{stream}.log"
+            if path.is_file() and path.stat().st_size > offset:
+                newest, number = old, attempt
     start = offset if number == attempt else 0
     try:
         with open(newest / str(local_rank) / f"{stream}.log", "rb") as f:
