@@ -4,6 +4,7 @@ restarts from attempt folders, and the state poll's extra output (the real shell
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -136,3 +137,26 @@ def test_the_state_poll_brings_new_output_by_offset_and_the_rest_of_an_ended_att
     assert (state.output, state.output_from) == ("med\n", 4)  # only the newest bytes
     assert read_state(_Shell(), str(ws)).output == ""  # nothing asked, nothing sent
     assert read_state(_Shell(), str(tmp_path / "gone"), OutputRequest(0)).attempt is None
+
+
+def test_on_a_terminal_the_tail_is_drawn_under_the_bars() -> None:
+    from rich.console import Console
+
+    from launcher.results import progress as progress_module
+
+    sink = open(os.devnull, "w")  # noqa: SIM115 (closed below)
+    terminal = Console(force_terminal=True, width=100, record=True, file=sink)
+    original = progress_module.console
+    progress_module.console = terminal
+    try:
+        shown = progress_module.RunProgress(["hostA"])
+        shown.update(0, {"epoch": 2, "epochs": 4, "source": "printed"}, "running")
+        shown.show_output("rank 0 (1 restart):", ["[GPU0] Epoch 1 | Batchsize: 32", "[GPU0] Epoch 2"], [])
+        for renderable in shown._progress.get_renderables():
+            terminal.print(renderable)
+    finally:
+        progress_module.console = original
+        sink.close()
+    text = terminal.export_text()
+    assert "epoch 2/4" in text
+    assert text.index("epoch 2/4") < text.index("rank 0 (1 restart):") < text.index("  [GPU0] Epoch 2")
