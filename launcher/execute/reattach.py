@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.errors import DdpctlError
 from launcher.results.progress import progress_record
-from launcher.results.run_records import node_restarts
+from launcher.results.run_records import finish_records, node_restarts
 from launcher.results.rundir import RunDir
 
 if TYPE_CHECKING:
@@ -54,7 +54,9 @@ def pull_hosts(run_dir: RunDir, options: UpOptions) -> list[dict[str, Any]]:
     from launcher.execute.on_hosts import pull_run, reattach
 
     with reattach(run_dir, options) as session:
-        return pull_run(session, run_dir)
+        stats = pull_run(session, run_dir)
+    finish_records(run_dir)  # restarts, and a script's summary, from what was pulled
+    return stats
 
 
 def stop_and_pull_hosts(run_dir: RunDir, options: UpOptions) -> None:
@@ -64,6 +66,7 @@ def stop_and_pull_hosts(run_dir: RunDir, options: UpOptions) -> None:
     with reattach(run_dir, options) as session:
         stop_all(session, run_dir)
         pull_run(session, run_dir)
+    finish_records(run_dir)
 
 
 def print_host_log(run_dir: RunDir, node: int, lines: int, follow: bool, options: UpOptions) -> None:
