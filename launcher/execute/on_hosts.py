@@ -14,13 +14,15 @@ from typing import TYPE_CHECKING, Any
 from launcher.errors import DdpctlError, Interrupted
 from launcher.execute import failure_log
 from launcher.execute.failure_log import without_control_chars
+from launcher.execute.live_output import LiveOutput
 from launcher.planning.plan import RunPlan
 from launcher.planning.preflight import Runner
 from launcher.results.hang_watch import RunWatch
 from launcher.results.progress import FreshestProgress, RunProgress, console, stall_note
+from launcher.results.run_records import finish_records
 from launcher.results.rundir import RunDir, primary_node_out, read_json, write_bytes_atomic, write_json_atomic
 from launcher.runtimes.docker_hosts import ensure_image, registry_digest
-from launcher.runtimes.native import NodeState, log_tail, read_state, stop_node
+from launcher.runtimes.native import NodeState, OutputRequest, log_tail, read_state, stop_node
 from launcher.runtimes.start import runtime_of, start_node
 from launcher.transport import outputs
 from launcher.transport.hostsession import HostSession, target_from_json, target_to_json
@@ -94,7 +96,7 @@ def run_remote_up(plan: RunPlan, options: UpOptions, session: HostSession, recor
         return UpResult(run_dir.path, 0, None, plan)
     try:
         code = follow(session, run_dir, show_progress=options.show_progress, watch=watch,
-                      stall_timeout=options.stall_timeout)
+                      stall_timeout=options.stall_timeout, show_output=options.show_output)
     except (KeyboardInterrupt, RunStopRequested) as stop:
         # Ctrl-C means stop: a run to keep going without this terminal is what --detach is for.
         run_dir.event("interrupted" if isinstance(stop, KeyboardInterrupt) else "stop_requested", reason=str(stop))
@@ -105,6 +107,7 @@ def run_remote_up(plan: RunPlan, options: UpOptions, session: HostSession, recor
                                    stop.reason) from None
         raise Interrupted(f"stopped by Ctrl-C on every node; what they wrote is in {run_dir.path}") from None
     pull_run(session, run_dir)
+    finish_records(run_dir)
     summary = read_json(run_dir.path / "summary.json")
     return UpResult(run_dir.path, code, summary, plan)
 
@@ -177,10 +180,13 @@ def node_workspaces(run_dir: RunDir) -> list[str]:
     return [n["workspace"] for n in run_dir.record()["nodes"]]
 
 
-def poll_states(session: HostSession, run_dir: RunDir) -> list[NodeState | None]:
-    """Every node's state; None for a node that cannot be reached right now."""
+def poll_states(session: HostSession, run_dir: RunDir,
+                outputs: list[OutputRequest | None] | None = None) -> list[NodeState | None]:
+    """Every node's state (with `outputs`, a worker's new output too); None for a node that cannot be reached."""
     workspaces = node_workspaces(run_dir)
-    outcomes = run_on_hosts(list(range(len(workspaces))), lambda i: read_state(session.conn(i), workspaces[i]),
+    wanted = outputs or [None] * len(workspaces)
+    outcomes = run_on_hosts(list(range(len(workspaces))),
+                            lambda i: read_state(session.conn(i), workspaces[i], wanted[i]),
                             timeout=45, label=session.label_of)
     states: list[NodeState | None] = []
     for index, outcome in enumerate(outcomes):
@@ -192,7 +198,7 @@ def poll_states(session: HostSession, run_dir: RunDir) -> list[NodeState | None]
 
 def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
            lost_contact_seconds: float = 180.0, watch: Callable[[], str] | None = None,
-           stall_timeout: float = 0.0) -> int:
+           stall_timeout: float = 0.0, show_output: bool = True) -> int:
     """Show progress until every node has ended; return 0, or the first failing node's exit code. With a
     `stall_timeout`, raise RunStopRequested once training has not moved for that many seconds."""
     labels = session.labels
@@ -202,8 +208,9 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
     freshest = FreshestProgress(len(labels))
     node_watch = RunWatch.on_hosts(session, run_dir)  # hangs, low disk, the first rank failure: told unasked
     with RunProgress(labels, enabled=show_progress) as progress:
+        live = LiveOutput(run_dir, progress, show_output)  # rank 0's output, a script's progress, restarts
         while True:
-            states = poll_states(session, run_dir)
+            states = live.observe(poll_states(session, run_dir, live.requests(len(labels))))
             extra = watch() if watch else ""  # e.g. the live cost of rented machines, on node 0's line
             now = time.monotonic()
             for index, state in enumerate(states):
