@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.errors import DdpctlError, Interrupted
 from launcher.execute import failure_log
-from launcher.execute.failure_log import without_control_chars
+from launcher.execute.failure_cause import cause_exit_code, report_failure, teardown_outcome
 from launcher.planning.plan import RunPlan
 from launcher.planning.preflight import Runner
 from launcher.results.progress import FreshestProgress, RunProgress, console, stall_note
@@ -103,6 +103,7 @@ def run_remote_up(plan: RunPlan, options: UpOptions, session: HostSession, recor
                                    stop.reason) from None
         raise Interrupted(f"stopped by Ctrl-C on every node; what they wrote is in {run_dir.path}") from None
     pull_run(session, run_dir)
+    code = teardown_outcome(run_dir, code, len(plan.nodes))
     summary = read_json(run_dir.path / "summary.json")
     return UpResult(run_dir.path, code, summary, plan)
 
@@ -194,6 +195,7 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
     labels = session.labels
     last_seen = [time.monotonic()] * len(labels)
     failed_reported = False
+    cause: dict[str, Any] | None = None
     stall_reported = False
     freshest = FreshestProgress(len(labels))
     with RunProgress(labels, enabled=show_progress) as progress:
@@ -229,16 +231,13 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
                 failed_reported = True
                 index, state = failed[0]
                 run_dir.event("node_failed", node=index, exit_code=state.exit_code)
-                tail = failed_worker_log(session.conn(index), node_workspaces(run_dir)[index], run_dir.spec().python)
-                console.print(f"node {index} ({labels[index]}) {state.label}; its log ends with:\n"
-                              + without_control_chars(tail), markup=False, highlight=False)
-                stop_all(session, run_dir)
+                cause = report_failure(session, run_dir, states, stop_all)  # stops the others, names the first
             if len(known) == len(states) and all(s.finished for s in known):
                 break
             time.sleep(POLL_SECONDS)
     codes = [s.exit_code if s and s.exit_code is not None else 1 for s in states]
     run_dir.event("finished", exit_codes=codes)
-    return next((c for c in codes if c != 0), 0)
+    return cause_exit_code(cause, codes)
 
 
 # launcher/execute/failure_log.py's source runs on the host as it is: `PYTHON -c SCRIPT WORKSPACE LINES`.

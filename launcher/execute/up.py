@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from launcher.execute.failure_cause import local_failure, teardown_outcome
 from launcher.execute.local import check_local_run, run_local
 from launcher.execute.request import UpOptions, UpResult
 from launcher.results.rundir import RunDir, read_json
@@ -70,4 +71,6 @@ def _run_here(acquired: AcquiredHosts) -> UpResult:
     plan = check_local_run(spec, run_path)
     run_dir = RunDir.create(options.runs_dir, spec, {**acquired.record, **options.record})
     code = run_local(plan, run_dir, show_progress=options.show_progress)
+    local_failure(run_dir, code, spec.python)  # the first failure across ranks, in run.json and events.jsonl
+    code = teardown_outcome(run_dir, code)
     return UpResult(run_dir.path, code, read_json(run_dir.path / "summary.json"), plan)

@@ -82,10 +82,14 @@ echo $!
 """
 
 # Prints `pid|exit_code|alive` then the node's progress record, if any (only global rank 0's node has one).
+# Whether the node's process lives is asked before exit_code is read: it writes exit_code and then ends, so
+# read the other way round, a node ending between the two reads showed no exit code and no process ("lost",
+# which `up` took for a failure: issue 12's loaded host declared lost).
 STATE_SCRIPT = r"""
 cd "$1" 2>/dev/null || { echo "||gone"; exit 0; }
-pid=$(cat pid 2>/dev/null); ec=$(cat exit_code 2>/dev/null); alive=0
+pid=$(cat pid 2>/dev/null); alive=0
 if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then alive=1; fi
+ec=$(cat exit_code 2>/dev/null)
 echo "$pid|$ec|$alive"
 cat out/progress.json 2>/dev/null
 """
