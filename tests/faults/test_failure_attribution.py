@@ -108,6 +108,7 @@ def up_on_bed(bed: Testbed, runs: Path, project: Path, *args: str) -> tuple[subp
                                                                                  Path, dict[str, Any]]:
     hosts = [a for h in bed.hosts for a in ("--host", h.spec)]
     result = run_ddpctl(bed, "up", *hosts, "--runs-dir", str(runs), *args, cwd=project, timeout=400)
+    print(result.stderr)  # shown when a test fails
     (run,) = [p for p in runs.iterdir() if p.is_dir()]
     return result, run, json.loads((run / "run.json").read_text())
 
@@ -142,7 +143,8 @@ def test_sigkill_of_rank_1_on_node_1_names_it_and_node_0_is_stopped(bed: Testbed
     status = run_ddpctl(bed, "status", str(run), "--json")
     assert json.loads(status.stdout)["failure"]["summary"] == failure["summary"], status.stderr
     shown = run_ddpctl(bed, "status", str(run))
-    assert "rank 1 on node 1" in shown.stdout and "SIGKILL" in shown.stdout, shown.stdout
+    said = shown.stdout + shown.stderr  # the table goes to the terminal's error stream
+    assert "failure: rank 1 on node 1" in said and "SIGKILL" in said, said
 
 
 @needs_testbed
