@@ -209,6 +209,12 @@ def test_a_script_run_by_a_python_without_torch_gets_a_hint(bed: Testbed, projec
     hint = record["failure"]["hint"]
     assert f"{venv}/bin/python on node" in hint and "--python" in hint
     assert "No module named 'torch'" in result.stderr and f"hint: {venv}/bin/python on node" in result.stderr
+    # The same interpreter as --python (it would run torchrun) is refused by the preflight, naming it.
+    hosts = [a for h in bed.hosts for a in ("--host", h.spec)]
+    refused = run_ddpctl(bed, "up", *hosts, "--runs-dir", str(tmp_path / "runs2"), "--python", f"{venv}/bin/python",
+                         "--", "python", "train.py", "raise", "9", cwd=project)
+    assert refused.returncode == 1 and f"torch is not importable by {venv}/bin/python" in refused.stderr
+    assert "--python PATH" in refused.stderr and not (tmp_path / "runs2").exists()
 
 
 def test_local_exception_names_rank_and_line_and_status_shows_it(project: Path, tmp_path: Path) -> None:
