@@ -36,6 +36,8 @@ _FIRST_FAILED_LINE = re.compile(
 _LOG_BYTES = 256 * 1024
 EXPLAIN_LINES = 25
 _TORCH_MISSING = "No module named 'torch'"
+# torch's C++ warnings and infos in a log (glog style): `[W1123 03:16:02.552191429 socket.cpp:207] ...`.
+_TORCH_WARNING = re.compile(r"^\[?[WI]\d{4} \d\d:\d\d:\d\d")
 
 
 def _read_tail(path: str, limit: int = _LOG_BYTES) -> str:
@@ -106,16 +108,19 @@ def first_failed_line(torchrun_out: str, year: int) -> dict[str, Any] | None:
             "pid": int(found["pid"]), "binary": found["binary"].strip()}
 
 
-def explaining_lines(text: str, lines: int = EXPLAIN_LINES) -> list[str]:
-    """What explains a worker's end: its last Python traceback (to the exception line), else the last lines."""
+def explaining_lines(text: str, lines: int = EXPLAIN_LINES, errors_only: bool = False) -> list[str]:
+    """What explains a worker's end: its last Python traceback (to the exception line) or fatal-error report
+    (faulthandler's, on SIGSEGV), else its last lines but torch's own warnings (`[W1123 ...] ...`), which
+    explain nothing; with `errors_only` (a worker ended by a signal), only a traceback or fatal-error report."""
     all_lines = text.splitlines()
     starts = [i for i, line in enumerate(all_lines)
-              if line.split("]:", 1)[-1].lstrip().startswith("Traceback (most recent")]
+              if line.split("]:", 1)[-1].lstrip().startswith(("Traceback (most recent", "Fatal Python error"))]
     if starts:
         chosen = all_lines[starts[-1]:]
-        # torch's own handler repeats the exception with a [rankN]: prefix; keep the head and the end.
         return chosen if len(chosen) <= lines else chosen[:3] + ["  ..."] + chosen[-(lines - 4):]
-    return [line for line in all_lines if line.strip()][-lines:]
+    if errors_only:
+        return []
+    return [line for line in all_lines if line.strip() and not _TORCH_WARNING.match(line)][-lines:]
 
 
 def _worker_dir(workspace: str, local_rank: int) -> str | None:
@@ -200,7 +205,7 @@ def node_report(workspace: str, exit_code: int | None = None) -> dict[str, Any]:
     for stream in ("stderr.log", "stdout.log"):
         if explain or worker is None:
             break
-        explain = explaining_lines(_read_tail(os.path.join(worker, stream)))
+        explain = explaining_lines(_read_tail(os.path.join(worker, stream)), errors_only=bool(first["signal"]))
         if explain:
             first["log"] = os.path.relpath(os.path.join(worker, stream), workspace)
     # A worker that raised wrote its traceback before it ended, and torchrun saw the end up to a monitor interval

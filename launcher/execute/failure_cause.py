@@ -9,6 +9,7 @@ so `ddpctl status` shows the same cause as `up`."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -123,7 +124,7 @@ def _describe_cause(node: int, label: str, report: dict[str, Any] | None, python
         record["summary"] = f"rank {worker['rank']} on {where} {how}"
         last = next((x for x in reversed(record["explain"]) if x.strip()), "")
         if last and worker["signal"] is None:
-            record["summary"] += f": {last.strip()}"
+            record["summary"] += ": " + re.sub(r"^\[rank\d+\]:\s*", "", last.strip())
     elif code is not None and code > 128:
         record.update(exit_code=code, signal=attribution.signal_name(code - 128), time=report.get("exit_time"))
         record["summary"] = f"torchrun's agent on {where} was ended by {record['signal']} (exit {code})"

@@ -136,6 +136,7 @@ def test_sigkill_of_rank_1_on_node_1_names_it_and_node_0_is_stopped(bed: Testbed
     assert "node 0 (" in result.stderr and ": stopped" in result.stderr, result.stderr
     failure = record["failure"]
     assert (failure["rank"], failure["node"], failure["signal"]) == (1, 1, "SIGKILL")
+    assert not any("c10d" in x for x in failure["explain"])  # a warning before the kill explains nothing
     assert [n["outcome"] for n in failure["nodes"]] == ["stopped", "failed: the cause"]
     events = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]
     attributed = [e for e in events if e["event"] == "failure_attributed"]
@@ -158,6 +159,7 @@ def test_exception_on_rank_3_names_rank_node_and_the_traceback_line(bed: Testbed
     failure = record["failure"]
     assert failure["explain"][0].endswith("Traceback (most recent call last):")
     assert failure["explain"][-1].endswith("ValueError: bad batch in epoch 1 on rank 3")
+    assert failure["summary"].endswith("exited with 1: ValueError: bad batch in epoch 1 on rank 3")
     assert not any("warning printed before" in x for x in failure["explain"])
     assert failure["nodes"][0]["outcome"] != "failed: the cause"
     # The lines named come from rank 3's own log, which came back with node 1's files.
@@ -173,7 +175,7 @@ def test_a_killed_torchrun_agent_is_named_on_its_node(bed: Testbed, project: Pat
         no_process_left(bed)
     line = last_line(result)
     assert "torchrun's agent on node 1" in line and "SIGKILL" in line, result.stderr
-    assert result.returncode == 137
+    assert result.returncode == 1 and record["failure"]["exit_code"] == 137
     assert record["failure"]["nodes"][0]["outcome"] == "stopped"
 
 
@@ -293,3 +295,7 @@ def test_report_parsing_and_ordering_across_nodes() -> None:
     assert record is not None and record["node"] == 1 and record["nodes"][0]["outcome"] == "stopped"
     assert explaining_lines("UserWarning: x\nTraceback (most recent call last):\n  File x\nValueError: y") == [
         "Traceback (most recent call last):", "  File x", "ValueError: y"]
+    # A worker killed by a signal: torch's warnings before it explain nothing.
+    noise = "[W1123 03:16:02.552191429 socket.cpp:207] [c10d] The hostname of the client socket cannot be retrieved"
+    assert explaining_lines(noise + "\nEpoch 0 | loss 1", errors_only=True) == []
+    assert explaining_lines(noise + "\nEpoch 0 | loss 1") == ["Epoch 0 | loss 1"]
