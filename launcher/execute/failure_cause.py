@@ -267,10 +267,22 @@ def report_failure(session: HostSession, run_dir: RunDir, states: Sequence[NodeS
     return record
 
 
+def shown_state(record: dict[str, Any] | None, node: int, label: str) -> str:
+    """A node's state on the progress display once a failure is attributed: "stopped" for a node ddpctl stopped
+    (not its exit 143), "failed after node K" for one that failed because of the cause."""
+    outcomes = [n["outcome"] for n in (record or {}).get("nodes", []) if n["node"] == node]
+    if not outcomes or outcomes[0].startswith(("finished", "unknown", "ended")):
+        return label
+    if outcomes[0].startswith("failed: the cause"):
+        return "failed (the first failure)"
+    return outcomes[0].split(":", 1)[0]
+
+
 def cause_exit_code(record: dict[str, Any] | None, codes: Sequence[int]) -> int:
     """The run's exit code: the failing node's (never 143 from ddpctl's own stop of another node), else the first
     non-zero one, else 0."""
     if record is not None and record.get("node") is not None:
-        node_codes = [c for i, c in enumerate(codes) if i == record["node"] and c != 0]
-        return node_codes[0] if node_codes else 1
+        node_codes = [c for i, c in enumerate(codes) if i == record["node"] and c not in (0, STOPPED_EXIT)]
+        worker_code = record.get("exit_code")
+        return node_codes[0] if node_codes else worker_code if isinstance(worker_code, int) and worker_code > 0 else 1
     return next((c for c in codes if c != 0), 0)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.errors import DdpctlError, Interrupted
 from launcher.execute import failure_log
-from launcher.execute.failure_cause import cause_exit_code, report_failure, teardown_outcome
+from launcher.execute.failure_cause import cause_exit_code, report_failure, shown_state, teardown_outcome
 from launcher.planning.plan import RunPlan
 from launcher.planning.preflight import Runner
 from launcher.results.progress import FreshestProgress, RunProgress, console, stall_note
@@ -224,7 +224,7 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
                 last_seen[index] = now
                 record = freshest.record(index)
                 notes = " ".join(n for n in (stall_note(stalled) if record else "", extra if index == 0 else "") if n)
-                progress.update(index, record, state.label, notes)
+                progress.update(index, record, shown_state(cause, index, state.label), notes)
             known = [s for s in states if s is not None]
             failed = [(i, s) for i, s in enumerate(states) if s is not None and s.finished and s.exit_code != 0]
             if failed and not failed_reported:

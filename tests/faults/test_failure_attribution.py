@@ -20,7 +20,7 @@ import pytest
 
 from infra.testbed import Testbed, cleanup_stale
 from launcher.execute.attribution import explaining_lines, parse_failures
-from launcher.execute.failure_cause import attribute
+from launcher.execute.failure_cause import attribute, cause_exit_code, shown_state
 from tests.testbed_fixtures import REPO, TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, run_ddpctl
 
 needs_testbed = pytest.mark.skipif(TESTBED_UNAVAILABLE, reason=TESTBED_SKIP_REASON)
@@ -134,6 +134,7 @@ def test_sigkill_of_rank_1_on_node_1_names_it_and_node_0_is_stopped(bed: Testbed
     line = last_line(result)
     assert "rank 1 on node 1" in line and "SIGKILL" in line, result.stderr
     assert "node 0 (" in result.stderr and ": stopped" in result.stderr, result.stderr
+    assert "exit 143" not in result.stderr  # ddpctl's own stop of node 0 is shown as "stopped", not as a failure
     failure = record["failure"]
     assert (failure["rank"], failure["node"], failure["signal"]) == (1, 1, "SIGKILL")
     assert not any("c10d" in x for x in failure["explain"])  # a warning before the kill explains nothing
@@ -293,6 +294,10 @@ def test_report_parsing_and_ordering_across_nodes() -> None:
     record = attribute([stopped, dict(early, failures=[dict(failures[0], time=120.0)])], ["a", "b"], stopped=[0],
                        stop_time=125.0)
     assert record is not None and record["node"] == 1 and record["nodes"][0]["outcome"] == "stopped"
+    assert shown_state(record, 0, "failed (exit 143)") == "stopped"
+    assert shown_state(record, 1, "failed (exit 1)") == "failed (the first failure)"
+    # The cause's own node was stopped too while its torchrun tore down: the run's code is not that 143.
+    assert cause_exit_code(record, [143, 143]) == 1 and cause_exit_code(record, [143, 137]) == 137
     assert explaining_lines("UserWarning: x\nTraceback (most recent call last):\n  File x\nValueError: y") == [
         "Traceback (most recent call last):", "  File x", "ValueError: y"]
     # A worker killed by a signal: torch's warnings before it explain nothing.
