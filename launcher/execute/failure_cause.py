@@ -67,8 +67,10 @@ def _own_failure(report: dict[str, Any] | None, stop_time: float | None) -> bool
         when = failures[0].get("time")
         return stop_time is None or when is None or when < stop_time
     code = report.get("exit_code")
-    if code in (None, 0) or failures:
+    if code == 0 or failures:
         return False
+    if code is None:  # ended without an exit record ("lost"); a node ddpctl stopped has one (143)
+        return stop_time is None
     if stop_time is not None:
         ended = report.get("exit_time")
         return code != STOPPED_EXIT and (ended is None or ended < stop_time)

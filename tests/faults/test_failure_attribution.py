@@ -295,6 +295,10 @@ def test_report_parsing_and_ordering_across_nodes() -> None:
                        stop_time=125.0)
     assert record is not None and record["node"] == 1 and record["nodes"][0]["outcome"] == "stopped"
     assert shown_state(record, 0, "failed (exit 143)") == "stopped"
+    lost = {"exit_code": None, "exit_time": None, "failures": [], "torchrun_tail": []}
+    record = attribute([{"exit_code": 0, "failures": []}, lost], ["a", "b"])
+    assert record is not None and record["summary"] == ("torchrun on node 1 (b) ended without recording its exit "
+                                                         "status before any worker failed")
     assert shown_state(record, 1, "failed (exit 1)") == "failed (the first failure)"
     # The cause's own node was stopped too while its torchrun tore down: the run's code is not that 143.
     assert cause_exit_code(record, [143, 143]) == 1 and cause_exit_code(record, [143, 137]) == 137
