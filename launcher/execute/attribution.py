@@ -188,7 +188,6 @@ def node_report(workspace: str, exit_code: int | None = None) -> dict[str, Any]:
     torchrun_out = _read_tail(os.path.join(workspace, "torchrun.out"))
     failures = parse_failures(torchrun_out)
     report["failures"] = failures
-    report["finished_training"] = os.path.exists(os.path.join(workspace, "out", "summary.json"))
     if not failures:
         report["torchrun_tail"] = explaining_lines(torchrun_out, 12)
         return report
