@@ -195,7 +195,7 @@ def cause_of(run_path: Path | None) -> str | None:
         return None
     text = f"training failed: {final_line(failure)}; logs in {run_path}"
     if record and record.get("provider", "local") == "local" and failure.get("explain"):
-        text += "\n" + "\n".join(failure["explain"])
+        text += f"\n{failure.get('log') or 'torchrun.out'}:\n" + "\n".join(failure["explain"])
     return text
 
 
