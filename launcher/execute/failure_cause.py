@@ -135,7 +135,7 @@ def _describe_cause(node: int, label: str, report: dict[str, Any] | None, python
         record.update(exit_code=code, time=report.get("exit_time"),
                       explain=[without_control_chars(x) for x in report.get("torchrun_tail", [])])
         what = f"exited with {code}" if code is not None else "ended without recording its exit status"
-        record["summary"] = f"torchrun on {where} {what} before any worker failed"
+        record["summary"] = f"torchrun on {where} {what}, and no worker of it failed"
         last = next((x for x in reversed(record["explain"]) if x.strip()), "")
         if last:
             record["summary"] += f": {last.strip()}"

@@ -232,6 +232,7 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
                 index, state = failed[0]
                 run_dir.event("node_failed", node=index, exit_code=state.exit_code)
                 cause = report_failure(session, run_dir, states, stop_all)  # stops the others, names the first
+                continue  # poll again at once: the display then shows each node's outcome ("stopped", ...)
             if len(known) == len(states) and all(s.finished for s in known):
                 break
             time.sleep(POLL_SECONDS)

@@ -212,6 +212,7 @@ def test_a_script_run_by_a_python_without_torch_gets_a_hint(bed: Testbed, projec
     hint = record["failure"]["hint"]
     assert f"{venv}/bin/python on node" in hint and "--python" in hint
     assert "No module named 'torch'" in result.stderr and f"hint: {venv}/bin/python on node" in result.stderr
+    assert "failed (the first failure)" in result.stderr  # the display's last state of the failing node
     # The same interpreter as --python (it would run torchrun) is refused by the preflight, naming it.
     hosts = [a for h in bed.hosts for a in ("--host", h.spec)]
     refused = run_ddpctl(bed, "up", *hosts, "--runs-dir", str(tmp_path / "runs2"), "--python", f"{venv}/bin/python",
@@ -298,7 +299,7 @@ def test_report_parsing_and_ordering_across_nodes() -> None:
     lost = {"exit_code": None, "exit_time": None, "failures": [], "torchrun_tail": []}
     record = attribute([{"exit_code": 0, "failures": []}, lost], ["a", "b"])
     assert record is not None and record["summary"] == ("torchrun on node 1 (b) ended without recording its exit "
-                                                         "status before any worker failed")
+                                                         "status, and no worker of it failed")
     assert shown_state(record, 1, "failed (exit 1)") == "failed (the first failure)"
     # The cause's own node was stopped too while its torchrun tore down: the run's code is not that 143.
     assert cause_exit_code(record, [143, 143]) == 1 and cause_exit_code(record, [143, 137]) == 137
