@@ -309,3 +309,16 @@ def test_report_parsing_and_ordering_across_nodes() -> None:
     noise = "[W1123 03:16:02.552191429 socket.cpp:207] [c10d] The hostname of the client socket cannot be retrieved"
     assert explaining_lines(noise + "\nEpoch 0 | loss 1", errors_only=True) == []
     assert explaining_lines(noise + "\nEpoch 0 | loss 1") == ["Epoch 0 | loss 1"]
+
+
+def test_out_of_memory_is_named_from_the_kernel_log(monkeypatch: pytest.MonkeyPatch) -> None:
+    from launcher.execute import attribution
+
+    def kernel_log(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        text = ("[  10.1] Out of memory: Killed process 4242 (python3) total-vm:9000000kB\n"
+                if argv[0] == "dmesg" else "")
+        return subprocess.CompletedProcess(argv, 0, text, "")
+
+    monkeypatch.setattr(attribution.subprocess, "run", kernel_log)
+    assert "Killed process 4242" in (attribution.killed_for_memory(4242) or "")
+    assert attribution.killed_for_memory(4243) is None or "cgroup" in str(attribution.killed_for_memory(4243))
