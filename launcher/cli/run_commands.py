@@ -60,7 +60,7 @@ def status(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, json_out: bool 
     record = run_dir.record()
     rows = provider_of(run_dir.typed_record()).status_rows(run_dir, _options(runs_dir, identity_file, False,
                                                                                connect_timeout))
-    extra = {k: record[k] for k in ("instances", "cost_usd") if k in record}
+    extra = {k: record[k] for k in ("instances", "cost_usd", "failure") if k in record}
     if json_out:
         print(json.dumps({"run": run_dir.run_id, "path": str(run_dir.path), "nodes": rows, **extra}, indent=2))
         return
@@ -73,6 +73,8 @@ def status(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, json_out: bool 
         table.add_row(str(row["node"]), str(row["host"]), str(row["state"]), exit_code, epoch,
                       str(row.get("restarts", "-")))
     console.print(table)
+    if isinstance(record.get("failure"), dict) and record["failure"].get("summary"):  # what `up` named as the cause
+        console.print(f"failure: {record['failure']['summary']}", markup=False, highlight=False)
     still = rented_rows(runs_dir)
     if still:
         say(f"{len(still)} Vast.ai machine(s) of run(s) {', '.join(sorted({r['run'] for r in still}))} are still "

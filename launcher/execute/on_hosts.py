@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.errors import DdpctlError, Interrupted
 from launcher.execute import failure_log
-from launcher.execute.failure_log import without_control_chars
+from launcher.execute.failure_cause import cause_exit_code, report_failure, shown_state, teardown_outcome
 from launcher.execute.live_output import LiveOutput
 from launcher.planning.plan import RunPlan
 from launcher.planning.preflight import Runner
@@ -107,6 +107,7 @@ def run_remote_up(plan: RunPlan, options: UpOptions, session: HostSession, recor
                                    stop.reason) from None
         raise Interrupted(f"stopped by Ctrl-C on every node; what they wrote is in {run_dir.path}") from None
     pull_run(session, run_dir)
+    code = teardown_outcome(run_dir, code, len(plan.nodes))
     finish_records(run_dir)
     summary = read_json(run_dir.path / "summary.json")
     return UpResult(run_dir.path, code, summary, plan)
@@ -204,6 +205,7 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
     labels = session.labels
     last_seen = [time.monotonic()] * len(labels)
     failed_reported = False
+    cause: dict[str, Any] | None = None
     stall_reported = False
     freshest = FreshestProgress(len(labels))
     node_watch = RunWatch.on_hosts(session, run_dir)  # hangs, low disk, the first rank failure: told unasked
@@ -235,23 +237,21 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
                 last_seen[index] = now
                 record = freshest.record(index)
                 notes = " ".join(n for n in (stall_note(stalled) if record else "", extra if index == 0 else "") if n)
-                progress.update(index, record, state.label, notes)
+                progress.update(index, record, shown_state(cause, index, state.label), notes)
             known = [s for s in states if s is not None]
             failed = [(i, s) for i, s in enumerate(states) if s is not None and s.finished and s.exit_code != 0]
             if failed and not failed_reported:
                 failed_reported = True
                 index, state = failed[0]
                 run_dir.event("node_failed", node=index, exit_code=state.exit_code)
-                tail = failed_worker_log(session.conn(index), node_workspaces(run_dir)[index], run_dir.spec().python)
-                console.print(f"node {index} ({labels[index]}) {state.label}; its log ends with:\n"
-                              + without_control_chars(tail), markup=False, highlight=False)
-                stop_all(session, run_dir)
+                cause = report_failure(session, run_dir, states, stop_all)  # stops the others, names the first
+                continue  # poll again at once: the display then shows each node's outcome ("stopped", ...)
             if len(known) == len(states) and all(s.finished for s in known):
                 break
             time.sleep(POLL_SECONDS)
     codes = [s.exit_code if s and s.exit_code is not None else 1 for s in states]
     run_dir.event("finished", exit_codes=codes)
-    return next((c for c in codes if c != 0), 0)
+    return cause_exit_code(cause, codes)
 
 
 # launcher/execute/failure_log.py's source runs on the host as it is: `PYTHON -c SCRIPT WORKSPACE LINES`.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from launcher.execute.failure_cause import local_failure, teardown_outcome
 from launcher.execute.local import check_local_run, run_local
 from launcher.execute.local_disk import full_disk_named, raise_if_disk_full
 from launcher.execute.local_outputs import LocalOutputs
@@ -78,5 +79,7 @@ def _run_here(acquired: AcquiredHosts) -> UpResult:
         if written is not None:
             written.finish()
         raise_if_disk_full(run_path, code)
+        local_failure(run_dir, code, spec.python)  # the first failure across ranks, in run.json and events.jsonl
+        code = teardown_outcome(run_dir, code)
         finish_records(run_dir)
     return UpResult(run_dir.path, code, read_json(run_dir.path / "summary.json"), plan)

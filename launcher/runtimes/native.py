@@ -89,10 +89,14 @@ echo $!
 # and those bytes. Arguments: the workspace, then optionally the local rank to tail, the attempt its offset $4
 # belongs to (another attempt starts at 0), the most bytes to send ($5; older new bytes are skipped), the stream
 # ($6: stdout or stderr).
+# Whether the node's process lives is asked before exit_code is read: it writes exit_code and then ends, so
+# read the other way round, a node ending between the two reads showed no exit code and no process ("lost",
+# which `up` took for a failure: issue 12's loaded host declared lost).
 STATE_SCRIPT = r"""
 cd "$1" 2>/dev/null || { echo "||gone"; exit 0; }
-pid=$(cat pid 2>/dev/null); ec=$(cat exit_code 2>/dev/null); alive=0
+pid=$(cat pid 2>/dev/null); alive=0
 if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then alive=1; fi
+ec=$(cat exit_code 2>/dev/null)
 free=$(df -Pk . 2>/dev/null | awk 'NR==2 {print $4}')
 echo "$pid|$ec|$alive|$free"
 n=""; nd=""
