@@ -30,7 +30,7 @@ def standin():
 
 
 def _offers(standin: VastStandIn, nodes: int = 1) -> tuple[VastClient, list[Offer]]:
-    client = VastClient(KEY, base_url=standin.url, backoff_base=0.001)
+    client = VastClient(KEY, base_url=standin.url, backoff_base=0.001, pace=0.0)  # paced: test_vast_lifecycle
     return client, choose_offers(search_offers(client, OfferFilter(disk_gb=DISK)), nodes, DISK)
 
 
@@ -44,7 +44,7 @@ def _provision(standin: VastStandIn, nodes: int = 1, events: list | None = None,
 
 
 def _teardown(standin: VastStandIn, rented: list[RentedInstance]) -> None:
-    client = VastClient(KEY, base_url=standin.url, backoff_base=0.001)
+    client = VastClient(KEY, base_url=standin.url, backoff_base=0.001, pace=0.0)
     results = teardown(client, [r.instance_id for r in rented], overlay_name=rented[0].overlay_name,
                        poll_interval=0.05)
     assert all(r.destroyed for r in results), results
@@ -152,9 +152,17 @@ def test_ctrl_c_twice_still_destroys_everything(standin):
 def test_running_out_of_offers_is_one_line_and_no_machine_is_tried_twice(standin):
     standin.faults.exited_machines.update({101, 102, 103, 104, 105, 106})
     with pytest.raises(ProvisionError) as err:
-        _provision(standin)
+        _provision(standin, max_machine_failures=10)
     assert "\n" not in str(err.value) and "no usable Vast.ai offer" in str(err.value)
     assert set(_machines_created(standin).values()) == {1} and len(standin.instances) == 6
+
+
+def test_machine_failures_stop_after_a_few_machines(standin):
+    standin.faults.exited_machines.update({101, 102, 103, 104, 105, 106})
+    with pytest.raises(ProvisionError) as err:
+        _provision(standin)
+    assert "\n" not in str(err.value) and "3 Vast.ai machines failed" in str(err.value)
+    assert len(standin.instances) == 3  # MAX_MACHINE_FAILURES, each on another machine
 
 
 def test_429s_during_provisioning_are_ridden_out(standin):
@@ -175,7 +183,7 @@ def test_multi_node_refuses_offers_from_different_clusters(standin):
 def test_teardown_waits_until_destroy_is_verified(standin):
     rented = _provision(standin)
     standin.faults.destroy_lag_s = 0.3  # show still answers for a while after destroy
-    client = VastClient(KEY, base_url=standin.url, backoff_base=0.001)
+    client = VastClient(KEY, base_url=standin.url, backoff_base=0.001, pace=0.0)
     [result] = teardown(client, [rented[0].instance_id], poll_interval=0.05)
     assert result.destroyed and client.show_instance(rented[0].instance_id) is None
     [again] = teardown(client, [rented[0].instance_id], poll_interval=0.05)  # already gone counts as gone
@@ -185,7 +193,7 @@ def test_teardown_waits_until_destroy_is_verified(standin):
 def test_teardown_reports_an_instance_that_will_not_go(standin):
     rented = _provision(standin)
     standin.faults.destroy_lag_s = 60
-    client = VastClient(KEY, base_url=standin.url, backoff_base=0.001)
+    client = VastClient(KEY, base_url=standin.url, backoff_base=0.001, pace=0.0)
     [result] = teardown(client, [rented[0].instance_id], poll_interval=0.05, verify_timeout=0.3)
     assert not result.destroyed and "still exists" in result.error and "billing" in result.error
     standin.faults.destroy_lag_s = 0

@@ -103,6 +103,10 @@ VAST_OPTIONS = (
     opt("max_cost_reserve", float, 120.0, "Seconds of spend --max-cost keeps for the final pull and teardown.",
         VAST, hidden=True),
     opt("ready_timeout", float, 900.0, "Vast.ai: seconds for a machine to start.", VAST),
+    opt("registry_login", bool, False, "Vast.ai: pull a private image with the credentials of `docker login` "
+        "(~/.docker/config.json) or $DDPCTL_REGISTRY_LOGIN (USER:TOKEN).", VAST),
+    opt("autostop", float, None, "Vast.ai, --detach: stop (not destroy) the machines this many minutes after "
+        "training ended with no pull (default 30; 0: never).", VAST, optional=True),
 )
 
 # `up` only: one run's experiment (sweep declares the same names as comma lists or preset-defaulted values).

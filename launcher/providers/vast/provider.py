@@ -28,6 +28,7 @@ from launcher.providers.vast.ledger import Ledger, destroy_all, live, say, write
 from launcher.providers.vast.models import Offer, RentedInstance
 from launcher.providers.vast.offers import OfferFilter, choose_offers, search_offers
 from launcher.providers.vast.provision import provision
+from launcher.providers.vast.registry_login import registry_login
 from launcher.providers.vast.release import vast_client
 from launcher.providers.vast.request import VastRequest
 from launcher.providers.vast.sshkey import ensure_vast_ssh_key
@@ -99,12 +100,13 @@ class VastProvider:
         spec, offers = self._offers(spec)
         client = self._client
         assert client is not None
+        login = registry_login(str(options.image)) if req.registry_login else None  # bad input: before renting
         key_path, public_key = ensure_vast_ssh_key()
         run_dir = RunDir.create(options.runs_dir, spec, {"provider": "vast", "runtime": "native", "instances": [],
                                                          "vast": {"label": spec.run_id, "image": options.image,
                                                                   "disk": req.disk, "max_cost": req.max_cost}})
         ledger = self._ledger = Ledger(run_dir)
-        rented = _provision(client, offers, spec, options, req, ledger, public_key)  # cleans up after itself
+        rented = _provision(client, offers, spec, options, req, ledger, public_key, login)  # cleans up after itself
         try:  # from here on, whatever goes wrong destroys what this `up` rented (or says why it cannot)
             _report_rented(ledger, rented)
             targets = [SSHTarget(label=f"vast:{r.instance_id}", hostname=r.ssh_host, port=r.ssh_port,
@@ -148,14 +150,15 @@ def _dry_run(spec: RunSpec, offers: list[Offer], req: VastRequest) -> UpResult:
 
 
 def _provision(client: VastClient, offers: list[Offer], spec: RunSpec, options: UpOptions, req: VastRequest,
-               ledger: Ledger, public_key: str) -> list[RentedInstance]:
+               ledger: Ledger, public_key: str, login: str | None) -> list[RentedInstance]:
     run_dir = ledger.run_dir
     run_dir.event("vast.provisioning", nodes=req.nodes, image=options.image, candidates=[o.id for o in offers[:20]])
     say(f"renting {req.nodes} Vast.ai machine(s) for run {spec.run_id} (image {options.image})")
     try:
         rented = provision(client, offers, nodes=req.nodes, image=str(options.image), disk=req.disk,
                            label=spec.run_id, ssh_public_key=public_key, ready_timeout=req.ready_timeout,
-                           poll_interval=req.poll_interval, on_event=ledger.on_provision_event)
+                           poll_interval=req.poll_interval, on_event=ledger.on_provision_event,
+                           image_login=login)
     except BaseException as exc:
         # provision destroyed what it created (each destruction is in events.jsonl and run.json)
         left = [i["instance_id"] for i in live(ledger.instances)]

@@ -21,6 +21,8 @@ class VastRequest:
     max_cost_reserve_s: float = 120.0  # spend kept back for the final stop, pull and teardown
     ready_timeout: float = 900.0
     poll_interval: float = 2.0
+    registry_login: bool = False  # send image_login (see registry_login.py) for a private image
+    autostop_minutes: float | None = None  # detached runs: stop the machines this long after training ends
 
     def __post_init__(self) -> None:
         if self.nodes < 1:
