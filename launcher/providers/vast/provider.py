@@ -24,6 +24,7 @@ from launcher.errors import AuthenticationFailed, DdpctlError, HostError, HostsF
 from launcher.execute.on_hosts import RunStopRequested, pull_run
 from launcher.planning.plan import NodeHost, plan_remote
 from launcher.providers.base import AcquiredHosts
+from launcher.providers.vast.autostop import arm_autostop
 from launcher.providers.vast.ledger import Ledger, destroy_all, live, say, write_summary_cost
 from launcher.providers.vast.models import Offer, RentedInstance
 from launcher.providers.vast.offers import OfferFilter, choose_offers, search_offers
@@ -72,6 +73,9 @@ class VastProvider:
         if not options.image:
             raise SpecError("--provider vast needs --image REF: the image Vast.ai starts on each machine (a registry "
                             "reference such as docker.io/you/ddpctl:1, pushed with `ddpctl image push`)")
+        if self.req.autostop_minutes is not None and not options.detach:
+            raise SpecError("--autostop acts on detached runs (--detach): a followed run ends with `up`, or with "
+                            "--down destroys its machines")
         if options.detach and (self.req.down or self.req.max_cost is not None):
             raise SpecError("--down and --max-cost act while `up` follows the run: drop --detach (a detached run's "
                             "machines bill until `ddpctl down`)")
@@ -121,6 +125,8 @@ class VastProvider:
     def release(self, result: UpResult) -> UpResult:
         """With --down, destroy the machines (the results are pulled and verified); else say they keep billing."""
         assert self._client is not None and self._ledger is not None
+        if self.options.detach and self._session is not None:
+            arm_autostop(self._client, self._session, self._ledger, self.req.autostop_minutes)
         return _finish(self._client, self.options, self.req, self._ledger, result)
 
     def release_after_failure(self, error: BaseException) -> None:

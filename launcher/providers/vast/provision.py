@@ -15,7 +15,7 @@ from typing import Any
 
 from launcher.providers.vast.client import VastClient
 from launcher.providers.vast.errors import ProvisionError, VastAuthError, VastError, VastNotFound, VastUnavailable
-from launcher.providers.vast.models import InstanceState, Offer, RentedInstance
+from launcher.providers.vast.models import HOURS_PER_MONTH, InstanceState, Offer, RentedInstance
 from launcher.providers.vast.offers import OfferError
 from launcher.providers.vast.start_failures import (
     FAILED_STATES,
@@ -182,7 +182,8 @@ class _Starter:
             self.created.append(iid)
             self.emit({"event": "vast.instance_created", "node": node, "instance_id": iid,
                        "offer_id": offer.id, "machine_id": offer.machine_id,
-                       "dph": offer.hourly_price(self.disk)})
+                       "dph": offer.hourly_price(self.disk),
+                       "storage_dph": offer.storage_cost * self.disk / HOURS_PER_MONTH})
             return _Pending(node, offer, iid, created_at, self.clock())
 
     def _adopt_orphans(self) -> None:

@@ -29,5 +29,7 @@ class VastRequest:
             raise SpecError(f"--nodes must be at least 1, not {self.nodes}")
         if self.max_cost is not None and self.max_cost <= 0:
             raise SpecError(f"--max-cost must be a positive number of dollars, not {self.max_cost}")
+        if self.autostop_minutes is not None and self.autostop_minutes < 0:
+            raise SpecError(f"--autostop must be minutes >= 0 (0: off), not {self.autostop_minutes}")
         if self.ready_timeout <= 0:
             raise SpecError(f"--ready-timeout must be positive, not {self.ready_timeout}")

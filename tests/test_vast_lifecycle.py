@@ -1,0 +1,187 @@
+"""Vast.ai machines' lives against the stand-in's lifecycle switches (infra/vast_lifecycle.py): images that cannot
+be pulled, private registries, Vast's per-endpoint rate limits, states that come late or go quiet. Instances are
+BannerHosts here (nothing past SSH's greeting is needed); test_vast_autostop.py runs real test-bed hosts."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from infra.vast_standin import VastStandIn, make_offer
+from launcher.providers.vast.client import ENDPOINT_INTERVALS_S, VastClient
+from launcher.providers.vast.errors import ProvisionError
+from launcher.providers.vast.offers import OfferFilter, choose_offers, search_offers
+from launcher.providers.vast.provision import provision, teardown
+from launcher.providers.vast.registry_login import registry_login
+from launcher.providers.vast.start_failures import classify_status_msg
+
+KEY = "sk-life-0a1b2c3d4e5f6071"
+PUB = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJdd ddpctl-test"
+DISK = 16
+IMAGE = "ghcr.io/someone/trainer:1"
+SECRET = "ghp_registrysecret42XYZ"
+
+
+@pytest.fixture
+def standin():
+    catalogue = [make_offer(i, 200 + i, dph_base=0.1 * i, cluster_id=5 if i <= 5 else None) for i in range(1, 9)]
+    with VastStandIn(api_key=KEY, offers=catalogue, boot_delay_s=0.1) as s:
+        yield s
+        assert s.validation_failures() == []
+        assert s.live_instances() == [], "instances left rented"
+
+
+def _client(standin: VastStandIn, pace: float = 0.0) -> VastClient:
+    return VastClient(KEY, base_url=standin.url, backoff_base=0.05, pace=pace)
+
+
+def _provision(standin: VastStandIn, client: VastClient, nodes: int = 1, **kw):
+    offers = choose_offers(search_offers(client, OfferFilter(disk_gb=DISK)), nodes, DISK)
+    kw.setdefault("poll_interval", 0.05)
+    kw.setdefault("ready_timeout", 10.0)
+    kw.setdefault("image", "docker.io/ddpctl/trainer:1")
+    return provision(client, offers, nodes=nodes, disk=DISK, label="run-life", ssh_public_key=PUB, **kw)
+
+
+@pytest.mark.parametrize(("message", "image"), [
+    ("Error response from daemon: manifest for docker.io/x/y:2 not found: manifest unknown: manifest unknown", True),
+    ("Error response from daemon: pull access denied for x/y, repository does not exist or may require "
+     "'docker login': denied: requested access to the resource is denied", True),
+    ('Error response from daemon: Head "https://ghcr.io/v2/o/i/manifests/1": unauthorized', True),
+    ("docker: invalid reference format.", True),
+    ("Error response from daemon: failed to create task for container: failed to create shim task: OCI runtime "
+     "create failed: runc create failed: unable to start container process", False),
+    ("failed to register layer: write /var/lib/docker/x: no space left on device", False),
+    ('Error response from daemon: could not select device driver "" with capabilities: [[gpu]]', False),
+])
+def test_status_messages_are_told_apart(message: str, image: bool) -> None:
+    failure = classify_status_msg(message)
+    assert failure is not None and failure.image is image and "\n" not in failure.reason
+
+
+@pytest.mark.parametrize("message", ["", "pulling image", "success, running docker.io/x/y:1", "loading"])
+def test_progress_messages_are_no_failure(message: str) -> None:
+    assert classify_status_msg(message) is None
+
+
+def test_a_missing_image_rents_one_machine_and_stops(standin):
+    standin.lifecycle.switches.missing_images.add("docker.io/ddpctl/trainer:1")
+    events: list[dict] = []
+    with pytest.raises(ProvisionError) as err:
+        _provision(standin, _client(standin), on_event=events.append, ready_timeout=60)
+    line = str(err.value)
+    assert "\n" not in line and "docker.io/ddpctl/trainer:1" in line and "manifest unknown" in line
+    assert len(standin.instances) == 1  # the fixture checks it was destroyed
+    assert [e["image_error"] for e in events if e["event"] == "vast.instance_failed"] == [True]
+
+
+def test_a_machine_with_a_full_disk_is_replaced(standin):
+    standin.lifecycle.switches.disk_full_machines.add(201)
+    client = _client(standin)
+    rented = _provision(standin, client)
+    assert rented[0].offer.machine_id == 202 and len(standin.instances) == 2
+    teardown(client, [r.instance_id for r in rented], poll_interval=0.05)
+
+
+def test_status_null_then_loading_and_a_quiet_unknown_are_waited_for(standin):
+    standin.lifecycle.switches.null_status_s = 0.3
+    standin.lifecycle.switches.unknown_machines[201] = 0.5
+    client = _client(standin)
+    rented = _provision(standin, client, transient_grace=5.0)
+    assert rented[0].offer.machine_id == 201 and len(standin.instances) == 1
+    teardown(client, [r.instance_id for r in rented], poll_interval=0.05)
+
+
+def test_unknown_for_too_long_is_a_machine_failure(standin):
+    standin.lifecycle.switches.unknown_machines[201] = 60
+    events: list[dict] = []
+    client = _client(standin)
+    rented = _provision(standin, client, transient_grace=0.3, on_event=events.append)
+    assert rented[0].offer.machine_id == 202
+    assert any("unknown" in e.get("reason", "") for e in events if e["event"] == "vast.instance_failed")
+    teardown(client, [r.instance_id for r in rented], poll_interval=0.05)
+
+
+def test_private_image_gets_image_login(standin, monkeypatch, tmp_path):
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))
+    monkeypatch.delenv("DDPCTL_REGISTRY_LOGIN", raising=False)
+    auth = base64.b64encode(f"someone:{SECRET}".encode()).decode()
+    (tmp_path / "config.json").write_text(json.dumps({"auths": {"ghcr.io": {"auth": auth}}}))
+    login = registry_login(IMAGE)
+    assert login == f"-u someone -p {SECRET} ghcr.io"
+    standin.lifecycle.switches.private_images[IMAGE] = login
+    client = _client(standin)
+    with pytest.raises(ProvisionError) as err:  # without it: pull access denied, fatal after one machine
+        _provision(standin, client, image=IMAGE)
+    assert "pull access denied" in str(err.value) and SECRET not in str(err.value)
+    rented = _provision(standin, client, image=IMAGE, image_login=login)
+    assert standin.instances[rented[0].instance_id].request["image_login"] == login
+    teardown(client, [r.instance_id for r in rented], poll_interval=0.05)
+
+
+def test_four_nodes_under_vasts_rate_limits_see_few_429s(standin):
+    # The limiter holds every endpoint to the spec's own x-rate-limit thresholds (here ten times faster), and
+    # the client keeps the same pace: creating, polling, attaching keys and tearing down 4 nodes.
+    pace = 0.1
+    for endpoint, seconds in ENDPOINT_INTERVALS_S.items():
+        standin.lifecycle.switches.rate_limits[endpoint] = seconds * pace
+    client = _client(standin, pace=pace)
+    rented = _provision(standin, client, nodes=4, poll_interval=0.1)
+    assert len(rented) == 4 and len({r.offer.machine_id for r in rented}) == 4
+    results = teardown(client, [r.instance_id for r in rented], overlay_name=rented[0].overlay_name,
+                       poll_interval=0.1)
+    assert all(r.destroyed for r in results)
+    polls = [r for r in standin.requests if r["method"] == "GET" and r["path"] == "/api/v1/instances/"]
+    assert len(polls) >= 2 and all(json.loads(r["query"]["select_filters"]) == {"label": {"eq": "run-life"}}
+                                   for r in polls)
+    assert not [r for r in standin.requests if r["method"] == "GET" and r["path"].startswith("/api/v0/instances/")
+                and r["status"] == 200 and standin.requests.index(r) < standin.requests.index(polls[-1])]
+    assert len(standin.lifecycle.rate_limited) <= 3 and client.rate_limited <= 3
+
+
+RUN = """
+import sys
+from launcher.cli.app import main
+main(sys.argv[1:])
+"""
+
+
+def _up(standin: VastStandIn, tmp: Path, *args: str, env: dict[str, str] | None = None):
+    full = {k: v for k, v in os.environ.items() if k not in ("VAST_API_KEY", "DDPCTL_REGISTRY_LOGIN")}
+    full.update(DDPCTL_VAST_URL=standin.url, VAST_API_KEY=KEY, HOME=str(tmp / "home"),
+                XDG_CONFIG_HOME=str(tmp / "config"), DOCKER_CONFIG=str(tmp / "docker"), **(env or {}))
+    argv = [sys.executable, "-c", RUN, "up", "--provider", "vast", "--disk", str(DISK), "--gpus", "1",
+            "--runs-dir", str(tmp / "runs"), "--ready-timeout", "60", *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=180, env=full)
+
+
+def test_up_with_a_typod_image_rents_one_machine_and_says_so_in_one_line(standin, tmp_path):
+    standin.lifecycle.switches.missing_images.add("docker.io/ddpctl/traner:1")
+    result = _up(standin, tmp_path, "--image", "docker.io/ddpctl/traner:1")
+    assert result.returncode == 1
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "docker.io/ddpctl/traner:1" in errors[0] and "manifest unknown" in errors[0]
+    assert "destroyed" in errors[0] and "Traceback" not in result.stderr
+    assert len(standin.instances) == 1 and standin.live_instances() == []
+
+
+def test_up_registry_login_secret_is_in_no_output_or_file(standin, tmp_path):
+    standin.lifecycle.switches.private_images[IMAGE] = f"-u someone -p {SECRET} ghcr.io"
+    missing = _up(standin, tmp_path, "--image", IMAGE, "--registry-login")  # no credentials anywhere: nothing rented
+    assert missing.returncode == 1 and missing.stderr.count("\n") == 1 and "DDPCTL_REGISTRY_LOGIN" in missing.stderr
+    assert standin.instances == {}
+    result = _up(standin, tmp_path, "--image", IMAGE, "--registry-login",
+                 env={"DDPCTL_REGISTRY_LOGIN": f"someone:{SECRET}"})
+    # the image was pulled with the login (the instance ran); a BannerHost then fails SSH, and up destroys it
+    [inst] = standin.instances.values()
+    assert inst.request["image_login"] == f"-u someone -p {SECRET} ghcr.io"
+    assert result.returncode == 1 and standin.live_instances() == []
+    texts = [missing.stdout, missing.stderr, result.stdout, result.stderr]
+    texts += [p.read_text(errors="replace") for p in tmp_path.rglob("*") if p.is_file()]
+    assert [t for t in texts if SECRET in t] == []
