@@ -1,25 +1,30 @@
 """Vast.ai machines' lives against the stand-in's lifecycle switches (infra/vast_lifecycle.py): images that cannot
 be pulled, private registries, Vast's per-endpoint rate limits, states that come late or go quiet. Instances are
-BannerHosts here (nothing past SSH's greeting is needed); test_vast_autostop.py runs real test-bed hosts."""
+BannerHosts (nothing past SSH's greeting is needed), except for autostop: a detached run on a real test-bed host
+whose watchdog reaches the stand-in over the bed's bridge."""
 
 from __future__ import annotations
 
 import base64
 import json
 import os
+import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from infra.testbed import Testbed, cleanup_stale
 from infra.vast_standin import VastStandIn, make_offer
 from launcher.providers.vast.client import ENDPOINT_INTERVALS_S, VastClient
-from launcher.providers.vast.errors import ProvisionError
+from launcher.providers.vast.errors import ProvisionError, VastError
 from launcher.providers.vast.offers import OfferFilter, choose_offers, search_offers
 from launcher.providers.vast.provision import provision, teardown
 from launcher.providers.vast.registry_login import registry_login
 from launcher.providers.vast.start_failures import classify_status_msg
+from tests.testbed_fixtures import needs_testbed
 
 KEY = "sk-life-0a1b2c3d4e5f6071"
 PUB = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJdd ddpctl-test"
@@ -185,3 +190,75 @@ def test_up_registry_login_secret_is_in_no_output_or_file(standin, tmp_path):
     texts = [missing.stdout, missing.stderr, result.stdout, result.stderr]
     texts += [p.read_text(errors="replace") for p in tmp_path.rglob("*") if p.is_file()]
     assert [t for t in texts if SECRET in t] == []
+
+
+def _ddpctl(standin: VastStandIn, tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    full = {k: v for k, v in os.environ.items() if k != "VAST_API_KEY"}
+    full.update(DDPCTL_VAST_URL=standin.url, VAST_API_KEY=KEY, HOME=str(tmp / "home"),
+                XDG_CONFIG_HOME=str(tmp / "config"), DDPCTL_KNOWN_HOSTS=str(tmp / "known_hosts"))
+    return subprocess.run([sys.executable, "-c", RUN, *args], capture_output=True, text=True, timeout=240, env=full)
+
+
+@needs_testbed
+@pytest.mark.testbed
+def test_detached_run_is_autostopped_then_down_starts_pulls_verifies_and_destroys(tmp_path):
+    cleanup_stale("ddplife")
+    with Testbed("ddplife", n_hosts=0, host_python=True) as bed, \
+            VastStandIn(api_key=KEY, offers=[make_offer(1, 301, dph_base=0.40, storage_cost=0.20)],
+                        host_factory=lambda _iid: bed.add_host(22), host_remover=bed.remove_host, boot_delay_s=0.2,
+                        bind=bed.state.bridge_address) as standin:
+        runs = tmp_path / "runs"
+        up = _ddpctl(standin, tmp_path, "up", "--provider", "vast", "--image", "docker.io/ddpctl/trainer:1",
+                     "--disk", str(DISK), "--gpus", "1", "--runs-dir", str(runs), "--epochs", "1",
+                     "--synthetic-train-size", "256", "--synthetic-test-size", "64", "--detach", "--autostop", "0.05")
+        assert up.returncode == 0, up.stderr
+        assert "autostop" in up.stderr
+        (run,) = [p for p in runs.iterdir() if p.is_dir()]
+        [iid] = standin.live_instances()
+        [key] = standin.lifecycle.keys.values()  # one stop-only key per machine
+        assert key.permissions == {"api": {"instance_write": {"api.instance.manage": {
+            "constraints": {"id": {"eq": iid}, "state": {"eq": "stopped"}}}}}}
+        home = Path(bed.hosts[0].home)
+        key_file = next(home.rglob(".autostop/key"))
+        assert stat.S_IMODE(key_file.stat().st_mode) == 0o600 and key_file.read_text().strip() == key.key
+
+        deadline = time.monotonic() + 150  # training (1 epoch), then 3 s with no pull
+        while time.monotonic() < deadline and not standin.lifecycle.is_stopped(iid):
+            time.sleep(0.5)
+        assert standin.lifecycle.manage_calls == [(iid, "stopped", key.name)]  # by the node, with its own key
+        assert (home / ".ddpctl" / "runs" / run.name / "exit_code").read_text().strip() == "0"
+
+        # That key can do nothing else: not start the machine, not destroy it.
+        scoped = VastClient(key.key, base_url=standin.url, backoff_base=0.01, pace=0.0)
+        for action in (lambda: scoped.manage_instance(iid, "running"), lambda: scoped.destroy_instance(iid)):
+            with pytest.raises(VastError) as err:
+                action()
+            assert err.value.status == 403
+        assert standin.lifecycle.is_stopped(iid) and standin.live_instances() == [iid]
+
+        status = _ddpctl(standin, tmp_path, "status", run.name, "--json", "--runs-dir", str(runs))
+        assert status.returncode == 0, status.stderr
+        [row] = json.loads(status.stdout)["nodes"]
+        storage = 0.20 * DISK / 720
+        assert row["state"].startswith("machine stopped") and f"{storage:.4f}" in row["state"]
+        rented = _ddpctl(standin, tmp_path, "status", "--rented", "--json", "--runs-dir", str(runs))
+        [machine] = json.loads(rented.stdout)["rented"]
+        assert machine["state"] == "stopped" and machine["dph"] == pytest.approx(storage)
+
+        down = _ddpctl(standin, tmp_path, "down", run.name, "--runs-dir", str(runs))
+        assert down.returncode == 0, down.stderr
+        assert standin.lifecycle.manage_calls[1:] == [(iid, "running", "owner")]  # started again, then destroyed
+        assert standin.live_instances() == [] and bed.hosts == []
+        assert all(k.deleted for k in standin.lifecycle.keys.values())
+        assert json.loads((run / "summary.json").read_text())["epochs"] == 1
+        events = [json.loads(line)["event"] for line in (run / "events.jsonl").read_text().splitlines()]
+        assert events.index("vast.starting_stopped") < events.index("pulled") < events.index("vast.instance_destroyed")
+        record = json.loads((run / "run.json").read_text())
+        [inst] = record["instances"]
+        [[stopped_at, started_at]] = inst["stops"]
+        ran = inst["destroyed_at"] - inst["created_at"] - (started_at - stopped_at)
+        expected = (0.40 + storage) * ran / 3600 + storage * (started_at - stopped_at) / 3600
+        assert record["cost_usd"] == pytest.approx(expected, abs=1e-6)
+        texts = [up.stdout, up.stderr, status.stdout, rented.stdout, down.stdout, down.stderr]
+        texts += [p.read_text(errors="replace") for p in tmp_path.rglob("*") if p.is_file()]
+        assert [t for t in texts if KEY in t or key.key in t] == []
