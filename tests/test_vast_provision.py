@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import shlex
+import subprocess
 from collections import Counter
 
 import pytest
@@ -13,7 +14,7 @@ from launcher.providers.vast.client import VastClient
 from launcher.providers.vast.errors import ProvisionError, VastError
 from launcher.providers.vast.models import Offer, RentedInstance
 from launcher.providers.vast.offers import OfferError, OfferFilter, choose_offers, search_offers
-from launcher.providers.vast.provision import cost_so_far, provision, teardown
+from launcher.providers.vast.provision import ONSTART, cost_so_far, provision, teardown
 
 KEY = "sk-prov-77aa88bb99cc"
 PUB = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJdd ddpctl-test"
@@ -66,7 +67,7 @@ def test_two_nodes_in_one_cluster_with_an_overlay(standin):
     for r in rented:  # the key reached every instance (account key at create, attached per instance)
         assert standin.instances[r.instance_id].keys.count(PUB) == 2
         req = standin.instances[r.instance_id].request
-        assert req["env"] == "-p 22:22" and req["onstart"] == "touch ~/.no_auto_tmux" and req["disk"] == DISK
+        assert req["env"] == "-p 22:22" and req["onstart"] == ONSTART and req["disk"] == DISK
     assert [e["event"] for e in events].count("vast.instance_ready") == 2
     _teardown(standin, rented)
     assert standin.overlays == {}
@@ -220,3 +221,18 @@ def test_the_key_never_appears_in_events_logs_or_errors(standin, caplog, capsys)
     texts += list(capsys.readouterr())
     assert len(events) > 3 and any("retrying" in t for t in texts)
     assert not [t for t in texts if KEY in t]
+
+
+def test_onstart_exports_the_images_env_for_ssh_sessions_and_nothing_secret(tmp_path):
+    # Vast's SSH sessions do not see the image's ENV; onstart (run with it) writes it where PAM reads it.
+    environment = tmp_path / "environment"
+    environment.write_text("LANG=C\nOTHER=kept\n")
+    script = ONSTART.replace("/etc/environment", str(environment))
+    image_env = {"HOME": str(tmp_path), "PATH": "/opt/conda/bin:/usr/bin:/bin", "PYTHONUNBUFFERED": "1",
+                 "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "HF_TOKEN": "hf_secret", "LANG": "C.UTF-8"}
+    for _ in range(2):  # every start rewrites it: nothing doubles
+        subprocess.run(["sh", "-c", script], env=image_env, check=True)
+    lines = environment.read_text().splitlines()
+    assert sorted(lines) == sorted(["OTHER=kept", "LANG=C.UTF-8", "PATH=/opt/conda/bin:/usr/bin:/bin",
+                                    "PYTHONUNBUFFERED=1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"])
+    assert (tmp_path / ".no_auto_tmux").exists() and len(ONSTART) < 4048  # Vast's onstart limit

@@ -33,7 +33,16 @@ log = logging.getLogger(__name__)
 # The OpenAPI enum's value for direct SSH (vast-cli sends "ssh_direc ssh_proxy", which the enum lacks).
 RUNTYPE = "ssh_direct"
 # Vast's images attach tmux to every SSH login unless this file exists; our commands need plain sessions.
-ONSTART = "touch ~/.no_auto_tmux"
+# The image's ENV (PATH to its python, PYTHONUNBUFFERED, LD_LIBRARY_PATH, ...) is not visible in Vast's SSH
+# sessions: the onstart script, which runs with it, writes those variables to /etc/environment, which PAM reads
+# for every SSH session (Vast's own advice). Chosen over an absolute interpreter path: ddpctl cannot know where
+# an image keeps python (/opt/conda/bin, a venv, /usr/bin), and the trainer needs the other variables too. Only
+# these names: the -e values (a user's secrets) stay out of the file. Rewritten, not appended, on every start.
+EXPORTED_ENV = ("PATH|LD_LIBRARY_PATH|PYTHONPATH|PYTHONUNBUFFERED|PYTHONHOME|VIRTUAL_ENV|CONDA_PREFIX|CUDA_HOME|"
+                "CUDA_VERSION|NVIDIA_[A-Z_]*|TORCH_[A-Z_]*|NCCL_[A-Z_]*|LANG|LC_ALL")
+ONSTART = ("touch ~/.no_auto_tmux; { grep -vE '^(" + EXPORTED_ENV + ")=' /etc/environment 2>/dev/null; "
+           "env | grep -E '^(" + EXPORTED_ENV + ")='; } > /etc/environment.ddpctl && "
+           "cat /etc/environment.ddpctl > /etc/environment")
 # A machine that fails to start is replaced by the next offer; after this many such failures in one run the
 # market (or the offers' filters) is the problem, not the machine: stop and say so.
 MAX_MACHINE_FAILURES = 3
