@@ -245,9 +245,19 @@ def test_detached_run_is_autostopped_then_down_starts_pulls_verifies_and_destroy
         [machine] = json.loads(rented.stdout)["rented"]
         assert machine["state"] == "stopped" and machine["dph"] == pytest.approx(storage)
 
+        # pull starts it, pulls, and its watchdog watches again: stopped once more, 3 s after this pull
+        pull = _ddpctl(standin, tmp_path, "pull", run.name, "--runs-dir", str(runs))
+        assert pull.returncode == 0, pull.stderr
+        assert (run / "nodes" / "0" / "exit_code").read_text().strip() == "0"
+        assert standin.lifecycle.manage_calls[1:] == [(iid, "running", "owner")]
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not standin.lifecycle.is_stopped(iid):
+            time.sleep(0.5)
+        assert standin.lifecycle.manage_calls[2:] == [(iid, "stopped", key.name)]
+
         down = _ddpctl(standin, tmp_path, "down", run.name, "--runs-dir", str(runs))
         assert down.returncode == 0, down.stderr
-        assert standin.lifecycle.manage_calls[1:] == [(iid, "running", "owner")]  # started again, then destroyed
+        assert standin.lifecycle.manage_calls[3:] == [(iid, "running", "owner")]  # started again, then destroyed
         assert standin.live_instances() == [] and bed.hosts == []
         assert all(k.deleted for k in standin.lifecycle.keys.values())
         assert json.loads((run / "summary.json").read_text())["epochs"] == 1
@@ -255,10 +265,45 @@ def test_detached_run_is_autostopped_then_down_starts_pulls_verifies_and_destroy
         assert events.index("vast.starting_stopped") < events.index("pulled") < events.index("vast.instance_destroyed")
         record = json.loads((run / "run.json").read_text())
         [inst] = record["instances"]
-        [[stopped_at, started_at]] = inst["stops"]
-        ran = inst["destroyed_at"] - inst["created_at"] - (started_at - stopped_at)
-        expected = (0.40 + storage) * ran / 3600 + storage * (started_at - stopped_at) / 3600
+        stops = inst["stops"]
+        assert len(stops) == 2 and all(start > stop for stop, start in stops)
+        stopped = sum(start - stop for stop, start in stops)
+        ran = inst["destroyed_at"] - inst["created_at"] - stopped
+        expected = (0.40 + storage) * ran / 3600 + storage * stopped / 3600
         assert record["cost_usd"] == pytest.approx(expected, abs=1e-6)
-        texts = [up.stdout, up.stderr, status.stdout, rented.stdout, down.stdout, down.stderr]
+        texts = [up.stdout, up.stderr, status.stdout, rented.stdout, pull.stdout, pull.stderr, down.stdout, down.stderr]
         texts += [p.read_text(errors="replace") for p in tmp_path.rglob("*") if p.is_file()]
         assert [t for t in texts if KEY in t or key.key in t] == []
+
+
+@pytest.mark.parametrize(("image", "registry"), [
+    ("ddpctl/trainer:1", "docker.io"), ("ubuntu", "docker.io"), ("ghcr.io/o/i:1", "ghcr.io"),
+    ("localhost:5000/i", "localhost:5000"), ("registry.example.com/team/i@sha256:ab", "registry.example.com"),
+])
+def test_the_registry_is_read_from_the_image_reference(image: str, registry: str) -> None:
+    from launcher.providers.vast.registry_login import registry_of
+
+    assert registry_of(image) == registry
+
+
+def test_registry_login_refuses_a_credential_helper_and_a_bad_variable_in_one_line(monkeypatch, tmp_path):
+    from launcher.errors import SpecError
+
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))
+    monkeypatch.delenv("DDPCTL_REGISTRY_LOGIN", raising=False)
+    (tmp_path / "config.json").write_text(json.dumps({"auths": {"ghcr.io": {}}, "credsStore": "desktop"}))
+    with pytest.raises(SpecError) as helper:
+        registry_login(IMAGE)
+    assert "credential helper" in str(helper.value) and "DDPCTL_REGISTRY_LOGIN" in str(helper.value)
+    monkeypatch.setenv("DDPCTL_REGISTRY_LOGIN", SECRET)  # no USER: part
+    with pytest.raises(SpecError) as bad:
+        registry_login(IMAGE)
+    assert "USER:TOKEN" in str(bad.value) and SECRET not in str(bad.value) and "\n" not in str(bad.value)
+
+
+def test_autostop_without_detach_is_refused_before_anything_is_rented(standin, tmp_path):
+    result = _up(standin, tmp_path, "--image", "docker.io/ddpctl/trainer:1", "--autostop", "10")
+    assert result.returncode == 1 and result.stderr.count("\n") == 1 and "--detach" in result.stderr
+    negative = _up(standin, tmp_path, "--image", "docker.io/ddpctl/trainer:1", "--detach", "--autostop", "-1")
+    assert negative.returncode == 1 and negative.stderr.count("\n") == 1 and "--autostop" in negative.stderr
+    assert standin.instances == {} and not (tmp_path / "runs").exists()

@@ -28,6 +28,7 @@ from launcher.transport.parallel import raise_for_errors, run_on_hosts
 if TYPE_CHECKING:
     from launcher.providers.vast.client import VastClient
     from launcher.providers.vast.ledger import Ledger
+    from launcher.results.rundir import RunDir
     from launcher.transport.hostsession import HostSession
 
 DEFAULT_MINUTES = 30.0
@@ -113,7 +114,6 @@ def start_autostop(client: VastClient, session: HostSession, ledger: Ledger, min
     run_dir = ledger.run_dir
     nodes = run_dir.record().get("nodes") or []
     by_node = {int(i["node"]): i for i in ledger.instances if i.get("state") == "rented" and i.get("node") is not None}
-    python = run_dir.spec().python
     made: list[int] = []
     try:
         for index, node in enumerate(nodes):
@@ -124,25 +124,36 @@ def start_autostop(client: VastClient, session: HostSession, ledger: Ledger, min
             inst["autostop_key_id"] = key_id  # the id only: the key itself goes to the node and nowhere else
             ledger.save()
             _install(session, index, node["workspace"], key)
-        poll = max(0.5, min(30.0, minutes * 60 / 6))
-
-        def start(index: int) -> None:
-            ws, iid = nodes[index]["workspace"], by_node[index]["instance_id"]
-            argv = [python, "-c", WATCHDOG, ws, client.base_url, str(iid), f"{minutes * 60:g}", f"{poll:g}"]
-            out = session.conn(index).run(argv, timeout=30)
-            if out.exit_code != 0 or "watching" not in out.stdout:
-                raise HostError(session.label_of(index), f"the autostop watchdog did not start: "
-                                                         f"{(out.stderr or out.stdout).strip()[-200:]}")
-
-        raise_for_errors(run_on_hosts(list(range(len(nodes))), start, timeout=60, label=session.label_of),
-                         "autostop")
+        run_dir.update_record(autostop={"minutes": minutes, "api_url": client.base_url})
+        start_watchdogs(session, run_dir, list(range(len(nodes))))
     except (DdpctlError, KeyError) as exc:
         delete_keys(client, made)
         for inst in ledger.instances:
             inst.pop("autostop_key_id", None)
         ledger.save()
+        run_dir.update_record(autostop=None)
         raise DdpctlError(f"autostop could not be set up ({str(exc).splitlines()[0]})") from None
     run_dir.event("vast.autostop_armed", minutes=minutes, keys=made)
+
+
+def start_watchdogs(session: HostSession, run_dir: RunDir, indexes: list[int]) -> None:
+    """Start the watchdog on these nodes (its key is already there), as run.json's `autostop` says."""
+    record = run_dir.record()
+    nodes, settings = record.get("nodes") or [], record["autostop"]
+    by_node = {int(i["node"]): i for i in record.get("instances") or [] if i.get("node") is not None
+               and i.get("state") in ("rented", "stopped")}
+    minutes, python = float(settings["minutes"]), run_dir.spec().python
+    poll = max(0.5, min(30.0, minutes * 60 / 6))
+
+    def start(index: int) -> None:
+        ws, iid = nodes[index]["workspace"], by_node[index]["instance_id"]
+        argv = [python, "-c", WATCHDOG, ws, settings["api_url"], str(iid), f"{minutes * 60:g}", f"{poll:g}"]
+        out = session.conn(index).run(argv, timeout=30)
+        if out.exit_code != 0 or "watching" not in out.stdout:
+            raise HostError(session.label_of(index), f"the autostop watchdog did not start: "
+                                                     f"{(out.stderr or out.stdout).strip()[-200:]}")
+
+    raise_for_errors(run_on_hosts(indexes, start, timeout=60, label=session.label_of), "autostop")
 
 
 def _install(session: HostSession, index: int, workspace: str, key: str) -> None:

@@ -40,9 +40,12 @@ class RentedRun:
     def pull(self, run_dir: RunDir, options: UpOptions) -> list[dict[str, Any]]:
         """Every node's outputs, fetched and verified (refused once the machines are destroyed); stopped machines
         are started first, and each node's autostop counts its idle time from this pull."""
-        _start_stopped(run_dir, options)
+        problem = _start_stopped(run_dir, options)
+        if problem:
+            raise DdpctlError(f"cannot pull run {run_dir.run_id}: {problem}")
         pulled = pull_hosts(run_dir, options)
         _on_nodes(run_dir, options, mark_pulled_command)
+        _rearm(run_dir, options)
         return pulled
 
     def down(self, run_dir: RunDir, options: UpOptions, force: bool) -> str:
@@ -112,6 +115,28 @@ def _start_stopped(run_dir: RunDir, options: UpOptions, ledger: Ledger | None = 
             "them)")
         exact_stop_times(ledger, _on_nodes(run_dir, options, stopped_at_command))
     return None
+
+
+def _rearm(run_dir: RunDir, options: UpOptions) -> None:
+    """After `pull` started stopped machines, their watchdogs (gone with the stop) watch again."""
+    from launcher.execute.on_hosts import reattach
+    from launcher.providers.vast.autostop import start_watchdogs
+
+    if not run_dir.record().get("autostop"):
+        return
+    states = _on_nodes(run_dir, options, stopped_at_command)
+    again = sorted(node for node, text in states.items() if '"stopped"' in text)
+    if not again:
+        return
+    try:
+        with reattach(run_dir, options) as session:
+            start_watchdogs(session, run_dir, again)
+    except DdpctlError as exc:
+        say(f"autostop could not be started again ({str(exc).splitlines()[0]}): the machines bill in full "
+            f"until `ddpctl down {run_dir.run_id}`", style="bold yellow")
+        return
+    run_dir.event("vast.autostop_armed", nodes=again, again=True)
+    say(f"autostop watches node(s) {again} again")
 
 
 def _on_nodes(run_dir: RunDir, options: UpOptions, command: Callable[[str], list[str]]) -> dict[int, str]:
