@@ -307,3 +307,12 @@ def test_autostop_without_detach_is_refused_before_anything_is_rented(standin, t
     negative = _up(standin, tmp_path, "--image", "docker.io/ddpctl/trainer:1", "--detach", "--autostop", "-1")
     assert negative.returncode == 1 and negative.stderr.count("\n") == 1 and "--autostop" in negative.stderr
     assert standin.instances == {} and not (tmp_path / "runs").exists()
+
+
+def test_ssh_goes_to_the_direct_address_when_the_proxy_is_another_host(standin):
+    standin.lifecycle.switches.proxy_host = "ssh7.vast.ai"  # Vast's proxy; the direct port is on public_ipaddr
+    client = _client(standin)
+    rented = _provision(standin, client, ready_timeout=5.0)
+    assert (rented[0].ssh_host, rented[0].ssh_port) == standin.instances[rented[0].instance_id].address
+    assert client.show_instance(rented[0].instance_id)["ssh_host"] == "ssh7.vast.ai"
+    teardown(client, [r.instance_id for r in rented], poll_interval=0.05)
