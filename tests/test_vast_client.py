@@ -130,7 +130,8 @@ def test_no_connection_is_one_line_and_retried():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     sleeps: list[float] = []
-    c = VastClient(KEY, base_url=f"http://127.0.0.1:{port}", backoff_base=0.01, max_retries=3, sleep=sleeps.append, pace=0.0)
+    c = VastClient(KEY, base_url=f"http://127.0.0.1:{port}", backoff_base=0.01, max_retries=3,
+                   sleep=sleeps.append, pace=0.0)
     with pytest.raises(VastUnavailable) as err:
         c.show_instance(1)
     assert len(sleeps) == 3 and "\n" not in str(err.value)
@@ -182,7 +183,8 @@ def test_a_create_is_retried_only_when_no_connection_was_made():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     sleeps: list[float] = []
-    c = VastClient(KEY, base_url=f"http://127.0.0.1:{port}", backoff_base=0.01, max_retries=2, sleep=sleeps.append, pace=0.0)
+    c = VastClient(KEY, base_url=f"http://127.0.0.1:{port}", backoff_base=0.01, max_retries=2,
+                   sleep=sleeps.append, pace=0.0)
     with pytest.raises(VastUnavailable):
         c.create_instance(2, CREATE)
     assert len(sleeps) == 2
