@@ -38,6 +38,7 @@ class Switches:
     unknown_machines: dict[int, float] = field(default_factory=dict)  # machine -> seconds "unknown" after boot
     rate_limits: dict[tuple[str, str], float] = field(default_factory=dict)  # (method, template) -> seconds
     proxy_host: str | None = None  # show ssh_host as this proxy (the direct address stays public_ipaddr)
+    manage_permission: str = "api.instance.manage"  # the permission name scoped keys need for manage instance
 
 
 @dataclass
@@ -101,13 +102,12 @@ class Lifecycle:
         token = (bearer or "").removeprefix("Bearer ")
         return next((k for k in self.keys.values() if k.key == token and not k.deleted), None)
 
-    @staticmethod
-    def allows(key: ScopedKey, op_name: str, path_id: str | None, body: Any) -> bool:
+    def allows(self, key: ScopedKey, op_name: str, path_id: str | None, body: Any) -> bool:
         """Whether the key's permissions let it do this: only manage instance is modelled for scoped keys, as
         {"api": {"instance_write": {"api.instance.manage": {"constraints": {param: {eq|lte|gte: v}}}}}}."""
         if op_name != "manage_instance":
             return False
-        rule = key.permissions.get("api", {}).get("instance_write", {}).get("api.instance.manage")
+        rule = key.permissions.get("api", {}).get("instance_write", {}).get(self.switches.manage_permission)
         if not isinstance(rule, dict):
             return False
         params = dict(body or {}, id=int(path_id) if path_id and path_id.isdigit() else path_id)

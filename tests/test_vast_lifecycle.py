@@ -316,3 +316,36 @@ def test_ssh_goes_to_the_direct_address_when_the_proxy_is_another_host(standin):
     assert (rented[0].ssh_host, rented[0].ssh_port) == standin.instances[rented[0].instance_id].address
     assert client.show_instance(rented[0].instance_id)["ssh_host"] == "ssh7.vast.ai"
     teardown(client, [r.instance_id for r in rented], poll_interval=0.05)
+
+
+@pytest.mark.parametrize("permission_name", ["api.instance.manage", "api.instance.change_state"])
+def test_the_watchdog_stops_its_machine_once_idle_or_records_why_it_could_not(standin, tmp_path, permission_name):
+    # The watchdog script itself, run here against the stand-in: the second case is a Vast whose permission
+    # name differs from ours (the key is refused): it must record the failure and end, not retry forever.
+    from launcher.providers.vast.autostop import WATCHDOG, stop_only_permissions
+
+    standin.lifecycle.switches.manage_permission = permission_name
+    client = _client(standin)
+    rented = _provision(standin, client)
+    iid = rented[0].instance_id
+    key_id, key = client.create_api_key("t", stop_only_permissions(iid))
+    workspace = tmp_path / "ws"
+    (workspace / ".autostop").mkdir(parents=True)
+    (workspace / ".autostop" / "key").write_text(key)
+    (workspace / "exit_code").write_text("0\n")
+    out = subprocess.run([sys.executable, "-c", WATCHDOG, str(workspace), standin.url, str(iid), "0.3", "0.1"],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and out.stdout.strip() == "watching" and key not in out.stdout + out.stderr
+    state: dict = {}
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and state.get("state") in (None, "watching"):
+        time.sleep(0.1)
+        path = workspace / ".autostop" / "state.json"
+        state = json.loads(path.read_text()) if path.exists() else {}
+    if permission_name == "api.instance.manage":
+        assert state["state"] == "stopped" and standin.lifecycle.is_stopped(iid)
+    else:
+        assert state == {"state": "failed", "error": "HTTP 403", "pid": state["pid"]}
+        assert not standin.lifecycle.is_stopped(iid)
+    client.delete_api_key(key_id)
+    teardown(client, [iid], poll_interval=0.05)
