@@ -21,6 +21,7 @@ from launcher.results.rundir import RunDir, primary_node_out, read_json, write_b
 from launcher.runtimes.docker_hosts import ensure_image, registry_digest
 from launcher.runtimes.native import NodeState, log_tail, read_state, stop_node
 from launcher.runtimes.start import runtime_of, start_node
+from launcher.transport import outputs
 from launcher.transport.hostsession import HostSession, target_from_json, target_to_json
 from launcher.transport.parallel import raise_for_errors, run_on_hosts
 from launcher.transport.sync import TransferChangedError, pull_tree, ship_tree
@@ -137,6 +138,8 @@ def ship_code(session: HostSession, plan: RunPlan, run_dir: RunDir) -> None:
     run's workspace, so a relaunch moves only changed files and each run keeps the code it ran."""
     if plan.spec.user_command:
         source, dest = Path(os.getcwd()), ""
+        manifest, left_out = outputs.record_shipped(run_dir.path, source)  # what is not an output, for pull_run
+        console.print(outputs.shipping_note(source, manifest, left_out), markup=False, highlight=False, soft_wrap=True)
     else:
         source, dest = trainer_source_dir(), "/trainer"
     cache = f"{CODE_CACHE}/{_cache_key(source)}"
@@ -263,6 +266,7 @@ def stop_all(session: HostSession, run_dir: RunDir) -> None:
 def pull_run(session: HostSession, run_dir: RunDir) -> list[dict[str, Any]]:
     """Pull every node's outputs into nodes/<k>/ (verified), then copy rank 0's node's records to the top."""
     workspaces, python = node_workspaces(run_dir), run_dir.spec().python
+    shipped, patterns = outputs.load_shipped(run_dir.path), outputs.recorded_outputs(run_dir.record())
 
     def pull(index: int) -> dict[str, Any]:
         # A running node rewrites progress.json and snapshots; a file caught mid-change is fetched again
@@ -271,7 +275,11 @@ def pull_run(session: HostSession, run_dir: RunDir) -> list[dict[str, Any]]:
             try:
                 stats = pull_tree(session.conn(index), workspaces[index], run_dir.path / "nodes" / str(index),
                                   include=PULLED, missing_ok=True, python=python)
-                return asdict(stats)
+                if shipped is None:
+                    return asdict(stats)
+                written = outputs.pull_workdir(session.conn(index), workspaces[index],
+                                               run_dir.path / "nodes" / str(index), shipped, patterns, python)
+                return outputs.merged_stats(stats, written)
             except TransferChangedError:
                 if attempt == PULL_ATTEMPTS - 1:
                     raise
@@ -291,6 +299,8 @@ def pull_run(session: HostSession, run_dir: RunDir) -> list[dict[str, Any]]:
     for name in TOP_LEVEL_FILES:
         if primary and (primary / name).is_file():
             write_bytes_atomic(run_dir.path / name, (primary / name).read_bytes())
+    if shipped is not None:
+        outputs.mirror_rank0(run_dir.path, outputs.rank0_node(run_dir.record(), primary))
     return raise_for_errors(outcomes, "pull")
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from launcher.execute.local import check_local_run, run_local
+from launcher.execute.local_outputs import LocalOutputs
 from launcher.execute.request import UpOptions, UpResult
 from launcher.results.rundir import RunDir, read_json
 from launcher.spec.run_spec import RunSpec
@@ -69,5 +70,8 @@ def _run_here(acquired: AcquiredHosts) -> UpResult:
     run_path = (options.runs_dir / spec.run_id).resolve()
     plan = check_local_run(spec, run_path)
     run_dir = RunDir.create(options.runs_dir, spec, {**acquired.record, **options.record})
+    written = LocalOutputs.start(run_dir, plan.nodes[0].cwd) if spec.user_command else None
     code = run_local(plan, run_dir, show_progress=options.show_progress)
+    if written is not None:
+        written.finish()
     return UpResult(run_dir.path, code, read_json(run_dir.path / "summary.json"), plan)

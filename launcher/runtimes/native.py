@@ -67,6 +67,7 @@ rm -f exit_code pid
 echo "$grace" > stop_grace
 setsid sh -c '
   ws=$1; cwd=$2; envfile=$3; shift 3
+  export DDPCTL_OUTPUT_DIR="$ws/out"
   if [ -n "$envfile" ]; then
     while IFS= read -r line; do
       value=$(printf "%bx" "${line#*=}"); export "${line%%=*}=${value%x}"

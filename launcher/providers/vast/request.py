@@ -21,6 +21,7 @@ class VastRequest:
     max_cost_reserve_s: float = 120.0  # spend kept back for the final stop, pull and teardown
     ready_timeout: float = 900.0
     poll_interval: float = 2.0
+    expected_hours: float | None = None  # how long the run takes: an offer's contract must outlast it
     registry_login: bool = False  # send image_login (see registry_login.py) for a private image
     autostop_minutes: float | None = None  # detached runs: stop the machines this long after training ends
 
@@ -29,6 +30,8 @@ class VastRequest:
             raise SpecError(f"--nodes must be at least 1, not {self.nodes}")
         if self.max_cost is not None and self.max_cost <= 0:
             raise SpecError(f"--max-cost must be a positive number of dollars, not {self.max_cost}")
+        if self.expected_hours is not None and self.expected_hours <= 0:
+            raise SpecError(f"--expected-hours must be a positive number of hours, not {self.expected_hours}")
         if self.autostop_minutes is not None and self.autostop_minutes < 0:
             raise SpecError(f"--autostop must be minutes >= 0 (0: off), not {self.autostop_minutes}")
         if self.ready_timeout <= 0:
