@@ -271,6 +271,9 @@ def test_detached_run_is_autostopped_then_down_starts_pulls_verifies_and_destroy
         ran = inst["destroyed_at"] - inst["created_at"] - stopped
         expected = (0.40 + storage) * ran / 3600 + storage * stopped / 3600
         assert record["cost_usd"] == pytest.approx(expected, abs=1e-6)
+        split = record["cost_split"]  # as Vast bills it: the GPU only while running, the disk all along
+        assert split["gpu_usd"] == pytest.approx(0.40 * ran / 3600, abs=1e-6)
+        assert split["storage_usd"] == pytest.approx(storage * (ran + stopped) / 3600, abs=1e-6)
         texts = [up.stdout, up.stderr, status.stdout, rented.stdout, pull.stdout, pull.stderr, down.stdout, down.stderr]
         texts += [p.read_text(errors="replace") for p in tmp_path.rglob("*") if p.is_file()]
         assert [t for t in texts if KEY in t or key.key in t] == []

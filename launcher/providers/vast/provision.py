@@ -126,8 +126,9 @@ def provision(
         failures = 0
         while len(ready) < nodes:
             listed = {int(i["id"]): i for i in client.list_instances(label=label)}  # one request per round
+            seen_at = clock()  # judged as of this listing: a replacement's paced create may take seconds
             for slot in list(pending):
-                result = starter.check(slot, listed.get(slot.instance_id), ready_timeout, ssh_ready)
+                result = starter.check(slot, listed.get(slot.instance_id), ready_timeout, ssh_ready, seen_at)
                 if isinstance(result, RentedInstance):
                     ready[slot.node] = result
                     pending.remove(slot)
@@ -214,10 +215,12 @@ class _Starter:
                 self.created.append(int(inst["id"]))
 
     def check(self, slot: _Pending, obj: dict[str, Any] | None, ready_timeout: float,
-              ssh_ready: Callable[[str, int], bool]) -> RentedInstance | StartFailure | None:
+              ssh_ready: Callable[[str, int], bool], seen_at: float) -> RentedInstance | StartFailure | None:
         """The ready instance, why it failed, or None while it is still starting. `obj` is the instance as this
-        round's list request showed it (None: not listed)."""
-        now = self.clock()
+        round's list request showed it at `seen_at` (None: not listed)."""
+        now = seen_at
+        if slot.answered_at > seen_at:  # created after this listing: judged next round
+            return None
         state = InstanceState.from_json(obj) if obj is not None else None
         if state is None or state.actual_status in TRANSIENT_STATES:
             # not listed yet, or no state: the list lags behind a create, hosts go quiet for a while
@@ -228,7 +231,7 @@ class _Starter:
         else:
             slot.unsure_since = None
         if state is None:
-            return self._timed_out(slot, None, ready_timeout)
+            return self._timed_out(slot, None, ready_timeout, now)
         failure = classify_status_msg(state.status_msg)
         if failure is not None:
             return failure
@@ -248,10 +251,11 @@ class _Starter:
                            "ssh_host": host, "ssh_port": port})
                 return RentedInstance(slot.instance_id, slot.offer, host, port, state.ssh_user, state.public_ipaddr,
                                       dph, slot.created_at)
-        return self._timed_out(slot, state.actual_status, ready_timeout)
+        return self._timed_out(slot, state.actual_status, ready_timeout, now)
 
-    def _timed_out(self, slot: _Pending, status: str | None, ready_timeout: float) -> StartFailure | None:
-        if self.clock() - slot.answered_at > ready_timeout:
+    def _timed_out(self, slot: _Pending, status: str | None, ready_timeout: float,
+                   now: float) -> StartFailure | None:
+        if now - slot.answered_at > ready_timeout:
             return StartFailure(f"not running and answering SSH after {ready_timeout:.0f}s (status {status})")
         return None
 
