@@ -352,3 +352,15 @@ def test_the_watchdog_stops_its_machine_once_idle_or_records_why_it_could_not(st
         assert not standin.lifecycle.is_stopped(iid)
     client.delete_api_key(key_id)
     teardown(client, [iid], poll_interval=0.05)
+
+
+def test_a_paced_replacement_does_not_time_out_the_other_nodes(standin):
+    # Creates are paced (4.5 s apart on Vast, 1.35 s here): replacing node 0's stuck machine waits that long;
+    # node 1's machine, seen "loading" just before, must be judged on a fresh listing, not timed out on the old one.
+    standin.faults.stuck_machines.add(201)
+    events: list[dict] = []
+    client = _client(standin, pace=0.3)
+    rented = _provision(standin, client, nodes=2, ready_timeout=1.0, on_event=events.append)
+    assert sorted(r.offer.machine_id for r in rented) == [202, 203]
+    assert [e["machine_id"] for e in events if e["event"] == "vast.instance_failed"] == [201]
+    teardown(client, [r.instance_id for r in rented], overlay_name=rented[0].overlay_name, poll_interval=0.05)
