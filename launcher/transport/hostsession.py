@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from launcher.transport.known_hosts import KnownHosts, default_known_hosts_path
 from launcher.transport.parallel import raise_for_errors, run_on_hosts
-from launcher.transport.ssh import Connection, SSHTarget, resolve_target
+from launcher.transport.ssh import Connection, SSHTarget, proxy_command_now, resolve_target
 
 if TYPE_CHECKING:
     from launcher.spec.hosts import HostSpec
@@ -40,7 +40,8 @@ def target_to_json(target: SSHTarget) -> dict[str, Any]:
 
 def target_from_json(data: dict[str, Any]) -> SSHTarget:
     return SSHTarget(label=data["label"], hostname=data["hostname"], port=int(data["port"]), user=data["user"],
-                     identity_files=tuple(data.get("identity_files", ())), proxy_jump=data.get("proxy_jump"))
+                     identity_files=tuple(data.get("identity_files", ())), proxy_jump=data.get("proxy_jump"),
+                     proxy_command=proxy_command_now(data["label"]))
 
 
 class HostSession:
