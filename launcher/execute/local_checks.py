@@ -36,16 +36,17 @@ def check_cpu_processes(processes: int, gpus: int, cores: int | None = None,
     env = os.environ if env is None else env
     cores = cores or len(os.sched_getaffinity(0))
     override = env.get(MAX_CPU_PROCESSES_ENV, "")
+    if override and not (override.isdigit() and int(override) > 0):
+        raise SpecError(f"{MAX_CPU_PROCESSES_ENV}={override!r}: give a whole number of processes >= 1")
+    limit = int(override) if override else max(2, cores * CPU_PROCESSES_PER_CORE)
+    if processes <= limit:
+        return
     if override:
-        if not (override.isdigit() and int(override) > 0):
-            raise SpecError(f"{MAX_CPU_PROCESSES_ENV}={override!r}: give a whole number of processes >= 1")
-        limit, why = int(override), f"{MAX_CPU_PROCESSES_ENV} allows {override}"
-    else:
-        limit = max(2, cores * CPU_PROCESSES_PER_CORE)
-        why = f"at most {limit}: {CPU_PROCESSES_PER_CORE} per core"
-    if processes > limit:
-        raise SpecError(f"--gpus {processes}: this machine has no GPU and {cores} CPU core(s), so it runs {why}; "
-                        f"give --gpus {limit} or less, or set {MAX_CPU_PROCESSES_ENV}=N to allow more")
+        raise SpecError(f"--gpus {processes}: {MAX_CPU_PROCESSES_ENV} allows {limit} processes on this machine (no "
+                        f"GPU, {cores} CPU cores); give --gpus {limit} or less, or raise {MAX_CPU_PROCESSES_ENV}")
+    raise SpecError(f"--gpus {processes}: this machine has no GPU and {cores} CPU cores, which run at most {limit} "
+                    f"training processes ({CPU_PROCESSES_PER_CORE} per core); give --gpus {limit} or less, or set "
+                    f"{MAX_CPU_PROCESSES_ENV}=N to allow more")
 
 
 def check_local_rendezvous(host: str = STANDALONE_RDZV_HOST) -> None:

@@ -78,7 +78,8 @@ class HostSession:
                           connect_timeout=self.options.connect_timeout, ssh_config=self.options.ssh_config)
 
     def connect_all(self) -> None:
-        outcomes = run_on_hosts(list(range(len(self._conns))), lambda i: self._conns[i].transport,
+        # SFTP too: a host whose sshd lacks it is named now, before anything is written for the run.
+        outcomes = run_on_hosts(list(range(len(self._conns))), lambda i: self._conns[i].sftp,
                                 timeout=self.options.connect_timeout * 2 + 10, label=self.label_of)
         raise_for_errors(outcomes, "connect")
 

@@ -54,11 +54,13 @@ class KeyLoad:
                 continue
             try:
                 yield path, paramiko.PKey.from_path(path)
-            except paramiko.PasswordRequiredException:
-                self.encrypted.append(path)
-                self.tried.append(f"{path} (passphrase-protected)")
-            except (paramiko.SSHException, OSError, ValueError) as e:
-                self.tried.append(f"{path} (unreadable: {e})")
+            except (paramiko.SSHException, OSError, ValueError, TypeError) as e:
+                # PKey.from_path passes on cryptography's TypeError for an encrypted key, not paramiko's exception.
+                if isinstance(e, paramiko.PasswordRequiredException) or "password" in str(e).lower():
+                    self.encrypted.append(path)
+                    self.tried.append(f"{path} (passphrase-protected)")
+                else:
+                    self.tried.append(f"{path} (unreadable: {e})")
 
     def failure_hint(self) -> str:
         """What to do, when a passphrase-protected key was skipped (else the general hint)."""
