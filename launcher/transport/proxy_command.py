@@ -67,6 +67,7 @@ class ProxyCommandSocket:
     def __init__(self, command: str) -> None:
         self.command = command
         self._timeout: float | None = None
+        self._stopped = False  # close() ended it: its exit is ours, not the command's failure
         self._stderr: deque[str] = deque(maxlen=_STDERR_LINES)
         try:
             self._process = subprocess.Popen(["/bin/sh", "-c", f"exec {command}"], stdin=subprocess.PIPE,
@@ -104,6 +105,7 @@ class ProxyCommandSocket:
     def close(self) -> None:
         """Stop the command (SIGTERM, then SIGKILL after 2 s) and reap it."""
         if self._process.poll() is None:
+            self._stopped = True
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self._process.pid, signal.SIGTERM)
             try:
@@ -126,7 +128,10 @@ class ProxyCommandSocket:
         return self._process.poll() is not None
 
     def failure(self, wait: float = 1.0) -> str | None:
-        """When the command has exited (waiting up to `wait` s for it): its status and last stderr line."""
+        """When the command has exited by itself (waiting up to `wait` s for it): its status and last stderr
+        line."""
+        if self._stopped:
+            return None
         try:
             code = self._process.wait(timeout=wait)
         except subprocess.TimeoutExpired:

@@ -277,10 +277,12 @@ class Connection:
             transport.set_keepalive(KEEPALIVE_S)
             return transport
         except BaseException as e:
+            # Whether the ProxyCommand exited by itself, asked before closing the transport stops it.
+            failed = (sock.failure() if isinstance(sock, ProxyCommandSocket) and isinstance(e, Exception)
+                      and not isinstance(e, DdpctlError) else None)
             transport.close()
             if isinstance(e, DdpctlError):
                 raise
-            failed = sock.failure() if isinstance(sock, ProxyCommandSocket) else None
             if failed:
                 raise HostError(self.label, f"{failed} (check the ProxyCommand for this host in your ssh config)") \
                     from e
