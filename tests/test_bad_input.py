@@ -26,6 +26,8 @@ from tests.testbed_fixtures import REPO
 
 # A row's argv may name: {h0} (a working host), {nosftp} (a host whose sshd has no SFTP), {key} (the bed's client
 # key), {pub} ({key}.pub), {enc} (a passphrase-protected key), {tmp} (the row's own directory).
+# The CPU process limit applies where no GPU is visible: a GPU machine hides its GPUs for those rows.
+NO_GPU = {"CUDA_VISIBLE_DEVICES": "", "DDPCTL_MAX_CPU_PROCESSES": ""}
 
 
 @dataclass(frozen=True)
@@ -65,11 +67,11 @@ ROWS = {
     "devices-for-ddp": up("--devices", "cpu", words=("--devices", "dp, mp or ddp-mp")),
     "on-hosts-synthetic-0": on_host("--synthetic-train-size", "0", words=("--synthetic-train-size", "got 0")),
     # -- issue 12: more processes than this machine runs; IPv6 without brackets ------------------------------
-    "local-gpus-64": up("--gpus", "64", env={"DDPCTL_MAX_CPU_PROCESSES": ""},
+    "local-gpus-64": up("--gpus", "64", env=NO_GPU,
                         words=("--gpus 64", "no GPU", "CPU cores", "at most", "DDPCTL_MAX_CPU_PROCESSES")),
-    "local-gpus-above-override": up("--gpus", "5", env={"DDPCTL_MAX_CPU_PROCESSES": "4"},
+    "local-gpus-above-override": up("--gpus", "5", env={**NO_GPU, "DDPCTL_MAX_CPU_PROCESSES": "4"},
                                     words=("--gpus 5", "DDPCTL_MAX_CPU_PROCESSES allows 4", "--gpus 4 or less")),
-    "cpu-limit-not-a-number": up("--gpus", "2", env={"DDPCTL_MAX_CPU_PROCESSES": "lots"},
+    "cpu-limit-not-a-number": up("--gpus", "2", env={**NO_GPU, "DDPCTL_MAX_CPU_PROCESSES": "lots"},
                                  words=("DDPCTL_MAX_CPU_PROCESSES", "'lots'", "whole number")),
     "ipv6-bare-with-port": up("--host", "2001:db8::1:22", words=("IPv6", "brackets", "[2001:db8::1]:22")),
     "ipv6-bare-user": up("--host", "root@fd00::2", words=("IPv6", "root@[fd00::2]")),
@@ -106,6 +108,10 @@ ROWS = {
     "status-not-a-run": Row(("status", "{tmp}/nothing"), words=("not a ddpctl run directory",)),
     "report-not-a-directory": Row(("report", "{tmp}/nothing"), words=("not a directory",)),
     "sweep-gpus-0": Row(("sweep", "--runs-dir", "{tmp}/runs", "--gpus", "0"), words=("--gpus", "positive integer")),
+    "sweep-gpus-64": Row(("sweep", "--runs-dir", "{tmp}/runs", "--gpus", "1,64"), env=NO_GPU,
+                         words=("--gpus 64", "no GPU", "at most")),
+    "sweep-synthetic-0": Row(("sweep", "--runs-dir", "{tmp}/runs", "--gpus", "1", "--synthetic-train-size", "0"),
+                             words=("--synthetic-train-size", "got 0")),
 }  # fmt: skip
 
 
