@@ -412,3 +412,16 @@ def test_host_without_sftp_runs_commands_but_names_sftp(testbed):
         host.set_sftp(True)
     with connect(testbed, host) as conn:
         assert conn.sftp.listdir(".") is not None
+
+
+def test_reattach_takes_proxy_command_from_the_users_config_not_the_run(tmp_path, monkeypatch):
+    from launcher.transport.hostsession import target_from_json, target_to_json
+
+    (tmp_path / ".ssh").mkdir()
+    (tmp_path / ".ssh" / "config").write_text("Host gpu\n  HostName 10.0.0.9\n  ProxyCommand nc %h %p\n")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    target = resolve_target(parse_host("gpu"))
+    assert target.proxy_command == "nc 10.0.0.9 22"
+    recorded = {**target_to_json(target), "proxy_command": "touch /tmp/pwned"}  # a run.json from elsewhere
+    assert target_from_json(recorded).proxy_command == "nc 10.0.0.9 22"
+    assert "proxy_command" not in target_to_json(target)  # run.json never holds a command to run
