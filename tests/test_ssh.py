@@ -15,7 +15,7 @@ from launcher.errors import AuthenticationFailed, DdpctlError, HostError, HostsF
 from launcher.spec.hosts import parse_host
 from launcher.transport.known_hosts import KnownHosts, host_key_name
 from launcher.transport.parallel import HostTimeoutError, raise_for_errors, run_on_hosts
-from launcher.transport.ssh import Connection, command_line, resolve_target
+from launcher.transport.ssh import Connection, SSHTarget, command_line, resolve_target
 from tests.testbed_fixtures import bed_known_hosts, connect, run_ddpctl
 
 pytestmark = pytest.mark.testbed  # the `testbed` fixture skips where no bed can run
@@ -425,3 +425,7 @@ def test_reattach_takes_proxy_command_from_the_users_config_not_the_run(tmp_path
     recorded = {**target_to_json(target), "proxy_command": "touch /tmp/pwned"}  # a run.json from elsewhere
     assert target_from_json(recorded).proxy_command == "nc 10.0.0.9 22"
     assert "proxy_command" not in target_to_json(target)  # run.json never holds a command to run
+    # A host that was reached without one (a rented machine, `vast:ID`) is not given one by a `Host *` line.
+    (tmp_path / ".ssh" / "config").write_text("Host *\n  ProxyCommand nc %h %p\n")
+    direct = SSHTarget(label="vast:123", hostname="10.0.0.7", port=40022, user="root")
+    assert target_from_json(target_to_json(direct)).proxy_command is None

@@ -35,13 +35,14 @@ class ConnectOptions(Protocol):
 def target_to_json(target: SSHTarget) -> dict[str, Any]:
     """What run.json keeps of a host: enough to reconnect later (absolute key paths, never key contents)."""
     return {"label": target.label, "hostname": target.hostname, "port": target.port, "user": target.user,
-            "identity_files": [os.path.abspath(p) for p in target.identity_files], "proxy_jump": target.proxy_jump}
+            "identity_files": [os.path.abspath(p) for p in target.identity_files], "proxy_jump": target.proxy_jump,
+            "uses_proxy_command": bool(target.proxy_command)}  # the command itself is read from ssh config again
 
 
 def target_from_json(data: dict[str, Any]) -> SSHTarget:
     return SSHTarget(label=data["label"], hostname=data["hostname"], port=int(data["port"]), user=data["user"],
                      identity_files=tuple(data.get("identity_files", ())), proxy_jump=data.get("proxy_jump"),
-                     proxy_command=proxy_command_now(data["label"]))
+                     proxy_command=proxy_command_now(data["label"]) if data.get("uses_proxy_command") else None)
 
 
 class HostSession:
