@@ -103,6 +103,8 @@ VAST_OPTIONS = (
     opt("max_cost_reserve", float, 120.0, "Seconds of spend --max-cost keeps for the final pull and teardown.",
         VAST, hidden=True),
     opt("ready_timeout", float, 900.0, "Vast.ai: seconds for a machine to start.", VAST),
+    opt("expected_hours", float, None, "Vast.ai: how long the run takes; rented contracts must outlast it (default "
+        "1 hour), with a margin.", VAST, optional=True),
 )
 
 # `up` only: one run's experiment (sweep declares the same names as comma lists or preset-defaulted values).
@@ -141,6 +143,9 @@ STRATEGY_OPTIONS = (
 UP_WHERE_OPTIONS = (
     opt("detach", bool, False, "Start the run on the hosts and return; follow with status/logs.", HOSTS),
     opt("nodes", int, 1, "Vast.ai: machines to rent (one torchrun node each).", VAST),
+    opt("outputs", list, (), "With `-- CMD` on hosts: bring back only these of the files your script writes in its "
+        "working directory (gitignore-style: 'snapshot.pt', '*.csv', 'checkpoints/'); repeat. Its "
+        "$DDPCTL_OUTPUT_DIR always comes back.", OUTPUT),
 )
 
 UP_OUTPUT_OPTIONS = (

@@ -17,6 +17,8 @@ from typing import Any
 from launcher.errors import DdpctlError, SpecError
 from launcher.execute.local_checks import FirstStepWatch, check_cpu_processes, check_local_rendezvous
 from launcher.planning.plan import RunPlan, plan_local
+from launcher.planning.preflight import check_local_disk
+from launcher.results.hang_watch import RunWatch
 from launcher.results.progress import RunProgress
 from launcher.results.rundir import RunDir, read_json
 from launcher.runtimes.proctree import stop_tree
@@ -108,6 +110,7 @@ def check_local_run(spec: RunSpec, run_path: Path | None = None) -> RunPlan:
     check_local_rendezvous()
     plan = plan_local(spec, str(run_path or Path(spec.run_id).resolve()), cwd=os.getcwd())
     check_local_programs(plan)
+    check_local_disk(spec, run_path or Path(spec.run_id).resolve())
     return plan
 
 
@@ -136,11 +139,14 @@ def run_local(plan: RunPlan, run_dir: RunDir, show_progress: bool = True) -> int
         progress_file = run_dir.path / "progress.json"
         previous = _stop_on_hangup()
         first_step = FirstStepWatch(out_path)
+        node_watch = RunWatch.here(run_dir, node.host.label)  # hangs, low disk, the first rank failure
         with RunProgress([node.host.label], enabled=show_progress) as progress:
             while proc.poll() is None:
                 record = read_json(progress_file)
                 progress.update(0, record, first_step.state(record))
+                node_watch.poll_here(True, None, record, time.monotonic())
                 time.sleep(POLL_SECONDS)
+            node_watch.poll_here(False, proc.returncode, None, time.monotonic())
             progress.update(0, read_json(progress_file), "finished" if proc.returncode == 0 else "failed")
     except KeyboardInterrupt:
         with _signals_ignored(signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a second Ctrl-C waits for the stop

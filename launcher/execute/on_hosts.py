@@ -16,11 +16,13 @@ from launcher.execute import failure_log
 from launcher.execute.failure_log import without_control_chars
 from launcher.planning.plan import RunPlan
 from launcher.planning.preflight import Runner
+from launcher.results.hang_watch import RunWatch
 from launcher.results.progress import FreshestProgress, RunProgress, console, stall_note
 from launcher.results.rundir import RunDir, primary_node_out, read_json, write_bytes_atomic, write_json_atomic
 from launcher.runtimes.docker_hosts import ensure_image, registry_digest
 from launcher.runtimes.native import NodeState, log_tail, read_state, stop_node
 from launcher.runtimes.start import runtime_of, start_node
+from launcher.transport import outputs
 from launcher.transport.hostsession import HostSession, target_from_json, target_to_json
 from launcher.transport.parallel import raise_for_errors, run_on_hosts
 from launcher.transport.sync import TransferChangedError, pull_tree, ship_tree
@@ -137,6 +139,8 @@ def ship_code(session: HostSession, plan: RunPlan, run_dir: RunDir) -> None:
     run's workspace, so a relaunch moves only changed files and each run keeps the code it ran."""
     if plan.spec.user_command:
         source, dest = Path(os.getcwd()), ""
+        manifest, left_out = outputs.record_shipped(run_dir.path, source)  # what is not an output, for pull_run
+        console.print(outputs.shipping_note(source, manifest, left_out), markup=False, highlight=False, soft_wrap=True)
     else:
         source, dest = trainer_source_dir(), "/trainer"
     cache = f"{CODE_CACHE}/{_cache_key(source)}"
@@ -196,6 +200,7 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
     failed_reported = False
     stall_reported = False
     freshest = FreshestProgress(len(labels))
+    node_watch = RunWatch.on_hosts(session, run_dir)  # hangs, low disk, the first rank failure: told unasked
     with RunProgress(labels, enabled=show_progress) as progress:
         while True:
             states = poll_states(session, run_dir)
@@ -204,6 +209,7 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
             for index, state in enumerate(states):
                 if state is not None:
                     freshest.observe(index, state.progress, now)
+            node_watch.poll(states, now)
             stalled = freshest.stalled_for(now)
             if stalled is not None and not stall_reported:
                 run_dir.event("stalled", seconds=round(stalled))
@@ -263,6 +269,7 @@ def stop_all(session: HostSession, run_dir: RunDir) -> None:
 def pull_run(session: HostSession, run_dir: RunDir) -> list[dict[str, Any]]:
     """Pull every node's outputs into nodes/<k>/ (verified), then copy rank 0's node's records to the top."""
     workspaces, python = node_workspaces(run_dir), run_dir.spec().python
+    shipped, patterns = outputs.load_shipped(run_dir.path), outputs.recorded_outputs(run_dir.record())
 
     def pull(index: int) -> dict[str, Any]:
         # A running node rewrites progress.json and snapshots; a file caught mid-change is fetched again
@@ -271,7 +278,11 @@ def pull_run(session: HostSession, run_dir: RunDir) -> list[dict[str, Any]]:
             try:
                 stats = pull_tree(session.conn(index), workspaces[index], run_dir.path / "nodes" / str(index),
                                   include=PULLED, missing_ok=True, python=python)
-                return asdict(stats)
+                if shipped is None:
+                    return asdict(stats)
+                written = outputs.pull_workdir(session.conn(index), workspaces[index],
+                                               run_dir.path / "nodes" / str(index), shipped, patterns, python)
+                return outputs.merged_stats(stats, written)
             except TransferChangedError:
                 if attempt == PULL_ATTEMPTS - 1:
                     raise
@@ -291,6 +302,8 @@ def pull_run(session: HostSession, run_dir: RunDir) -> list[dict[str, Any]]:
     for name in TOP_LEVEL_FILES:
         if primary and (primary / name).is_file():
             write_bytes_atomic(run_dir.path / name, (primary / name).read_bytes())
+    if shipped is not None:
+        outputs.mirror_rank0(run_dir.path, outputs.rank0_node(run_dir.record(), primary))
     return raise_for_errors(outcomes, "pull")
 
 

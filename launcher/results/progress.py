@@ -168,6 +168,10 @@ def summary_table(summary: Mapping[str, Any], title: str) -> Table:
     ]
     if summary.get("cost_usd") is not None:
         rows.append(("cost", f"${float(summary['cost_usd']):.4f}"))
+    if isinstance(summary.get("cost_split"), dict):  # Vast.ai bills these three apart
+        rows.append(("cost split", ", ".join(f"{part} ${float(summary['cost_split'].get(key) or 0):.4f}" for part, key
+                                             in (("GPU", "gpu_usd"), ("storage", "storage_usd"),
+                                                 ("bandwidth", "bandwidth_usd")))))
     for name, value in rows:
         table.add_row(name, "-" if value is None else str(value))
     return table

@@ -67,6 +67,7 @@ rm -f exit_code pid
 echo "$grace" > stop_grace
 setsid sh -c '
   ws=$1; cwd=$2; envfile=$3; shift 3
+  export DDPCTL_OUTPUT_DIR="$ws/out"
   if [ -n "$envfile" ]; then
     while IFS= read -r line; do
       value=$(printf "%bx" "${line#*=}"); export "${line%%=*}=${value%x}"
@@ -81,12 +82,14 @@ echo $! > pid
 echo $!
 """
 
-# Prints `pid|exit_code|alive` then the node's progress record, if any (only global rank 0's node has one).
+# Prints `pid|exit_code|alive|free KiB` then the node's progress record, if any (only global rank 0's node has
+# one). The free space of the workspace's file system comes in the same poll (launcher/results/hang_watch.py).
 STATE_SCRIPT = r"""
 cd "$1" 2>/dev/null || { echo "||gone"; exit 0; }
 pid=$(cat pid 2>/dev/null); ec=$(cat exit_code 2>/dev/null); alive=0
 if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then alive=1; fi
-echo "$pid|$ec|$alive"
+free=$(df -Pk . 2>/dev/null | awk 'NR==2 {print $4}')
+echo "$pid|$ec|$alive|$free"
 cat out/progress.json 2>/dev/null
 """
 
@@ -126,6 +129,7 @@ class NodeState:
     exit_code: int | None
     alive: bool
     progress: dict[str, Any] | None
+    disk_free: int | None = None  # bytes free where the workspace is (None: not known)
 
     @property
     def finished(self) -> bool:
@@ -144,7 +148,8 @@ class NodeState:
 def read_state(conn: Runner, workspace: str) -> NodeState:
     result = conn.run(["sh", "-c", STATE_SCRIPT, "ddpctl-state", workspace], timeout=30)
     lines = result.stdout.splitlines()
-    pid_s, ec_s, alive_s = (lines[0].split("|") + ["", "", ""])[:3] if lines else ("", "", "")
+    fields = lines[0].split("|") if lines else []
+    pid_s, ec_s, alive_s = (fields + ["", "", ""])[:3]
     progress = None
     if len(lines) > 1:
         try:
@@ -156,6 +161,7 @@ def read_state(conn: Runner, workspace: str) -> NodeState:
         exit_code=int(ec_s) if ec_s.strip().lstrip("-").isdigit() else None,
         alive=alive_s == "1",
         progress=progress,
+        disk_free=int(fields[3]) * 1024 if len(fields) > 3 and fields[3].strip().isdigit() else None,
     )
 
 
