@@ -87,7 +87,10 @@ class ProxyCommandSocket:
     def send(self, data: bytes) -> int:
         stdin = self._process.stdin
         assert stdin is not None
-        return os.write(stdin.fileno(), data)  # BrokenPipeError (an OSError) once the command has exited
+        try:
+            return os.write(stdin.fileno(), data)  # BrokenPipeError (an OSError) once the command has exited
+        except ValueError:  # closed by close() while the transport's thread was still sending
+            raise BrokenPipeError("the ProxyCommand connection is closed") from None
 
     def sendall(self, data: bytes) -> None:
         view = memoryview(data)
@@ -97,10 +100,13 @@ class ProxyCommandSocket:
     def recv(self, size: int) -> bytes:
         stdout = self._process.stdout
         assert stdout is not None
-        ready, _, _ = select.select([stdout], [], [], self._timeout)
-        if not ready:
-            raise TimeoutError()  # socket.timeout, which paramiko waits out
-        return os.read(stdout.fileno(), size)
+        try:
+            ready, _, _ = select.select([stdout], [], [], self._timeout)
+            if not ready:
+                raise TimeoutError()  # socket.timeout, which paramiko waits out
+            return os.read(stdout.fileno(), size)
+        except ValueError:  # closed by close() while the transport's thread was reading: end of file
+            return b""
 
     def close(self) -> None:
         """Stop the command (SIGTERM, then SIGKILL after 2 s) and reap it."""
@@ -126,6 +132,10 @@ class ProxyCommandSocket:
     @property
     def closed(self) -> bool:
         return self._process.poll() is not None
+
+    @property
+    def _closed(self) -> bool:  # what paramiko's Transport.stop_thread asks a socket
+        return self.closed
 
     def failure(self, wait: float = 1.0) -> str | None:
         """When the command has exited by itself (waiting up to `wait` s for it): its status and last stderr
