@@ -87,7 +87,7 @@ def where_options(values: dict[str, Any], given: list[str], *, show_progress: bo
         connect_timeout=values["connect_timeout"], rdzv_addr=values["rdzv_addr"], image=values["image"],
         registry=values["registry"], auto_gpus=values.get("gpus") is None and (bool(hosts) or vast is not None),
         auto_rdzv_port=values["rdzv_port"] is None, provider=provider, vast=vast, stall_timeout=stall_timeout,
-        probe=not values.get("no_probe"),
+        probe=not values.get("no_probe"), show_output=not values.get("quiet"),
     )  # fmt: skip
 
 

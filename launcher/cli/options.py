@@ -151,6 +151,8 @@ UP_WHERE_OPTIONS = (
 UP_OUTPUT_OPTIONS = (
     opt("runs_dir", Path, Path("runs"), "Where run directories live.", OUTPUT, in_config=False),
     opt("json_out", bool, False, "Print the final summary as JSON on stdout.", OUTPUT, in_config=False),
+    opt("quiet", bool, False, "Hide the live tail of global rank 0's output under the progress display.", OUTPUT,
+        in_config=False),
     opt("dry_run", bool, False, "Print what each node would run (hosts are probed, read-only); change nothing.",
         OUTPUT, in_config=False),
     opt("no_probe", bool, False, "With --dry-run: connect to no host; what only the hosts can tell is shown as "

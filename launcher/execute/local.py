@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import DdpctlError, SpecError
+from launcher.execute.live_output import LiveOutput
 from launcher.execute.local_checks import FirstStepWatch, check_cpu_processes, check_local_rendezvous
 from launcher.planning.plan import RunPlan, plan_local
 from launcher.planning.preflight import check_local_disk
@@ -114,7 +115,7 @@ def check_local_run(spec: RunSpec, run_path: Path | None = None) -> RunPlan:
     return plan
 
 
-def run_local(plan: RunPlan, run_dir: RunDir, show_progress: bool = True) -> int:
+def run_local(plan: RunPlan, run_dir: RunDir, show_progress: bool = True, show_output: bool = True) -> int:
     """Start torchrun, follow its progress until it ends, and return its exit code (130 after Ctrl-C)."""
     node = plan.nodes[0]
     env = {**os.environ, **dict(node.env)}
@@ -141,13 +142,15 @@ def run_local(plan: RunPlan, run_dir: RunDir, show_progress: bool = True) -> int
         first_step = FirstStepWatch(out_path)
         node_watch = RunWatch.here(run_dir, node.host.label)  # hangs, low disk, the first rank failure
         with RunProgress([node.host.label], enabled=show_progress) as progress:
+            live = LiveOutput(run_dir, progress, show_output)  # rank 0's output, a script's progress, restarts
             while proc.poll() is None:
-                record = read_json(progress_file)
+                record = live.local_record(read_json(progress_file))
                 progress.update(0, record, first_step.state(record))
                 node_watch.poll_here(True, None, record, time.monotonic())
                 time.sleep(POLL_SECONDS)
             node_watch.poll_here(False, proc.returncode, None, time.monotonic())
-            progress.update(0, read_json(progress_file), "finished" if proc.returncode == 0 else "failed")
+            record = live.local_record(read_json(progress_file))
+            progress.update(0, record, "finished" if proc.returncode == 0 else "failed")
     except KeyboardInterrupt:
         with _signals_ignored(signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a second Ctrl-C waits for the stop
             run_dir.event("interrupted", node=0)

@@ -141,7 +141,8 @@ def check_requirements(facts: list[HostFacts], gpus: int, runs_host_torch: bool,
     problems = []
     for f in facts:
         if runs_host_torch and not f.torch:
-            problems.append(Problem(f.label, f"torch is not importable ({f.torch_error or 'not installed'})"))
+            problems.append(Problem(f.label, f"torch is not importable by {f.executable or 'its python'} "
+                                    f"({f.torch_error or 'not installed'}): give one that has it with --python PATH"))
         if f.slots < gpus:
             kind = "GPUs" if f.gpus else "CPU cores (no GPU)"
             problems.append(Problem(f.label, f"--gpus {gpus} but the host has {f.slots} {kind}"))
