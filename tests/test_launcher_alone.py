@@ -160,3 +160,19 @@ def test_up_help_groups_its_options_into_panels() -> None:
     assert panels["--gpu-name"] == panels["--max-cost"] == "Vast.ai (--provider vast)"
     assert panels["--json"] == panels["--dry-run"] == panels["--runs-dir"] == "Output"
     assert "[user@]host[:port]" in result.stdout  # brackets in help are shown, not taken as markup
+
+
+LOCAL_PATH_IMPORTS = """
+import sys
+sys.modules["paramiko"] = None  # as on a GPU box with torch but no SSH library: importing it raises ImportError
+sys.modules["docker"] = None
+import launcher.execute.up, launcher.execute.local, launcher.execute.local_outputs, launcher.cli.app
+print("ok")
+"""
+
+
+def test_a_local_run_needs_neither_paramiko_nor_the_docker_sdk() -> None:
+    """A GPU machine with torch but without paramiko (the lent H100 has none) runs `ddpctl up` locally."""
+    result = subprocess.run([sys.executable, "-c", LOCAL_PATH_IMPORTS], capture_output=True, text=True, cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr

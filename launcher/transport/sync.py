@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pathspec
 
+from launcher.digest import file_sha256
 from launcher.errors import DdpctlError, HostError
 from launcher.transport.ssh import Connection
 
@@ -231,14 +232,6 @@ def pull_tree(conn: Connection, remote_dir: str, local_dir: Path, *, include: Se
         fetched_bytes += _fetch_verified(conn, f"{remote_dir}/{entry.path}", dest, entry, progress)
         fetched += 1
     return PullStats(fetched, fetched_bytes, unchanged, fetched + unchanged, special, tuple(links))
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _check_remote_path(conn: Connection, remote_dir: str, entry: RemoteEntry) -> None:
