@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher.errors import DdpctlError, Interrupted
-from launcher.execute import failure_log
+from launcher.execute import failure_log, interruption
 from launcher.execute.failure_log import without_control_chars
 from launcher.planning.plan import RunPlan
 from launcher.planning.preflight import Runner
@@ -84,6 +84,7 @@ def run_remote_up(plan: RunPlan, options: UpOptions, session: HostSession, recor
     run_dir.event("planned", nodes=[n.shell_line() for n in plan.nodes])
     ship_image(session, plan, run_dir, options.show_progress)
     ship_code(session, plan, run_dir)
+    interruption.defer_signals()  # nodes are never left half-started: an interruption waits for the start
     start_nodes(session, plan, run_dir)
     if options.detach:
         console.print(f"started run {spec.run_id} on {len(plan.nodes)} node(s); it runs on without this "
@@ -91,18 +92,25 @@ def run_remote_up(plan: RunPlan, options: UpOptions, session: HostSession, recor
                       f"fetch with `ddpctl pull {spec.run_id}`; stop with `ddpctl down {spec.run_id}`.")
         return UpResult(run_dir.path, 0, None, plan)
     try:
+        interruption.act_on_deferred()
         code = follow(session, run_dir, show_progress=options.show_progress, watch=watch,
                       stall_timeout=options.stall_timeout)
-    except (KeyboardInterrupt, RunStopRequested) as stop:
-        # Ctrl-C means stop: a run to keep going without this terminal is what --detach is for.
-        run_dir.event("interrupted" if isinstance(stop, KeyboardInterrupt) else "stop_requested", reason=str(stop))
-        stop_all(session, run_dir)
-        pull_run(session, run_dir)
-        if isinstance(stop, RunStopRequested):
-            raise RunStopRequested(f"{stop}; every node was stopped and what it wrote pulled to {run_dir.path}",
-                                   stop.reason) from None
-        raise Interrupted(f"stopped by Ctrl-C on every node; what they wrote is in {run_dir.path}") from None
-    pull_run(session, run_dir)
+    except BaseException as stop:
+        # Ctrl-C, SIGTERM, SIGHUP mean stop (a run to keep going without this terminal is what --detach is for),
+        # and so does a RunStopRequested; launcher/execute/interruption.py says how it ended, in one line.
+        requested = stop if isinstance(stop, RunStopRequested) else None
+        if requested is None and not interruption.interrupted_by(stop):
+            raise
+        if requested is not None:
+            run_dir.event("stop_requested", reason=str(stop))
+        outcome = interruption.stop_and_pull(run_dir, lambda: stop_all(session, run_dir), lambda: pull_run(
+            session, run_dir), cause=str(requested) if requested else None)
+        if requested is not None:
+            raise RunStopRequested(f"{stop}; " + ("every node was stopped and what it wrote pulled to "
+                                                  f"{run_dir.path}" if outcome.pulled else outcome.text),
+                                   requested.reason) from None
+        raise Interrupted(outcome.text) from None
+    interruption.pull_after_run(run_dir, lambda: pull_run(session, run_dir))
     summary = read_json(run_dir.path / "summary.json")
     return UpResult(run_dir.path, code, summary, plan)
 
