@@ -106,9 +106,9 @@ def run_remote_up(plan: RunPlan, options: UpOptions, session: HostSession, recor
         outcome = interruption.stop_and_pull(run_dir, lambda: stop_all(session, run_dir), lambda: pull_run(
             session, run_dir), cause=str(requested) if requested else None)
         if requested is not None:
-            raise RunStopRequested(f"{stop}; " + ("every node was stopped and what it wrote pulled to "
-                                                  f"{run_dir.path}" if outcome.pulled else outcome.text),
-                                   requested.reason) from None
+            done = outcome.stopped and outcome.pulled
+            raise RunStopRequested(f"{stop}; " + (f"every node was stopped and what it wrote pulled to {run_dir.path}"
+                                                  if done else outcome.text), requested.reason) from None
         raise Interrupted(outcome.text) from None
     interruption.pull_after_run(run_dir, lambda: pull_run(session, run_dir))
     summary = read_json(run_dir.path / "summary.json")

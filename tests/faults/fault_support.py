@@ -16,8 +16,10 @@ from typing import Any
 from infra.testbed import Testbed, TestHost
 from tests.testbed_fixtures import REPO
 
-# Tiny runs: one worker per node, a small model, 16 steps per epoch per rank.
-TINY = ["--gpus", "1", "--model", "mnist-cnn-small", "--synthetic-train-size", "2048", "--synthetic-test-size", "128"]
+# Tiny runs: one worker per node, a small model, 16 steps of 32 samples per epoch per rank; every snapshot kept,
+# so that what a host wrote before a fault is still there to compare with what was pulled.
+TINY = ["--gpus", "1", "--model", "mnist-cnn-small", "--synthetic-train-size", "1024", "--synthetic-test-size", "64",
+        "--trainer-arg=--keep-snapshots", "--trainer-arg=1000"]
 # Processes a run leaves on a host if it is not stopped: the node's command and what it started.
 RUN_PROCESSES = "torchrun|trainer|ddpctl-node|fault_script"
 
