@@ -4,17 +4,28 @@
 #   docker run --rm ddpctl python -m torch.distributed.run --standalone --nproc-per-node 2 -m trainer --epochs 1
 #   docker run --rm -v "$PWD:/workspace" ddpctl python -m torch.distributed.run --standalone my_script.py
 #
-# The default base carries torch 2.11 built for CUDA 12.8 (sm_70 up to sm_120: V100, Ampere such as the
-# RTX 3080 (sm_86), Ada, Hopper, Blackwell). The host's NVIDIA driver must support CUDA 12.8: driver >= 570
-# (Vast.ai offers: cuda_max_good >= 12.8). Tests and CI build on an offline CPU base instead:
+# The default base carries torch 2.11 built for CUDA 12.8, with kernels (SASS) for sm_75 sm_80 sm_86 sm_90 sm_100
+# sm_120 (Turing, Ampere such as the RTX 3080 (sm_86), Ada through sm_86's, Hopper, Blackwell; not V100 sm_70).
+# Which hosts can run it (NVIDIA's CUDA minor-version compatibility: a 12.x build runs on any 12.x driver when it
+# carries SASS for the GPU): driver >= 525.60.13 (Vast.ai offers: cuda_max_good >= 12.0) and a compute capability
+# in the list; ddpctl rents only such machines (launcher/providers/vast/image_needs.py, kept equal to these
+# labels by tests). Tests and CI build on an offline CPU base instead:
 #   docker build --build-arg BASE_IMAGE=$(bash infra/base_image.sh) -t ddpctl:test .
 ARG BASE_IMAGE=pytorch/pytorch:2.11.0-cuda12.8-cudnn9-runtime
 FROM ${BASE_IMAGE}
 ARG BASE_IMAGE
 # The CUDA version inside BASE_IMAGE, recorded for hosts to check against their driver: set it with the base.
 ARG BASE_CUDA=12.8
+# The least driver for that CUDA major (minor-version compatibility), the same as a Vast.ai cuda_max_good, and the
+# compute capabilities (x 10) the base's torch has kernels for (torch.cuda.get_arch_list()): set them with the base.
+ARG CUDA_MIN_DRIVER=525.60.13
+ARG CUDA_MIN=12.0
+ARG COMPUTE_CAPS=75,80,86,90,100,120
 LABEL org.ddpctl.base-image="${BASE_IMAGE}" \
-      org.ddpctl.cuda="${BASE_CUDA}"
+      org.ddpctl.cuda="${BASE_CUDA}" \
+      org.ddpctl.cuda_min_driver="${CUDA_MIN_DRIVER}" \
+      org.ddpctl.cuda_min="${CUDA_MIN}" \
+      org.ddpctl.compute_caps="${COMPUTE_CAPS}"
 
 # Optional: a directory of wheels in the build context (e.g. `.whl`) for machines where pip cannot reach the
 # registry; numpy is installed from it when the base lacks numpy, and any other wheel there is installed too.

@@ -7,4 +7,4 @@ bash infra/dockerd.sh
 source infra/pick_python.sh  # the python infra/setup.sh installed into
 "$py" -m ruff check .
 "$py" -m mypy launcher trainer
-exec "$py" -m pytest -q -ra "$@"
+exec "$py" -m pytest -q -ra --durations=30 "$@"  # the slowest tests, to keep the suite under 30 minutes

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
+from infra import vast_market
 from infra.vast_contract import example, find_operation, validate_request
 
 HostFactory = Callable[[int], Any]  # instance id -> object with .address, .port, .user (e.g. Testbed.add_host)
@@ -74,7 +75,8 @@ def make_offer(offer_id: int, machine_id: int, **fields: Any) -> dict[str, Any]:
                  gpu_name="RTX 3080", num_gpus=1, dph_base=0.20, storage_cost=0.15, reliability=0.99,
                  reliability2=0.99, inet_down=800.0, disk_space=200.0, cuda_max_good=12.4,
                  direct_port_count=20, cluster_id=None, verified=True, verification="verified", rentable=True,
-                 rented=False, external=False, public_ipaddr="127.0.0.1")
+                 rented=False, external=False, public_ipaddr="127.0.0.1",
+                 inet_up_cost=0.0, inet_down_cost=0.0)  # free bandwidth unless a test prices it (vast_market)
     offer.update(fields)
     return offer
 
@@ -105,6 +107,7 @@ class Instance:
     user: str = "root"
     destroyed_at: float | None = None
     keys: list[str] = field(default_factory=list)
+    start_error: str | None = None  # the container cannot start (e.g. its docker network does not exist)
 
 
 class VastStandIn:
@@ -120,6 +123,7 @@ class VastStandIn:
         self.boot_delay_s = boot_delay_s
         self.overlay_subnet = overlay_subnet
         self.faults = Faults()
+        self.market = vast_market.Market()  # market behaviours (infra/vast_market.py)
         self.requests: list[dict[str, Any]] = []  # every request: method, path, query, body, problems, status
         self.instances: dict[int, Instance] = {}
         self.account_keys: list[str] = []
@@ -209,11 +213,11 @@ class VastStandIn:
 
     def _search_offers_post(self, _id: Any, q: dict[str, Any], _query: Any) -> tuple[int, Any]:
         storage = float(q.get("allocated_storage", 8))
-        matches = []
+        matches, filters = [], vast_market.search_filters(self.market, q)
         for offer in self.offers.values():
             priced = dict(offer, storage_total_cost=offer["storage_cost"] * storage / 720)
             priced["dph_total"] = priced["dph_base"] + priced["storage_total_cost"]
-            if all(_matches(priced, k, v) for k, v in q.items() if isinstance(v, dict)):
+            if all(_matches(priced, k, v) for k, v in filters.items()):
                 matches.append(priced)
         for col, direction in reversed(q.get("order", [])):
             matches.sort(key=lambda o, c=col: float(o.get(c) or 0), reverse=direction == "desc")  # type: ignore[misc]
@@ -236,6 +240,7 @@ class VastStandIn:
         inst.host = self.host_factory(iid)
         inst.address = (inst.host.address, int(inst.host.port))
         inst.user = inst.host.user
+        inst.start_error = vast_market.on_created(self, inst)
         for key in self.account_keys:
             self._add_key(inst, key)
         if self._creates in self.faults.lost_create_answers:
@@ -287,7 +292,7 @@ class VastStandIn:
         return 200, {"success": True, "key": key}
 
     def _overlay_get(self, *_: Any) -> tuple[int, Any]:
-        return 200, [dict(o, instances=list(o["instances"])) for o in self.overlays.values()]
+        return 200, vast_market.listed_overlays(self)
 
     def _overlay_post(self, _id: Any, body: dict[str, Any], _query: Any) -> tuple[int, Any]:
         if body["name"] in self.overlays:
@@ -297,6 +302,7 @@ class VastStandIn:
         self.overlays[body["name"]] = {"overlay_id": len(self.overlays) + 1, "name": body["name"],
                                        "cluster_id": body["cluster_id"], "instances": [],
                                        "internal_subnet": self.overlay_subnet}
+        vast_market.on_overlay_created(self, body["name"])
         return 200, {"success": True, "msg": f"Overlay network {body['name']} created"}
 
     def _overlay_put(self, _id: Any, body: dict[str, Any], _query: Any) -> tuple[int, Any]:
@@ -331,6 +337,8 @@ class VastStandIn:
         status, msg, ports = "loading", "pulling image", {}
         if inst.destroyed_at is not None:
             status, msg = "exited", "destroying"
+        elif inst.start_error and age >= self.boot_delay_s:
+            status, msg = "created", inst.start_error
         elif machine in self.faults.oci_machines and age >= self.boot_delay_s:
             status, msg = "created", ("Error response from daemon: failed to create task for container: "
                                       "OCI runtime create failed: runc create failed")

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.errors import HostError
+from launcher.errors import HostError, SpecError
+from launcher.transport import outputs
 from launcher.transport.sync import PART_MARK, pull_tree, ship_tree
 from tests.testbed_fixtures import connect
 
@@ -231,3 +232,107 @@ def _ids(user: str) -> tuple[int, int]:
 
     entry = pwd.getpwnam(user)
     return entry.pw_uid, entry.pw_gid
+
+
+# -- a user script's outputs (launcher/transport/outputs.py) -------------------------------------------------------
+
+def test_pull_leaves_out_what_was_shipped_unchanged_and_interpreter_caches(testbed, tmp_path):
+    src = tmp_path / "project"
+    (src / "sub").mkdir(parents=True)
+    (src / "train.py").write_text("print(1)\n")
+    (src / "sub" / "data.csv").write_text("a,b\n")
+    (src / "notes.txt").write_text("v1\n")
+    run_path = tmp_path / "run"
+    run_path.mkdir()
+    outputs.record_shipped(run_path, src)
+    shipped = outputs.load_shipped(run_path)
+    assert shipped == {rel: hashlib.sha256((src / rel).read_bytes()).hexdigest()
+                       for rel in ("train.py", "sub/data.csv", "notes.txt")}
+    host = testbed.hosts[0]
+    with connect(testbed, host) as conn:
+        ship_tree(conn, src, "ws outputs/code")
+        make_remote(host, "ws outputs/code", {"snapshot.pt": 5_000, "sub/result.csv": 40, "notes.txt": 7,
+                                              "__pycache__/train.cpython-311.pyc": 90, "big/scratch.bin": 9_000})
+        everything = outputs.pull_workdir(conn, "ws outputs", tmp_path / "node", shipped, (), "python3")
+        assert set(local_sums(tmp_path / "node" / "workdir")) == {"snapshot.pt", "sub/result.csv", "notes.txt",
+                                                                  "big/scratch.bin"}
+        assert local_sums(tmp_path / "node" / "workdir")["snapshot.pt"] == remote_sums(
+            conn, "ws outputs/code")["snapshot.pt"]
+        assert (everything.files_fetched, everything.verified) == (4, 4)
+        narrowed = outputs.pull_workdir(conn, "ws outputs", tmp_path / "narrow", shipped, ("*.pt", "sub/"),
+                                        "python3")
+        assert set(local_sums(tmp_path / "narrow" / "workdir")) == {"snapshot.pt", "sub/result.csv"}
+        assert narrowed.files_fetched == 2
+
+
+def test_shipping_note_names_ignored_folders_and_big_files(tmp_path):
+    src = tmp_path / "project"
+    for folder in ("data", "ckpt", "wandb", "tiny"):
+        (src / folder).mkdir(parents=True)
+    (src / "data" / "train.bin").write_bytes(b"\0" * 3_000_000)
+    (src / "data" / "test.bin").write_bytes(b"\0" * 1_000_000)
+    (src / "ckpt" / "a.pt").write_bytes(b"\0" * 2_000_000)
+    (src / "wandb" / "log").write_bytes(b"\0" * 10)
+    (src / "tiny" / "x").write_bytes(b"\0" * 5)
+    (src / "model.onnx").write_bytes(b"\0" * 1_500_000)
+    (src / "debug.log").write_text("small: not named\n")
+    (src / ".git").mkdir()  # left out by ddpctl's own defaults: not news
+    (src / ".git" / "pack").write_bytes(b"\0" * 5_000_000)
+    (src / "train.py").write_text("print(1)\n")
+    (src / ".gitignore").write_text("data/\nckpt/\nwandb/\n*.onnx\n*.log\n")
+    (src / ".ddpctlignore").write_text("tiny/\n")
+    run_path = tmp_path / "run"
+    run_path.mkdir()
+    manifest, left_out = outputs.record_shipped(run_path, src)
+    assert set(manifest) == {"train.py", ".gitignore", ".ddpctlignore"}
+    assert [item.path for item in left_out] == ["data/", "ckpt/", "model.onnx", "wandb/", "tiny/"]
+    note = outputs.shipping_note(src, manifest, left_out)
+    assert "\n" not in note
+    shipped = sum(size for size, _sha, _mode in manifest.values())
+    assert note == (f"shipping 3 files ({shipped} B) of {src} to each node; left out by .gitignore/.ddpctlignore: "
+                    "data/ (2 files, 4.0 MB), ckpt/ (1 file, 2.0 MB), model.onnx (1.5 MB) and 2 more; "
+                    "a .ddpctlignore line `!data/` ships it")
+    (src / ".ddpctlignore").write_text("tiny/\n!data/\n")  # the line the note gave brings the folder back
+    manifest, left_out = outputs.record_shipped(run_path, src)
+    assert {"data/train.bin", "data/test.bin"} <= set(manifest) and "data/" not in [i.path for i in left_out]
+    quiet = tmp_path / "quiet"
+    quiet.mkdir()
+    (quiet / "a.py").write_text("x")
+    manifest, left_out = outputs.record_shipped(run_path, quiet)
+    assert outputs.shipping_note(quiet, manifest, left_out) == f"shipping 1 file (1 B) of {quiet} to each node"
+
+
+def test_rank0_node_follows_c10d_order_and_the_top_gets_its_copy(tmp_path):
+    # c10d ranks nodes by their descriptors, compared as strings: "10.0.0.10" comes before "10.0.0.9".
+    record = {"nodes": [{"address": "10.0.0.9"}, {"address": "10.0.0.10"}]}
+    assert outputs.rank0_node(record, None) == 1
+    assert outputs.rank0_node({"nodes": [{"address": "x"}]}, None) == 0
+    assert outputs.rank0_node(record, tmp_path / "nodes" / "0" / "out") == 0  # our trainer's own records decide
+    for k in (0, 1):
+        work = tmp_path / "nodes" / str(k) / "workdir"
+        (work / "sub").mkdir(parents=True)
+        (work / "snapshot.pt").write_text(f"node {k}")
+        (work / "sub" / "m.csv").write_text(f"m {k}")
+        (work / "link").symlink_to("snapshot.pt")
+        (tmp_path / "nodes" / str(k) / "out").mkdir()
+        (tmp_path / "nodes" / str(k) / "out" / "result.json").write_text(f"{k}")
+    outputs.mirror_rank0(tmp_path, 1)
+    assert (tmp_path / "workdir" / "snapshot.pt").read_text() == "node 1"
+    assert (tmp_path / "workdir" / "sub" / "m.csv").read_text() == "m 1"
+    assert (tmp_path / "out" / "result.json").read_text() == "1"
+    assert not os.path.lexists(tmp_path / "workdir" / "link")
+    (tmp_path / "nodes" / "1" / "workdir" / "snapshot.pt").unlink()  # a newer pull replaces the file
+    (tmp_path / "nodes" / "1" / "workdir" / "snapshot.pt").write_text("node 1, later")
+    outputs.mirror_rank0(tmp_path, 1)
+    assert (tmp_path / "workdir" / "snapshot.pt").read_text() == "node 1, later"
+
+
+@pytest.mark.parametrize("patterns, command, message", [
+    (["*.pt"], None, "--outputs narrows what comes back of your own script's working directory: it needs `-- CMD`"),
+    (["!*.pt"], ["python", "t.py"], "--outputs '!*.pt': give a gitignore-style pattern"),
+    ([" "], ["python", "t.py"], "--outputs ' ': give a gitignore-style pattern"),
+])
+def test_outputs_patterns_are_checked(patterns, command, message):
+    with pytest.raises(SpecError) as refused:
+        outputs.check_outputs_option(patterns, command)
+    assert str(refused.value).startswith(message) and "\n" not in str(refused.value)

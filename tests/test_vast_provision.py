@@ -66,7 +66,10 @@ def test_two_nodes_in_one_cluster_with_an_overlay(standin):
     for r in rented:  # the key reached every instance (account key at create, attached per instance)
         assert standin.instances[r.instance_id].keys.count(PUB) == 2
         req = standin.instances[r.instance_id].request
-        assert req["env"] == "-p 22:22" and req["onstart"] == "touch ~/.no_auto_tmux" and req["disk"] == DISK
+        # created into the overlay network (Vast's documented order: the overlay first, `-n NAME` at create)
+        assert req["env"] == "-p 22:22 -n run-test-net"
+        assert req["onstart"] == "touch ~/.no_auto_tmux" and req["disk"] == DISK
+    assert standin.market.order[0] == "overlay run-test-net"
     assert [e["event"] for e in events].count("vast.instance_ready") == 2
     _teardown(standin, rented)
     assert standin.overlays == {}

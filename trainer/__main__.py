@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from trainer.errors import TrainerError
+from trainer import failure
 from trainer.models import MODELS
 from trainer.strategies import STRATEGIES, StrategyOptions, check_runnable, run_strategy
 from trainer.strategies.options import (
@@ -180,9 +180,11 @@ def main(argv: list[str] | None = None) -> int:
         check_runnable(options)
         choose_algorithms(config.deterministic)  # before setup: cuBLAS reads its workspace setting when it starts
         run_strategy(config, backend, data_dir, options)
-    except TrainerError as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        return 2
+    except BaseException as exc:  # a full disk, a bad batch, SIGTERM's SystemExit: no peer may be left waiting
+        # One line (a traceback first for what is not a TrainerError); with a process group up, it is aborted
+        # and this process ends here, which releases every peer at once.
+        return failure.leave(exc)
+    failure.discard()
     return 0
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import platform
 import secrets
+import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -61,6 +62,11 @@ class DistContext:
         return gathered
 
     def close(self) -> None:
+        """Tear the process group down after a clean end. Called while an exception propagates (a `finally`),
+        it does nothing: a barrier there would wait on peers that are inside another collective; the failing
+        rank aborts the group and leaves instead (trainer/failure.py)."""
+        if sys.exc_info()[0] is not None:
+            return
         if self.grouped and dist.is_initialized():
             # Every rank finishes its last collective before any tears gloo down; without it a rank can abort
             # at exit ("terminate called without an active exception") while its peer is still connected.

@@ -305,7 +305,7 @@ class Trainer:
             }  # fmt: skip
             self.records.append(record)
             if self.timing is not None:
-                self.timing.append(record)
+                self.timing.rewrite(self.records)  # atomic: a full disk cannot leave half a line
             self.epochs_done = epoch
             if epoch % cfg.save_every == 0 or epoch == cfg.epochs:
                 self._save_snapshot()

@@ -121,8 +121,12 @@ def finish_up(result: Any, json_out: bool) -> None:
 
 
 def _failure_message(result: Any) -> str:
+    from launcher.execute.failure_cause import cause_of
     from launcher.execute.failure_log import failure_tail, without_control_chars
 
+    failure = cause_of(result.run_dir)
+    if failure is not None:  # the first failure across nodes (launcher/execute/failure_cause.py)
+        return failure
     tail = without_control_chars(failure_tail(str(result.run_dir), 15)) if result.run_dir else ""
     return f"training failed (exit {result.exit_code}); logs in {result.run_dir}" + (f"\n{tail}" if tail else "")
 

@@ -22,9 +22,9 @@ from launcher.spec.validate import check_runs_dir, check_seconds
 
 # Options only --provider vast reads, and those a run on this machine has no use for.
 VAST_ONLY = ("nodes", "gpu_name", "max_price", "min_reliability", "disk", "down", "max_cost", "max_cost_reserve",
-             "ready_timeout")
+             "ready_timeout", "expected_hours")
 NOT_LOCAL = ("detach", "stall_timeout", "identity_file", "accept_new_host_keys", "connect_timeout", "rdzv_addr",
-             "rdzv_port", "allow_public_rendezvous", "no_probe")
+             "rdzv_port", "allow_public_rendezvous", "no_probe", "outputs")
 # The strategy options (RunSpec validates them; None: the spec's default).
 STRATEGY_SPEC_OPTIONS = ("strategy", "devices", "threads_per_process", "average_every", "precision")
 SPEC_OPTIONS = ("model", "dataset", "data_dir", "epochs", "batch_size", "lr", "save_every", "seed", "max_restarts")
@@ -87,7 +87,7 @@ def where_options(values: dict[str, Any], given: list[str], *, show_progress: bo
         connect_timeout=values["connect_timeout"], rdzv_addr=values["rdzv_addr"], image=values["image"],
         registry=values["registry"], auto_gpus=values.get("gpus") is None and (bool(hosts) or vast is not None),
         auto_rdzv_port=values["rdzv_port"] is None, provider=provider, vast=vast, stall_timeout=stall_timeout,
-        probe=not values.get("no_probe"),
+        probe=not values.get("no_probe"), show_output=not values.get("quiet"),
     )  # fmt: skip
 
 
@@ -109,6 +109,10 @@ def up_spec(values: dict[str, Any], where: UpOptions, given: tuple[str, ...] | l
 
     if values["command"]:
         check_user_command(tuple(values["command"]), [flag_of(name) for name in given if name in TRAINER_ONLY])
+    if values.get("outputs"):
+        from launcher.transport.outputs import check_outputs_option
+
+        check_outputs_option(values["outputs"], values["command"])
     if values["command"] and where.provider != "local":
         from launcher.transport.sync import check_ship_dir
 
@@ -184,6 +188,7 @@ def _vast_request(provider: str, values: dict[str, Any]) -> Any:
     names = ("gpu_name", "max_price", "min_reliability", "disk", "down", "max_cost", "ready_timeout")
     options = {name: values[name] for name in names}
     options.update(nodes=values.get("nodes", 1), max_cost_reserve_s=values["max_cost_reserve"])
+    options["expected_hours"] = values.get("expected_hours")
     for name, value in options.items():
         if isinstance(value, float) and not math.isfinite(value):
             raise SpecError(f"--{name.replace('_', '-').removesuffix('-s')} {value}: give a finite number")

@@ -103,6 +103,8 @@ VAST_OPTIONS = (
     opt("max_cost_reserve", float, 120.0, "Seconds of spend --max-cost keeps for the final pull and teardown.",
         VAST, hidden=True),
     opt("ready_timeout", float, 900.0, "Vast.ai: seconds for a machine to start.", VAST),
+    opt("expected_hours", float, None, "Vast.ai: how long the run takes; rented contracts must outlast it (default "
+        "1 hour), with a margin.", VAST, optional=True),
 )
 
 # `up` only: one run's experiment (sweep declares the same names as comma lists or preset-defaulted values).
@@ -141,11 +143,16 @@ STRATEGY_OPTIONS = (
 UP_WHERE_OPTIONS = (
     opt("detach", bool, False, "Start the run on the hosts and return; follow with status/logs.", HOSTS),
     opt("nodes", int, 1, "Vast.ai: machines to rent (one torchrun node each).", VAST),
+    opt("outputs", list, (), "With `-- CMD` on hosts: bring back only these of the files your script writes in its "
+        "working directory (gitignore-style: 'snapshot.pt', '*.csv', 'checkpoints/'); repeat. Its "
+        "$DDPCTL_OUTPUT_DIR always comes back.", OUTPUT),
 )
 
 UP_OUTPUT_OPTIONS = (
     opt("runs_dir", Path, Path("runs"), "Where run directories live.", OUTPUT, in_config=False),
     opt("json_out", bool, False, "Print the final summary as JSON on stdout.", OUTPUT, in_config=False),
+    opt("quiet", bool, False, "Hide the live tail of global rank 0's output under the progress display.", OUTPUT,
+        in_config=False),
     opt("dry_run", bool, False, "Print what each node would run (hosts are probed, read-only); change nothing.",
         OUTPUT, in_config=False),
     opt("no_probe", bool, False, "With --dry-run: connect to no host; what only the hosts can tell is shown as "

@@ -60,34 +60,50 @@ def status(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, json_out: bool 
     record = run_dir.record()
     rows = provider_of(run_dir.typed_record()).status_rows(run_dir, _options(runs_dir, identity_file, False,
                                                                                connect_timeout))
-    extra = {k: record[k] for k in ("instances", "cost_usd") if k in record}
+    extra = {k: record[k] for k in ("instances", "cost_usd", "failure") if k in record}
     if json_out:
         print(json.dumps({"run": run_dir.run_id, "path": str(run_dir.path), "nodes": rows, **extra}, indent=2))
         return
     table = Table(title=f"run {run_dir.run_id}")
-    for column in ("node", "host", "state", "exit", "epoch"):
+    for column in ("node", "host", "state", "exit", "epoch", "restarts"):
         table.add_column(column)
     for row in rows:
         epoch = f"{row['epoch']}/{row['epochs']}" if row["epoch"] else "-"
         exit_code = "-" if row["exit_code"] is None else str(row["exit_code"])
-        table.add_row(str(row["node"]), str(row["host"]), str(row["state"]), exit_code, epoch)
+        table.add_row(str(row["node"]), str(row["host"]), str(row["state"]), exit_code, epoch,
+                      str(row.get("restarts", "-")))
     console.print(table)
+    if isinstance(record.get("failure"), dict) and record["failure"].get("summary"):  # what `up` named as the cause
+        console.print(f"failure: {record['failure']['summary']}", markup=False, highlight=False)
     still = rented_rows(runs_dir)
     if still:
         say(f"{len(still)} Vast.ai machine(s) of run(s) {', '.join(sorted({r['run'] for r in still}))} are still "
             "rented and billing: see `ddpctl status --rented`; stop them with `ddpctl down RUN`", style="yellow")
 
 
-def logs(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, node: int = typer.Option(0, "--node"),
+def logs(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR,
+         node: int | None = typer.Option(None, "--node", help="Show this node's torchrun output (default 0)."),
+         rank: int | None = typer.Option(None, "--rank", help="Show this global rank's own output instead (its "
+                                         "stdout, and its stderr on stderr), from the newest attempt."),
          follow: bool = typer.Option(False, "--follow", "-f"), lines: int = typer.Option(50, "--lines", "-n"),
          identity_file: Path | None = IDENTITY, connect_timeout: float = TIMEOUT) -> None:
-    """Print a node's torchrun output (`-f` to keep following it)."""
+    """Print a node's torchrun output, or with --rank a worker's own output (`-f` to keep following it)."""
     check_seconds(connect_timeout, "--connect-timeout")
     if lines < 1:
         raise SpecError(f"--lines must be at least 1, got {lines}")
+    if rank is not None and node is not None:
+        raise SpecError("--rank and --node both choose what to show: give --rank R (a global rank; its node comes "
+                        "from the run's plan) or --node K (that node's torchrun output)")
+    if rank is not None and rank < 0:
+        raise SpecError(f"--rank {rank}: ranks start at 0")
     run_dir = _find_run(runs_dir, run)
-    provider_of(run_dir.typed_record()).print_log(run_dir, node, lines, follow,
-                                                   _options(runs_dir, identity_file, False, connect_timeout))
+    options = _options(runs_dir, identity_file, False, connect_timeout)
+    if rank is not None:
+        from launcher.execute.rank_logs import print_rank_log
+
+        print_rank_log(run_dir, rank, lines, follow, options)
+        return
+    provider_of(run_dir.typed_record()).print_log(run_dir, node or 0, lines, follow, options)
 
 
 def pull(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, identity_file: Path | None = IDENTITY,

@@ -28,35 +28,52 @@ def offers(
     min_cuda: float | None = typer.Option(None, "--min-cuda", help="Least CUDA version the driver supports."),
     limit: int = typer.Option(20, "--limit", help="Offers to show."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    explain: bool = typer.Option(False, "--explain", help="Also list the offers ddpctl would not rent, and why."),
+    model: str | None = typer.Option(None, "--model", help="The model to train (sets the GPU RAM needed)."),
+    expected_hours: float | None = typer.Option(None, "--expected-hours",
+                                                help="How long the run takes (the contract must outlast it)."),
 ) -> None:
-    """List rentable Vast.ai offers, cheapest first (hourly price includes the disk asked for)."""
+    """List the Vast.ai offers that can run ddpctl's image, cheapest first (hourly price includes the disk asked
+    for; bandwidth is billed per GB on top, at each host's price)."""
     # Imported here: requests costs a tenth of a second at every `ddpctl` start otherwise.
     from launcher.providers.vast.client import VastClient
-    from launcher.providers.vast.offers import OfferError, OfferFilter, search_offers
+    from launcher.providers.vast.image_needs import MachineNeeds
+    from launcher.providers.vast.offers import OfferError, OfferFilter, explain_offers, search_offers
 
     if limit < 1:
         raise OfferError(f"--limit must be at least 1, got {limit}")
     flt = OfferFilter(gpu_name=gpu_name, num_gpus=gpus, max_price=max_price, min_reliability=min_reliability,
-                      disk_gb=disk, min_cuda=min_cuda, limit=max(limit, 64))
+                      disk_gb=disk, min_cuda=min_cuda, limit=max(limit, 64),
+                      needs=MachineNeeds.for_run(model, expected_hours))
     with VastClient(load_api_key()) as client:
-        found = search_offers(client, flt)[:limit]
+        if explain:
+            explained = explain_offers(client, flt)[:limit]
+        else:
+            explained = [(o, []) for o in search_offers(client, flt)[:limit]]
+    found = [o for o, _ in explained]
     if as_json:
-        typer.echo(json.dumps([_offer_json(o, disk) for o in found], indent=2))
+        typer.echo(json.dumps([{**_offer_json(o, disk), **({"excluded": why} if explain else {})}
+                               for o, why in explained], indent=2))
         return
     console = Console()
     if not found:
         console.print("no offers match; relax --gpu-name/--max-price/--min-reliability")
         return
     table = Table(title=f"Vast.ai offers ($/hour with {disk:g} GB disk)")
-    for col in ("offer", "machine", "GPU", "GPUs", "$/hour", "reliability", "down Mb/s", "CUDA", "cluster",
-                "where"):
+    columns = ["offer", "machine", "GPU", "GPUs", "$/hour", "$/GB up/down", "reliability", "down Mb/s", "CUDA",
+               "sm", "cluster", "where"] + (["excluded because"] if explain else [])
+    for col in columns:
         table.add_column(col, justify="right" if col in {"GPUs", "$/hour", "reliability", "down Mb/s"} else "left")
-    for o in found:
+    for o, why in explained:
         # Text, not str: names and places come from the offers, and '[...]' in them is not rich markup.
-        table.add_row(str(o.id), str(o.machine_id), Text(str(o.gpu_name)), str(o.num_gpus),
-                      f"{o.hourly_price(disk):.4f}", f"{o.reliability:.3f}", f"{o.inet_down:.0f}",
-                      f"{o.cuda_max_good:g}", str(o.cluster_id) if o.cluster_id is not None else "-",
-                      Text(str(o.geolocation or "?")))
+        row: list[str | Text] = [
+            str(o.id), str(o.machine_id), Text(str(o.gpu_name)), str(o.num_gpus), f"{o.hourly_price(disk):.4f}",
+            f"{o.inet_up_cost:g}/{o.inet_down_cost:g}", f"{o.reliability:.3f}", f"{o.inet_down:.0f}",
+            f"{o.cuda_max_good:g}", f"{o.compute_cap / 100:g}" if o.compute_cap else "?",
+            str(o.cluster_id) if o.cluster_id is not None else "-", Text(str(o.geolocation or "?"))]
+        if explain:
+            row.append(Text("; ".join(why) or "-"))
+        table.add_row(*row)
     console.print(table)
 
 
@@ -64,7 +81,8 @@ def _offer_json(o: Offer, disk: float) -> dict[str, object]:
     return {"id": o.id, "machine_id": o.machine_id, "gpu_name": o.gpu_name, "num_gpus": o.num_gpus,
             "hourly_price": round(o.hourly_price(disk), 6), "dph_total": o.dph_total, "disk_gb": disk,
             "reliability": o.reliability, "inet_down": o.inet_down, "cuda_max_good": o.cuda_max_good,
-            "cluster_id": o.cluster_id, "geolocation": o.geolocation}
+            "cluster_id": o.cluster_id, "geolocation": o.geolocation, "compute_cap": o.compute_cap,
+            "inet_up_cost": o.inet_up_cost, "inet_down_cost": o.inet_down_cost}
 
 
 @vast_app.command("login")

@@ -11,8 +11,11 @@ from pathlib import Path
 
 from launcher.errors import DdpctlError, SpecError
 from launcher.execute import interruption
+from launcher.execute.live_output import LiveOutput
 from launcher.execute.local_checks import FirstStepWatch, check_local_rendezvous
 from launcher.planning.plan import RunPlan, plan_local
+from launcher.planning.preflight import check_local_disk
+from launcher.results.hang_watch import RunWatch
 from launcher.results.progress import RunProgress
 from launcher.results.rundir import RunDir, read_json
 from launcher.runtimes.proctree import stop_tree
@@ -103,10 +106,11 @@ def check_local_run(spec: RunSpec, run_path: Path | None = None) -> RunPlan:
     check_local_rendezvous()
     plan = plan_local(spec, str(run_path or Path(spec.run_id).resolve()), cwd=os.getcwd())
     check_local_programs(plan)
+    check_local_disk(spec, run_path or Path(spec.run_id).resolve())
     return plan
 
 
-def run_local(plan: RunPlan, run_dir: RunDir, show_progress: bool = True) -> int:
+def run_local(plan: RunPlan, run_dir: RunDir, show_progress: bool = True, show_output: bool = True) -> int:
     """Start torchrun, follow its progress until it ends, and return its exit code (130 after Ctrl-C)."""
     node = plan.nodes[0]
     env = {**os.environ, **dict(node.env)}
@@ -131,12 +135,17 @@ def run_local(plan: RunPlan, run_dir: RunDir, show_progress: bool = True) -> int
         run_dir.event("started", node=0, pid=proc.pid, command=list(node.command))
         progress_file = run_dir.path / "progress.json"
         first_step = FirstStepWatch(out_path)
+        node_watch = RunWatch.here(run_dir, node.host.label)  # hangs, low disk, the first rank failure
         with RunProgress([node.host.label], enabled=show_progress) as progress:
+            live = LiveOutput(run_dir, progress, show_output)  # rank 0's output, a script's progress, restarts
             while proc.poll() is None:
-                record = read_json(progress_file)
+                record = live.local_record(read_json(progress_file))
                 progress.update(0, record, first_step.state(record))
+                node_watch.poll_here(True, None, record, time.monotonic())
                 time.sleep(POLL_SECONDS)
-            progress.update(0, read_json(progress_file), "finished" if proc.returncode == 0 else "failed")
+            node_watch.poll_here(False, proc.returncode, None, time.monotonic())
+            record = live.local_record(read_json(progress_file))
+            progress.update(0, record, "finished" if proc.returncode == 0 else "failed")
     except BaseException as exc:
         if not interruption.interrupted_by(exc):
             _stop(proc)  # an unexpected error must not leave torchrun running in its own session either

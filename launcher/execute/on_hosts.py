@@ -13,14 +13,18 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.errors import DdpctlError, Interrupted
 from launcher.execute import failure_log, interruption
-from launcher.execute.failure_log import without_control_chars
+from launcher.execute.failure_cause import cause_exit_code, report_failure, shown_state, teardown_outcome
+from launcher.execute.live_output import LiveOutput
 from launcher.planning.plan import RunPlan
 from launcher.planning.preflight import Runner
+from launcher.results.hang_watch import RunWatch
 from launcher.results.progress import FreshestProgress, RunProgress, console, stall_note
+from launcher.results.run_records import finish_records
 from launcher.results.rundir import RunDir, primary_node_out, read_json, write_bytes_atomic, write_json_atomic
 from launcher.runtimes.docker_hosts import ensure_image, registry_digest
-from launcher.runtimes.native import NodeState, log_tail, read_state, stop_node
+from launcher.runtimes.native import NodeState, OutputRequest, log_tail, read_state, stop_node
 from launcher.runtimes.start import runtime_of, start_node
+from launcher.transport import outputs
 from launcher.transport.hostsession import HostSession, target_from_json, target_to_json
 from launcher.transport.parallel import raise_for_errors, run_on_hosts
 from launcher.transport.sync import TransferChangedError, pull_tree, ship_tree
@@ -94,7 +98,7 @@ def run_remote_up(plan: RunPlan, options: UpOptions, session: HostSession, recor
     try:
         interruption.act_on_deferred()
         code = follow(session, run_dir, show_progress=options.show_progress, watch=watch,
-                      stall_timeout=options.stall_timeout)
+                      stall_timeout=options.stall_timeout, show_output=options.show_output)
     except BaseException as stop:
         # Ctrl-C, SIGTERM, SIGHUP mean stop (a run to keep going without this terminal is what --detach is for),
         # and so does a RunStopRequested; launcher/execute/interruption.py says how it ended, in one line.
@@ -111,6 +115,8 @@ def run_remote_up(plan: RunPlan, options: UpOptions, session: HostSession, recor
                                                   if done else outcome.text), requested.reason) from None
         raise Interrupted(outcome.text) from None
     interruption.pull_after_run(run_dir, lambda: pull_run(session, run_dir))
+    code = teardown_outcome(run_dir, code, len(plan.nodes))
+    finish_records(run_dir)
     summary = read_json(run_dir.path / "summary.json")
     return UpResult(run_dir.path, code, summary, plan)
 
@@ -145,6 +151,8 @@ def ship_code(session: HostSession, plan: RunPlan, run_dir: RunDir) -> None:
     run's workspace, so a relaunch moves only changed files and each run keeps the code it ran."""
     if plan.spec.user_command:
         source, dest = Path(os.getcwd()), ""
+        manifest, left_out = outputs.record_shipped(run_dir.path, source)  # what is not an output, for pull_run
+        console.print(outputs.shipping_note(source, manifest, left_out), markup=False, highlight=False, soft_wrap=True)
     else:
         source, dest = trainer_source_dir(), "/trainer"
     cache = f"{CODE_CACHE}/{_cache_key(source)}"
@@ -181,10 +189,13 @@ def node_workspaces(run_dir: RunDir) -> list[str]:
     return [n["workspace"] for n in run_dir.record()["nodes"]]
 
 
-def poll_states(session: HostSession, run_dir: RunDir) -> list[NodeState | None]:
-    """Every node's state; None for a node that cannot be reached right now."""
+def poll_states(session: HostSession, run_dir: RunDir,
+                outputs: list[OutputRequest | None] | None = None) -> list[NodeState | None]:
+    """Every node's state (with `outputs`, a worker's new output too); None for a node that cannot be reached."""
     workspaces = node_workspaces(run_dir)
-    outcomes = run_on_hosts(list(range(len(workspaces))), lambda i: read_state(session.conn(i), workspaces[i]),
+    wanted = outputs or [None] * len(workspaces)
+    outcomes = run_on_hosts(list(range(len(workspaces))),
+                            lambda i: read_state(session.conn(i), workspaces[i], wanted[i]),
                             timeout=45, label=session.label_of)
     states: list[NodeState | None] = []
     for index, outcome in enumerate(outcomes):
@@ -196,22 +207,26 @@ def poll_states(session: HostSession, run_dir: RunDir) -> list[NodeState | None]
 
 def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
            lost_contact_seconds: float = 180.0, watch: Callable[[], str] | None = None,
-           stall_timeout: float = 0.0) -> int:
+           stall_timeout: float = 0.0, show_output: bool = True) -> int:
     """Show progress until every node has ended; return 0, or the first failing node's exit code. With a
     `stall_timeout`, raise RunStopRequested once training has not moved for that many seconds."""
     labels = session.labels
     last_seen = [time.monotonic()] * len(labels)
     failed_reported = False
+    cause: dict[str, Any] | None = None
     stall_reported = False
     freshest = FreshestProgress(len(labels))
+    node_watch = RunWatch.on_hosts(session, run_dir)  # hangs, low disk, the first rank failure: told unasked
     with RunProgress(labels, enabled=show_progress) as progress:
+        live = LiveOutput(run_dir, progress, show_output)  # rank 0's output, a script's progress, restarts
         while True:
-            states = poll_states(session, run_dir)
+            states = live.observe(poll_states(session, run_dir, live.requests(len(labels))))
             extra = watch() if watch else ""  # e.g. the live cost of rented machines, on node 0's line
             now = time.monotonic()
             for index, state in enumerate(states):
                 if state is not None:
                     freshest.observe(index, state.progress, now)
+            node_watch.poll(states, now)
             stalled = freshest.stalled_for(now)
             if stalled is not None and not stall_reported:
                 run_dir.event("stalled", seconds=round(stalled))
@@ -230,23 +245,21 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
                 last_seen[index] = now
                 record = freshest.record(index)
                 notes = " ".join(n for n in (stall_note(stalled) if record else "", extra if index == 0 else "") if n)
-                progress.update(index, record, state.label, notes)
+                progress.update(index, record, shown_state(cause, index, state.label), notes)
             known = [s for s in states if s is not None]
             failed = [(i, s) for i, s in enumerate(states) if s is not None and s.finished and s.exit_code != 0]
             if failed and not failed_reported:
                 failed_reported = True
                 index, state = failed[0]
                 run_dir.event("node_failed", node=index, exit_code=state.exit_code)
-                tail = failed_worker_log(session.conn(index), node_workspaces(run_dir)[index], run_dir.spec().python)
-                console.print(f"node {index} ({labels[index]}) {state.label}; its log ends with:\n"
-                              + without_control_chars(tail), markup=False, highlight=False)
-                stop_all(session, run_dir)
+                cause = report_failure(session, run_dir, states, stop_all)  # stops the others, names the first
+                continue  # poll again at once: the display then shows each node's outcome ("stopped", ...)
             if len(known) == len(states) and all(s.finished for s in known):
                 break
             time.sleep(POLL_SECONDS)
     codes = [s.exit_code if s and s.exit_code is not None else 1 for s in states]
     run_dir.event("finished", exit_codes=codes)
-    return next((c for c in codes if c != 0), 0)
+    return cause_exit_code(cause, codes)
 
 
 # launcher/execute/failure_log.py's source runs on the host as it is: `PYTHON -c SCRIPT WORKSPACE LINES`.
@@ -271,6 +284,7 @@ def stop_all(session: HostSession, run_dir: RunDir) -> None:
 def pull_run(session: HostSession, run_dir: RunDir) -> list[dict[str, Any]]:
     """Pull every node's outputs into nodes/<k>/ (verified), then copy rank 0's node's records to the top."""
     workspaces, python = node_workspaces(run_dir), run_dir.spec().python
+    shipped, patterns = outputs.load_shipped(run_dir.path), outputs.recorded_outputs(run_dir.record())
 
     def pull(index: int) -> dict[str, Any]:
         # A running node rewrites progress.json and snapshots; a file caught mid-change is fetched again
@@ -279,7 +293,11 @@ def pull_run(session: HostSession, run_dir: RunDir) -> list[dict[str, Any]]:
             try:
                 stats = pull_tree(session.conn(index), workspaces[index], run_dir.path / "nodes" / str(index),
                                   include=PULLED, missing_ok=True, python=python)
-                return asdict(stats)
+                if shipped is None:
+                    return asdict(stats)
+                written = outputs.pull_workdir(session.conn(index), workspaces[index],
+                                               run_dir.path / "nodes" / str(index), shipped, patterns, python)
+                return outputs.merged_stats(stats, written)
             except TransferChangedError:
                 if attempt == PULL_ATTEMPTS - 1:
                     raise
@@ -299,6 +317,8 @@ def pull_run(session: HostSession, run_dir: RunDir) -> list[dict[str, Any]]:
     for name in TOP_LEVEL_FILES:
         if primary and (primary / name).is_file():
             write_bytes_atomic(run_dir.path / name, (primary / name).read_bytes())
+    if shipped is not None:
+        outputs.mirror_rank0(run_dir.path, outputs.rank0_node(run_dir.record(), primary))
     return raise_for_errors(outcomes, "pull")
 
 

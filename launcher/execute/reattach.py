@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.errors import DdpctlError
 from launcher.results.progress import progress_record
+from launcher.results.run_records import finish_records, node_restarts
 from launcher.results.rundir import RunDir
 
 if TYPE_CHECKING:
@@ -27,12 +28,14 @@ def host_status_rows(run_dir: RunDir, options: UpOptions) -> list[dict[str, Any]
     with reattach(run_dir, options) as session:
         states = poll_states(session, run_dir)
     rows = []
+    pulled = node_restarts(run_dir)  # for a node that cannot be asked: what its pulled logs say
     for index, state in enumerate(states):
         progress = (progress_record(state.progress) or {}) if state else {}
         rows.append({"node": index, "host": session.labels[index],
                      "state": state.label if state else "unreachable",
                      "exit_code": state.exit_code if state else None,
-                     "epoch": progress.get("epoch"), "epochs": progress.get("epochs")})
+                     "epoch": progress.get("epoch"), "epochs": progress.get("epochs"),
+                     "restarts": pulled[index] if state is None or state.attempt is None else state.attempt})
     return rows
 
 
@@ -42,7 +45,8 @@ def local_status_rows(run_dir: RunDir) -> list[dict[str, Any]]:
     summary_exists = (run_dir.path / "summary.json").exists()
     local_state = "finished" if summary_exists else ("ended" if exited else "running or interrupted")
     return [{"node": 0, "host": "local", "state": local_state,
-             "exit_code": exited[-1].get("exit_code") if exited else None, "epoch": None, "epochs": None}]
+             "exit_code": exited[-1].get("exit_code") if exited else None, "epoch": None, "epochs": None,
+             "restarts": node_restarts(run_dir)[0]}]
 
 
 def pull_hosts(run_dir: RunDir, options: UpOptions) -> list[dict[str, Any]]:
@@ -50,7 +54,9 @@ def pull_hosts(run_dir: RunDir, options: UpOptions) -> list[dict[str, Any]]:
     from launcher.execute.on_hosts import pull_run, reattach
 
     with reattach(run_dir, options) as session:
-        return pull_run(session, run_dir)
+        stats = pull_run(session, run_dir)
+    finish_records(run_dir)  # restarts, and a script's summary, from what was pulled
+    return stats
 
 
 def stop_and_pull_hosts(run_dir: RunDir, options: UpOptions) -> None:
@@ -60,6 +66,7 @@ def stop_and_pull_hosts(run_dir: RunDir, options: UpOptions) -> None:
     with reattach(run_dir, options) as session:
         stop_all(session, run_dir)
         pull_run(session, run_dir)
+    finish_records(run_dir)
 
 
 def print_host_log(run_dir: RunDir, node: int, lines: int, follow: bool, options: UpOptions) -> None:

@@ -23,6 +23,7 @@ class UpOptions:
     hosts: tuple[HostSpec, ...] = ()
     runtime: str = "native"
     show_progress: bool = True
+    show_output: bool = True  # the live tail of rank 0's output under the progress display (--quiet: False)
     dry_run: bool = False
     probe: bool = True  # a dry run on hosts connects and probes them (read-only); False: plan from options alone
     detach: bool = False

@@ -6,8 +6,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from launcher.execute.failure_cause import local_failure, teardown_outcome
 from launcher.execute.local import check_local_run, run_local
+from launcher.execute.local_disk import full_disk_named, raise_if_disk_full
+from launcher.execute.local_outputs import LocalOutputs
 from launcher.execute.request import UpOptions, UpResult
+from launcher.results.run_records import finish_records
 from launcher.results.rundir import RunDir, read_json
 from launcher.spec.run_spec import RunSpec
 
@@ -68,6 +72,14 @@ def _run_here(acquired: AcquiredHosts) -> UpResult:
     spec, options = acquired.spec, acquired.options
     run_path = (options.runs_dir / spec.run_id).resolve()
     plan = check_local_run(spec, run_path)
-    run_dir = RunDir.create(options.runs_dir, spec, {**acquired.record, **options.record})
-    code = run_local(plan, run_dir, show_progress=options.show_progress)
+    with full_disk_named(run_path):  # a full --runs-dir disk: one line, not a traceback
+        run_dir = RunDir.create(options.runs_dir, spec, {**acquired.record, **options.record})
+        written = LocalOutputs.start(run_dir, plan.nodes[0].cwd) if spec.user_command else None
+        code = run_local(plan, run_dir, show_progress=options.show_progress, show_output=options.show_output)
+        if written is not None:
+            written.finish()
+        raise_if_disk_full(run_path, code)
+        local_failure(run_dir, code, spec.python)  # the first failure across ranks, in run.json and events.jsonl
+        code = teardown_outcome(run_dir, code)
+        finish_records(run_dir)
     return UpResult(run_dir.path, code, read_json(run_dir.path / "summary.json"), plan)

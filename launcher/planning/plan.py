@@ -120,7 +120,7 @@ def plan_local(spec: RunSpec, run_dir: str, cwd: str) -> RunPlan:
         runtime="native",
         workspace=run_dir,
         command=tuple(torchrun_argv(spec, role)),
-        env=node_env(spec, None),
+        env=node_env(spec, None, **({"DDPCTL_OUTPUT_DIR": f"{run_dir}/out"} if spec.user_command else {})),
         cwd=cwd,
         secret_names=secret_names(spec),
     )

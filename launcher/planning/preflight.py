@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import ipaddress
 import json
-from typing import Any, NamedTuple, Protocol
+import math
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from launcher.errors import DdpctlError, HostError
 from launcher.planning.facts import HostFacts
 from launcher.transport.parallel import raise_for_errors, run_on_hosts
+
+if TYPE_CHECKING:
+    from launcher.spec.run_spec import RunSpec
 
 MIN_FREE_DISK = 1 << 30  # bytes: snapshots and logs of a small run fit easily
 
@@ -34,7 +40,11 @@ if shutil.which("nvidia-smi"):
         info["driver"] = rows[0][-1].strip() if rows else None
     except Exception:
         pass
-info["disk_free"] = shutil.disk_usage(info["home"]).free
+# Free space where the runs' workspaces go (~/.ddpctl/runs, or the nearest folder of it that exists).
+runs = os.path.join(info["home"], ".ddpctl", "runs")
+while not os.path.isdir(runs) and os.path.dirname(runs) != runs:
+    runs = os.path.dirname(runs)
+info["disk_free"] = shutil.disk_usage(runs).free
 conn = os.environ.get("SSH_CONNECTION", "").split()
 info["ssh_server_addr"] = conn[2] if len(conn) >= 3 else None
 addrs = []
@@ -123,17 +133,22 @@ class Problem(NamedTuple):
         return f"{self.host}: {self.text}" if self.host else self.text
 
 
-def check_requirements(facts: list[HostFacts], gpus: int, runs_host_torch: bool) -> list[Problem]:
-    """Problems that stop a run: too few GPUs/cores, little disk; where the hosts' own python and torch run the
-    trainer (native runtime), missing torch and versions that differ. A container brings its own of both."""
+def check_requirements(facts: list[HostFacts], gpus: int, runs_host_torch: bool,
+                       spec: RunSpec | None = None) -> list[Problem]:
+    """Problems that stop a run: too few GPUs/cores, too little disk for the run's snapshots and logs (`spec`'s
+    estimate; without a spec, MIN_FREE_DISK); where the hosts' own python and torch run the trainer (native
+    runtime), missing torch and versions that differ. A container brings its own of both."""
     problems = []
     for f in facts:
         if runs_host_torch and not f.torch:
-            problems.append(Problem(f.label, f"torch is not importable ({f.torch_error or 'not installed'})"))
+            problems.append(Problem(f.label, f"torch is not importable by {f.executable or 'its python'} "
+                                    f"({f.torch_error or 'not installed'}): give one that has it with --python PATH"))
         if f.slots < gpus:
             kind = "GPUs" if f.gpus else "CPU cores (no GPU)"
             problems.append(Problem(f.label, f"--gpus {gpus} but the host has {f.slots} {kind}"))
-        if f.disk_free < MIN_FREE_DISK:
+        if spec is not None and f.disk_free < planned_disk_bytes(spec):
+            problems.append(Problem(f.label, disk_shortfall(spec, f.disk_free, "~/.ddpctl/runs")))
+        elif spec is None and f.disk_free < MIN_FREE_DISK:
             problems.append(Problem(f.label, f"less than 1 GiB free in {f.home}"))
     for key in ("python", "torch") if runs_host_torch else ():
         versions = {f.label: _major_minor(getattr(f, key)) for f in facts}
@@ -197,3 +212,85 @@ def _is_global(addr: str) -> bool:
     except ValueError:
         return False  # a name: resolved by the nodes; their own addresses are judged instead
 
+
+
+# --- disk: what a run will write, against what a host (or this machine) has free -----------------------------
+
+# Elements in each model's state_dict (weights and buffers, 10 classes), counted with torch for 3x32x32 images
+# (the larger of MNIST's and CIFAR-10's shapes); the launcher cannot import torch to count them.
+MODEL_ELEMENTS = {"mnist-cnn": 31_340, "mnist-cnn-small": 12_834, "resnet18": 11_191_262}
+BYTES_PER_ELEMENT = 4  # fp32: bf16 runs keep fp32 weights and optimizer state too
+SNAPSHOT_OVERHEAD = 256 << 10  # torch.save's framing, the epoch records
+RNG_BYTES_PER_RANK = 16 << 10  # every rank's RNG states go into each snapshot
+LOG_ALLOWANCE = 64 << 20  # torchrun's and the workers' logs, timing/progress records
+LOW_SPACE_MINIMUM = 16 << 20
+
+
+def _trainer_option(spec: RunSpec, name: str, default: float) -> float:
+    """A trainer option given through to the trainer (`--keep-snapshots 2`, `--momentum=0.9`), else `default`."""
+    args = list(spec.trainer_args)
+    for i, arg in enumerate(args):
+        if arg == name and i + 1 < len(args):
+            text = args[i + 1]
+        elif arg.startswith(name + "="):
+            text = arg.partition("=")[2]
+        else:
+            continue
+        try:
+            return float(text)
+        except ValueError:
+            return default
+    return default
+
+
+def snapshot_bytes(spec: RunSpec) -> int:
+    """One snapshot file: weights plus optimizer state (SGD keeps a momentum buffer only with momentum)."""
+    if spec.user_command:
+        return 0
+    copies = 2 if _trainer_option(spec, "--momentum", 0.0) > 0 else 1
+    world = spec.nnodes * spec.nproc_per_node
+    weights = MODEL_ELEMENTS.get(spec.model, 0) * BYTES_PER_ELEMENT
+    return weights * copies + SNAPSHOT_OVERHEAD + RNG_BYTES_PER_RANK * world
+
+
+def planned_disk_bytes(spec: RunSpec) -> int:
+    """What one node writes: its snapshots (the newest K, plus one being written; local-sgd keeps one set per
+    process), final_model.pt and LOG_ALLOWANCE."""
+    if spec.user_command:
+        return LOG_ALLOWANCE
+    saves = math.ceil(spec.epochs / spec.save_every)
+    held = min(int(_trainer_option(spec, "--keep-snapshots", 3)), saves) + 1
+    sets = spec.nproc_per_node if spec.strategy == "local-sgd" else 1
+    final_model = MODEL_ELEMENTS.get(spec.model, 0) * BYTES_PER_ELEMENT
+    return held * sets * snapshot_bytes(spec) + final_model + LOG_ALLOWANCE
+
+
+def disk_shortfall(spec: RunSpec, free: int, where: str) -> str:
+    """One line: how much the run needs in `where` and how much is free, and what to do."""
+    held = min(int(_trainer_option(spec, "--keep-snapshots", 3)), math.ceil(spec.epochs / spec.save_every))
+    return (f"needs {_mib(planned_disk_bytes(spec))} free in {where} for {held} snapshot(s) of "
+            f"{_mib(snapshot_bytes(spec))} and logs, but {_mib(free)} is free: free some space there, keep fewer "
+            "snapshots (--keep-snapshots) or save less often (--save-every)")
+
+
+def check_local_disk(spec: RunSpec, run_path: Path) -> None:
+    """Refuse a local run whose run directory's disk has no room for its snapshots and logs (one line)."""
+    where = run_path
+    while not where.is_dir() and where.parent != where:
+        where = where.parent
+    try:
+        free = shutil.disk_usage(where).free
+    except OSError:
+        return
+    if free < planned_disk_bytes(spec):
+        raise DdpctlError(f"--runs-dir {run_path.parent}: this run {disk_shortfall(spec, free, str(where))}, or "
+                          "pass --runs-dir on a disk with room")
+
+
+def low_space_floor(spec: RunSpec | None) -> int:
+    """Free bytes below which a running node is warned about: room for two more snapshots, at least 16 MiB."""
+    return max(LOW_SPACE_MINIMUM, 2 * snapshot_bytes(spec)) if spec is not None else LOW_SPACE_MINIMUM
+
+
+def _mib(count: int) -> str:
+    return f"{count / (1 << 20):.1f} MiB" if count < (1 << 30) else f"{count / (1 << 30):.2f} GiB"

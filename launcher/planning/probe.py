@@ -97,7 +97,7 @@ def probe_hosts(session: HostSession, spec: RunSpec, options: UpOptions,
     facts = tuple(raise_for_errors(outcomes, "preflight"))
     runtime, engine_gpus = choose_runtime(options, session)
     procs = procs_per_node(spec, options, facts)
-    problems = check_requirements(list(facts), procs, runs_host_torch=runtime.runs_host_torch)
+    problems = check_requirements(list(facts), procs, runs_host_torch=runtime.runs_host_torch, spec=spec)
     problems += strategy_problems(spec, procs, facts)
     if problems:
         raise DdpctlError("preflight failed:\n" + "\n".join(f"  {p}" for p in problems))

@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 console = Console(stderr=True)
 
 
 # The numeric fields of a progress record (contracts.md: progress.json) and the type each is read as.
-_INT_FIELDS = ("epoch", "epochs", "step", "steps_per_epoch")
-_FLOAT_FIELDS = ("samples_per_s",)
+_INT_FIELDS = ("epoch", "epochs", "step", "steps_per_epoch", "steps_total")
+_FLOAT_FIELDS = ("samples_per_s", "loss")
 
 
 def progress_record(record: object) -> dict[str, Any] | None:
@@ -47,11 +48,27 @@ def _finite(value: object) -> float | None:
     return number if math.isfinite(number) else None
 
 
+class _ProgressWithOutput(Progress):
+    """rich's Progress with a few lines of a worker's output under the bars (on a terminal)."""
+
+    output_title = ""
+    output_lines: list[str] = []
+
+    def get_renderables(self) -> Iterable[RenderableType]:
+        yield from super().get_renderables()
+        if self.output_lines:
+            yield Text(self.output_title, style="dim")
+            for line in self.output_lines:
+                yield Text("  " + line, no_wrap=True, overflow="ellipsis")
+
+
 class RunProgress:
-    """One progress row per node: epoch, step, samples/s and ETA, fed by the trainer's progress records."""
+    """One progress row per node: epoch, step, samples/s and ETA, fed by the trainer's progress records (or a
+    script's, launcher.results.script_progress), and under them the live tail of global rank 0's output."""
 
     def __init__(self, node_labels: list[str], enabled: bool = True) -> None:
-        self._progress = Progress(
+        self.enabled = enabled
+        self._progress = _ProgressWithOutput(
             TextColumn("{task.fields[label]}"),
             BarColumn(),
             TextColumn("{task.fields[status]}"),
@@ -74,6 +91,17 @@ class RunProgress:
     def __exit__(self, *exc: object) -> None:
         self._progress.stop()
 
+    def show_output(self, title: str, lines: list[str], stream: list[str]) -> None:
+        """Rank 0's newest output: on a terminal, `lines` under the bars, redrawn; elsewhere (a log file, a
+        pipe), each line of `stream` once, as it comes."""
+        if not self.enabled:
+            return
+        if console.is_terminal:
+            self._progress.output_title, self._progress.output_lines = title, lines
+        else:
+            for line in stream:
+                console.print(f"{title} {line}", markup=False, highlight=False, soft_wrap=True)
+
     def update(self, node: int, record: object, state: str | None = None,
                extra: str = "") -> None:
         """Show a node's latest progress record (contracts.md: progress.json) and/or its process state."""
@@ -81,6 +109,13 @@ class RunProgress:
         record = progress_record(record)
         if not record:
             self._progress.update(task, status=f"{state or 'starting'} {extra}".strip())
+            return
+        if record.get("source"):  # a script's record: only what it said (launcher.results.script_progress)
+            status, position = script_status(record)
+            if state and state != "running":
+                status += f" [{state}]"
+            total, done = position or (None, 0)
+            self._progress.update(task, total=total, completed=done, status=f"{status} {extra}".strip())
             return
         epochs = max(1, record.get("epochs") or 1)
         steps = max(1, record.get("steps_per_epoch") or 1)
@@ -97,6 +132,29 @@ class RunProgress:
         if state and state != "running":
             status += f" [{state}]"
         self._progress.update(task, total=total, completed=done, status=f"{status} {extra}".strip())
+
+
+def script_status(record: Mapping[str, Any]) -> tuple[str, tuple[int, int] | None]:
+    """A script's progress as text, and (total, done) for the bar when the record gives totals."""
+    epoch, epochs, step = record.get("epoch"), record.get("epochs"), record.get("step")
+    per_epoch, steps_total = record.get("steps_per_epoch"), record.get("steps_total")
+    parts = []
+    if epoch is not None:
+        parts.append(f"epoch {epoch}" + (f"/{epochs}" if epochs else ""))
+    if step is not None:
+        parts.append(f"step {step}" + (f"/{steps_total or per_epoch}" if steps_total or per_epoch else ""))
+    if record.get("loss") is not None:
+        parts.append(f"loss {record['loss']:.4g}")
+    if record.get("samples_per_s"):
+        parts.append(f"{record['samples_per_s']:,.0f} samples/s")
+    position = None
+    if epochs and epoch is not None:
+        steps = per_epoch if per_epoch and step is not None else 1
+        done = (max(1, epoch) - 1) * steps + (min(step, steps) if per_epoch and step is not None else 1)
+        position = (epochs * steps, min(done, epochs * steps))
+    elif steps_total and step is not None:
+        position = (steps_total, min(step, steps_total))
+    return " ".join(parts) or "running", position
 
 
 STALL_HINT_SECONDS = 300.0
@@ -168,6 +226,10 @@ def summary_table(summary: Mapping[str, Any], title: str) -> Table:
     ]
     if summary.get("cost_usd") is not None:
         rows.append(("cost", f"${float(summary['cost_usd']):.4f}"))
+    if isinstance(summary.get("cost_split"), dict):  # Vast.ai bills these three apart
+        rows.append(("cost split", ", ".join(f"{part} ${float(summary['cost_split'].get(key) or 0):.4f}" for part, key
+                                             in (("GPU", "gpu_usd"), ("storage", "storage_usd"),
+                                                 ("bandwidth", "bandwidth_usd")))))
     for name, value in rows:
         table.add_row(name, "-" if value is None else str(value))
     return table

@@ -107,7 +107,8 @@ def docker_node_plan(spec: RunSpec, index: int, host: NodeHost, rdzv_addr: str, 
         snapshot_dir=f"{ws}/out/snapshots",
     )
     argv = torchrun_argv(replace(spec, python=IMAGE_PYTHON), role)
-    env = node_env(spec, host.iface, HOME="/tmp", PYTHONPATH=f"{ws}/code")
+    env = node_env(spec, host.iface, HOME="/tmp", PYTHONPATH=f"{ws}/code",
+                   **({"DDPCTL_OUTPUT_DIR": f"{ws}/out"} if spec.user_command else {}))
     broken = [key for key, value in env if "\n" in value or "\r" in value]
     if broken:
         raise SpecError(f"--env {', '.join(broken)}: a value with a line break cannot reach a container (docker's "

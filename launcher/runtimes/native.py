@@ -67,6 +67,7 @@ rm -f exit_code pid
 echo "$grace" > stop_grace
 setsid sh -c '
   ws=$1; cwd=$2; envfile=$3; shift 3
+  export DDPCTL_OUTPUT_DIR="$ws/out"
   if [ -n "$envfile" ]; then
     while IFS= read -r line; do
       value=$(printf "%bx" "${line#*=}"); export "${line%%=*}=${value%x}"
@@ -81,13 +82,50 @@ echo $! > pid
 echo $!
 """
 
-# Prints `pid|exit_code|alive` then the node's progress record, if any (only global rank 0's node has one).
+# Prints `pid|exit_code|alive|free KiB` (free: the workspace's file system, for launcher/results/hang_watch.py),
+# then `@attempt|N|FROM|TO|M` (N: the newest attempt_<N> folder under logs/, which
+# counts torchrun's restarts; FROM-TO: the byte range of local rank $2's stdout.log in attempt M sent at the end,
+# when $2 is given), then the node's progress record, if any (only global rank 0's node has one), then `@output`
+# and those bytes. Arguments: the workspace, then optionally the local rank to tail, the attempt its offset $4
+# belongs to (another attempt starts at 0), the most bytes to send ($5; older new bytes are skipped), the stream
+# ($6: stdout or stderr).
+# Whether the node's process lives is asked before exit_code is read: it writes exit_code and then ends, so
+# read the other way round, a node ending between the two reads showed no exit code and no process ("lost",
+# which `up` took for a failure: issue 12's loaded host declared lost).
 STATE_SCRIPT = r"""
 cd "$1" 2>/dev/null || { echo "||gone"; exit 0; }
-pid=$(cat pid 2>/dev/null); ec=$(cat exit_code 2>/dev/null); alive=0
+pid=$(cat pid 2>/dev/null); alive=0
 if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then alive=1; fi
-echo "$pid|$ec|$alive"
+ec=$(cat exit_code 2>/dev/null)
+free=$(df -Pk . 2>/dev/null | awk 'NR==2 {print $4}')
+echo "$pid|$ec|$alive|$free"
+n=""; nd=""
+for d in logs/*/attempt_*; do
+  [ -d "$d" ] || continue
+  k=${d##*attempt_}
+  case $k in ''|*[!0-9]*) continue;; esac
+  if [ -z "$n" ] || [ "$k" -gt "$n" ]; then n=$k; nd=$d; fi
+done
+from=""; to=""; log=""
+stream=${6:-stdout}; rn=$n; rd=$nd
+if [ -n "$3" ] && [ "$3" != "$n" ]; then
+  # The attempt read last has ended: send the rest of its file first, the new attempt's on the next poll.
+  for d in logs/*/attempt_"$3"; do
+    if [ -f "$d/$2/$stream.log" ] && [ "$(wc -c < "$d/$2/$stream.log")" -gt "${4:-0}" ]; then rn=$3; rd=$d; fi
+  done
+fi
+if [ -n "$2" ] && [ -n "$rd" ] && [ -f "$rd/$2/$stream.log" ]; then
+  log="$rd/$2/$stream.log"
+  from=${4:-0}; [ "$3" = "$rn" ] || from=0
+  to=$(wc -c < "$log"); to=$((to))
+  if [ $((to - from)) -gt "${5:-65536}" ]; then from=$((to - ${5:-65536})); fi
+  if [ "$from" -gt "$to" ]; then from=0; fi
+fi
+echo "@attempt|$n|$from|$to|$rn"
 cat out/progress.json 2>/dev/null
+echo
+echo "@output"
+if [ -n "$log" ]; then tail -c +$((from + 1)) "$log" | head -c $((to - from)); fi
 """
 
 # Stop the node's torchrun and all its workers (launcher/runtimes/proctree.py, whose source this is, plus the
@@ -121,11 +159,29 @@ def encode_env(env: Sequence[tuple[str, str]]) -> bytes:
 
 
 @dataclass(frozen=True)
+class OutputRequest:
+    """What read_state also fetches of one worker's stdout.log (or `stream`.log): the bytes after `offset` of
+    attempt `attempt`, at most the newest `max_bytes`."""
+
+    local_rank: int
+    attempt: int | None = None
+    offset: int = 0
+    max_bytes: int = 65536
+    stream: str = "stdout"
+
+
+@dataclass(frozen=True)
 class NodeState:
     pid: int | None
     exit_code: int | None
     alive: bool
     progress: dict[str, Any] | None
+    disk_free: int | None = None  # bytes free where the workspace is (None: not known)
+    attempt: int | None = None  # the newest attempt_<N> under logs/: torchrun's restarts so far
+    output: str = ""  # the requested worker's new output (OutputRequest), bytes output_from..output_to
+    output_from: int | None = None
+    output_to: int | None = None
+    output_attempt: int | None = None  # the attempt those bytes belong to (the one before `attempt` until read)
 
     @property
     def finished(self) -> bool:
@@ -141,12 +197,27 @@ class NodeState:
         return "not started" if self.pid is None else "lost"
 
 
-def read_state(conn: Runner, workspace: str) -> NodeState:
-    result = conn.run(["sh", "-c", STATE_SCRIPT, "ddpctl-state", workspace], timeout=30)
-    lines = result.stdout.splitlines()
-    pid_s, ec_s, alive_s = (lines[0].split("|") + ["", "", ""])[:3] if lines else ("", "", "")
+def _int(text: str) -> int | None:
+    return int(text) if text.strip().isdigit() else None
+
+
+def read_state(conn: Runner, workspace: str, output: OutputRequest | None = None) -> NodeState:
+    """The node's process state, progress record and restarts, and (with `output`) a worker's new output: one
+    command on the host."""
+    tail = [] if output is None else [str(output.local_rank), "" if output.attempt is None else str(output.attempt),
+                                      str(output.offset), str(output.max_bytes),
+                                      "stderr" if output.stream == "stderr" else "stdout"]
+    result = conn.run(["sh", "-c", STATE_SCRIPT, "ddpctl-state", workspace, *tail], timeout=30)
+    head, _, chunk = result.stdout.partition("\n@output\n")
+    lines = head.splitlines()
+    fields = lines[0].split("|") if lines else []
+    pid_s, ec_s, alive_s = (fields + ["", "", ""])[:3]
+    attempt_s, from_s, to_s, read_s = "", "", "", ""
+    if len(lines) > 1 and lines[1].startswith("@attempt|"):
+        attempt_s, from_s, to_s, read_s = (lines[1].split("|") + ["", "", "", ""])[1:5]
+        lines = lines[1:]
     progress = None
-    if len(lines) > 1:
+    if len(lines) > 1 and "\n".join(lines[1:]).strip():
         try:
             progress = json.loads("\n".join(lines[1:]))
         except ValueError:
@@ -156,6 +227,12 @@ def read_state(conn: Runner, workspace: str) -> NodeState:
         exit_code=int(ec_s) if ec_s.strip().lstrip("-").isdigit() else None,
         alive=alive_s == "1",
         progress=progress,
+        disk_free=int(fields[3]) * 1024 if len(fields) > 3 and fields[3].strip().isdigit() else None,
+        attempt=_int(attempt_s),
+        output=chunk if _int(to_s) is not None else "",
+        output_from=_int(from_s),
+        output_to=_int(to_s),
+        output_attempt=_int(read_s),
     )
 
 

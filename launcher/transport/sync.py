@@ -192,10 +192,12 @@ def ship_tree(conn: Connection, local_dir: Path, remote_dir: str, *, python: str
 
 
 def pull_tree(conn: Connection, remote_dir: str, local_dir: Path, *, include: Sequence[str] | None = None,
-              missing_ok: bool = False, python: str = "python3", progress: ProgressFn | None = None) -> PullStats:
+              missing_ok: bool = False, python: str = "python3", progress: ProgressFn | None = None,
+              exclude: Callable[[RemoteEntry], bool] | None = None) -> PullStats:
     """Copy remote_dir's files into local_dir, fetching only those whose sha256 differs; each one verified.
 
-    `include`: gitignore-style patterns; only matching paths are pulled. A host answer naming an unsafe
+    `include`: gitignore-style patterns; only matching paths are pulled; `exclude`: entries it says yes to are
+    not (e.g. files equal to what was shipped). A host answer naming an unsafe
     path (absolute, `..`) raises HostError before anything is written; symbolic links are never followed
     nor recreated, only named in the stats.
     """
@@ -209,7 +211,7 @@ def pull_tree(conn: Connection, remote_dir: str, local_dir: Path, *, include: Se
     files, special, links = [], 0, []
     for entry in entries:
         _check_remote_path(conn, remote_dir, entry)
-        if wanted is not None and not wanted.match_file(entry.path):
+        if (wanted is not None and not wanted.match_file(entry.path)) or (exclude is not None and exclude(entry)):
             continue
         if entry.type == "special":
             special += 1  # fifos, sockets, devices: nothing to copy

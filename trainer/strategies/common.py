@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainer import failure
 from trainer.data import DataSplits, load_dataset
 from trainer.distributed import DistContext
 from trainer.errors import DataError
@@ -73,7 +74,9 @@ def train_in_process(ctx: DistContext, config: TrainConfig, data_dir: Path, make
     seed_rng(config.seed, ctx.rank)
     if ctx.is_rank0:
         config.out_dir.mkdir(parents=True, exist_ok=True)
+    failure.reserve(config.out_dir, ctx.rank)  # written ahead: the reason must fit on a disk that fills up
     make_trainer(config, ctx, data, model).train()
+    failure.discard()  # a clean end: no note to keep
 
 
 def strategy_summary(options: StrategyOptions, processes: int, threads: int, **extra: Any) -> dict[str, Any]:

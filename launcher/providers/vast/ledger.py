@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from launcher.errors import DdpctlError
+from launcher.providers.vast.billing import bandwidth_usd, cost_split
 from launcher.providers.vast.models import RentedInstance, TeardownResult
 from launcher.results.progress import console
 from launcher.results.record import RecordError
@@ -118,10 +119,11 @@ class Ledger:
         return found
 
     def save(self) -> None:
-        self.run_dir.update_record(instances=self.instances, cost_usd=round(self.cost(), 6))
+        self.run_dir.update_record(instances=self.instances, cost_usd=round(self.cost(), 6),
+                                   cost_split=cost_split(self.instances, self.run_dir.events(), self.clock()))
 
     def cost(self) -> float:
-        return run_cost(self.instances, self.clock())
+        return run_cost(self.instances, self.clock()) + bandwidth_usd(self.instances, self.run_dir.events())
 
     def hourly_rate(self) -> float:
         """$/hour of everything still rented."""
@@ -140,6 +142,8 @@ class Ledger:
         if kind == "vast.instance_created":
             self.instances.append({"instance_id": iid, "node": event.get("node"), "offer_id": event.get("offer_id"),
                                    "machine_id": event.get("machine_id"), "dph": event.get("dph"),
+                                   "inet_down_cost": event.get("inet_down_cost"),
+                                   "inet_up_cost": event.get("inet_up_cost"),
                                    "created_at": now, "state": "starting", "destroyed_at": None})
         elif kind == "vast.instance_failed":
             self._find(int(str(iid))).update(state="failed")
@@ -215,4 +219,5 @@ def write_summary_cost(run_dir: RunDir, cost: float) -> None:
         return
     if isinstance(summary, dict):
         summary["cost_usd"] = round(cost, 6)
+        summary["cost_split"] = run_dir.record().get("cost_split")  # Ledger.save wrote it
         write_json_atomic(path, summary)

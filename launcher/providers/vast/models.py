@@ -38,6 +38,11 @@ class Offer:
     cluster_id: int | None
     geolocation: str | None
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    compute_cap: int = 0  # CUDA compute capability x 100 (860 for sm_86), as Vast reports it; 0: not reported
+    inet_up_cost: float = 0.0  # $/GB sent from the machine, set by its host
+    inet_down_cost: float = 0.0  # $/GB received by the machine (the image pull, data shipped to it)
+    end_date: float | None = None  # unix time the host's contract for this offer ends
+    duration: float | None = None  # seconds the offer can still be rented for
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> Offer:
@@ -62,7 +67,21 @@ class Offer:
             cluster_id=int(cluster) if cluster is not None else None,
             geolocation=obj.get("geolocation"),
             raw=dict(obj),
+            compute_cap=int(_num(obj.get("compute_cap"))),
+            inet_up_cost=_num(obj.get("inet_up_cost")),
+            inet_down_cost=_num(obj.get("inet_down_cost")),
+            end_date=_num(obj["end_date"]) if obj.get("end_date") is not None else None,
+            duration=_num(obj["duration"]) if obj.get("duration") is not None else None,
         )
+
+    def contract_left_s(self, now: float) -> float | None:
+        """Seconds this offer's contract still lasts (the sooner of end_date and duration), None if unknown."""
+        left = [t for t in (self.end_date - now if self.end_date else None, self.duration) if t is not None]
+        return min(left) if left else None
+
+    def bandwidth_cost(self, gb_up: float, gb_down: float) -> float:
+        """Dollars for moving `gb_up` GB out of and `gb_down` GB into this machine at its host's prices."""
+        return gb_up * self.inet_up_cost + gb_down * self.inet_down_cost
 
     def hourly_price(self, disk_gb: float) -> float:
         """Real $/hour with `disk_gb` of storage.
@@ -162,6 +181,11 @@ class RentedInstance:
             "overlay_name": self.overlay_name,
             "overlay_subnet": self.overlay_subnet,
             "overlay_ip": self.overlay_ip,
+            # what the bill splits into (launcher.providers.vast.billing): storage bills while the instance
+            # exists, bandwidth per GB at the host's prices
+            "storage_dph": max(0.0, self.dph - self.offer.dph_base),
+            "inet_up_cost": self.offer.inet_up_cost,
+            "inet_down_cost": self.offer.inet_down_cost,
         }
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
 from launcher.errors import DdpctlError
 from launcher.providers.vast.client import VastClient
+from launcher.providers.vast.image_needs import MachineNeeds, runs_on_cap, supported_caps
 from launcher.providers.vast.models import Offer
 
 # The search `type`: the spec's enum says "ondemand" but its own request example, vast-cli and every user
@@ -32,6 +34,8 @@ class OfferFilter:
     min_cuda: float | None = None  # the CUDA version the image is built for
     min_direct_ports: int = 1  # direct SSH: the proxy is slower and less reliable
     limit: int = 64
+    needs: MachineNeeds | None = None  # what the image and the run need of the machine (None: nothing)
+    cluster_only: bool = False  # only offers in a physical cluster (multi-node: overlay networks live there)
 
     def __post_init__(self) -> None:
         if self.num_gpus is not None and self.num_gpus < 1:
@@ -77,15 +81,94 @@ def build_query(flt: OfferFilter) -> dict[str, Any]:
         query["dph_total"] = {"lte": flt.max_price}
     if flt.min_cuda is not None:
         query["cuda_max_good"] = {"gte": flt.min_cuda}
+    needs = flt.needs
+    if needs is not None:  # what Vast can filter; the client re-checks every offer (unmet_needs)
+        if needs.min_cuda is not None:
+            query["cuda_max_good"] = {"gte": max(needs.min_cuda, flt.min_cuda or 0)}
+        if needs.arches is not None:  # Vast's compute_cap is x 100
+            query["compute_cap"] = {"in": [cap * 10 for cap in supported_caps(needs.arches)]}
+        if needs.min_gpu_ram_mb is not None:
+            query["gpu_ram"] = {"gte": needs.min_gpu_ram_mb}
+        if needs.min_contract_s is not None:
+            query["duration"] = {"gte": needs.min_contract_s}
+    if flt.cluster_only:  # as Vast's multi-node guide searches: cluster_id != None
+        query["cluster_id"] = {"neq": None}
     return query
 
 
+def unmet_needs(offer: Offer, flt: OfferFilter, now: float | None = None) -> list[str]:
+    """Why `offer` cannot run the run (empty: it can): the checks the search asked Vast for, made again here
+    (the server may ignore a filter, and `offers --explain` searches without them to say why)."""
+    reasons: list[str] = []
+    needs = flt.needs or MachineNeeds(None, None)
+    min_cuda = max(needs.min_cuda or 0.0, flt.min_cuda or 0.0)
+    if min_cuda and offer.cuda_max_good < min_cuda:
+        reasons.append(f"driver supports CUDA {offer.cuda_max_good:g} < {min_cuda:g} the image needs")
+    if needs.arches is not None and not runs_on_cap(offer.compute_cap // 10, needs.arches):
+        cap = f"{offer.compute_cap / 100:g}" if offer.compute_cap else "not reported"
+        reasons.append(f"compute capability {cap}: the image's torch has no kernels for it")
+    if needs.min_gpu_ram_mb is not None and offer.gpu_ram_mb < needs.min_gpu_ram_mb:
+        reasons.append(f"GPU RAM {offer.gpu_ram_mb:.0f} MB < {needs.min_gpu_ram_mb:.0f} MB the model needs")
+    if needs.min_contract_s is not None:
+        left = offer.contract_left_s(time.time() if now is None else now)
+        if left is not None and left < needs.min_contract_s:
+            reasons.append(f"contract ends in {left / 3600:.1f} h < {needs.min_contract_s / 3600:.1f} h needed")
+    if flt.cluster_only and offer.cluster_id is None:
+        reasons.append("not in a cluster (multi-node needs one overlay network)")
+    if flt.max_price is not None and offer.hourly_price(flt.disk_gb) > flt.max_price:
+        reasons.append(f"${offer.hourly_price(flt.disk_gb):.4f}/h with the disk > --max-price {flt.max_price:g}")
+    return reasons
+
+
 def search_offers(client: VastClient, flt: OfferFilter) -> list[Offer]:
-    """Offers matching `flt`, sorted by real hourly price for `flt.disk_gb` (cheapest first)."""
+    """Offers matching `flt` that can run the run, sorted by real hourly price for `flt.disk_gb` (cheapest
+    first)."""
     offers = [Offer.from_json(o) for o in client.search_offers(build_query(flt))]
-    if flt.max_price is not None:  # the server filtered on its dph_total; ours counts our disk
-        offers = [o for o in offers if o.hourly_price(flt.disk_gb) <= flt.max_price]
+    offers = [o for o in offers if not unmet_needs(o, flt)]  # the server's dph_total does not count our disk
     return sorted(offers, key=lambda o: (o.hourly_price(flt.disk_gb), o.id))
+
+
+def explain_offers(client: VastClient, flt: OfferFilter) -> list[tuple[Offer, list[str]]]:
+    """The offers Vast has without the machine-needs filters, each with why it would be excluded (empty: not)."""
+    loose = OfferFilter(gpu_name=flt.gpu_name, num_gpus=flt.num_gpus, min_reliability=flt.min_reliability,
+                        disk_gb=flt.disk_gb, min_inet_down_mbps=flt.min_inet_down_mbps,
+                        min_direct_ports=flt.min_direct_ports, limit=flt.limit)
+    offers = [Offer.from_json(o) for o in client.search_offers(build_query(loose))]
+    now = time.time()
+    return sorted(((o, unmet_needs(o, flt, now)) for o in offers), key=lambda p: (p[0].hourly_price(flt.disk_gb),
+                                                                                   p[0].id))
+
+
+MAX_CLUSTER_PAGES = 8  # cluster offers are few and seldom cheap: look this many pages deep, no further
+
+
+def search_cluster_offers(client: VastClient, flt: OfferFilter, nodes: int) -> list[Offer]:
+    """Offers in clusters (cluster_id != None), page after page (cheapest first) until some cluster has `nodes`
+    usable machines or the market runs out. The search has no offset: each next page asks for offers priced at
+    least the last one seen, leaving out the ids already seen (keyset paging on the `order`)."""
+    flt = OfferFilter(**{**flt.__dict__, "cluster_only": True})
+    found: dict[int, Offer] = {}
+    query = build_query(flt)
+    for _page in range(MAX_CLUSTER_PAGES):
+        page = [Offer.from_json(o) for o in client.search_offers(query)]
+        fresh = [o for o in page if o.id not in found]
+        found.update((o.id, o) for o in fresh)
+        usable = [o for o in found.values() if not unmet_needs(o, flt)]
+        if not fresh or len(page) < flt.limit or _has_cluster_of(usable, nodes):
+            break
+        floor = max(o.dph_total for o in page)
+        query = {**query, "dph_total": {**query.get("dph_total", {}), "gte": floor},
+                 "id": {"notin": sorted(found)}}
+    offers = [o for o in found.values() if not unmet_needs(o, flt)]
+    return sorted(offers, key=lambda o: (o.hourly_price(flt.disk_gb), o.id))
+
+
+def _has_cluster_of(offers: list[Offer], nodes: int) -> bool:
+    machines: dict[int, set[int]] = defaultdict(set)
+    for o in offers:
+        if o.cluster_id is not None:
+            machines[o.cluster_id].add(o.machine_id)
+    return any(len(m) >= nodes for m in machines.values())
 
 
 def choose_offers(offers: list[Offer], nodes: int, disk_gb: float) -> list[Offer]:

@@ -15,18 +15,18 @@ the same key and refuses a changed one. A key already in ~/.ssh/known_hosts for 
 
 from __future__ import annotations
 
-import ipaddress
 import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
-from launcher.errors import AuthenticationFailed, DdpctlError, HostError, HostsFailed, Interrupted, SpecError
+from launcher.errors import AuthenticationFailed, DdpctlError, HostsFailed, Interrupted, SpecError
 from launcher.execute.on_hosts import RunStopRequested, pull_run
 from launcher.planning.plan import NodeHost, plan_remote
 from launcher.providers.base import AcquiredHosts
 from launcher.providers.vast.ledger import Ledger, destroy_all, live, say, write_summary_cost
+from launcher.providers.vast.market import chosen_summary, find_offers, first_machines, offer_note, pull_reserve_usd
 from launcher.providers.vast.models import Offer, RentedInstance
-from launcher.providers.vast.offers import OfferFilter, choose_offers, search_offers
+from launcher.providers.vast.overlay import overlay_hosts
 from launcher.providers.vast.provision import provision
 from launcher.providers.vast.release import vast_client
 from launcher.providers.vast.request import VastRequest
@@ -34,7 +34,6 @@ from launcher.providers.vast.sshkey import ensure_vast_ssh_key
 from launcher.results.rundir import RunDir
 from launcher.spec.run_spec import RunSpec
 from launcher.transport.hostsession import HostSession
-from launcher.transport.parallel import raise_for_errors, run_on_hosts
 from launcher.transport.ssh import SSHTarget
 
 if TYPE_CHECKING:
@@ -48,12 +47,13 @@ class CostWatch:
     """Called on every poll of a running run: the live cost for the display; stops the run before the spend
     would pass --max-cost (keeping `reserve_s` seconds of spend for the final pull and teardown)."""
 
-    def __init__(self, ledger: Ledger, max_cost: float | None, reserve_s: float) -> None:
+    def __init__(self, ledger: Ledger, max_cost: float | None, reserve_s: float, reserve_usd: float = 0.0) -> None:
         self.ledger, self.max_cost, self.reserve_s = ledger, max_cost, reserve_s
+        self.reserve_usd = reserve_usd  # bandwidth the final pull will cost (market.pull_reserve_usd)
 
     def __call__(self) -> str:
         cost, rate = self.ledger.cost(), self.ledger.hourly_rate()
-        if self.max_cost is not None and cost + rate * self.reserve_s / 3600 >= self.max_cost:
+        if self.max_cost is not None and cost + rate * self.reserve_s / 3600 + self.reserve_usd >= self.max_cost:
             self.ledger.run_dir.event("vast.max_cost_reached", cost_usd=cost, max_cost=self.max_cost,
                                       reserve_s=self.reserve_s)
             raise RunStopRequested(f"--max-cost ${self.max_cost:g} reached: ${cost:.4f} spent, and stopping, "
@@ -82,10 +82,8 @@ class VastProvider:
     def _offers(self, spec: RunSpec) -> tuple[RunSpec, list[Offer]]:
         req = self.req
         spec = spec.with_layout(nnodes=req.nodes, nproc_per_node=spec.nproc_per_node)
-        flt = OfferFilter(gpu_name=req.gpu_name, num_gpus=None if self.options.auto_gpus else spec.nproc_per_node,
-                          max_price=req.max_price, min_reliability=req.min_reliability, disk_gb=req.disk)
         self._client = self._client or vast_client()
-        return spec, choose_offers(search_offers(self._client, flt), req.nodes, req.disk)
+        return spec, find_offers(self._client, spec, req, None if self.options.auto_gpus else spec.nproc_per_node)
 
     def dry_run(self, spec: RunSpec, options: UpOptions) -> UpResult:
         """The plan on the offers that would be rented (nothing is rented)."""
@@ -138,12 +136,11 @@ class VastProvider:
 def _dry_run(spec: RunSpec, offers: list[Offer], req: VastRequest) -> UpResult:
     from launcher.execute.request import UpResult
 
-    picked: list[Offer] = []
-    for offer in offers:
-        if offer.machine_id not in {o.machine_id for o in picked} and len(picked) < req.nodes:
-            picked.append(offer)
-    hosts = [NodeHost(f"vast offer {o.id} ({o.num_gpus}x {o.gpu_name}, ${o.hourly_price(req.disk):.3f}/h)",
-                      f"NODE{k}_OVERLAY_ADDR" if req.nodes > 1 else None) for k, o in enumerate(picked)]
+    picked = first_machines(offers, req.nodes)
+    hosts = [NodeHost(f"vast offer {o.id} ({o.num_gpus}x {o.gpu_name}, ${o.hourly_price(req.disk):.3f}/h"
+                      f"{offer_note(o)})", f"NODE{k}_OVERLAY_ADDR" if req.nodes > 1 else None)
+             for k, o in enumerate(picked)]
+    say(chosen_summary(picked, req))
     return UpResult(None, 0, None, plan_remote(spec, hosts, hosts[0].address or "127.0.0.1"))
 
 
@@ -184,9 +181,9 @@ def _reach(spec: RunSpec, options: UpOptions, req: VastRequest, session: HostSes
     _connect_new_instances(session)
     hosts = None
     if len(rented) > 1:
-        hosts = _overlay_hosts(session, rented)
+        hosts = overlay_hosts(session, rented, spec.python)
         ledger.set_overlay_ips({r.instance_id: h.address for r, h in zip(rented, hosts, strict=True) if h.address})
-    watch = CostWatch(ledger, req.max_cost, req.max_cost_reserve_s)
+    watch = CostWatch(ledger, req.max_cost, req.max_cost_reserve_s, pull_reserve_usd(rented))
     watch()  # the budget may not even cover starting
     record: dict[str, Any] = {"provider": "vast", "instances": ledger.instances}
     return AcquiredHosts(spec, replace(options, runtime="native", accept_new_host_keys=False), session, hosts=hosts,
@@ -219,27 +216,6 @@ def _refused_our_key(exc: DdpctlError) -> bool:
     """Whether connecting failed because a host refused our key (still on its way there), not for another reason."""
     errors = exc.errors if isinstance(exc, HostsFailed) else (exc,)
     return any(isinstance(error, AuthenticationFailed) for error in errors)
-
-
-def _overlay_hosts(session: HostSession, rented: list[RentedInstance]) -> list[NodeHost]:
-    """Each node's address and interface inside the overlay network (the API reports only its subnet)."""
-
-    def find(index: int) -> NodeHost:
-        inst, label = rented[index], session.label_of(index)
-        if not inst.overlay_subnet:
-            raise HostError(label, f"Vast.ai reported no subnet for overlay network {inst.overlay_name}")
-        subnet = ipaddress.ip_network(inst.overlay_subnet, strict=False)
-        out = session.conn(index).check(["ip", "-4", "-o", "addr", "show"], "list network addresses", timeout=30)
-        for line in out.stdout.splitlines():
-            fields = line.split()
-            if len(fields) >= 4 and fields[2] == "inet":
-                addr = fields[3].split("/")[0]
-                if ipaddress.ip_address(addr) in subnet:
-                    return NodeHost(label, addr, fields[1])
-        raise HostError(label, f"no interface with an address in overlay network {inst.overlay_name} ({subnet})")
-
-    outcomes = run_on_hosts(list(range(len(rented))), find, timeout=60, label=session.label_of)
-    return raise_for_errors(outcomes, "overlay address")
 
 
 def _after_failure(client: VastClient, session: HostSession | None, ledger: Ledger, exc: BaseException) -> None:
@@ -298,4 +274,5 @@ def _finish(client: VastClient, options: UpOptions, req: VastRequest, ledger: Le
     summary = dict(result.summary) if result.summary else None
     if summary is not None:
         summary["cost_usd"] = round(cost, 6)
+        summary["cost_split"] = ledger.run_dir.record().get("cost_split")
     return replace(result, summary=summary)

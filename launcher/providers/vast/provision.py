@@ -5,7 +5,6 @@ exactly what this call created."""
 from __future__ import annotations
 
 import logging
-import re
 import shlex
 import socket
 import time
@@ -17,6 +16,7 @@ from launcher.providers.vast.client import VastClient
 from launcher.providers.vast.errors import ProvisionError, VastAuthError, VastError, VastNotFound, VastUnavailable
 from launcher.providers.vast.models import InstanceState, Offer, RentedInstance
 from launcher.providers.vast.offers import OfferError
+from launcher.providers.vast.overlay import create_overlay, network_flag, overlay_name, wait_for_subnet
 from launcher.providers.vast.teardown import cost_so_far, destroy_verified, teardown
 
 __all__ = ["provision", "teardown", "cost_so_far", "tcp_ssh_ready", "RUNTYPE", "ONSTART"]
@@ -86,8 +86,12 @@ def provision(
     overlay: str | None = None
     try:
         _register_account_key(client, ssh_public_key, emit)
+        if nodes > 1:  # Vast's documented order: the overlay first, then the instances created into it
+            overlay = overlay_name(label)
+            create_overlay(client, int(offers[0].cluster_id or 0), overlay, emit)
         starter = _Starter(client, list(offers), image=image, disk=disk, label=label,
-                           public_key=ssh_public_key, env=env or {}, created=created, emit=emit, clock=clock)
+                           public_key=ssh_public_key, env=env or {}, created=created, emit=emit, clock=clock,
+                           network=overlay)
         pending = [starter.start_next(node) for node in range(nodes)]
         ready: dict[int, RentedInstance] = {}
         while len(ready) < nodes:
@@ -104,9 +108,11 @@ def provision(
             if pending:
                 sleep(poll_interval)
         rented = [ready[n] for n in range(nodes)]
-        if nodes > 1:
-            overlay = _overlay_name(label)
-            rented = _join_overlay(client, rented, overlay, emit)
+        if overlay is not None:
+            subnet = wait_for_subnet(client, overlay, clock=clock, sleep=sleep)
+            emit({"event": "vast.overlay_ready", "overlay": overlay, "cluster_id": offers[0].cluster_id,
+                  "subnet": subnet})
+            rented = [replace(inst, overlay_name=overlay, overlay_subnet=subnet) for inst in rented]
         return rented
     except BaseException as exc:
         try:  # even an on_event that raises (a second Ctrl-C) must not skip the cleanup
@@ -122,13 +128,15 @@ class _Starter:
 
     def __init__(self, client: VastClient, offers: list[Offer], *, image: str, disk: float, label: str,
                  public_key: str, env: Mapping[str, str], created: list[int], emit: Event,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], network: str | None = None) -> None:
         self.client, self.offers, self.label = client, offers, label
         self.disk, self.public_key, self.created, self.emit, self.clock = disk, public_key, created, emit, clock
         self.used_machines: set[int] = set()
         self.attached: set[int] = set()
         # Vast.ai reads `env` as docker run options: each value quoted, so spaces or quotes stay in it.
         env_flags = ["-p 22:22"] + [f"-e {shlex.quote(f'{k}={v}')}" for k, v in env.items()]
+        if network is not None:  # created inside the overlay network (multi-node)
+            env_flags.append(network_flag(network))
         self.request = {"client_id": "me", "image": image, "disk": disk, "label": label, "runtype": RUNTYPE,
                         "env": " ".join(env_flags), "onstart": ONSTART, "target_state": "running",
                         "cancel_unavail": True}
@@ -153,7 +161,8 @@ class _Starter:
             self.created.append(iid)
             self.emit({"event": "vast.instance_created", "node": node, "instance_id": iid,
                        "offer_id": offer.id, "machine_id": offer.machine_id,
-                       "dph": offer.hourly_price(self.disk)})
+                       "dph": offer.hourly_price(self.disk), "inet_down_cost": offer.inet_down_cost,
+                       "inet_up_cost": offer.inet_up_cost})
             return _Pending(node, offer, iid, created_at)
 
     def _adopt_orphans(self) -> None:
@@ -198,23 +207,6 @@ def _register_account_key(client: VastClient, public_key: str, emit: Event) -> N
         raise
     except VastError as exc:  # e.g. the key is already on the account; the per-instance attach suffices
         emit({"event": "vast.account_key_not_added", "error": str(exc)})
-
-
-def _overlay_name(label: str) -> str:
-    return (re.sub(r"[^A-Za-z0-9_-]", "-", label) + "-net")[:60]
-
-
-def _join_overlay(client: VastClient, rented: list[RentedInstance], name: str,
-                  emit: Event) -> list[RentedInstance]:
-    """Make an overlay network on the instances' cluster and join them all; record its subnet."""
-    cluster_id = rented[0].offer.cluster_id
-    assert cluster_id is not None  # checked by provision
-    client.create_overlay(cluster_id, name)
-    for inst in rented:
-        client.join_overlay(name, inst.instance_id)
-    subnet = next((o.get("internal_subnet") for o in client.list_overlays() if o.get("name") == name), None)
-    emit({"event": "vast.overlay_ready", "overlay": name, "cluster_id": cluster_id, "subnet": subnet})
-    return [replace(inst, overlay_name=name, overlay_subnet=subnet) for inst in rented]
 
 
 def _destroy_or_raise(client: VastClient, instance_id: int, clock: Callable[[], float],

@@ -21,11 +21,14 @@ class VastRequest:
     max_cost_reserve_s: float = 120.0  # spend kept back for the final stop, pull and teardown
     ready_timeout: float = 900.0
     poll_interval: float = 2.0
+    expected_hours: float | None = None  # how long the run takes: an offer's contract must outlast it
 
     def __post_init__(self) -> None:
         if self.nodes < 1:
             raise SpecError(f"--nodes must be at least 1, not {self.nodes}")
         if self.max_cost is not None and self.max_cost <= 0:
             raise SpecError(f"--max-cost must be a positive number of dollars, not {self.max_cost}")
+        if self.expected_hours is not None and self.expected_hours <= 0:
+            raise SpecError(f"--expected-hours must be a positive number of hours, not {self.expected_hours}")
         if self.ready_timeout <= 0:
             raise SpecError(f"--ready-timeout must be positive, not {self.ready_timeout}")

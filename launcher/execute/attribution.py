@@ -1,0 +1,224 @@
+"""One node's failure facts, read from its workspace: what torchrun and the kernel recorded about how it ended.
+
+torchrun (`--log-dir DIR --redirects 3`) ends a failed node with a ChildFailedError report in its own output
+(torchrun.out): one block per failed worker (`time`, global `rank` and `local_rank`, `exitcode` — negative: the
+signal — `pid`, `error_file`), the earliest under "Root Cause". Its log line `E<MMDD> <HH:MM:SS.ffffff> ...
+failed (exitcode: N) local_rank: L (pid: P) of binary: B` dates that first failure to the millisecond and names
+the program the worker ran. A worker whose entry point uses torch's `@record` also leaves the error file torchrun
+gave it in TORCHELASTIC_ERROR_FILE (`error.json` beside its logs), with its traceback. The detach script records
+torchrun's own exit status in `exit_code` (its modification time: when torchrun ended); 128+N is torchrun itself
+ended by signal N, e.g. its agent SIGKILLed.
+
+Standard library only, and no imports from launcher: this file's source is also run on hosts as a script,
+`PYTHON -c SOURCE WORKSPACE` (launcher.execute.failure_cause), which prints node_report(WORKSPACE) as JSON.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from typing import Any
+
+_FAILURE_BLOCK = re.compile(
+    r"\[\d+\]:\s*\n\s*time\s*:\s*(?P<time>\S+)\s*\n\s*host\s*:\s*(?P<host>.*)\n"
+    r"\s*rank\s*:\s*(?P<rank>-?\d+) \(local_rank: (?P<local_rank>\d+)\)\s*\n"
+    r"\s*exitcode\s*:\s*(?P<exitcode>-?\d+) \(pid: (?P<pid>\d+)\).*\n"
+    r"\s*error_file\s*:\s*(?P<error_file>.*)\n")
+_FIRST_FAILED_LINE = re.compile(
+    r"^E(?P<md>\d{4}) (?P<hms>\d\d:\d\d:\d\d\.\d+) .*failed \(exitcode: (?P<exitcode>-?\d+)\) "
+    r"local_rank: (?P<local_rank>\d+) \(pid: (?P<pid>\d+)\) of binary: (?P<binary>.*)$", re.MULTILINE)
+# How far into a worker's log to look back for what explains its end.
+_LOG_BYTES = 256 * 1024
+EXPLAIN_LINES = 25
+_TORCH_MISSING = "No module named 'torch'"
+# torch's C++ warnings and infos in a log (glog style): `[W1123 03:16:02.552191429 socket.cpp:207] ...`.
+_TORCH_WARNING = re.compile(r"^\[?[WI]\d{4} \d\d:\d\d:\d\d")
+
+
+def _read_tail(path: str, limit: int = _LOG_BYTES) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - limit))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _mtime(path: str) -> float | None:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return None
+
+
+def signal_name(number: int) -> str:
+    """`SIGKILL` for 9; `signal N` for a number this system does not name."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def parse_failures(torchrun_out: str) -> list[dict[str, Any]]:
+    """The worker failures of torchrun's last ChildFailedError report, the root cause first."""
+    start = torchrun_out.rfind("Failures:")
+    if start < 0:
+        return []
+    report = torchrun_out[start:]
+    root_at = report.find("Root Cause")
+    failures = []
+    for found in _FAILURE_BLOCK.finditer(report):
+        exitcode = int(found["exitcode"])
+        error_file = found["error_file"].strip()
+        failures.append({
+            "rank": int(found["rank"]), "local_rank": int(found["local_rank"]), "exitcode": exitcode,
+            "signal": signal_name(-exitcode) if exitcode < 0 else None, "pid": int(found["pid"]),
+            "time": _report_time(found["time"]), "host": found["host"].strip(),
+            "error_file": None if error_file.startswith("<") else error_file,
+            "root_cause": root_at >= 0 and found.start() > root_at,
+        })  # fmt: skip
+    return sorted(failures, key=lambda f: not f["root_cause"])
+
+
+def _report_time(text: str) -> float | None:
+    try:
+        return time.mktime(time.strptime(text, "%Y-%m-%d_%H:%M:%S"))
+    except ValueError:
+        return None
+
+
+def first_failed_line(torchrun_out: str, year: int) -> dict[str, Any] | None:
+    """torchrun's log line about the first worker it saw fail: its time to the millisecond (local time, the year
+    from the report) and the program the worker ran."""
+    every = list(_FIRST_FAILED_LINE.finditer(torchrun_out))
+    if not every:
+        return None
+    found = every[-1]  # the attempt that ended the run
+    whole, fraction = found["hms"].split(".")
+    try:
+        seconds = time.mktime(time.strptime(f"{year}{found['md']} {whole}", "%Y%m%d %H:%M:%S"))
+    except ValueError:
+        return None
+    return {"time": seconds + float("0." + fraction), "local_rank": int(found["local_rank"]),
+            "pid": int(found["pid"]), "binary": found["binary"].strip()}
+
+
+def explaining_lines(text: str, lines: int = EXPLAIN_LINES, errors_only: bool = False) -> list[str]:
+    """What explains a worker's end: its last Python traceback (to the exception line) or fatal-error report
+    (faulthandler's, on SIGSEGV), else its last lines but torch's own warnings (`[W1123 ...] ...`), which
+    explain nothing; with `errors_only` (a worker ended by a signal), only a traceback or fatal-error report."""
+    all_lines = text.splitlines()
+    starts = [i for i, line in enumerate(all_lines)
+              if line.split("]:", 1)[-1].lstrip().startswith(("Traceback (most recent", "Fatal Python error"))]
+    if starts:
+        chosen = all_lines[starts[-1]:]
+        return chosen if len(chosen) <= lines else chosen[:3] + ["  ..."] + chosen[-(lines - 4):]
+    if errors_only:
+        return []
+    return [line for line in all_lines if line.strip() and not _TORCH_WARNING.match(line)][-lines:]
+
+
+def _worker_dir(workspace: str, local_rank: int) -> str | None:
+    def attempt(path: str) -> int:
+        suffix = path.rsplit("attempt_", 1)[-1]
+        return int(suffix) if suffix.isdigit() else -1
+
+    attempts = sorted(glob.glob(os.path.join(workspace, "logs", "*", "attempt_*")), key=attempt)
+    return os.path.join(attempts[-1], str(local_rank)) if attempts else None
+
+
+def _error_file(path: str | None) -> dict[str, Any]:
+    """The traceback and time a worker's @record handler wrote (torch's error.json), if it wrote one."""
+    if not path:
+        return {}
+    try:
+        with open(path) as f:
+            message = json.load(f).get("message", {})
+    except (OSError, ValueError, AttributeError):
+        return {}
+    if not isinstance(message, dict):
+        return {"text": str(message)}
+    extra = message.get("extraInfo", {}) if isinstance(message.get("extraInfo"), dict) else {}
+    stamp = str(extra.get("timestamp", ""))
+    return {"text": str(message.get("message", "")), "callstack": str(extra.get("py_callstack", "")),
+            "time": float(stamp) if stamp.isdigit() else None}
+
+
+def killed_for_memory(pid: int) -> str | None:
+    """How the kernel says it killed `pid` for memory (its log line), or that the cgroup counted an OOM kill."""
+    pattern = re.compile(rf"(Killed process {pid}\b|oom-kill:.*\bpid={pid}\b)")
+    for command in (["dmesg"], ["journalctl", "-k", "-n", "2000", "--no-pager"]):
+        try:
+            out = subprocess.run(command, capture_output=True, text=True, timeout=10, check=False).stdout
+        except (OSError, subprocess.SubprocessError):
+            continue
+        for line in out.splitlines()[::-1]:
+            if pattern.search(line):
+                return line.strip()[-200:]
+    try:
+        with open("/proc/self/cgroup") as f:
+            group = f.read().split("::", 1)[-1].strip()
+        with open(os.path.join("/sys/fs/cgroup", group.lstrip("/"), "memory.events")) as f:
+            counts = dict(line.split() for line in f if line.strip())
+        if int(counts.get("oom_kill", "0")) > 0:
+            return f"this cgroup's memory.events counts {counts['oom_kill']} OOM kill(s)"
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def node_report(workspace: str, exit_code: int | None = None) -> dict[str, Any]:
+    """What ended this node: torchrun's exit status and when, its first failed worker (rank, exit code or
+    signal, time, the program it ran, the lines of its log that explain it), every other failed worker."""
+    workspace = os.path.expanduser(workspace) if workspace.startswith("~") else workspace
+    if not os.path.isabs(workspace):
+        workspace = os.path.join(os.path.expanduser("~"), workspace)
+    report: dict[str, Any] = {"now": time.time(), "exit_code": exit_code, "exit_time": None}
+    try:
+        with open(os.path.join(workspace, "exit_code")) as f:
+            report["exit_code"] = int(f.read().strip())
+        report["exit_time"] = _mtime(os.path.join(workspace, "exit_code"))
+    except (OSError, ValueError):
+        pass
+    torchrun_out = _read_tail(os.path.join(workspace, "torchrun.out"))
+    failures = parse_failures(torchrun_out)
+    report["failures"] = failures
+    if not failures:
+        report["torchrun_tail"] = explaining_lines(torchrun_out, 12)
+        return report
+    first = failures[0]
+    year = time.localtime(first["time"] or time.time()).tm_year
+    line = first_failed_line(torchrun_out, year)
+    if line and line["pid"] == first["pid"]:
+        first["time"], first["binary"] = line["time"], line["binary"]
+    worker = _worker_dir(workspace, first["local_rank"])
+    recorded = _error_file(first["error_file"])
+    if recorded.get("time") and not (line and line["pid"] == first["pid"]):
+        first["time"] = recorded["time"]
+    explain: list[str] = explaining_lines(recorded["callstack"]) if recorded.get("callstack") else []
+    for stream in ("stderr.log", "stdout.log"):
+        if explain or worker is None:
+            break
+        explain = explaining_lines(_read_tail(os.path.join(worker, stream)), errors_only=bool(first["signal"]))
+        if explain:
+            first["log"] = os.path.relpath(os.path.join(worker, stream), workspace)
+    # A worker that raised wrote its traceback before it ended, and torchrun saw the end up to a monitor interval
+    # (and a slow exit) later: when its log was written just before, that time is closer to the failure.
+    written = _mtime(os.path.join(worker, "stderr.log")) if worker else None
+    if written is not None and first["time"] is not None and first["time"] - 2.0 <= written < first["time"]:
+        first["time"] = written
+    first["explain"] = explain
+    if first["signal"] == "SIGKILL":
+        first["oom"] = killed_for_memory(first["pid"])
+    return report
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(json.dumps(node_report(sys.argv[1])))

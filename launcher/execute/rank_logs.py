@@ -1,0 +1,145 @@
+"""`ddpctl logs RUN --rank R [-f]`: one worker's own output (its stdout.log on stdout, its stderr.log on stderr)
+from the newest attempt, read where the run is: on its host (the pulled copy when the host cannot be reached),
+or in a local run's directory; `-f` follows it, across restarts, until the run ends."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+from launcher.errors import DdpctlError
+from launcher.results.rank_layout import rank_layout
+from launcher.results.restarts import attempt_number, newest_attempt_dir
+from launcher.results.run_records import node_logs_dirs
+from launcher.results.rundir import RunDir
+from launcher.runtimes.native import OutputRequest
+
+if TYPE_CHECKING:
+    from launcher.execute.request import UpOptions
+
+FOLLOW_POLL_SECONDS = 1.0
+# Without -f, how much of each file's end is read to find its last lines.
+TAIL_BYTES = 1 << 20
+STREAMS = ("stdout", "stderr")
+
+
+@dataclass
+class Chunk:
+    """New bytes of one of the worker's files: attempt, where they start and end, the text."""
+
+    attempt: int | None
+    start: int
+    end: int
+    text: str
+
+
+# Reads (stream, attempt the offset belongs to, offset, most bytes) -> the new bytes (None: no file yet).
+Reader = Callable[[str, "int | None", int, int], "Chunk | None"]
+
+
+def print_rank_log(run_dir: RunDir, rank: int, lines: int, follow: bool, options: UpOptions) -> None:
+    """Print global rank `rank`'s output (last `lines` of each stream); with `follow`, what it adds until the
+    run ends."""
+    node, local_rank = rank_layout(run_dir).locate(rank)
+    if not run_dir.record().get("nodes"):  # this machine's run
+        from launcher.execute.reattach import _local_run_ended
+
+        logs = run_dir.path / "logs"
+        _print_rank(lambda *a: _read_local(logs, local_rank, *a), lambda: _local_run_ended(run_dir),
+                    rank, lines, follow)
+        return
+    from launcher.execute.on_hosts import node_workspaces, reattach
+    from launcher.runtimes.native import read_state
+
+    pulled = node_logs_dirs(run_dir)[node]
+    try:
+        session = reattach(run_dir, options)
+    except DdpctlError as e:  # e.g. rented machines already given back
+        _print_pulled(pulled, local_rank, rank, lines, str(e))
+        return
+    conn = session.conn(node)
+    try:
+        conn.run(["true"], timeout=30)  # connect now: a host that is gone means the pulled copy
+    except (DdpctlError, OSError) as e:
+        session.close()
+        _print_pulled(pulled, local_rank, rank, lines, f"node {node} cannot be reached: {e}")
+        return
+    workspace = node_workspaces(run_dir)[node]
+    finished = False
+
+    def read(stream: str, attempt: int | None, offset: int, most: int) -> Chunk | None:
+        nonlocal finished
+        state = read_state(conn, workspace, OutputRequest(local_rank, attempt, offset, most, stream))
+        finished = state.finished
+        if state.output_to is None:
+            return None
+        return Chunk(state.attempt, state.output_from or 0, state.output_to, state.output)
+
+    with session:
+        _print_rank(read, lambda: finished, rank, lines, follow)
+
+
+def _print_pulled(pulled: Path, local_rank: int, rank: int, lines: int, why: str) -> None:
+    """The end of a rank's output as pulled to this machine (a run whose hosts are gone cannot be followed)."""
+    print(f"{why}; showing the copy pulled to {pulled}", file=sys.stderr, flush=True)
+    _print_rank(lambda *a: _read_local(pulled, local_rank, *a), lambda: True, rank, lines, False)
+
+
+def _read_local(logs: Path, local_rank: int, stream: str, attempt: int | None, offset: int,
+                most: int) -> Chunk | None:
+    """New bytes of a worker's file in a --log-dir on this machine (a local run's, or a pulled copy)."""
+    newest = newest_attempt_dir(logs)
+    if newest is None:
+        return None
+    number = attempt_number(newest.name)
+    if attempt is not None and attempt != number:  # the rest of the attempt read last, then the new one
+        for old in logs.glob(f"*/attempt_{attempt}"):
+            path = old / str(local_rank) / f"{stream}.log"
+            if path.is_file() and path.stat().st_size > offset:
+                newest, number = old, attempt
+    start = offset if number == attempt else 0
+    try:
+        with open(newest / str(local_rank) / f"{stream}.log", "rb") as f:
+            size = f.seek(0, 2)
+            begin = max(start if start <= size else 0, size - most)
+            f.seek(begin)
+            data = f.read(size - begin)
+    except OSError:
+        return None
+    return Chunk(number, begin, begin + len(data), data.decode(errors="replace"))
+
+
+def _print_rank(read: Reader, ended: Callable[[], bool], rank: int, lines: int, follow: bool) -> None:
+    """The last `lines` of each stream, then (with `follow`) each new piece until `ended` said so before a read."""
+    outputs: dict[str, TextIO] = {"stdout": sys.stdout, "stderr": sys.stderr}
+    where: dict[str, tuple[int | None, int]] = {}
+    for stream in STREAMS:
+        chunk = read(stream, None, 0, TAIL_BYTES)
+        if chunk is not None:
+            text = "".join(chunk.text.splitlines(keepends=True)[-lines:])
+            outputs[stream].write(text)
+            outputs[stream].flush()
+            where[stream] = (chunk.attempt, chunk.end)
+    if not where:
+        waiting = "; waiting for it (Ctrl-C to stop)" if follow else " (the run is starting, or it never started)"
+        print(f"rank {rank} has no output yet{waiting}", file=sys.stderr, flush=True)
+    while follow:
+        done = ended()  # before reading: what it wrote before it ended is still shown
+        for stream in STREAMS:
+            attempt, offset = where.get(stream, (None, 0))
+            chunk = read(stream, attempt, offset, TAIL_BYTES)
+            if chunk is None:
+                continue
+            if stream == "stdout" and stream in where and chunk.attempt != attempt:
+                print(f"--- rank {rank}: torchrun restarted the workers (attempt {chunk.attempt}) ---",
+                      file=sys.stderr, flush=True)
+            outputs[stream].write(chunk.text)
+            outputs[stream].flush()
+            where[stream] = (chunk.attempt, chunk.end)
+        if done:
+            break
+        time.sleep(FOLLOW_POLL_SECONDS)

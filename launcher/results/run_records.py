@@ -1,0 +1,100 @@
+"""After a run (or a pull): its restarts from torchrun's own records, and for a user's script the records our
+trainer writes itself — timing.jsonl and summary.json at the top of the run directory — made from what the
+script's global rank 0 printed (launcher.results.script_progress)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from launcher.results.rank_layout import rank_layout
+from launcher.results.restarts import attempt_number, restarts_in
+from launcher.results.rundir import RunDir, read_json, write_bytes_atomic, write_json_atomic
+from launcher.results.script_progress import ScriptProgress, script_summary
+
+WRITTEN_BY = "ddpctl, from the script's output"
+
+
+def node_logs_dirs(run_dir: RunDir) -> list[Path]:
+    """Each node's torchrun --log-dir as this machine has it: the run directory's logs/ for a local run, the
+    pulled nodes/<k>/logs/ for a run on hosts."""
+    nodes = run_dir.record().get("nodes")
+    if isinstance(nodes, list) and nodes:
+        return [run_dir.path / "nodes" / str(k) / "logs" for k in range(len(nodes))]
+    return [run_dir.path / "logs"]
+
+
+def logged_restarts(run_dir: RunDir) -> dict[int, int]:
+    """The restarts events.jsonl already records: per node, the newest attempt logged."""
+    logged: dict[int, int] = {}
+    for event in run_dir.events():
+        if event.get("event") == "restarted" and isinstance(event.get("node"), int):
+            logged[event["node"]] = max(logged.get(event["node"], 0), int(event.get("attempt") or 0))
+    return logged
+
+
+def record_restarts(run_dir: RunDir, node: int, attempt: int | None, logged: dict[int, int]) -> None:
+    """Log a `restarted` event for each attempt of `node` past those in `logged` (which is updated)."""
+    for number in range(logged.get(node, 0) + 1, (attempt or 0) + 1):
+        run_dir.event("restarted", node=node, attempt=number)
+        logged[node] = number
+
+
+def node_restarts(run_dir: RunDir) -> list[int]:
+    """Per node, how many times its torchrun restarted the workers, from the logs this machine has."""
+    return [restarts_in(d) for d in node_logs_dirs(run_dir)]
+
+
+def finish_records(run_dir: RunDir) -> dict[str, Any] | None:
+    """Record restarts not yet in events.jsonl; for a user's script, write the summary (and timing records
+    when it used the protocol). Returns the summary written, or None."""
+    counts = node_restarts(run_dir)
+    logged = logged_restarts(run_dir)
+    for node, count in enumerate(counts):
+        record_restarts(run_dir, node, count, logged)
+    spec = run_dir.spec()
+    if not spec.user_command:
+        return None
+    summary_path = run_dir.path / "summary.json"
+    existing = read_json(summary_path)
+    if existing is not None and existing.get("written_by") != WRITTEN_BY:
+        return None  # the script wrote its own
+    layout = rank_layout(run_dir)
+    node, local_rank = layout.locate(0)
+    script, timing = ScriptProgress(), []
+    logs = node_logs_dirs(run_dir)[node] if node < len(counts) else run_dir.path / "logs"
+    attempts = sorted((d for d in logs.glob("*/attempt_*") if attempt_number(d.name) is not None),
+                      key=lambda d: attempt_number(d.name) or 0)
+    for attempt_dir in attempts:
+        seen = len(script.timing)
+        try:
+            script.feed((attempt_dir / str(local_rank) / "stdout.log").read_text(errors="replace") + "\n")
+        except OSError:
+            continue
+        timing += [{**r, "world_size": layout.world_size, "restart_count": attempt_number(attempt_dir.name)}
+                   for r in script.timing[seen:]]
+    if timing:
+        text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in timing)
+        write_bytes_atomic(run_dir.path / "timing.jsonl", text.encode())
+    summary = {"written_by": WRITTEN_BY, "command": list(spec.user_command), "model": _script_name(spec.user_command),
+               "dataset": "-", "world_size": layout.world_size, "nnodes": len(layout.node_of_group),
+               "restarts": max(counts, default=0), "wall_seconds": _elapsed(run_dir),
+               **script_summary(timing, script.record)}  # fmt: skip
+    write_json_atomic(summary_path, summary)
+    return summary
+
+
+def _script_name(command: tuple[str, ...] | list[str]) -> str:
+    """The script a command runs (`python train.py 50` -> train.py), for the report's model column."""
+    words = [w for w in command[1:] if not w.startswith("-")] if command and "python" in command[0] else []
+    return Path(words[0] if words else command[0]).name if command else "-"
+
+
+def _elapsed(run_dir: RunDir) -> float | None:
+    """Seconds from torchrun's start to the run's end, as events.jsonl records them."""
+    events = run_dir.events()
+    started = [e["time"] for e in events if e.get("event") == "started" and isinstance(e.get("time"), float)]
+    ended = [e["time"] for e in events if e.get("event") in ("exited", "finished", "stopped")
+             and isinstance(e.get("time"), float)]
+    return round(max(ended) - min(started), 3) if started and ended and max(ended) > min(started) else None

@@ -1,0 +1,92 @@
+"""Fault: a rank hangs (the trainer's test hook `--fault-hang RANK:STEP`: that rank stops responding; its peer
+waits in a collective). `up` names the nodes that stopped moving, with the last thing each logged, without being
+asked; with --stall-timeout it then stops every node and pulls. One run on the SSH test bed, several checks."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.testbed import Testbed, TestHost, cleanup_stale
+from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, run_ddpctl
+
+HANG_FLOOR = 8  # seconds (DDPCTL_HANG_FLOOR): the default 60 s floor would only make the test slower
+STALL_TIMEOUT = 30
+STEPS_PER_EPOCH = 32  # 2048 samples / 2 ranks / 32 per batch
+
+
+@pytest.fixture(scope="module")
+def bed() -> Iterator[Testbed]:
+    if TESTBED_UNAVAILABLE:
+        pytest.skip(TESTBED_SKIP_REASON)
+    cleanup_stale("ddphang")
+    testbed = Testbed("ddphang", n_hosts=2, ports=[22, 2222], host_python=True)
+    try:
+        yield testbed
+    finally:
+        testbed.stop()
+
+
+@pytest.fixture(scope="module")
+def hung_run(bed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """Rank 1 (node 1's only worker) hangs 8 steps into epoch 2, after epoch 1's snapshots were written."""
+    runs = tmp_path_factory.mktemp("hang") / "runs"
+    os.environ["DDPCTL_HANG_FLOOR"] = str(HANG_FLOOR)
+    try:
+        result = run_ddpctl(bed, "up", "--host", bed.hosts[0].spec, "--host", bed.hosts[1].spec, "--gpus", "1",
+                            "--runs-dir", str(runs), "--epochs", "3", "--synthetic-train-size", "2048",
+                            "--synthetic-test-size", "256", "--stall-timeout", str(STALL_TIMEOUT),
+                            "--trainer-arg=--fault-hang", f"--trainer-arg=1:{STEPS_PER_EPOCH + 8}")  # fmt: skip
+    finally:
+        del os.environ["DDPCTL_HANG_FLOOR"]
+    (run,) = [p for p in runs.iterdir() if p.is_dir()]
+    return result, run
+
+
+def events(run: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+
+
+def test_up_names_every_node_that_stopped_moving(hung_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
+    result, run = hung_run
+    told = [line for line in result.stderr.splitlines() if line.startswith("node ") and "no training step" in line]
+    assert [line.split(" (")[0] for line in told] == ["node 0", "node 1"], result.stderr
+    for line in told:  # one line each: how long, and the last thing the node logged
+        assert re.search(r"no training step for \d+ s \(.*\): it may be hung; last logged: \S", line), line
+    hang = next(e for e in events(run) if e["event"] == "hang")
+    assert set(hang["nodes"]) == {"0", "1"}
+    # found within the detection window: its threshold (the floor, or 5 x the slowest interval between two
+    # progress records: a few seconds here), plus a poll or two
+    assert HANG_FLOOR <= hang["threshold"] < STALL_TIMEOUT, hang
+    assert hang["threshold"] <= hang["seconds"] <= hang["threshold"] + 10, hang
+
+
+def test_stall_timeout_still_stops_and_pulls(hung_run: tuple[subprocess.CompletedProcess[str], Path],
+                                             bed: Testbed) -> None:
+    result, run = hung_run
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: --stall-timeout: no training step for {STALL_TIMEOUT} s"), result.stderr
+    kinds = [e["event"] for e in events(run)]
+    assert kinds.index("hang") < kinds.index("stop_requested") < kinds.index("pulled")
+    # epoch 1's snapshot, written before the hang, came back byte for byte from both nodes
+    for k, host in enumerate(bed.hosts):
+        host_snap = Path(host.home, ".ddpctl", "runs", run.name, "out", "snapshots", "snapshot-epoch-000001.pt")
+        pulled = run / "nodes" / str(k) / "out" / "snapshots" / "snapshot-epoch-000001.pt"
+        assert hashlib.sha256(pulled.read_bytes()).hexdigest() == hashlib.sha256(host_snap.read_bytes()).hexdigest()
+    for host in bed.hosts:
+        assert _trainer_processes(host) == "", host.name
+
+
+def _trainer_processes(host: TestHost) -> str:
+    left = host.run_as_user(["pgrep", "-a", "-u", host.user, "-f", "torch.distributed.run|trainer"], check=False)
+    out = left.stdout
+    return (out.decode() if isinstance(out, bytes) else out).strip()
