@@ -3,11 +3,16 @@ writes on its hosts, the checks every fault ends with (nothing lost, nothing lef
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
+import pty
+import select
 import subprocess
 import sys
+import termios
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -39,17 +44,22 @@ class Up:
     """One `ddpctl up --host ... --host ...` as a subprocess, its output in files beside the runs directory."""
 
     def __init__(self, bed: Testbed, hosts: list[TestHost], runs: Path, *args: str, cwd: Path | None = None,
-                 stderr_pipe: bool = False) -> None:
+                 terminal: bool = False) -> None:
+        """`terminal`: in a terminal of its own (a pseudo-terminal, its controlling one), as a user runs it."""
         self.bed, self.hosts, self.runs = bed, hosts, runs
         runs.mkdir(parents=True, exist_ok=True)
         self.out_path, self.err_path = runs.parent / f"{runs.name}.out", runs.parent / f"{runs.name}.err"
         host_args = [a for h in hosts for a in ("--host", h.spec)]
         env = {**os.environ, "DDPCTL_KNOWN_HOSTS": str(bed.known_hosts_path), "PYTHONPATH": str(REPO)}
+        argv = [sys.executable, "-m", "launcher", "up", "-i", bed.client_key_path, *host_args, "--runs-dir",
+                str(runs), *args]
+        self.terminal: Terminal | None = None
+        if terminal:
+            self.terminal = Terminal(self.err_path)
+            self.proc = self.terminal.start(argv, env)
+            return
         with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "launcher", "up", "-i", bed.client_key_path, *host_args,
-                 "--runs-dir", str(runs), *args], env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out,
-                stderr=subprocess.PIPE if stderr_pipe else err)
+            self.proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
 
     @property
     def run(self) -> Path:
@@ -91,6 +101,45 @@ class Up:
         """torchrun's pid on a node."""
         wrapper = self.node_pid(node)
         return int(wait_for("torchrun", lambda: _children(wrapper)))
+
+
+class Terminal:
+    """A pseudo-terminal that a command runs in as its controlling terminal; what it shows is copied to a file.
+    `close()` is the terminal window closing: the kernel hangs up (SIGHUP) and every later write fails."""
+
+    def __init__(self, copy_to: Path) -> None:
+        self.master, self.slave = pty.openpty()
+        self.copy_to = copy_to
+        self.closed = threading.Event()
+        self.reader = threading.Thread(target=self._copy, daemon=True)
+
+    def start(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        def take_terminal() -> None:  # runs in the child after setsid(): the terminal becomes its controlling one
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+        proc = subprocess.Popen(argv, env=env, stdin=self.slave, stdout=self.slave, stderr=self.slave,
+                                start_new_session=True, preexec_fn=take_terminal)
+        os.close(self.slave)
+        self.reader.start()
+        return proc
+
+    def _copy(self) -> None:
+        with open(self.copy_to, "wb") as out:
+            while not self.closed.is_set():
+                if select.select([self.master], [], [], 0.1)[0]:
+                    try:
+                        data = os.read(self.master, 65536)
+                    except OSError:
+                        return
+                    if not data:
+                        return
+                    out.write(data)
+                    out.flush()
+
+    def close(self) -> None:
+        self.closed.set()
+        self.reader.join()
+        os.close(self.master)
 
 
 def _read(path: Path) -> str | None:

@@ -83,13 +83,14 @@ def test_interrupting_up_stops_every_node_and_pulls_what_they_wrote(bed: Testbed
 
 
 def test_terminal_closing_stops_every_node_even_when_nothing_can_be_printed(bed: Testbed, tmp_path: Path) -> None:
-    """The terminal goes away (its reader is gone: every write fails) and SIGHUP comes: the nodes are stopped and
-    pulled all the same, and the outcome is recorded in the run's events."""
-    up = Up(bed, bed.hosts, tmp_path / "runs", *TINY, *LONG, stderr_pipe=True)
+    """`up` in a terminal that is closed mid-run: the kernel's SIGHUP, then every write fails (EIO); the nodes are
+    stopped and pulled all the same, and the outcome is in the run's events."""
+    up = Up(bed, bed.hosts, tmp_path / "runs", *TINY, *LONG, terminal=True)
     before = up.wait_snapshots()
-    assert up.proc.stderr is not None
-    up.proc.stderr.close()  # writes to stderr now fail (EPIPE), as they fail (EIO) on a closed terminal
-    up.proc.send_signal(signal.SIGHUP)
+    assert up.terminal is not None
+    shown = wait_for("the progress display", lambda: "node 1" in up.err_path.read_text(errors="replace"))
+    assert shown
+    up.terminal.close()
     code, _ = up.finish()
     assert code != 0
     assert outcome(up)["stopped"] is True and outcome(up)["pulled"] is True
@@ -249,7 +250,7 @@ def test_two_runs_on_the_same_hosts_at_once_both_complete(bed: Testbed, tmp_path
     first = Up(bed, bed.hosts, tmp_path / "a", *TINY, "--epochs", "2", "--json")
     second = Up(bed, bed.hosts, tmp_path / "b", *TINY, "--epochs", "2", "--json")
     results = [first.finish(), second.finish()]
-    assert [code for code, _ in results] == [0, 0], results
+    assert [code for code, _ in results] == [0, 0], (results, node_outputs(first), node_outputs(second))
     assert first.run.name != second.run.name
     ports = {json.loads((u.run / "plan.json").read_text())["rdzv_port"] for u in (first, second)}
     assert len(ports) == 2, "each run has a rendezvous port of its own"
@@ -257,3 +258,10 @@ def test_two_runs_on_the_same_hosts_at_once_both_complete(bed: Testbed, tmp_path
         assert json.loads(up.out_path.read_text())["summary"]["epochs"] == 2
         assert_nothing_lost(up, {})
     assert_nothing_left_running(bed.hosts)
+
+
+def node_outputs(up: Up) -> dict[str, str]:
+    """The end of each node's torchrun output and the run's plan, to tell why a run failed."""
+    found = {str(p.relative_to(up.runs)): p.read_text(errors="replace")[-3000:]
+             for p in up.runs.glob("*/nodes/*/torchrun.out")}
+    return {**found, "plan": next((p.read_text()[:2000] for p in up.runs.glob("*/plan.json")), "")}
