@@ -37,6 +37,7 @@ POLL_SECONDS = 1.0
 TOP_LEVEL_FILES = ("timing.jsonl", "summary.json", "progress.json")
 CODE_CACHE = ".ddpctl/code"
 PULL_ATTEMPTS = 3
+SHIP_ATTEMPTS = 3
 # The plan a run carried out, in its run directory: what `up --dry-run --json` printed for it.
 PLAN_FILE = "plan.json"
 # What comes back from a node's workspace (gitignore patterns): everything but the shipped code.
@@ -158,6 +159,18 @@ def ship_code(session: HostSession, plan: RunPlan, run_dir: RunDir) -> None:
     cache = f"{CODE_CACHE}/{_cache_key(source)}"
 
     def ship(index: int) -> dict[str, Any]:
+        # Another run shipping the same code to this host's cache at the same moment renames and prunes files
+        # under our copy: once it is done the cache is whole again, so a failed attempt is retried.
+        for attempt in range(SHIP_ATTEMPTS):
+            try:
+                return ship_once(index)
+            except DdpctlError:
+                if attempt == SHIP_ATTEMPTS - 1:
+                    raise
+                time.sleep(1 + attempt)
+        raise AssertionError("unreachable")
+
+    def ship_once(index: int) -> dict[str, Any]:
         conn = session.conn(index)
         stats = ship_tree(conn, source, cache, python=plan.spec.python)
         workspace = plan.nodes[index].workspace

@@ -247,8 +247,11 @@ def test_link_down_and_up_the_run_completes(bed: Testbed, tmp_path: Path) -> Non
 
 
 def test_two_runs_on_the_same_hosts_at_once_both_complete(bed: Testbed, tmp_path: Path) -> None:
+    """Started at the same moment, both ship the same code to the hosts' one cache (each retries a copy the other
+    disturbed) and both train. Each is given its rendezvous port: two probes at the same moment both find the
+    default port free (a known limit, see README "When things go wrong")."""
     first = Up(bed, bed.hosts, tmp_path / "a", *TINY, "--epochs", "2", "--json")
-    second = Up(bed, bed.hosts, tmp_path / "b", *TINY, "--epochs", "2", "--json")
+    second = Up(bed, bed.hosts, tmp_path / "b", *TINY, "--epochs", "2", "--json", "--rdzv-port", "29417")
     results = [first.finish(), second.finish()]
     assert [code for code, _ in results] == [0, 0], (results, node_outputs(first), node_outputs(second))
     assert first.run.name != second.run.name
