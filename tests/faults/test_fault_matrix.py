@@ -180,18 +180,20 @@ def test_agent_killed_fails_the_run_and_leaves_no_worker(bed: Testbed, tmp_path:
 def test_kill_during_a_snapshot_write_resumes_from_a_whole_snapshot(bed: Testbed, tmp_path: Path) -> None:
     """Node 1's worker SIGKILLed while its snapshot file is being written: the half-written file is never used,
     the restarted workers resume from a whole snapshot and the run completes."""
-    up = Up(bed, bed.hosts, tmp_path / "runs", *TINY, "--model", "mnist-cnn", "--epochs", "4", "--max-restarts", "1",
+    # The larger model's snapshot (about 10 MB) takes a few milliseconds to write; the directory is watched
+    # without pause, and eight epochs give seven writes to catch.
+    up = Up(bed, bed.hosts, tmp_path / "runs", *TINY, "--model", "mnist-cnn", "--epochs", "8", "--max-restarts", "1",
             "--json")
     snapshots = up.workspace(1) / "out" / "snapshots"
-    worker = int(wait_for("node 1's worker", lambda: _children(up.agent_pid(1)), timeout=150))
-    seen = wait_for("a snapshot being written on node 1", lambda: [p for p in _listing(snapshots) if ".tmp" in p],
-                    timeout=150, every=0.001)
+    worker = int(wait_for("node 1's worker", lambda: _children(up.agent_pid(1), "trainer"), timeout=150))
+    seen = wait_for("a snapshot being written on node 1", lambda: [p for p in _listing(snapshots) if ".tmp-" in p],
+                    timeout=150, every=0)
     os.kill(worker, signal.SIGKILL)
     code, err = up.finish()
     assert seen, "the worker was killed while a snapshot was being written"
     assert code == 0, err
     summary = json.loads(up.out_path.read_text())["summary"]
-    assert summary["restarts"] == 1 and summary["epochs"] == 4
+    assert summary["restarts"] == 1 and summary["epochs"] == 8
     assert_nothing_lost(up, {})
     assert_nothing_left_running(bed.hosts)
 
@@ -203,8 +205,9 @@ def _listing(path: Path) -> list[str]:
         return []
 
 
-def _children(pid: int) -> int | None:
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+def _children(pid: int, pattern: str) -> int | None:
+    """The child of `pid` whose command line matches `pattern`."""
+    out = subprocess.run(["pgrep", "-P", str(pid), "-f", pattern], capture_output=True, text=True).stdout.split()
     return int(out[0]) if out else None
 
 
