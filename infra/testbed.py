@@ -240,7 +240,11 @@ def _teardown_host(host: dict[str, Any]) -> None:
     pid = read_pid(Path(host["dir"], "sshd.pid"))
     kill_and_wait(pids + ([pid] if pid else []))
     run_cmd("ip", "link", "del", host["veth"])
-    run_cmd("ip", "netns", "del", host["netns"])
+    for _ in range(20):  # under load a delete has been seen to fail once and leave the namespace mounted
+        deleted = run_cmd("ip", "netns", "del", host["netns"]).returncode == 0
+        if deleted or not Path("/run/netns", host["netns"]).exists():
+            break
+        time.sleep(0.5)
     if run_cmd("id", "-u", host["user"]).returncode == 0:
         for _ in range(20):
             proc = run_cmd("userdel", "--remove", host["user"])

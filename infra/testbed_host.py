@@ -46,6 +46,7 @@ class TestHost:
     client_key_path: str
     host_key_types: tuple[str, ...] = ("ed25519",)  # `ssh-keygen -t` names; sshd has a host key of each
     host_key_public: str = ""  # the first type's public key line
+    sftp: bool = True  # False: sshd offers no SFTP subsystem (set_sftp)
 
     @property
     def spec(self) -> str:
@@ -129,6 +130,12 @@ class TestHost:
         self._make_host_key()
         self.start_sshd()
 
+    def set_sftp(self, enabled: bool) -> None:
+        """Give sshd an SFTP subsystem or none (as a host whose sshd_config lacks `Subsystem sftp`), restarting it."""
+        self.stop_sshd()
+        self.sftp = enabled
+        self.start_sshd()
+
     # -- life cycle (used by Testbed) --------------------------------------------------------------------
 
     def _make_host_key(self) -> None:
@@ -184,7 +191,7 @@ AllowTcpForwarding yes
 MaxStartups 64:30:128
 MaxSessions 64
 LogLevel VERBOSE
-Subsystem sftp internal-sftp
+{"Subsystem sftp internal-sftp" if host.sftp else "# no SFTP subsystem (TestHost.sftp is False)"}
 """
 
 

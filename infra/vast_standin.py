@@ -23,6 +23,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from infra import vast_market
 from infra.vast_contract import example, find_operation, validate_request
+from infra.vast_lifecycle import Lifecycle, PlainText
 
 HostFactory = Callable[[int], Any]  # instance id -> object with .address, .port, .user (e.g. Testbed.add_host)
 HostRemover = Callable[[Any], None]  # e.g. Testbed.remove_host
@@ -115,7 +116,7 @@ class VastStandIn:
 
     def __init__(self, *, api_key: str = "test-key", offers: list[dict[str, Any]] | None = None,
                  host_factory: HostFactory = BannerHost, host_remover: HostRemover | None = None,
-                 boot_delay_s: float = 0.3, overlay_subnet: str | None = None) -> None:
+                 boot_delay_s: float = 0.3, overlay_subnet: str | None = None, bind: str = "127.0.0.1") -> None:
         self.api_key = api_key
         self.offers = {o["id"]: o for o in (offers or [])}
         self.host_factory = host_factory
@@ -124,6 +125,8 @@ class VastStandIn:
         self.overlay_subnet = overlay_subnet
         self.faults = Faults()
         self.market = vast_market.Market()  # market behaviours (infra/vast_market.py)
+        self.lifecycle = Lifecycle()  # start delays, pull failures, rate limits, stop/start, scoped keys
+        self.bind = bind
         self.requests: list[dict[str, Any]] = []  # every request: method, path, query, body, problems, status
         self.instances: dict[int, Instance] = {}
         self.account_keys: list[str] = []
@@ -137,7 +140,7 @@ class VastStandIn:
 
     def __enter__(self) -> VastStandIn:
         handler = type("Handler", (_Handler,), {"standin": self})
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server = ThreadingHTTPServer((self.bind, 0), handler)
         self._server.daemon_threads = True
         threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         return self
@@ -155,7 +158,7 @@ class VastStandIn:
     @property
     def url(self) -> str:
         assert self._server is not None
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return f"http://{self.bind}:{self._server.server_address[1]}"
 
     def live_instances(self) -> list[int]:
         """Ids of instances created and not destroyed (what would still be billing)."""
@@ -191,7 +194,15 @@ class VastStandIn:
             record["problems"].append("body is not JSON")
             return 400, example("search_offers.post.400") or {}
         record["body"] = body
-        if headers.get("authorization") != f"Bearer {self.api_key}":
+        limited = self.lifecycle.limited(method, op.template)
+        if limited is not None:
+            return limited
+        scoped = self.lifecycle.scoped(headers.get("authorization"))
+        if scoped is not None:
+            record["scoped_key"] = scoped.name
+            if not self.lifecycle.allows(scoped, op.name, path_id, body):
+                return 403, {"success": False, "error": "forbidden", "msg": "API key lacks permission"}
+        elif headers.get("authorization") != f"Bearer {self.api_key}":
             record["auth_failed"] = True
             if op.name == "search_offers":  # documented: search answers a bad key with 404
                 return 404, example("search_offers.post.404")
@@ -276,6 +287,20 @@ class VastStandIn:
                 overlay["instances"].remove(iid)
         return 200, example("destroy_instance.delete.200")
 
+    def _manage_instance_put(self, iid: int, body: dict[str, Any], _query: Any) -> tuple[int, Any]:
+        inst = self.instances.get(iid)
+        if inst is None or inst.destroyed_at is not None:
+            return 404, {"success": False, "error": "no_such_instance", "msg": "Instance not found"}
+        if "state" in body:
+            self.lifecycle.manage(iid, body["state"], self.requests[-1].get("scoped_key") or "owner")
+        return 200, {"success": True}
+
+    def _create_api_key_post(self, _id: Any, body: dict[str, Any], _query: Any) -> tuple[int, Any]:
+        return self.lifecycle.create_key(body)
+
+    def _delete_api_key_delete(self, key_id: int, _body: Any, _query: Any) -> tuple[int, Any]:
+        return self.lifecycle.delete_key(key_id)
+
     def _attach_ssh_post(self, iid: int, body: dict[str, Any], _query: Any) -> tuple[int, Any]:
         inst = self.instances.get(iid)
         if inst is None or inst.destroyed_at is not None:
@@ -347,6 +372,10 @@ class VastStandIn:
         elif machine not in self.faults.stuck_machines and age >= self.boot_delay_s:
             status, msg = "running", "success, running " + inst.request["image"]
             ports = {"22/tcp": [{"HostIp": "0.0.0.0", "HostPort": str(inst.address[1])}]}
+        decided = self.lifecycle.state(inst, age, self.boot_delay_s) if inst.destroyed_at is None else None
+        if decided is not None:
+            status, msg, ssh_shown = decided  # type: ignore[assignment]
+            ports = {"22/tcp": [{"HostIp": "0.0.0.0", "HostPort": str(inst.address[1])}]} if ssh_shown else {}
         disk = float(inst.request.get("disk", 10))
         obj = example("show_instance.get.200")["instances"]  # type: ignore[index]
         obj.update(
@@ -361,6 +390,7 @@ class VastStandIn:
             dph_total=inst.offer["dph_base"] + inst.offer["storage_cost"] * disk / 720,
             start_date=time.time() - age, uptime_mins=age / 60, ssh_user=inst.user,
         )
+        self.lifecycle.dress(obj, inst.id)
         return obj
 
     def _add_key(self, inst: Instance, key: str) -> None:
@@ -396,9 +426,10 @@ class _Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(length) if length else b""
         headers = {k.lower(): v for k, v in self.headers.items()}
         status, body = self.standin.handle(self.command, self.path, headers, raw)
-        data = json.dumps(body).encode()
+        plain = isinstance(body, PlainText)
+        data = str(body).encode() if plain else json.dumps(body).encode()
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", "text/plain" if plain else "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)

@@ -15,7 +15,7 @@ from launcher.errors import AuthenticationFailed, DdpctlError, HostError, HostsF
 from launcher.spec.hosts import parse_host
 from launcher.transport.known_hosts import KnownHosts, host_key_name
 from launcher.transport.parallel import HostTimeoutError, raise_for_errors, run_on_hosts
-from launcher.transport.ssh import Connection, command_line, resolve_target
+from launcher.transport.ssh import Connection, SSHTarget, command_line, resolve_target
 from tests.testbed_fixtures import bed_known_hosts, connect, run_ddpctl
 
 pytestmark = pytest.mark.testbed  # the `testbed` fixture skips where no bed can run
@@ -311,3 +311,121 @@ def test_stuck_host_times_out_without_blocking():
     assert str(failed.value).splitlines() == ["probe failed on 2 of 4 host(s):",
                                               "  stuck: did not finish within 0.5 s",
                                               "  bad: broken across lines"]
+
+
+def test_proxy_command_from_ssh_config_is_honoured_and_reaped(testbed, tmp_path):
+    """OpenSSH's own `ssh -W %h:%p` through host 0 as the ProxyCommand: the session arrives from host 0, the
+    tokens come from the host as typed (its port overrides the config's), and no proxy outlives the connection."""
+    h0, h1 = testbed.hosts
+    config = tmp_path / "ssh_config"
+    config.write_text(f"""Host viacmd
+    HostName {h1.address}
+    User {h1.user}
+    Port 1
+    IdentityFile {testbed.client_key_path}
+    ProxyCommand ssh -F /dev/null -q -o BatchMode=yes -o StrictHostKeyChecking=yes -o UserKnownHostsFile={testbed.known_hosts_path} -i {testbed.client_key_path} -p {h0.port} -W %h:%p {h0.user}@{h0.address}
+""")  # noqa: E501
+    target = resolve_target(parse_host(f"viacmd:{h1.port}"), ssh_config=config)
+    assert target.proxy_command is not None and target.proxy_command.endswith(
+        f"-W {h1.address}:{h1.port} {h0.user}@{h0.address}")
+    conn = Connection(target, known_hosts=bed_known_hosts(testbed), allow_agent=False, ssh_config=config)
+    hop = f"{h1.address}:{h1.port}".encode()
+    with conn:
+        assert conn.run(["sh", "-c", "echo $SSH_CLIENT"]).stdout.split()[0] == h0.address
+        assert conn.sftp.listdir(".") is not None
+        assert _processes_with_argument(hop)  # the ssh client running as the ProxyCommand
+    assert not _processes_with_argument(hop)  # stopped and reaped when the connection closed
+
+
+def _processes_with_argument(word: bytes) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and word in (entry / "cmdline").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_proxy_command_tokens_and_refusals(tmp_path):
+    from launcher.transport.proxy_command import expand_proxy_command
+
+    assert expand_proxy_command("nc %h %p # %r %n 100%%", hostname="10.0.0.2", port=2222, user="alice",
+                                alias="gpu") == "nc 10.0.0.2 2222 # alice gpu 100%"
+    config = tmp_path / "ssh_config"
+    config.write_text("Host both\n  ProxyJump j\n  ProxyCommand nc %h %p\nHost none\n  ProxyCommand none\n")
+    with pytest.raises(DdpctlError, match="both ProxyJump and ProxyCommand: keep one"):
+        resolve_target(parse_host("both"), ssh_config=config)
+    assert resolve_target(parse_host("none"), ssh_config=config).proxy_command is None
+
+
+def test_passphrase_key_works_through_ssh_agent_and_is_named_without_it(testbed, tmp_path, monkeypatch):
+    """What the refusal advises (`ssh-add KEY`) is what makes the key usable."""
+    host = testbed.hosts[0]
+    key = tmp_path / "id_locked"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "s3cret", "-f", str(key)], check=True)
+    authorized = Path(host.home, ".ssh", "authorized_keys")
+    original = authorized.read_text()
+    authorized.write_text(original + Path(f"{key}.pub").read_text())
+    target = resolve_target(parse_host(host.spec), ssh_config=tmp_path / "none", identity_file=key)
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    try:
+        with pytest.raises(AuthenticationFailed) as failed, Connection(
+                target, known_hosts=bed_known_hosts(testbed), allow_agent=True) as conn:
+            conn.run(["true"])
+        assert f"run `ssh-add {key}`" in str(failed.value) and "passphrase" in str(failed.value)
+        sock = tmp_path / "agent.sock"
+        agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL)
+        try:
+            askpass = tmp_path / "askpass"
+            askpass.write_text("#!/bin/sh\necho s3cret\n")
+            askpass.chmod(0o700)
+            for _ in range(100):
+                if sock.exists():
+                    break
+                time.sleep(0.05)
+            subprocess.run(["ssh-add", str(key)], check=True, stdin=subprocess.DEVNULL, capture_output=True,
+                           env={"SSH_AUTH_SOCK": str(sock), "SSH_ASKPASS": str(askpass),
+                                "SSH_ASKPASS_REQUIRE": "force", "DISPLAY": ":0", "PATH": "/usr/bin:/bin"})
+            monkeypatch.setenv("SSH_AUTH_SOCK", str(sock))
+            with Connection(target, known_hosts=bed_known_hosts(testbed), allow_agent=True) as conn:
+                assert conn.run(["id", "-un"]).stdout.strip() == host.user
+        finally:
+            agent.kill()
+            agent.wait()
+    finally:
+        authorized.write_text(original)
+
+
+def test_host_without_sftp_runs_commands_but_names_sftp(testbed):
+    host = testbed.hosts[1]
+    host.set_sftp(False)
+    try:
+        with connect(testbed, host) as conn:
+            assert conn.run(["true"]).ok
+            with pytest.raises(HostError) as refused:
+                conn.sftp  # noqa: B018
+        assert str(refused.value).startswith(f"{host.spec}: ddpctl copies files over SFTP")
+        assert "Subsystem sftp" in str(refused.value)
+    finally:
+        host.set_sftp(True)
+    with connect(testbed, host) as conn:
+        assert conn.sftp.listdir(".") is not None
+
+
+def test_reattach_takes_proxy_command_from_the_users_config_not_the_run(tmp_path, monkeypatch):
+    from launcher.transport.hostsession import target_from_json, target_to_json
+
+    (tmp_path / ".ssh").mkdir()
+    (tmp_path / ".ssh" / "config").write_text("Host gpu\n  HostName 10.0.0.9\n  ProxyCommand nc %h %p\n")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    target = resolve_target(parse_host("gpu"))
+    assert target.proxy_command == "nc 10.0.0.9 22"
+    recorded = {**target_to_json(target), "proxy_command": "touch /tmp/pwned"}  # a run.json from elsewhere
+    assert target_from_json(recorded).proxy_command == "nc 10.0.0.9 22"
+    assert "proxy_command" not in target_to_json(target)  # run.json never holds a command to run
+    # A host that was reached without one (a rented machine, `vast:ID`) is not given one by a `Host *` line.
+    (tmp_path / ".ssh" / "config").write_text("Host *\n  ProxyCommand nc %h %p\n")
+    direct = SSHTarget(label="vast:123", hostname="10.0.0.7", port=40022, user="root")
+    assert target_from_json(target_to_json(direct)).proxy_command is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 
 import pytest
 
@@ -33,6 +34,7 @@ def standin():
 
 def client(standin: VastStandIn, key: str = KEY, **kw) -> VastClient:
     kw.setdefault("backoff_base", 0.001)
+    kw.setdefault("pace", 0.0)  # Vast's per-endpoint intervals: the pacing tests below
     return VastClient(key, base_url=standin.url, **kw)
 
 
@@ -128,7 +130,8 @@ def test_no_connection_is_one_line_and_retried():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     sleeps: list[float] = []
-    c = VastClient(KEY, base_url=f"http://127.0.0.1:{port}", backoff_base=0.01, max_retries=3, sleep=sleeps.append)
+    c = VastClient(KEY, base_url=f"http://127.0.0.1:{port}", backoff_base=0.01, max_retries=3,
+                   sleep=sleeps.append, pace=0.0)
     with pytest.raises(VastUnavailable) as err:
         c.show_instance(1)
     assert len(sleeps) == 3 and "\n" not in str(err.value)
@@ -180,7 +183,8 @@ def test_a_create_is_retried_only_when_no_connection_was_made():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     sleeps: list[float] = []
-    c = VastClient(KEY, base_url=f"http://127.0.0.1:{port}", backoff_base=0.01, max_retries=2, sleep=sleeps.append)
+    c = VastClient(KEY, base_url=f"http://127.0.0.1:{port}", backoff_base=0.01, max_retries=2,
+                   sleep=sleeps.append, pace=0.0)
     with pytest.raises(VastUnavailable):
         c.create_instance(2, CREATE)
     assert len(sleeps) == 2
@@ -191,7 +195,7 @@ def test_a_create_is_retried_only_when_no_connection_was_made():
         threading.Thread(target=_drop_connections, args=(server,), daemon=True).start()
         sleeps.clear()
         c = VastClient(KEY, base_url=f"http://127.0.0.1:{server.getsockname()[1]}", backoff_base=0.01,
-                       max_retries=2, sleep=sleeps.append)
+                       max_retries=2, sleep=sleeps.append, pace=0.0)
         with pytest.raises(VastUnavailable):
             c.create_instance(2, CREATE)
         assert sleeps == []  # never sent twice
@@ -205,3 +209,46 @@ def _drop_connections(server: socket.socket) -> None:
         except OSError:
             return
         conn.close()
+
+
+def test_requests_to_one_endpoint_keep_vasts_interval_and_others_do_not_wait(standin):
+    standin.lifecycle.switches.rate_limits[("GET", "/api/v1/instances/")] = 0.3  # the spec says 1.0 s
+    c = client(standin, pace=0.3)
+    started = time.monotonic()
+    for _ in range(4):
+        c.list_instances()
+    assert time.monotonic() - started >= 0.85  # three waits of 0.3 s
+    assert standin.lifecycle.rate_limited == [] and c.rate_limited == 0
+    before = time.monotonic()
+    c.show_instance(1)  # another endpoint: no wait
+    assert time.monotonic() - before < 0.25
+
+
+def test_a_plain_text_429_teaches_the_client_the_endpoints_threshold(standin):
+    # Vast's limiter answers in plain text ("API requests too frequent endpoint threshold=X"), no Retry-After
+    standin.lifecycle.switches.rate_limits[("GET", "/api/v1/instances/")] = 0.4
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        time.sleep(seconds)
+
+    c = client(standin, pace=0.0, sleep=sleep)  # knows no interval: learns it from the first 429
+    c.list_instances()
+    c.list_instances()
+    assert c.rate_limited == 1 and sleeps[0] >= 0.4
+    statuses = [r["status"] for r in standin.requests]
+    assert statuses == [200, 429, 200]
+    for _ in range(3):
+        c.list_instances()
+    assert c.rate_limited == 1  # kept to the learned threshold since
+    assert len(standin.lifecycle.rate_limited) == 1
+
+
+def test_a_plain_text_error_body_reaches_the_message(standin):
+    standin.lifecycle.switches.rate_limits[("GET", "/api/v1/instances/")] = 5.0
+    c = client(standin, max_retries=0)
+    c.list_instances()
+    with pytest.raises(VastRateLimited) as err:
+        c.list_instances()
+    assert "threshold=5.0" in str(err.value) and "\n" not in str(err.value)

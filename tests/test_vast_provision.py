@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import shlex
+import subprocess
 from collections import Counter
 
 import pytest
@@ -13,7 +14,7 @@ from launcher.providers.vast.client import VastClient
 from launcher.providers.vast.errors import ProvisionError, VastError
 from launcher.providers.vast.models import Offer, RentedInstance
 from launcher.providers.vast.offers import OfferError, OfferFilter, choose_offers, search_offers
-from launcher.providers.vast.provision import cost_so_far, provision, teardown
+from launcher.providers.vast.provision import ONSTART, cost_so_far, provision, teardown
 
 KEY = "sk-prov-77aa88bb99cc"
 PUB = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJdd ddpctl-test"
@@ -30,7 +31,7 @@ def standin():
 
 
 def _offers(standin: VastStandIn, nodes: int = 1) -> tuple[VastClient, list[Offer]]:
-    client = VastClient(KEY, base_url=standin.url, backoff_base=0.001)
+    client = VastClient(KEY, base_url=standin.url, backoff_base=0.001, pace=0.0)  # paced: test_vast_lifecycle
     return client, choose_offers(search_offers(client, OfferFilter(disk_gb=DISK)), nodes, DISK)
 
 
@@ -44,7 +45,7 @@ def _provision(standin: VastStandIn, nodes: int = 1, events: list | None = None,
 
 
 def _teardown(standin: VastStandIn, rented: list[RentedInstance]) -> None:
-    client = VastClient(KEY, base_url=standin.url, backoff_base=0.001)
+    client = VastClient(KEY, base_url=standin.url, backoff_base=0.001, pace=0.0)
     results = teardown(client, [r.instance_id for r in rented], overlay_name=rented[0].overlay_name,
                        poll_interval=0.05)
     assert all(r.destroyed for r in results), results
@@ -68,7 +69,7 @@ def test_two_nodes_in_one_cluster_with_an_overlay(standin):
         req = standin.instances[r.instance_id].request
         # created into the overlay network (Vast's documented order: the overlay first, `-n NAME` at create)
         assert req["env"] == "-p 22:22 -n run-test-net"
-        assert req["onstart"] == "touch ~/.no_auto_tmux" and req["disk"] == DISK
+        assert req["onstart"] == ONSTART and req["disk"] == DISK
     assert standin.market.order[0] == "overlay run-test-net"
     assert [e["event"] for e in events].count("vast.instance_ready") == 2
     _teardown(standin, rented)
@@ -155,9 +156,17 @@ def test_ctrl_c_twice_still_destroys_everything(standin):
 def test_running_out_of_offers_is_one_line_and_no_machine_is_tried_twice(standin):
     standin.faults.exited_machines.update({101, 102, 103, 104, 105, 106})
     with pytest.raises(ProvisionError) as err:
-        _provision(standin)
+        _provision(standin, max_machine_failures=10)
     assert "\n" not in str(err.value) and "no usable Vast.ai offer" in str(err.value)
     assert set(_machines_created(standin).values()) == {1} and len(standin.instances) == 6
+
+
+def test_machine_failures_stop_after_a_few_machines(standin):
+    standin.faults.exited_machines.update({101, 102, 103, 104, 105, 106})
+    with pytest.raises(ProvisionError) as err:
+        _provision(standin)
+    assert "\n" not in str(err.value) and "3 Vast.ai machines failed" in str(err.value)
+    assert len(standin.instances) == 3  # MAX_MACHINE_FAILURES, each on another machine
 
 
 def test_429s_during_provisioning_are_ridden_out(standin):
@@ -178,7 +187,7 @@ def test_multi_node_refuses_offers_from_different_clusters(standin):
 def test_teardown_waits_until_destroy_is_verified(standin):
     rented = _provision(standin)
     standin.faults.destroy_lag_s = 0.3  # show still answers for a while after destroy
-    client = VastClient(KEY, base_url=standin.url, backoff_base=0.001)
+    client = VastClient(KEY, base_url=standin.url, backoff_base=0.001, pace=0.0)
     [result] = teardown(client, [rented[0].instance_id], poll_interval=0.05)
     assert result.destroyed and client.show_instance(rented[0].instance_id) is None
     [again] = teardown(client, [rented[0].instance_id], poll_interval=0.05)  # already gone counts as gone
@@ -188,7 +197,7 @@ def test_teardown_waits_until_destroy_is_verified(standin):
 def test_teardown_reports_an_instance_that_will_not_go(standin):
     rented = _provision(standin)
     standin.faults.destroy_lag_s = 60
-    client = VastClient(KEY, base_url=standin.url, backoff_base=0.001)
+    client = VastClient(KEY, base_url=standin.url, backoff_base=0.001, pace=0.0)
     [result] = teardown(client, [rented[0].instance_id], poll_interval=0.05, verify_timeout=0.3)
     assert not result.destroyed and "still exists" in result.error and "billing" in result.error
     standin.faults.destroy_lag_s = 0
@@ -215,3 +224,18 @@ def test_the_key_never_appears_in_events_logs_or_errors(standin, caplog, capsys)
     texts += list(capsys.readouterr())
     assert len(events) > 3 and any("retrying" in t for t in texts)
     assert not [t for t in texts if KEY in t]
+
+
+def test_onstart_exports_the_images_env_for_ssh_sessions_and_nothing_secret(tmp_path):
+    # Vast's SSH sessions do not see the image's ENV; onstart (run with it) writes it where PAM reads it.
+    environment = tmp_path / "environment"
+    environment.write_text("LANG=C\nOTHER=kept\n")
+    script = ONSTART.replace("/etc/environment", str(environment))
+    image_env = {"HOME": str(tmp_path), "PATH": "/opt/conda/bin:/usr/bin:/bin", "PYTHONUNBUFFERED": "1",
+                 "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "HF_TOKEN": "hf_secret", "LANG": "C.UTF-8"}
+    for _ in range(2):  # every start rewrites it: nothing doubles
+        subprocess.run(["sh", "-c", script], env=image_env, check=True)
+    lines = environment.read_text().splitlines()
+    assert sorted(lines) == sorted(["OTHER=kept", "LANG=C.UTF-8", "PATH=/opt/conda/bin:/usr/bin:/bin",
+                                    "PYTHONUNBUFFERED=1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"])
+    assert (tmp_path / ".no_auto_tmux").exists() and len(ONSTART) < 4048  # Vast's onstart limit

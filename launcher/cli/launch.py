@@ -185,9 +185,10 @@ def _vast_request(provider: str, values: dict[str, Any]) -> Any:
     """The VastRequest for --provider vast (None for the others)."""
     if provider != "vast":
         return None
-    names = ("gpu_name", "max_price", "min_reliability", "disk", "down", "max_cost", "ready_timeout")
+    names = ("gpu_name", "max_price", "min_reliability", "disk", "down", "max_cost", "ready_timeout", "registry_login")
     options = {name: values[name] for name in names}
-    options.update(nodes=values.get("nodes", 1), max_cost_reserve_s=values["max_cost_reserve"])
+    options.update(nodes=values.get("nodes", 1), max_cost_reserve_s=values["max_cost_reserve"],
+                   autostop_minutes=values.get("autostop"))
     options["expected_hours"] = values.get("expected_hours")
     for name, value in options.items():
         if isinstance(value, float) and not math.isfinite(value):

@@ -105,6 +105,10 @@ VAST_OPTIONS = (
     opt("ready_timeout", float, 900.0, "Vast.ai: seconds for a machine to start.", VAST),
     opt("expected_hours", float, None, "Vast.ai: how long the run takes; rented contracts must outlast it (default "
         "1 hour), with a margin.", VAST, optional=True),
+    opt("registry_login", bool, False, "Vast.ai: pull a private image with the credentials of `docker login` "
+        "(~/.docker/config.json) or $DDPCTL_REGISTRY_LOGIN (USER:TOKEN).", VAST),
+    opt("autostop", float, None, "Vast.ai, --detach: stop (not destroy) the machines this many minutes after "
+        "training ended with no pull (default 30; 0: never).", VAST, optional=True),
 )
 
 # `up` only: one run's experiment (sweep declares the same names as comma lists or preset-defaulted values).

@@ -12,7 +12,7 @@ from pathlib import Path
 from launcher.errors import DdpctlError, SpecError
 from launcher.execute import interruption
 from launcher.execute.live_output import LiveOutput
-from launcher.execute.local_checks import FirstStepWatch, check_local_rendezvous
+from launcher.execute.local_checks import FirstStepWatch, check_cpu_processes, check_local_rendezvous
 from launcher.planning.plan import RunPlan, plan_local
 from launcher.planning.preflight import check_local_disk
 from launcher.results.hang_watch import RunWatch
@@ -21,7 +21,7 @@ from launcher.results.rundir import RunDir, read_json
 from launcher.runtimes.proctree import stop_tree
 from launcher.spec.datasets import check_local_data
 from launcher.spec.run_spec import RunSpec
-from launcher.spec.strategies import check_gpus
+from launcher.spec.strategies import check_gpus, processes_per_node
 from launcher.spec.user_command import node_command
 
 POLL_SECONDS = 0.5
@@ -102,6 +102,7 @@ def check_local_run(spec: RunSpec, run_path: Path | None = None) -> RunPlan:
     if not spec.user_command:
         check_local_data(spec.dataset, spec.data_dir)
     check_local_gpus(spec.nproc_per_node)
+    check_cpu_processes(processes_per_node(spec.strategy, spec.nproc_per_node), local_gpu_count())
     check_gpus(spec.strategy, spec.devices, spec.nproc_per_node, local_gpu_count(), "this machine")
     check_local_rendezvous()
     plan = plan_local(spec, str(run_path or Path(spec.run_id).resolve()), cwd=os.getcwd())

@@ -9,16 +9,44 @@ the workers time out as clients after minutes, and the display would show only "
 
 from __future__ import annotations
 
+import os
 import socket
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from launcher.errors import SpecError
 from launcher.execute.failure_log import without_control_chars
 
+# A CPU-only machine runs at most this many gloo processes per core (each loads torch: ~0.3 GB, a share of the
+# cores); DDPCTL_MAX_CPU_PROCESSES overrides the limit, e.g. to try a large world on a small machine.
+CPU_PROCESSES_PER_CORE = 4
+MAX_CPU_PROCESSES_ENV = "DDPCTL_MAX_CPU_PROCESSES"
 STANDALONE_RDZV_HOST = "localhost"  # torchrun --standalone's rendezvous endpoint is localhost:0
 FIRST_STEP_WAIT_SECONDS = 60.0
 _SHOWN_CHARS = 100
+
+
+def check_cpu_processes(processes: int, gpus: int, cores: int | None = None,
+                        env: Mapping[str, str] | None = None) -> None:
+    """Refuse (SpecError) more training processes than a machine without GPUs can run: CPU_PROCESSES_PER_CORE per
+    core, or DDPCTL_MAX_CPU_PROCESSES. A machine with GPUs is checked against its GPUs instead."""
+    if gpus:
+        return
+    env = os.environ if env is None else env
+    cores = cores or len(os.sched_getaffinity(0))
+    override = env.get(MAX_CPU_PROCESSES_ENV, "")
+    if override and not (override.isdigit() and int(override) > 0):
+        raise SpecError(f"{MAX_CPU_PROCESSES_ENV}={override!r}: give a whole number of processes >= 1")
+    limit = int(override) if override else max(2, cores * CPU_PROCESSES_PER_CORE)
+    if processes <= limit:
+        return
+    if override:
+        raise SpecError(f"--gpus {processes}: {MAX_CPU_PROCESSES_ENV} allows {limit} processes on this machine (no "
+                        f"GPU, {cores} CPU cores); give --gpus {limit} or less, or raise {MAX_CPU_PROCESSES_ENV}")
+    raise SpecError(f"--gpus {processes}: this machine has no GPU and {cores} CPU cores, which run at most {limit} "
+                    f"training processes ({CPU_PROCESSES_PER_CORE} per core); give --gpus {limit} or less, or set "
+                    f"{MAX_CPU_PROCESSES_ENV}=N to allow more")
 
 
 def check_local_rendezvous(host: str = STANDALONE_RDZV_HOST) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -41,11 +42,34 @@ def parse_host(text: str) -> HostSpec:
         raise SpecError(f"--host {text!r} has spaces around it: give it as [user@]host[:port], without spaces")
     m = _HOST_RE.fullmatch(text)
     if not m:
-        raise SpecError(f"--host {text!r} is not of the form [user@]host[:port] or an ssh config alias")
+        raise SpecError(_bare_ipv6_hint(text) or
+                        f"--host {text!r} is not of the form [user@]host[:port] or an ssh config alias")
     port = int(m["port"]) if m["port"] else None
     if port is not None and not 1 <= port <= 65535:
         raise SpecError(f"--host {text!r}: port {port} is out of range 1-65535")
     return HostSpec(text=text, hostname=m["host"].strip("[]"), user=m["user"], port=port)
+
+
+def _bare_ipv6_hint(text: str) -> str | None:
+    """For an IPv6 address typed without brackets (`2001:db8::1:22`): how to write it, with a port or without."""
+    user, at, address = text.rpartition("@")
+    head, _, last = address.rpartition(":")
+    forms = []
+    if _is_ipv6(head) and last.isdigit() and 1 <= int(last) <= 65535:
+        forms.append(f"{user}{at}[{head}]:{last} (port {last})")
+    if _is_ipv6(address):
+        forms.append(f"{user}{at}[{address}]" + (" (no port)" if forms else ""))
+    if not forms:
+        return None
+    return f"--host {text!r} looks like an IPv6 address: put it in brackets, {' or '.join(forms)}"
+
+
+def _is_ipv6(text: str) -> bool:
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def parse_hosts(texts: Iterable[str]) -> tuple[HostSpec, ...]:

@@ -6,7 +6,6 @@ docker) are decided elsewhere. Construction validates, so a RunSpec that exists 
 
 from __future__ import annotations
 
-import math
 import re
 import secrets
 import time
@@ -15,6 +14,7 @@ from typing import Any
 
 from launcher.errors import SpecError
 from launcher.spec import strategies
+from launcher.spec.trainer_bounds import check_trainer_args, check_trainer_value
 
 MODELS = ("mnist-cnn", "mnist-cnn-small", "resnet18")
 DATASETS = ("synthetic", "mnist", "cifar10")
@@ -105,15 +105,15 @@ class RunSpec:
                 raise SpecError(f"unknown model {self.model!r}: choose one of {', '.join(MODELS)}")
             if self.dataset not in DATASETS:
                 raise SpecError(f"unknown data set {self.dataset!r}: choose one of {', '.join(DATASETS)}")
-        _at_least(self.epochs, 1, "--epochs")
-        _at_least(self.batch_size, 1, "--batch-size")
-        _at_least(self.save_every, 1, "--save-every")
+        # The trainer's own bounds (launcher/spec/trainer_bounds.py), so a bad value is refused before torchrun.
+        for option, value in (("--epochs", self.epochs), ("--batch-size", self.batch_size),
+                              ("--save-every", self.save_every), ("--seed", self.seed), ("--lr", self.lr)):
+            check_trainer_value(option, value)
         _at_least(self.max_restarts, 0, "--max-restarts")
         _at_least(self.nproc_per_node, 1, "--gpus")
         _at_least(self.nnodes, 1, "the number of nodes")
-        _at_least(self.seed, 0, "--seed")
-        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
-            raise SpecError(f"--lr must be positive and finite, got {self.lr}")
+        if not self.user_command:
+            check_trainer_args(self.trainer_args)
         if self.backend not in BACKENDS:
             raise SpecError(f"unknown backend {self.backend!r}: choose one of {', '.join(BACKENDS)}")
         check_port(self.rdzv_port)
@@ -121,7 +121,7 @@ class RunSpec:
                                   user_command=bool(self.user_command), nnodes=self.nnodes,
                                   nproc_per_node=self.nproc_per_node)
         if self.threads_per_process is not None:
-            _at_least(self.threads_per_process, 1, "--threads-per-process")
+            check_trainer_value("--threads-per-process", self.threads_per_process)
         if self.precision not in strategies.PRECISIONS:
             raise SpecError(f"--precision {self.precision!r}: choose one of {', '.join(strategies.PRECISIONS)}")
         check_python(self.python)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from launcher.transport.known_hosts import KnownHosts, default_known_hosts_path
 from launcher.transport.parallel import raise_for_errors, run_on_hosts
-from launcher.transport.ssh import Connection, SSHTarget, resolve_target
+from launcher.transport.ssh import Connection, SSHTarget, proxy_command_now, resolve_target
 
 if TYPE_CHECKING:
     from launcher.spec.hosts import HostSpec
@@ -35,12 +35,14 @@ class ConnectOptions(Protocol):
 def target_to_json(target: SSHTarget) -> dict[str, Any]:
     """What run.json keeps of a host: enough to reconnect later (absolute key paths, never key contents)."""
     return {"label": target.label, "hostname": target.hostname, "port": target.port, "user": target.user,
-            "identity_files": [os.path.abspath(p) for p in target.identity_files], "proxy_jump": target.proxy_jump}
+            "identity_files": [os.path.abspath(p) for p in target.identity_files], "proxy_jump": target.proxy_jump,
+            "uses_proxy_command": bool(target.proxy_command)}  # the command itself is read from ssh config again
 
 
 def target_from_json(data: dict[str, Any]) -> SSHTarget:
     return SSHTarget(label=data["label"], hostname=data["hostname"], port=int(data["port"]), user=data["user"],
-                     identity_files=tuple(data.get("identity_files", ())), proxy_jump=data.get("proxy_jump"))
+                     identity_files=tuple(data.get("identity_files", ())), proxy_jump=data.get("proxy_jump"),
+                     proxy_command=proxy_command_now(data["label"]) if data.get("uses_proxy_command") else None)
 
 
 class HostSession:
@@ -77,7 +79,8 @@ class HostSession:
                           connect_timeout=self.options.connect_timeout, ssh_config=self.options.ssh_config)
 
     def connect_all(self) -> None:
-        outcomes = run_on_hosts(list(range(len(self._conns))), lambda i: self._conns[i].transport,
+        # SFTP too: a host whose sshd lacks it is named now, before anything is written for the run.
+        outcomes = run_on_hosts(list(range(len(self._conns))), lambda i: self._conns[i].sftp,
                                 timeout=self.options.connect_timeout * 2 + 10, label=self.label_of)
         raise_for_errors(outcomes, "connect")
 

@@ -27,6 +27,8 @@ import paramiko
 from launcher.errors import AuthenticationFailed, DdpctlError, HostError
 from launcher.spec.hosts import HostSpec, parse_host
 from launcher.transport.known_hosts import ACCEPT_FLAG, KnownHosts, KnownKey, fingerprint, host_key_name
+from launcher.transport.proxy_command import ProxyCommandSocket, RawProxyCommandConfig, expand_proxy_command
+from launcher.transport.ssh_keys import KeyLoad, check_identity_file
 
 DEFAULT_CONNECT_TIMEOUT = 15.0
 KEEPALIVE_S = 15
@@ -46,6 +48,7 @@ class SSHTarget:
     user: str
     identity_files: tuple[str, ...] = ()
     proxy_jump: str | None = None  # OpenSSH ProxyJump text: "[user@]host[:port][,...]"
+    proxy_command: str | None = None  # OpenSSH ProxyCommand from the user's ssh config, tokens expanded
 
     @property
     def key_name(self) -> str:
@@ -54,10 +57,13 @@ class SSHTarget:
 
 
 def resolve_target(host: HostSpec, ssh_config: Path | None = None, identity_file: Path | None = None) -> SSHTarget:
-    """Apply ~/.ssh/config (HostName, User, Port, IdentityFile, ProxyJump) to `host`; explicit values win."""
+    """Apply ~/.ssh/config (HostName, User, Port, IdentityFile, ProxyJump, ProxyCommand) to `host`; explicit
+    values win."""
     path = ssh_config if ssh_config is not None else Path.home() / ".ssh" / "config"
+    if identity_file is not None:
+        check_identity_file(identity_file)
     try:
-        config = paramiko.SSHConfig.from_path(str(path)) if path.is_file() else paramiko.SSHConfig()
+        config = RawProxyCommandConfig.from_path(str(path)) if path.is_file() else paramiko.SSHConfig()
         opts: dict[str, Any] = dict(config.lookup(host.hostname))
     except (OSError, paramiko.SSHException, ValueError) as e:
         raise DdpctlError(f"cannot read ssh config {path}: {e}") from e
@@ -69,14 +75,31 @@ def resolve_target(host: HostSpec, ssh_config: Path | None = None, identity_file
         port = host.port or int(opts.get("port", 22))
     except ValueError as e:
         raise DdpctlError(f"ssh config {path}: Port for {host.hostname!r} is not a number") from e
+    hostname, user = opts.get("hostname", host.hostname), host.user or opts.get("user") or getpass.getuser()
+    jump = None if not jump or jump.lower() == "none" else jump
+    proxy = opts.get("proxycommand")
+    proxy = None if not proxy or proxy.lower() == "none" else proxy
+    if proxy and jump:
+        raise DdpctlError(f"ssh config {path} gives {host.hostname!r} both ProxyJump and ProxyCommand: keep one")
     return SSHTarget(
         label=host.label,
-        hostname=opts.get("hostname", host.hostname),
+        hostname=hostname,
         port=port,
-        user=host.user or opts.get("user") or getpass.getuser(),
+        user=user,
         identity_files=tuple(dict.fromkeys(identities)),
-        proxy_jump=None if not jump or jump.lower() == "none" else jump,
+        proxy_jump=jump,
+        proxy_command=proxy and expand_proxy_command(proxy, hostname=hostname, port=port, user=user,
+                                                     alias=host.hostname),
     )
+
+
+def proxy_command_now(label: str, ssh_config: Path | None = None) -> str | None:
+    """The ProxyCommand the user's ssh config gives the host typed as `label` now (reattach reads it there, never
+    from a run directory: a command is run only from the user's own config)."""
+    try:
+        return resolve_target(parse_host(label), ssh_config).proxy_command
+    except DdpctlError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -143,12 +166,26 @@ class Connection:
 
     @property
     def sftp(self) -> paramiko.SFTPClient:
-        transport = self.transport
+        """The SFTP client (opened once); HostError saying what to do where sshd has no SFTP subsystem."""
+        with self._lock:
+            if self._sftp is not None:
+                return self._sftp
+        chan = self._session()
+        try:
+            chan.invoke_subsystem("sftp")
+            client = paramiko.SFTPClient(chan)
+        except (paramiko.SSHException, EOFError, OSError) as e:
+            chan.close()
+            if not self.transport.is_active():
+                raise HostError(self.label, f"connection lost while starting SFTP: {e}") from e
+            raise HostError(self.label, f"ddpctl copies files over SFTP, and sshd at {self._where()} offers no SFTP "
+                                        "subsystem: enable it in the host's sshd_config (`Subsystem sftp "
+                                        "internal-sftp`) and reload sshd") from e
         with self._lock:
             if self._sftp is None:
-                self._sftp = paramiko.SFTPClient.from_transport(transport)
-                if self._sftp is None:
-                    raise HostError(self.label, "the host refused the SFTP subsystem")
+                self._sftp = client
+            else:
+                client.close()
             return self._sftp
 
     def run(self, argv: Sequence[str], *, timeout: float | None = None, stdin: bytes | None = None,
@@ -227,7 +264,7 @@ class Connection:
 
     def _open(self) -> paramiko.Transport:
         sock = self._socket()
-        transport = paramiko.Transport(sock)
+        transport = paramiko.Transport(sock)  # type: ignore[arg-type]  # a ProxyCommandSocket is socket-like
         try:
             known = self.known_hosts.lookup(self.target.key_name)
             opts = transport.get_security_options()
@@ -240,15 +277,23 @@ class Connection:
             transport.set_keepalive(KEEPALIVE_S)
             return transport
         except BaseException as e:
+            # Whether the ProxyCommand exited by itself, asked before closing the transport stops it.
+            failed = (sock.failure() if isinstance(sock, ProxyCommandSocket) and isinstance(e, Exception)
+                      and not isinstance(e, DdpctlError) else None)
             transport.close()
             if isinstance(e, DdpctlError):
                 raise
+            if failed:
+                raise HostError(self.label, f"{failed} (check the ProxyCommand for this host in your ssh config)") \
+                    from e
             if isinstance(e, (paramiko.SSHException, EOFError, OSError)):
                 raise HostError(self.label, f"SSH handshake with {self._where()} failed: {e}") from e
             raise
 
-    def _socket(self) -> socket.socket | paramiko.Channel:
+    def _socket(self) -> socket.socket | paramiko.Channel | ProxyCommandSocket:
         t = self.target
+        if t.proxy_command:
+            return ProxyCommandSocket(t.proxy_command)
         if t.proxy_jump:
             hops = t.proxy_jump.split(",")
             spec = parse_host(hops[-1])
@@ -305,8 +350,9 @@ class Connection:
                                     f"really dropped that key, {remove} and connect again")
 
     def _authenticate(self, transport: paramiko.Transport) -> None:
-        tried: list[str] = []
-        for path, key in self._keys(tried):
+        loaded = KeyLoad()
+        tried = loaded.tried
+        for path, key in self._keys(loaded):
             try:
                 transport.auth_publickey(self.target.user, key)
             except paramiko.AuthenticationException:
@@ -317,21 +363,13 @@ class Connection:
             if transport.is_authenticated():
                 return
         raise AuthenticationFailed(self.label, f"authentication as {self.target.user!r} at {self._where()} failed; "
-                                               f"keys tried: {', '.join(tried) or 'none'} (give one with "
-                                               "--identity-file, IdentityFile in ~/.ssh/config, or ssh-agent)")
+                                               f"keys tried: {', '.join(tried) or 'none'}; "
+                                               f"{loaded.failure_hint()}")
 
-    def _keys(self, tried: list[str]) -> Any:
+    def _keys(self, loaded: KeyLoad) -> Any:
         """Yield (description, key): identity files (else the default ~/.ssh/id_*), then agent keys."""
         files = list(self.target.identity_files) or [str(Path.home() / ".ssh" / n) for n in _DEFAULT_KEYS]
-        for path in files:
-            if not os.path.exists(path):
-                if self.target.identity_files:
-                    tried.append(f"{path} (not found)")
-                continue
-            try:
-                yield path, paramiko.PKey.from_path(path)
-            except (paramiko.SSHException, OSError, ValueError) as e:
-                tried.append(f"{path} (unreadable: {e})")
+        yield from loaded.files(files, explicit=bool(self.target.identity_files))
         if self.allow_agent:
             for n, key in enumerate(paramiko.Agent().get_keys(), start=1):
                 yield f"agent key {n} ({fingerprint(key)})", key

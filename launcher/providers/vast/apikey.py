@@ -4,11 +4,22 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from launcher.providers.vast.errors import ApiKeyMissing
+from launcher.providers.vast.errors import ApiKeyMissing, VastError, VastNotFound
 from launcher.results.rundir import write_bytes_atomic
 
+if TYPE_CHECKING:
+    from launcher.providers.vast.client import VastClient
+
 KEY_ENV = "VAST_API_KEY"
+
+
+def vast_client() -> VastClient:
+    """An API client with the saved (or $VAST_API_KEY) key."""
+    from launcher.providers.vast.client import VastClient
+
+    return VastClient(load_api_key())
 
 
 def _config_home() -> Path:
@@ -55,3 +66,16 @@ def save_api_key(key: str, path: Path | None = None) -> Path:
     # Created 0600 (never readable by others, not even for an instant); the rename replaces an older key at once.
     write_bytes_atomic(target, (key + "\n").encode(), mode=0o600)
     return target
+
+
+def delete_keys(client: VastClient, key_ids: list[int]) -> list[int]:
+    """Delete the run's autostop keys from the account; returns the ids that could not be deleted."""
+    left = []
+    for key_id in key_ids:
+        try:
+            client.delete_api_key(key_id)
+        except VastNotFound:
+            pass
+        except VastError:
+            left.append(key_id)
+    return left

@@ -56,7 +56,8 @@ def cost_split(instances: Iterable[Mapping[str, Any]], events: Iterable[Mapping[
         hours = max(0.0, end - float(inst.get("created_at") or end)) / 3600.0
         dph = float(inst.get("dph") or 0.0)
         storage_dph = min(dph, float(inst.get("storage_dph") or 0.0))
-        gpu += (dph - storage_dph) * hours
+        stopped = sum(max(0.0, min(end, stop[1] or end) - stop[0]) for stop in inst.get("stops") or []) / 3600.0
+        gpu += (dph - storage_dph) * max(0.0, hours - stopped)  # a stopped machine (autostop) bills storage only
         storage += storage_dph * hours
     bandwidth = bandwidth_usd(instances, events)
     return {"gpu_usd": round(gpu, 6), "storage_usd": round(storage, 6), "bandwidth_usd": round(bandwidth, 6),

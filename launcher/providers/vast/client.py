@@ -9,6 +9,8 @@ import json as jsonlib
 import logging
 import os
 import random
+import re
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -30,6 +32,22 @@ log = logging.getLogger(__name__)
 DEFAULT_URL = "https://console.vast.ai"
 URL_ENV = "DDPCTL_VAST_URL"
 _RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+# Vast refuses a second request to one endpoint sooner than its threshold (seconds, per caller): the
+# `x-rate-limit` values of the official OpenAPI files (infra/vast_api/*.yaml). Endpoints without one get
+# DEFAULT_INTERVAL_S. Keeping to them up front costs seconds; a 429 costs a backoff of seconds too.
+ENDPOINT_INTERVALS_S: dict[tuple[str, str], float] = {
+    ("PUT", "/api/v0/asks/{id}/"): 4.5, ("DELETE", "/api/v0/instances/{id}/"): 3.0,
+    ("GET", "/api/v0/instances/{id}/"): 2.0, ("GET", "/api/v1/instances/"): 1.0,
+    ("PUT", "/api/v0/instances/{id}/"): 1.0, ("POST", "/api/v0/ssh/"): 1.0,
+    ("POST", "/api/v0/auth/apikeys/"): 2.0, ("DELETE", "/api/v0/auth/apikeys/{id}/"): 2.0,
+}
+DEFAULT_INTERVAL_S = 0.5
+_THRESHOLD = re.compile(r"threshold\s*=\s*([0-9]+(?:\.[0-9]+)?)")
+
+
+def endpoint_of(method: str, path: str) -> tuple[str, str]:
+    """The endpoint a request goes to, as Vast's limiter counts it: ids in the path do not matter."""
+    return method, re.sub(r"/\d+(?=/|$)", "/{id}", path)
 
 
 class _Secret:
@@ -68,6 +86,7 @@ class VastClient:
         retry_budget_s: float = 180.0,
         session: requests.Session | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        pace: float = 1.0,
     ) -> None:
         if not api_key or any(c.isspace() for c in api_key):
             raise VastAuthError("the Vast.ai API key is empty or contains whitespace; set it again with "
@@ -81,6 +100,12 @@ class VastClient:
         self.retry_budget_s = retry_budget_s
         self._session = session or requests.Session()
         self._sleep = sleep
+        # `pace` scales every endpoint's minimum interval (0: none; tests run Vast's limits faster)
+        self.pace = pace
+        self._intervals = {ep: s * pace for ep, s in ENDPOINT_INTERVALS_S.items()}
+        self._last_sent: dict[tuple[str, str], float] = {}
+        self._pace_lock = threading.Lock()
+        self.rate_limited = 0  # 429 answers received (each one retried after a pause)
 
     def __repr__(self) -> str:
         return f"VastClient(base_url={self.base_url!r})"
@@ -148,6 +173,23 @@ class VastClient:
         """DELETE /api/v0/instances/{id}/ (raises VastNotFound when it is already gone)."""
         self._request("DELETE", f"/api/v0/instances/{int(instance_id)}/")
 
+    def manage_instance(self, instance_id: int, state: str) -> None:
+        """PUT /api/v0/instances/{id}/: stop ("stopped") or start ("running") an instance."""
+        self._request("PUT", f"/api/v0/instances/{int(instance_id)}/", json={"state": state})
+
+    def create_api_key(self, name: str, permissions: Mapping[str, Any]) -> tuple[int, str]:
+        """POST /api/v0/auth/apikeys/: a new key limited to `permissions`; returns (key id, key)."""
+        body = self._request("POST", "/api/v0/auth/apikeys/", json={"name": name, "permissions": dict(permissions)},
+                             idempotent=False)
+        try:
+            return int(body["id"]), str(body["key"])
+        except (KeyError, TypeError, ValueError):
+            raise VastError("Vast.ai create api-key answered without id and key") from None
+
+    def delete_api_key(self, key_id: int) -> None:
+        """DELETE /api/v0/auth/apikeys/{id}/ (raises VastNotFound when it is already gone)."""
+        self._request("DELETE", f"/api/v0/auth/apikeys/{int(key_id)}/")
+
     def create_overlay(self, cluster_id: int, name: str) -> None:
         """POST /api/v0/overlay/: an overlay network on a physical cluster."""
         self._request("POST", "/api/v0/overlay/", json={"cluster_id": int(cluster_id), "name": name},
@@ -178,33 +220,63 @@ class VastClient:
         """
         deadline = time.monotonic() + self.retry_budget_s
         what = f"Vast.ai {method} {path}"
+        endpoint = endpoint_of(method, path)
         for attempt in range(self.max_retries + 1):
             last_try = attempt == self.max_retries
+            self._keep_pace(endpoint)
             try:
                 resp = self._session.request(
                     method, self.base_url + path, json=json, params=params, timeout=self.timeout,
                     headers={"Authorization": f"Bearer {self._key.reveal()}", "Accept": "application/json"},
                 )
             except requests.RequestException as exc:
+                self._answered(endpoint)
                 surely_unsent = _never_sent(exc)
                 error: VastError = VastUnavailable(f"{what}: no answer from {self.base_url} "
                                                    f"({type(exc).__name__})")
                 if (idempotent or surely_unsent) and not last_try and self._pause(attempt, deadline, error):
                     continue
                 raise error from None  # requests' exception holds the prepared request (headers): drop it
+            self._answered(endpoint)
             status = resp.status_code
             if status < 400:
                 return self._decode(resp, what)
             error = self._error(resp, what)
+            floor = self._learn_threshold(endpoint, resp) if status == 429 else 0.0
             retryable = status == 429 or (idempotent and status in _RETRY_STATUSES)
-            if retryable and not last_try and self._pause(attempt, deadline, error):
+            if retryable and not last_try and self._pause(attempt, deadline, error, floor):
                 continue
             raise error
         raise AssertionError("unreachable")  # the loop returns or raises
 
-    def _pause(self, attempt: int, deadline: float, error: VastError) -> bool:
-        """Sleep before the next try; False when that would pass the retry budget."""
-        delay = min(self.backoff_max, self.backoff_base * 2**attempt) * random.uniform(0.5, 1.0)
+    def _keep_pace(self, endpoint: tuple[str, str]) -> None:
+        """Wait until `endpoint`'s minimum interval since our last request to it has passed."""
+        interval = self._intervals.get(endpoint, DEFAULT_INTERVAL_S * self.pace)
+        with self._pace_lock:
+            last = self._last_sent.get(endpoint)
+            wait = 0.0 if last is None else last + interval - time.monotonic()
+        if wait > 0:
+            self._sleep(wait)
+
+    def _answered(self, endpoint: tuple[str, str]) -> None:
+        """Count the interval from the answer: the server saw the request somewhere before it."""
+        with self._pace_lock:
+            self._last_sent[endpoint] = time.monotonic()
+
+    def _learn_threshold(self, endpoint: tuple[str, str], resp: requests.Response) -> float:
+        """A 429: count it, and when the body (JSON `detail` or plain text) names the endpoint's threshold,
+        keep to it from now on; returns the least pause before the retry."""
+        self.rate_limited += 1
+        found = _THRESHOLD.search(resp.text or "")
+        if not found:
+            return 0.0
+        threshold = float(found.group(1))
+        self._intervals[endpoint] = max(self._intervals.get(endpoint, 0.0), threshold)
+        return threshold
+
+    def _pause(self, attempt: int, deadline: float, error: VastError, floor: float = 0.0) -> bool:
+        """Sleep before the next try (at least `floor` s); False when that would pass the retry budget."""
+        delay = max(floor, min(self.backoff_max, self.backoff_base * 2**attempt) * random.uniform(0.5, 1.0))
         if time.monotonic() + delay > deadline:
             return False
         log.info("%s; retrying in %.2fs", error, delay)
@@ -228,10 +300,10 @@ class VastClient:
         status = resp.status_code
         try:
             body = resp.json()
-        except ValueError:
-            body = {}
+        except ValueError:  # Vast's limiter and proxies answer in plain text at times
+            body = {"detail": resp.text} if resp.text and "<" not in resp.text[:1] else {}
         if not isinstance(body, dict):
-            body = {}
+            body = {"detail": body} if isinstance(body, str) else {}
         code = body.get("error")
         detail = self._clean(body.get("msg") or body.get("detail") or code or resp.reason or "")
         text = f"{what}: HTTP {status}" + (f" {code}" if code else "") + (f": {detail}" if detail else "")

@@ -4,7 +4,9 @@ rented_list.py.
 
 run.json `instances`: one object per instance the run ever created, in creation order: `instance_id`, `node`,
 `dph` ($/hour, disk included), `created_at`, `state` (starting | failed | rented | destroyed | destroy_failed),
-`destroyed_at`, plus RentedInstance.to_json() once it ran. `cost_usd` at the top is the spend so far (final once
+`destroyed_at`, plus RentedInstance.to_json() once it ran; `storage_dph` ($/hour of its disk alone), `stops`
+([[stopped_at, started_at or null], ...]: while stopped only the storage bills) and `autostop_key_id` (the id of
+its stop-only API key, see autostop.py) when they apply. `cost_usd` at the top is the spend so far (final once
 `released_at` is set).
 """
 
@@ -26,7 +28,7 @@ from launcher.results.rundir import RunDir, write_json_atomic
 if TYPE_CHECKING:
     from launcher.providers.vast.client import VastClient
 
-LIVE_STATES = frozenset({"starting", "failed", "rented", "destroy_failed"})  # may be billing
+LIVE_STATES = frozenset({"starting", "failed", "rented", "stopped", "destroy_failed"})  # may be billing
 STATES = LIVE_STATES | {"destroyed"}
 LEDGER_VERSION = 1
 
@@ -83,10 +85,24 @@ def say(text: str, style: str | None = None) -> None:
     console.print(text, style=style, markup=False, highlight=False, soft_wrap=True)
 
 
+def stopped_seconds(inst: dict[str, Any], end: float) -> float:
+    """Seconds the instance spent stopped before `end`."""
+    return sum(max(0.0, min(end, stop[1] or end) - stop[0]) for stop in inst.get("stops") or [] if stop[0] < end)
+
+
 def instance_cost(inst: dict[str, Any], now: float) -> float:
-    """Dollars one recorded instance cost: its hourly price from creation to destruction (or to `now`)."""
+    """Dollars one recorded instance cost: its hourly price from creation to destruction (or to `now`), except
+    while it was stopped, when only its storage bills."""
     end = inst.get("destroyed_at") or now
-    return float(inst.get("dph") or 0.0) * max(0.0, end - float(inst.get("created_at") or end)) / 3600.0
+    total = max(0.0, end - float(inst.get("created_at") or end))
+    stopped = min(total, stopped_seconds(inst, end))
+    storage = float(inst.get("storage_dph") or 0.0)
+    return (float(inst.get("dph") or 0.0) * (total - stopped) + storage * stopped) / 3600.0
+
+
+def hourly(inst: dict[str, Any]) -> float:
+    """What the instance bills per hour now: everything, or only its storage while stopped."""
+    return float(inst.get("storage_dph") or 0.0) if inst.get("state") == "stopped" else float(inst.get("dph") or 0.0)
 
 
 def run_cost(instances: Iterable[dict[str, Any]], now: float | None = None) -> float:
@@ -126,8 +142,8 @@ class Ledger:
         return run_cost(self.instances, self.clock()) + bandwidth_usd(self.instances, self.run_dir.events())
 
     def hourly_rate(self) -> float:
-        """$/hour of everything still rented."""
-        return sum(float(i.get("dph") or 0.0) for i in live(self.instances))
+        """$/hour of everything still rented (a stopped machine: its storage)."""
+        return sum(hourly(i) for i in live(self.instances))
 
     def on_provision_event(self, event: dict[str, Any]) -> None:
         """provision()'s on_event: record each instance id the moment it exists, and what became of it."""
@@ -144,6 +160,7 @@ class Ledger:
                                    "machine_id": event.get("machine_id"), "dph": event.get("dph"),
                                    "inet_down_cost": event.get("inet_down_cost"),
                                    "inet_up_cost": event.get("inet_up_cost"),
+                                   "storage_dph": event.get("storage_dph"),
                                    "created_at": now, "state": "starting", "destroyed_at": None})
         elif kind == "vast.instance_failed":
             self._find(int(str(iid))).update(state="failed")
@@ -198,6 +215,7 @@ def destroy_all(client: VastClient, ledger: Ledger, reason: str) -> float:
         except KeyboardInterrupt:
             interrupted = True
     ledger.record_teardown(results, reason)
+    _delete_autostop_keys(client, ledger)
     cost = ledger.cost()
     write_summary_cost(ledger.run_dir, cost)
     failed = [r for r in results if not r.destroyed]
@@ -208,6 +226,24 @@ def destroy_all(client: VastClient, ledger: Ledger, reason: str) -> float:
     if interrupted:
         raise KeyboardInterrupt
     return cost
+
+
+def _delete_autostop_keys(client: VastClient, ledger: Ledger) -> None:
+    """The destroyed instances' stop-only keys go too (each could only stop its own, now gone, instance)."""
+    from launcher.providers.vast.apikey import delete_keys
+
+    gone = [i for i in ledger.instances if i.get("autostop_key_id") and i["state"] == "destroyed"]
+    if not gone:
+        return
+    left = delete_keys(client, [int(i["autostop_key_id"]) for i in gone])
+    for inst in gone:
+        if inst["autostop_key_id"] not in left:
+            inst.pop("autostop_key_id")
+    ledger.run_dir.event("vast.autostop_keys_deleted", deleted=len(gone) - len(left), left=left)
+    ledger.save()
+    if left:
+        say(f"could not delete the autostop API key(s) {left} (each can only stop an instance that is gone now); "
+            "delete them at https://cloud.vast.ai/manage-keys/", style="yellow")
 
 
 def write_summary_cost(run_dir: RunDir, cost: float) -> None:

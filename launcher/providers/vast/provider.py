@@ -23,11 +23,13 @@ from launcher.errors import AuthenticationFailed, DdpctlError, HostsFailed, Inte
 from launcher.execute.on_hosts import RunStopRequested, pull_run
 from launcher.planning.plan import NodeHost, plan_remote
 from launcher.providers.base import AcquiredHosts
+from launcher.providers.vast.autostop import arm_autostop
 from launcher.providers.vast.ledger import Ledger, destroy_all, live, say, write_summary_cost
 from launcher.providers.vast.market import chosen_summary, find_offers, first_machines, offer_note, pull_reserve_usd
 from launcher.providers.vast.models import Offer, RentedInstance
 from launcher.providers.vast.overlay import overlay_hosts
 from launcher.providers.vast.provision import provision
+from launcher.providers.vast.registry_login import registry_login
 from launcher.providers.vast.release import vast_client
 from launcher.providers.vast.request import VastRequest
 from launcher.providers.vast.sshkey import ensure_vast_ssh_key
@@ -71,6 +73,9 @@ class VastProvider:
         if not options.image:
             raise SpecError("--provider vast needs --image REF: the image Vast.ai starts on each machine (a registry "
                             "reference such as docker.io/you/ddpctl:1, pushed with `ddpctl image push`)")
+        if self.req.autostop_minutes is not None and not options.detach:
+            raise SpecError("--autostop acts on detached runs (--detach): a followed run ends with `up`, or with "
+                            "--down destroys its machines")
         if options.detach and (self.req.down or self.req.max_cost is not None):
             raise SpecError("--down and --max-cost act while `up` follows the run: drop --detach (a detached run's "
                             "machines bill until `ddpctl down`)")
@@ -97,12 +102,13 @@ class VastProvider:
         spec, offers = self._offers(spec)
         client = self._client
         assert client is not None
+        login = registry_login(str(options.image)) if req.registry_login else None  # bad input: before renting
         key_path, public_key = ensure_vast_ssh_key()
         run_dir = RunDir.create(options.runs_dir, spec, {"provider": "vast", "runtime": "native", "instances": [],
                                                          "vast": {"label": spec.run_id, "image": options.image,
                                                                   "disk": req.disk, "max_cost": req.max_cost}})
         ledger = self._ledger = Ledger(run_dir)
-        rented = _provision(client, offers, spec, options, req, ledger, public_key)  # cleans up after itself
+        rented = _provision(client, offers, spec, options, req, ledger, public_key, login)  # cleans up after itself
         try:  # from here on, whatever goes wrong destroys what this `up` rented (or says why it cannot)
             _report_rented(ledger, rented)
             targets = [SSHTarget(label=f"vast:{r.instance_id}", hostname=r.ssh_host, port=r.ssh_port,
@@ -117,6 +123,8 @@ class VastProvider:
     def release(self, result: UpResult) -> UpResult:
         """With --down, destroy the machines (the results are pulled and verified); else say they keep billing."""
         assert self._client is not None and self._ledger is not None
+        if self.options.detach and self._session is not None:
+            arm_autostop(self._client, self._session, self._ledger, self.req.autostop_minutes)
         return _finish(self._client, self.options, self.req, self._ledger, result)
 
     def release_after_failure(self, error: BaseException) -> None:
@@ -145,14 +153,15 @@ def _dry_run(spec: RunSpec, offers: list[Offer], req: VastRequest) -> UpResult:
 
 
 def _provision(client: VastClient, offers: list[Offer], spec: RunSpec, options: UpOptions, req: VastRequest,
-               ledger: Ledger, public_key: str) -> list[RentedInstance]:
+               ledger: Ledger, public_key: str, login: str | None) -> list[RentedInstance]:
     run_dir = ledger.run_dir
     run_dir.event("vast.provisioning", nodes=req.nodes, image=options.image, candidates=[o.id for o in offers[:20]])
     say(f"renting {req.nodes} Vast.ai machine(s) for run {spec.run_id} (image {options.image})")
     try:
         rented = provision(client, offers, nodes=req.nodes, image=str(options.image), disk=req.disk,
                            label=spec.run_id, ssh_public_key=public_key, ready_timeout=req.ready_timeout,
-                           poll_interval=req.poll_interval, on_event=ledger.on_provision_event)
+                           poll_interval=req.poll_interval, on_event=ledger.on_provision_event,
+                           image_login=login)
     except BaseException as exc:
         # provision destroyed what it created (each destruction is in events.jsonl and run.json)
         left = [i["instance_id"] for i in live(ledger.instances)]

@@ -14,9 +14,16 @@ from typing import Any
 
 from launcher.providers.vast.client import VastClient
 from launcher.providers.vast.errors import ProvisionError, VastAuthError, VastError, VastNotFound, VastUnavailable
-from launcher.providers.vast.models import InstanceState, Offer, RentedInstance
+from launcher.providers.vast.models import HOURS_PER_MONTH, InstanceState, Offer, RentedInstance
 from launcher.providers.vast.offers import OfferError
 from launcher.providers.vast.overlay import create_overlay, network_flag, overlay_name, wait_for_subnet
+from launcher.providers.vast.start_failures import (
+    FAILED_STATES,
+    TRANSIENT_STATES,
+    StartFailure,
+    classify_status_msg,
+    image_error_line,
+)
 from launcher.providers.vast.teardown import cost_so_far, destroy_verified, teardown
 
 __all__ = ["provision", "teardown", "cost_so_far", "tcp_ssh_ready", "RUNTYPE", "ONSTART"]
@@ -26,8 +33,21 @@ log = logging.getLogger(__name__)
 # The OpenAPI enum's value for direct SSH (vast-cli sends "ssh_direc ssh_proxy", which the enum lacks).
 RUNTYPE = "ssh_direct"
 # Vast's images attach tmux to every SSH login unless this file exists; our commands need plain sessions.
-ONSTART = "touch ~/.no_auto_tmux"
-_FAILED_STATES = frozenset({"exited", "offline", "unknown"})
+# The image's ENV (PATH to its python, PYTHONUNBUFFERED, LD_LIBRARY_PATH, ...) is not visible in Vast's SSH
+# sessions: the onstart script, which runs with it, writes those variables to /etc/environment, which PAM reads
+# for every SSH session (Vast's own advice). Chosen over an absolute interpreter path: ddpctl cannot know where
+# an image keeps python (/opt/conda/bin, a venv, /usr/bin), and the trainer needs the other variables too. Only
+# these names: the -e values (a user's secrets) stay out of the file. Rewritten, not appended, on every start.
+EXPORTED_ENV = ("PATH|LD_LIBRARY_PATH|PYTHONPATH|PYTHONUNBUFFERED|PYTHONHOME|VIRTUAL_ENV|CONDA_PREFIX|CUDA_HOME|"
+                "CUDA_VERSION|NVIDIA_[A-Z_]*|TORCH_[A-Z_]*|NCCL_[A-Z_]*|LANG|LC_ALL")
+ONSTART = ("touch ~/.no_auto_tmux; { grep -vE '^(" + EXPORTED_ENV + ")=' /etc/environment 2>/dev/null; "
+           "env | grep -E '^(" + EXPORTED_ENV + ")='; } > /etc/environment.ddpctl && "
+           "cat /etc/environment.ddpctl > /etc/environment")
+# A machine that fails to start is replaced by the next offer; after this many such failures in one run the
+# market (or the offers' filters) is the problem, not the machine: stop and say so.
+MAX_MACHINE_FAILURES = 3
+# "unknown" (or no actual_status at all) means the host has not reported lately: wait this long before giving up.
+TRANSIENT_GRACE_S = 180.0
 Event = Callable[[dict[str, Any]], None]
 
 
@@ -49,6 +69,8 @@ class _Pending:
     offer: Offer
     instance_id: int
     created_at: float
+    answered_at: float  # when the create returned: the ready timeout counts from here (creates are paced)
+    unsure_since: float | None = None  # when it was last seen with no state, or "unknown", or not listed
 
 
 def provision(
@@ -67,13 +89,20 @@ def provision(
     env: Mapping[str, str] | None = None,
     clock: Callable[[], float] = time.time,
     sleep: Callable[[float], None] = time.sleep,
+    image_login: str | None = None,
+    max_machine_failures: int = MAX_MACHINE_FAILURES,
+    transient_grace: float = TRANSIENT_GRACE_S,
 ) -> list[RentedInstance]:
     """Rent `nodes` instances from `offers` (tried cheapest first, see offers.choose_offers) running `image`.
 
     Returns them in node order once each runs and answers SSH (as root on Vast). An instance that fails or is not
     ready within `ready_timeout` seconds is destroyed and the next offer tried (never the same machine
-    again). `label` must be unique to this call (e.g. the run id): it tags the instances. On any failure or
-    interrupt every instance this call created is destroyed (verified) before the exception propagates.
+    again). `label` must be unique to this call (e.g. the run id): it tags the instances, and each poll
+    round is one list request filtered by it (Vast limits requests per endpoint). An image that cannot be pulled
+    fails the whole call after the first machine (see start_failures.py); at most `max_machine_failures`
+    machines are replaced. `image_login` (docker login arguments) is sent for a private registry and never
+    logged. On any failure or interrupt every instance this call created is destroyed (verified) before the
+    exception propagates.
     """
     emit = on_event or (lambda _e: None)
     if nodes < 1:
@@ -91,19 +120,30 @@ def provision(
             create_overlay(client, int(offers[0].cluster_id or 0), overlay, emit)
         starter = _Starter(client, list(offers), image=image, disk=disk, label=label,
                            public_key=ssh_public_key, env=env or {}, created=created, emit=emit, clock=clock,
-                           network=overlay)
+                           network=overlay, image_login=image_login, transient_grace=transient_grace)
         pending = [starter.start_next(node) for node in range(nodes)]
         ready: dict[int, RentedInstance] = {}
+        failures = 0
         while len(ready) < nodes:
+            listed = {int(i["id"]): i for i in client.list_instances(label=label)}  # one request per round
+            seen_at = clock()  # judged as of this listing: a replacement's paced create may take seconds
             for slot in list(pending):
-                result = starter.check(slot, ready_timeout, ssh_ready)
+                result = starter.check(slot, listed.get(slot.instance_id), ready_timeout, ssh_ready, seen_at)
                 if isinstance(result, RentedInstance):
                     ready[slot.node] = result
                     pending.remove(slot)
-                elif result is not None:  # failed: destroy, then the next offer
+                elif result is not None:  # failed: destroy, then the next offer (unless the image is at fault)
                     emit({"event": "vast.instance_failed", "node": slot.node, "instance_id": slot.instance_id,
-                          "machine_id": slot.offer.machine_id, "reason": result})
+                          "machine_id": slot.offer.machine_id, "reason": result.reason,
+                          "image_error": result.image})
                     _destroy_or_raise(client, slot.instance_id, clock, sleep)
+                    created.remove(slot.instance_id)
+                    if result.image:
+                        raise ProvisionError(image_error_line(image, result))
+                    failures += 1
+                    if failures >= max_machine_failures:
+                        raise ProvisionError(f"{failures} Vast.ai machines failed to start the image (last: "
+                                             f"{result.reason}); stopped trying: retry later or change the offers")
                     pending[pending.index(slot)] = starter.start_next(slot.node)
             if pending:
                 sleep(poll_interval)
@@ -128,8 +168,9 @@ class _Starter:
 
     def __init__(self, client: VastClient, offers: list[Offer], *, image: str, disk: float, label: str,
                  public_key: str, env: Mapping[str, str], created: list[int], emit: Event,
-                 clock: Callable[[], float], network: str | None = None) -> None:
-        self.client, self.offers, self.label = client, offers, label
+                 clock: Callable[[], float], network: str | None = None, image_login: str | None = None,
+                 transient_grace: float = TRANSIENT_GRACE_S) -> None:
+        self.client, self.offers, self.label, self.transient_grace = client, offers, label, transient_grace
         self.disk, self.public_key, self.created, self.emit, self.clock = disk, public_key, created, emit, clock
         self.used_machines: set[int] = set()
         self.attached: set[int] = set()
@@ -140,6 +181,8 @@ class _Starter:
         self.request = {"client_id": "me", "image": image, "disk": disk, "label": label, "runtype": RUNTYPE,
                         "env": " ".join(env_flags), "onstart": ONSTART, "target_state": "running",
                         "cancel_unavail": True}
+        if image_login:
+            self.request["image_login"] = image_login
 
     def start_next(self, node: int) -> _Pending:
         """Create an instance for `node` from the cheapest offer on a machine not tried yet."""
@@ -162,27 +205,40 @@ class _Starter:
             self.emit({"event": "vast.instance_created", "node": node, "instance_id": iid,
                        "offer_id": offer.id, "machine_id": offer.machine_id,
                        "dph": offer.hourly_price(self.disk), "inet_down_cost": offer.inet_down_cost,
-                       "inet_up_cost": offer.inet_up_cost})
-            return _Pending(node, offer, iid, created_at)
+                       "inet_up_cost": offer.inet_up_cost,
+                       "storage_dph": offer.storage_cost * self.disk / HOURS_PER_MONTH})
+            return _Pending(node, offer, iid, created_at, self.clock())
 
     def _adopt_orphans(self) -> None:
         for inst in self.client.list_instances(label=self.label):
             if int(inst["id"]) not in self.created:
                 self.created.append(int(inst["id"]))
 
-    def check(self, slot: _Pending, ready_timeout: float,
-              ssh_ready: Callable[[str, int], bool]) -> RentedInstance | str | None:
-        """The ready instance, a reason it failed, or None while it is still starting."""
-        obj = self.client.show_instance(slot.instance_id)
-        if obj is None:
-            return "the instance disappeared"
-        state = InstanceState.from_json(obj)
-        if "OCI runtime" in state.status_msg:
-            return f"container failed to start: {state.status_msg[:200]}"
-        if state.actual_status in _FAILED_STATES:
-            return f"actual_status {state.actual_status}"
-        if state.intended_status in {"stopped"} | _FAILED_STATES:
-            return f"intended_status {state.intended_status}"
+    def check(self, slot: _Pending, obj: dict[str, Any] | None, ready_timeout: float,
+              ssh_ready: Callable[[str, int], bool], seen_at: float) -> RentedInstance | StartFailure | None:
+        """The ready instance, why it failed, or None while it is still starting. `obj` is the instance as this
+        round's list request showed it at `seen_at` (None: not listed)."""
+        now = seen_at
+        if slot.answered_at > seen_at:  # created after this listing: judged next round
+            return None
+        state = InstanceState.from_json(obj) if obj is not None else None
+        if state is None or state.actual_status in TRANSIENT_STATES:
+            # not listed yet, or no state: the list lags behind a create, hosts go quiet for a while
+            slot.unsure_since = slot.unsure_since or now
+            if now - slot.unsure_since > self.transient_grace:
+                return StartFailure("the instance disappeared" if state is None else
+                                    f"actual_status {state.actual_status} for {self.transient_grace:.0f}s")
+        else:
+            slot.unsure_since = None
+        if state is None:
+            return self._timed_out(slot, None, ready_timeout, now)
+        failure = classify_status_msg(state.status_msg)
+        if failure is not None:
+            return failure
+        if state.actual_status in FAILED_STATES:
+            return StartFailure(f"actual_status {state.actual_status}")
+        if state.intended_status in {"stopped"} | FAILED_STATES:
+            return StartFailure(f"intended_status {state.intended_status}")
         if state.running and state.ssh_address is not None:
             if slot.instance_id not in self.attached:
                 # account keys may reach only instances created after them: attach to this one too
@@ -195,8 +251,12 @@ class _Starter:
                            "ssh_host": host, "ssh_port": port})
                 return RentedInstance(slot.instance_id, slot.offer, host, port, state.ssh_user, state.public_ipaddr,
                                       dph, slot.created_at)
-        if self.clock() - slot.created_at > ready_timeout:
-            return f"not running and answering SSH after {ready_timeout:.0f}s (status {state.actual_status})"
+        return self._timed_out(slot, state.actual_status, ready_timeout, now)
+
+    def _timed_out(self, slot: _Pending, status: str | None, ready_timeout: float,
+                   now: float) -> StartFailure | None:
+        if now - slot.answered_at > ready_timeout:
+            return StartFailure(f"not running and answering SSH after {ready_timeout:.0f}s (status {status})")
         return None
 
 

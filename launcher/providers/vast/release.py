@@ -3,25 +3,19 @@ run (down: stop its nodes, pull and verify what they wrote, then destroy its mac
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from launcher.errors import DdpctlError
 from launcher.execute.reattach import host_status_rows, print_host_log, pull_hosts, stop_and_pull_hosts
-from launcher.providers.vast.ledger import Ledger, destroy_all, live, say
+from launcher.providers.vast.apikey import vast_client
+from launcher.providers.vast.autostop import mark_pulled_command, stopped_at_command
+from launcher.providers.vast.ledger import Ledger, destroy_all, hourly, live, say
 from launcher.providers.vast.rented_list import is_released, offline_rows
 from launcher.results.rundir import RunDir
 
 if TYPE_CHECKING:
     from launcher.execute.request import UpOptions
-    from launcher.providers.vast.client import VastClient
-
-
-def vast_client() -> VastClient:
-    """An API client with the saved (or $VAST_API_KEY) key."""
-    from launcher.providers.vast.apikey import load_api_key
-    from launcher.providers.vast.client import VastClient
-
-    return VastClient(load_api_key())
 
 
 class RentedRun:
@@ -32,7 +26,8 @@ class RentedRun:
         destroyed machine's address may be someone else's now)."""
         record = run_dir.record()
         if record.get("hosts") and not is_released(record):
-            return host_status_rows(run_dir, options)
+            stopped = _stopped_rows(run_dir)
+            return stopped if stopped is not None else host_status_rows(run_dir, options)
         return offline_rows(run_dir)
 
     def print_log(self, run_dir: RunDir, node: int, lines: int, follow: bool, options: UpOptions) -> None:
@@ -43,8 +38,15 @@ class RentedRun:
         print_host_log(run_dir, node, lines, follow, options)
 
     def pull(self, run_dir: RunDir, options: UpOptions) -> list[dict[str, Any]]:
-        """Every node's outputs, fetched and verified (refused once the machines are destroyed)."""
-        return pull_hosts(run_dir, options)
+        """Every node's outputs, fetched and verified (refused once the machines are destroyed); stopped machines
+        are started first, and each node's autostop counts its idle time from this pull."""
+        problem = _start_stopped(run_dir, options)
+        if problem:
+            raise DdpctlError(f"cannot pull run {run_dir.run_id}: {problem}")
+        pulled = pull_hosts(run_dir, options)
+        _on_nodes(run_dir, options, mark_pulled_command)
+        _rearm(run_dir, options)
+        return pulled
 
     def down(self, run_dir: RunDir, options: UpOptions, force: bool) -> str:
         """Pull and verify, then destroy the machines (kept when unverified, unless `force`)."""
@@ -61,7 +63,8 @@ def release_run(run_dir: RunDir, options: UpOptions, force: bool = False) -> str
         return f"run {run_dir.run_id} holds no rented machine any more (cost ${ledger.cost():.4f})"
     problem = None
     if run_dir.record().get("nodes"):
-        problem = _stop_and_pull(run_dir, options)
+        problem = _start_stopped(run_dir, options, ledger) or _stop_and_pull(run_dir, options)
+        ledger = Ledger(run_dir)  # the start may have updated it
     if problem and not force:
         raise DdpctlError(f"the results of run {run_dir.run_id} could not be pulled and verified ({problem}); "
                           f"its {len(live(ledger.instances))} machine(s) are kept and keep billing: fix that and run "
@@ -72,6 +75,83 @@ def release_run(run_dir: RunDir, options: UpOptions, force: bool = False) -> str
     with vast_client() as client:
         cost = destroy_all(client, ledger, "down --force" if problem else "down")
     return f"run {run_dir.run_id}: machines destroyed (verified); it cost ${cost:.4f}; results in {run_dir.path}"
+
+
+def _stopped_rows(run_dir: RunDir) -> list[dict[str, Any]] | None:
+    """Status rows from the API when any machine of the run is stopped (SSH cannot reach it), else None."""
+    from launcher.providers.vast.machine_states import refresh
+
+    ledger = Ledger(run_dir)
+    try:
+        with vast_client() as client:
+            refresh(client, ledger)
+    except DdpctlError:
+        return None  # no key or no API: ask the machines themselves
+    if not any(i["state"] == "stopped" for i in ledger.instances):
+        return None
+    rows = []
+    for inst in sorted(live(ledger.instances), key=lambda i: i.get("node") or 0):
+        state = (f"machine stopped (storage ${hourly(inst):.4f}/hour)" if inst["state"] == "stopped"
+                 else f"machine {inst['state']}")
+        rows.append({"node": inst.get("node"), "host": f"vast:{inst['instance_id']}", "state": state,
+                     "exit_code": None, "epoch": None, "epochs": None, "dph": hourly(inst)})
+    return rows
+
+
+def _start_stopped(run_dir: RunDir, options: UpOptions, ledger: Ledger | None = None) -> str | None:
+    """Start the run's stopped machines (autostop) and record when each stopped; None when all run, else why not."""
+    from launcher.providers.vast.machine_states import exact_stop_times, start_stopped
+
+    ledger = ledger or Ledger(run_dir)
+    if not live(ledger.instances):
+        return None
+    with vast_client() as client:
+        try:
+            started = start_stopped(client, ledger)
+        except DdpctlError as exc:
+            return str(exc).splitlines()[0]
+    if started:
+        say(f"started the {len(started)} stopped machine(s) of run {run_dir.run_id} again (autostop had stopped "
+            "them)")
+        exact_stop_times(ledger, _on_nodes(run_dir, options, stopped_at_command))
+    return None
+
+
+def _rearm(run_dir: RunDir, options: UpOptions) -> None:
+    """After `pull` started stopped machines, their watchdogs (gone with the stop) watch again."""
+    from launcher.execute.on_hosts import reattach
+    from launcher.providers.vast.autostop import start_watchdogs
+
+    if not run_dir.record().get("autostop"):
+        return
+    states = _on_nodes(run_dir, options, stopped_at_command)
+    again = sorted(node for node, text in states.items() if '"stopped"' in text)
+    if not again:
+        return
+    try:
+        with reattach(run_dir, options) as session:
+            start_watchdogs(session, run_dir, again)
+    except DdpctlError as exc:
+        say(f"autostop could not be started again ({str(exc).splitlines()[0]}): the machines bill in full "
+            f"until `ddpctl down {run_dir.run_id}`", style="bold yellow")
+        return
+    run_dir.event("vast.autostop_armed", nodes=again, again=True)
+    say(f"autostop watches node(s) {again} again")
+
+
+def _on_nodes(run_dir: RunDir, options: UpOptions, command: Callable[[str], list[str]]) -> dict[int, str]:
+    """Run a small command on every node (in its workspace); each node's output, empty where it failed."""
+    from launcher.execute.on_hosts import node_workspaces, reattach
+
+    outputs: dict[int, str] = {}
+    with reattach(run_dir, options) as session:
+        for index, workspace in enumerate(node_workspaces(run_dir)):
+            try:
+                result = session.conn(index).run(command(workspace), timeout=30)
+            except DdpctlError:
+                continue
+            outputs[index] = result.stdout if result.exit_code == 0 else ""
+    return outputs
 
 
 def _stop_and_pull(run_dir: RunDir, options: UpOptions) -> str | None:

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launcher.providers.vast.ledger import instance_cost, live, say
+from launcher.providers.vast.ledger import hourly, instance_cost, live, say
 from launcher.results.progress import console
 from launcher.results.rundir import RUN_FILE, RunDir
 
@@ -44,13 +44,42 @@ def rented_rows(runs_dir: Path, now: float | None = None) -> list[dict[str, Any]
         for inst in live(record.get("instances") or []):
             rows.append({"run": path.parent.name, "instance_id": inst["instance_id"], "state": inst["state"],
                          "gpu_name": inst.get("gpu_name"), "ssh": f"{inst.get('ssh_host')}:{inst.get('ssh_port')}",
-                         "dph": inst.get("dph"), "hours": (now - float(inst["created_at"])) / 3600,
+                         "dph": hourly(inst), "storage_dph": inst.get("storage_dph"),
+                         "hours": (now - float(inst["created_at"])) / 3600,
                          "cost_usd": round(instance_cost(inst, now), 6)})
     return rows
 
 
+def _refresh_states(runs_dir: Path) -> None:
+    """Ask the API which machines of each run are stopped (one list request per run); as recorded without a key."""
+    from launcher.errors import DdpctlError
+    from launcher.providers.vast.apikey import vast_client
+    from launcher.providers.vast.ledger import Ledger
+    from launcher.providers.vast.machine_states import refresh
+
+    runs = [p.parent for p in sorted(runs_dir.glob(f"*/{RUN_FILE}"))]
+    ledgers = []
+    for path in runs:
+        try:
+            ledger = Ledger(RunDir.open(path))
+        except DdpctlError:
+            continue
+        if live(ledger.instances):
+            ledgers.append(ledger)
+    if not ledgers:
+        return
+    try:
+        with vast_client() as client:
+            for ledger in ledgers:
+                refresh(client, ledger)
+    except DdpctlError as exc:
+        say(f"as recorded (the Vast.ai API could not be asked: {str(exc).splitlines()[0]})", style="yellow")
+
+
 def print_rented(runs_dir: Path, json_out: bool) -> None:
-    """`ddpctl status --rented`: the machines local runs still rent (they keep billing until `ddpctl down`)."""
+    """`ddpctl status --rented`: the machines local runs still rent (they keep billing until `ddpctl down`); their
+    states (running or stopped) are asked of the API first when a key is at hand."""
+    _refresh_states(runs_dir)
     rows = rented_rows(runs_dir)
     if json_out:
         print(json.dumps({"rented": rows}, indent=2))
@@ -60,7 +89,7 @@ def print_rented(runs_dir: Path, json_out: bool) -> None:
         return
     from rich.table import Table
 
-    table = Table(title="still rented: billing until `ddpctl down RUN`")
+    table = Table(title="still rented: billing until `ddpctl down RUN` (stopped: storage only)")
     for column in ("run", "instance", "state", "GPU", "ssh", "$/hour", "hours", "cost so far"):
         table.add_column(column)
     for r in rows:

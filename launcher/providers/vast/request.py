@@ -22,6 +22,8 @@ class VastRequest:
     ready_timeout: float = 900.0
     poll_interval: float = 2.0
     expected_hours: float | None = None  # how long the run takes: an offer's contract must outlast it
+    registry_login: bool = False  # send image_login (see registry_login.py) for a private image
+    autostop_minutes: float | None = None  # detached runs: stop the machines this long after training ends
 
     def __post_init__(self) -> None:
         if self.nodes < 1:
@@ -30,5 +32,7 @@ class VastRequest:
             raise SpecError(f"--max-cost must be a positive number of dollars, not {self.max_cost}")
         if self.expected_hours is not None and self.expected_hours <= 0:
             raise SpecError(f"--expected-hours must be a positive number of hours, not {self.expected_hours}")
+        if self.autostop_minutes is not None and self.autostop_minutes < 0:
+            raise SpecError(f"--autostop must be minutes >= 0 (0: off), not {self.autostop_minutes}")
         if self.ready_timeout <= 0:
             raise SpecError(f"--ready-timeout must be positive, not {self.ready_timeout}")

@@ -1,0 +1,175 @@
+"""The stand-in's machine lives, as Vast.ai behaves (each behaviour a switch a test turns on; all off by default):
+instances that take time to start (`actual_status` null, then "loading"), image pulls that fail with Docker's
+real messages, a per-endpoint minimum-interval rate limiter answering 429 in plain text, SSH through a proxy
+host other than the direct address, instances that stop (billing storage only) and start again, and scoped API
+keys (create/delete api-key, permissions with `constraints`). Called by infra/vast_standin.py. Not shipped."""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+# Docker's own errors as Vast shows them in status_msg (the daemon's text after "Error response from daemon").
+MANIFEST_UNKNOWN = ("Error response from daemon: manifest for {image} not found: manifest unknown: "
+                    "manifest unknown")
+PULL_ACCESS_DENIED = ("Error response from daemon: pull access denied for {image}, repository does not exist "
+                      "or may require 'docker login': denied: requested access to the resource is denied")
+DISK_FULL = ("failed to register layer: write /var/lib/docker/overlay2/l/x/usr/lib/libcudnn.so.9: "
+             "no space left on device")
+RATE_LIMITED = "API requests too frequent endpoint threshold={threshold}"
+
+
+class PlainText(str):
+    """A response body sent as text/plain, not JSON (Vast's limiter answers so)."""
+
+
+@dataclass
+class Switches:
+    """What the lifecycle does; tests flip these while the stand-in runs."""
+
+    null_status_s: float = 0.0  # after create, actual_status is null this long, then "loading"
+    missing_images: set[str] = field(default_factory=set)  # pulls fail "manifest unknown"
+    private_images: dict[str, str] = field(default_factory=dict)  # image -> image_login that pulls it
+    disk_full_machines: set[int] = field(default_factory=set)  # pulls there fail "no space left on device"
+    unknown_machines: dict[int, float] = field(default_factory=dict)  # machine -> seconds "unknown" after boot
+    rate_limits: dict[tuple[str, str], float] = field(default_factory=dict)  # (method, template) -> seconds
+    proxy_host: str | None = None  # show ssh_host as this proxy (the direct address stays public_ipaddr)
+    manage_permission: str = "api.instance.manage"  # the permission name scoped keys need for manage instance
+
+
+@dataclass
+class ScopedKey:
+    id: int
+    key: str
+    name: str
+    permissions: dict[str, Any]
+    deleted: bool = False
+
+
+class Lifecycle:
+    """State the lifecycle keeps beside the stand-in's instances: stops, keys, the limiter's clock."""
+
+    def __init__(self) -> None:
+        self.switches = Switches()
+        self.keys: dict[int, ScopedKey] = {}
+        self.rate_limited: list[tuple[str, str]] = []  # every 429 the limiter sent
+        self.stops: dict[int, list[list[float | None]]] = {}  # instance id -> [[stopped_at, started_at|None]]
+        self.started: dict[int, float] = {}  # instance id -> when it was last started again
+        self.manage_calls: list[tuple[int, str, str]] = []  # (instance id, state, "owner" | key name)
+        self._last: dict[tuple[str, str], float] = {}
+        self._ids = itertools.count(301)
+        self._lock = threading.Lock()
+
+    # -- rate limiter --------------------------------------------------------------------------------------
+
+    def limited(self, method: str, template: str) -> tuple[int, Any] | None:
+        """A plain-text 429 when this endpoint was called sooner than its threshold (per caller: we have one)."""
+        threshold = self.switches.rate_limits.get((method, template))
+        if threshold is None:
+            return None
+        with self._lock:
+            now = time.monotonic()
+            last = self._last.get((method, template))
+            if last is not None and now - last < threshold:
+                self.rate_limited.append((method, template))
+                return 429, PlainText(RATE_LIMITED.format(threshold=threshold))
+            self._last[(method, template)] = now
+        return None
+
+    # -- scoped keys ---------------------------------------------------------------------------------------
+
+    def create_key(self, body: dict[str, Any]) -> tuple[int, Any]:
+        perms = body.get("permissions")
+        if not isinstance(perms, dict) or not isinstance(perms.get("api"), dict):
+            return 400, {"success": False, "error": "invalid_permissions", "msg": "Invalid permission format"}
+        key = ScopedKey(next(self._ids), "vsk-" + secrets.token_hex(16), str(body.get("name") or ""), perms)
+        self.keys[key.id] = key
+        return 200, {"id": key.id, "key": key.key, "permissions": perms}
+
+    def delete_key(self, key_id: int) -> tuple[int, Any]:
+        key = self.keys.get(key_id)
+        if key is None or key.deleted:
+            return 404, {"success": False, "error": "not_found", "msg": "API key not found"}
+        key.deleted = True
+        return 200, "Successfully Deleted API Key"
+
+    def scoped(self, bearer: str | None) -> ScopedKey | None:
+        """The live scoped key this Authorization header carries, if any."""
+        token = (bearer or "").removeprefix("Bearer ")
+        return next((k for k in self.keys.values() if k.key == token and not k.deleted), None)
+
+    def allows(self, key: ScopedKey, op_name: str, path_id: str | None, body: Any) -> bool:
+        """Whether the key's permissions let it do this: only manage instance is modelled for scoped keys, as
+        {"api": {"instance_write": {"api.instance.manage": {"constraints": {param: {eq|lte|gte: v}}}}}}."""
+        if op_name != "manage_instance":
+            return False
+        rule = key.permissions.get("api", {}).get("instance_write", {}).get(self.switches.manage_permission)
+        if not isinstance(rule, dict):
+            return False
+        params = dict(body or {}, id=int(path_id) if path_id and path_id.isdigit() else path_id)
+        for param, cond in (rule.get("constraints") or {}).items():
+            value = params.get(param)
+            for op, want in cond.items():
+                ok = {"eq": value == want, "lte": value is not None and value <= want,
+                      "gte": value is not None and value >= want}.get(op, False)
+                if not ok:
+                    return False
+        return True
+
+    # -- stop / start ----------------------------------------------------------------------------------------
+
+    def is_stopped(self, iid: int) -> bool:
+        return bool(self.stops.get(iid)) and self.stops[iid][-1][1] is None
+
+    def manage(self, iid: int, state: str, who: str) -> None:
+        """Stop (GPU billing ends, storage goes on) or start the instance again."""
+        now = time.time()
+        self.manage_calls.append((iid, state, who))
+        if state == "stopped" and not self.is_stopped(iid):
+            self.stops.setdefault(iid, []).append([now, None])
+        elif state == "running" and self.is_stopped(iid):
+            self.stops[iid][-1][1] = now
+            self.started[iid] = time.monotonic()
+
+    def stopped_seconds(self, iid: int, until: float) -> float:
+        return sum((end or until) - begin for begin, end in self.stops.get(iid, []) if begin is not None)
+
+    # -- what show instance says ---------------------------------------------------------------------------
+
+    def state(self, inst: Any, age: float, boot_delay_s: float) -> tuple[str | None, str, bool] | None:
+        """(actual_status, status_msg, ssh_shown) when the lifecycle decides it, else None (the stand-in's own)."""
+        sw = self.switches
+        machine = inst.offer["machine_id"]
+        image = inst.request["image"]
+        if self.is_stopped(inst.id):
+            return "stopped", "stopped by request", False
+        if inst.id in self.started and time.monotonic() - self.started[inst.id] < boot_delay_s:
+            return "loading", "starting container", False
+        if age < sw.null_status_s:
+            return None, "", False
+        if age < boot_delay_s + sw.null_status_s:
+            return "loading", "pulling image", False
+        if image in sw.missing_images:
+            return "created", MANIFEST_UNKNOWN.format(image=image), False
+        if image in sw.private_images and inst.request.get("image_login") != sw.private_images[image]:
+            return "created", PULL_ACCESS_DENIED.format(image=image.split(":")[0]), False
+        if machine in sw.disk_full_machines:
+            return "created", DISK_FULL, False
+        unknown_for = sw.unknown_machines.get(machine)
+        if unknown_for is not None and age < boot_delay_s + sw.null_status_s + unknown_for:
+            return "unknown", "", False
+        if sw.null_status_s and age >= boot_delay_s + sw.null_status_s:
+            return "running", "success, running " + image, True
+        return None
+
+    def dress(self, obj: dict[str, Any], iid: int) -> None:
+        """Final touches to a shown instance: the proxy SSH host; stopped ones keep only their storage price."""
+        if self.switches.proxy_host and obj.get("ports"):
+            obj["ssh_host"] = self.switches.proxy_host
+        if self.is_stopped(iid):
+            obj["intended_status"] = obj["next_state"] = "stopped"
+            obj["dph_total"] = obj["storage_total_cost"]
