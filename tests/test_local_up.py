@@ -392,10 +392,12 @@ def test_ctrl_c_stops_workers_and_leaves_a_consistent_run(tmp_path: Path) -> Non
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130
-    assert "stopped by Ctrl-C" in err
+    last = err.strip().splitlines()[-1]
+    assert "interrupted by Ctrl-C" in last and "stopped torchrun" in last and str(run) in last, err
+    assert "still stopping" in err and "not left running" in err, "the second Ctrl-C is told the stop goes on"
     assert [p for p in tree if alive(p)] == []
     events = [json.loads(line)["event"] for line in (run / "events.jsonl").read_text().splitlines()]
-    assert "interrupted" in events and events[-1] == "stopped"
+    assert events[-3:] == ["interrupted", "stopped", "outcome"], events
     snapshots = sorted((run / "snapshots").glob("*.pt"))
     assert snapshots, "finished epochs keep their snapshots"
     assert not list((run / "snapshots").glob("*.tmp*")), "no half-written snapshot"

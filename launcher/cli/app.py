@@ -61,6 +61,7 @@ def up(
     **values: Any,
 ) -> None:
     """Launch a DDP training run and follow it to the end."""
+    from launcher.execute.interruption import catch_stop_signals
     from launcher.execute.up import run_up
 
     declared = declared_options(up)
@@ -79,6 +80,7 @@ def up(
     options = {**recorded_options(resolved, declared), **({"command": list(spec.user_command)} if spec.user_command
                                                            else {})}
     record = {"options": options, **({"from_run": from_run} if from_run else {})}
+    catch_stop_signals()  # SIGTERM and SIGHUP (the terminal closing) stop the run as Ctrl-C does, with an outcome
     result = run_up(spec, replace(where, record=record))
     if values["save_config"] is not None:
         save_config(values["save_config"], values, declared)
@@ -111,7 +113,9 @@ def finish_up(result: Any, json_out: bool) -> None:
         console.print(summary_table(result.summary, f"run {result.run_dir.name}"))
         console.print(f"results in {result.run_dir}")
     if result.exit_code == 130:
-        raise Interrupted(f"stopped by Ctrl-C; snapshots and logs are in {result.run_dir}")
+        from launcher.execute.interruption import recorded_outcome
+
+        raise Interrupted(recorded_outcome(result.run_dir, f"stopped; snapshots and logs are in {result.run_dir}"))
     if result.exit_code != 0:
         raise DdpctlError(_failure_message(result))
 

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from launcher.errors import DdpctlError, SpecError
+from launcher.execute import interruption
 from launcher.execute.live_output import LiveOutput
 from launcher.execute.local_checks import FirstStepWatch, check_cpu_processes, check_local_rendezvous
 from launcher.planning.plan import RunPlan, plan_local
@@ -120,6 +116,7 @@ def run_local(plan: RunPlan, run_dir: RunDir, show_progress: bool = True, show_o
     node = plan.nodes[0]
     env = {**os.environ, **dict(node.env)}
     out_path = run_dir.path / "torchrun.out"
+    previous = interruption.catch_stop_signals()  # SIGTERM, SIGHUP too: torchrun's own session would outlive us
     with open(out_path, "wb") as out:
         # A session of its own: Ctrl-C reaches only us, and we stop torchrun (and so its workers) ourselves.
         try:
@@ -131,14 +128,13 @@ def run_local(plan: RunPlan, run_dir: RunDir, show_progress: bool = True, show_o
             if isinstance(e, FileNotFoundError) and os.path.isfile(program):
                 reason += " (the interpreter its #! line names)"
             run_dir.event("exited", node=0, exit_code=None, error=f"could not start torchrun: {reason}")
+            interruption.restore_signals(previous)
             raise DdpctlError(f"could not start torchrun ({reason}): check --python; the attempt is recorded in "
                               f"{run_dir.path}") from None
-    previous: dict[int, Any] = {}
     try:  # from here on, a Ctrl-C stops torchrun: it runs in a session of its own and would live on
         run_dir.update_record(local_pid=proc.pid)
         run_dir.event("started", node=0, pid=proc.pid, command=list(node.command))
         progress_file = run_dir.path / "progress.json"
-        previous = _stop_on_hangup()
         first_step = FirstStepWatch(out_path)
         node_watch = RunWatch.here(run_dir, node.host.label)  # hangs, low disk, the first rank failure
         with RunProgress([node.host.label], enabled=show_progress) as progress:
@@ -151,44 +147,22 @@ def run_local(plan: RunPlan, run_dir: RunDir, show_progress: bool = True, show_o
             node_watch.poll_here(False, proc.returncode, None, time.monotonic())
             record = live.local_record(read_json(progress_file))
             progress.update(0, record, "finished" if proc.returncode == 0 else "failed")
-    except KeyboardInterrupt:
-        with _signals_ignored(signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a second Ctrl-C waits for the stop
-            run_dir.event("interrupted", node=0)
+    except BaseException as exc:
+        if not interruption.interrupted_by(exc):
+            _stop(proc)  # an unexpected error must not leave torchrun running in its own session either
+            raise
+
+        def stop() -> None:
             _stop(proc)
             run_dir.event("stopped", node=0, exit_code=proc.returncode)
+
+        # Further signals during the stop are told that it goes on: the stop is bounded (SIGKILL after the grace).
+        interruption.stop_and_pull(run_dir, stop, None, abandonable=False)
         return 130
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        interruption.restore_signals(previous)
     run_dir.event("exited", node=0, exit_code=proc.returncode)
     return int(proc.returncode)
-
-
-def _stop_on_hangup() -> dict[int, Any]:
-    """torchrun runs in its own session, so a SIGTERM or SIGHUP to us must stop it too: treat them as Ctrl-C."""
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    previous: dict[int, Any] = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            previous[sig] = signal.signal(sig, interrupt)
-    return previous
-
-
-@contextlib.contextmanager
-def _signals_ignored(*signals: int) -> Iterator[None]:
-    """Ignore these signals inside the block (main thread only; elsewhere Python cannot set handlers)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in signals}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher.errors import DdpctlError, Interrupted
-from launcher.execute import failure_log
+from launcher.execute import failure_log, interruption
 from launcher.execute.failure_cause import cause_exit_code, report_failure, shown_state, teardown_outcome
 from launcher.execute.live_output import LiveOutput
 from launcher.planning.plan import RunPlan
@@ -37,6 +37,7 @@ POLL_SECONDS = 1.0
 TOP_LEVEL_FILES = ("timing.jsonl", "summary.json", "progress.json")
 CODE_CACHE = ".ddpctl/code"
 PULL_ATTEMPTS = 3
+SHIP_ATTEMPTS = 3
 # The plan a run carried out, in its run directory: what `up --dry-run --json` printed for it.
 PLAN_FILE = "plan.json"
 # What comes back from a node's workspace (gitignore patterns): everything but the shipped code.
@@ -88,6 +89,7 @@ def run_remote_up(plan: RunPlan, options: UpOptions, session: HostSession, recor
     run_dir.event("planned", nodes=[n.shell_line() for n in plan.nodes])
     ship_image(session, plan, run_dir, options.show_progress)
     ship_code(session, plan, run_dir)
+    interruption.defer_signals()  # nodes are never left half-started: an interruption waits for the start
     start_nodes(session, plan, run_dir)
     if options.detach:
         console.print(f"started run {spec.run_id} on {len(plan.nodes)} node(s); it runs on without this "
@@ -95,18 +97,25 @@ def run_remote_up(plan: RunPlan, options: UpOptions, session: HostSession, recor
                       f"fetch with `ddpctl pull {spec.run_id}`; stop with `ddpctl down {spec.run_id}`.")
         return UpResult(run_dir.path, 0, None, plan)
     try:
+        interruption.act_on_deferred()
         code = follow(session, run_dir, show_progress=options.show_progress, watch=watch,
                       stall_timeout=options.stall_timeout, show_output=options.show_output)
-    except (KeyboardInterrupt, RunStopRequested) as stop:
-        # Ctrl-C means stop: a run to keep going without this terminal is what --detach is for.
-        run_dir.event("interrupted" if isinstance(stop, KeyboardInterrupt) else "stop_requested", reason=str(stop))
-        stop_all(session, run_dir)
-        pull_run(session, run_dir)
-        if isinstance(stop, RunStopRequested):
-            raise RunStopRequested(f"{stop}; every node was stopped and what it wrote pulled to {run_dir.path}",
-                                   stop.reason) from None
-        raise Interrupted(f"stopped by Ctrl-C on every node; what they wrote is in {run_dir.path}") from None
-    pull_run(session, run_dir)
+    except BaseException as stop:
+        # Ctrl-C, SIGTERM, SIGHUP mean stop (a run to keep going without this terminal is what --detach is for),
+        # and so does a RunStopRequested; launcher/execute/interruption.py says how it ended, in one line.
+        requested = stop if isinstance(stop, RunStopRequested) else None
+        if requested is None and not interruption.interrupted_by(stop):
+            raise
+        if requested is not None:
+            run_dir.event("stop_requested", reason=str(stop))
+        outcome = interruption.stop_and_pull(run_dir, lambda: stop_all(session, run_dir), lambda: pull_run(
+            session, run_dir), cause=str(requested) if requested else None)
+        if requested is not None:
+            done = outcome.stopped and outcome.pulled
+            raise RunStopRequested(f"{stop}; " + (f"every node was stopped and what it wrote pulled to {run_dir.path}"
+                                                  if done else outcome.text), requested.reason) from None
+        raise Interrupted(outcome.text) from None
+    interruption.pull_after_run(run_dir, lambda: pull_run(session, run_dir))
     code = teardown_outcome(run_dir, code, len(plan.nodes))
     finish_records(run_dir)
     summary = read_json(run_dir.path / "summary.json")
@@ -150,6 +159,18 @@ def ship_code(session: HostSession, plan: RunPlan, run_dir: RunDir) -> None:
     cache = f"{CODE_CACHE}/{_cache_key(source)}"
 
     def ship(index: int) -> dict[str, Any]:
+        # Another run shipping the same code to this host's cache at the same moment renames and prunes files
+        # under our copy: once it is done the cache is whole again, so a failed attempt is retried.
+        for attempt in range(SHIP_ATTEMPTS):
+            try:
+                return ship_once(index)
+            except DdpctlError:
+                if attempt == SHIP_ATTEMPTS - 1:
+                    raise
+                time.sleep(1 + attempt)
+        raise AssertionError("unreachable")
+
+    def ship_once(index: int) -> dict[str, Any]:
         conn = session.conn(index)
         stats = ship_tree(conn, source, cache, python=plan.spec.python)
         workspace = plan.nodes[index].workspace

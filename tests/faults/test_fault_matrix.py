@@ -1,0 +1,273 @@
+"""The fault matrix on the SSH test bed: one real `ddpctl up` per fault, on one shared two-host bed.
+
+Each test asserts the outcome (exit status, the run's recorded events), the one line the user sees (key words),
+that nothing was lost (what the hosts wrote before the fault is what was pulled, by sha256) and that no
+torchrun or trainer process is left on any host. Disk full and hangs are in test_disk_full.py and test_hang.py,
+failure attribution in test_failure_attribution.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from infra.testbed import Testbed, cleanup_stale
+from tests.faults.fault_support import (
+    TINY,
+    Up,
+    assert_nothing_left_running,
+    assert_nothing_lost,
+    ddpctl,
+    last_line,
+    wait_for,
+)
+from tests.testbed_fixtures import REPO, TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE
+
+pytestmark = pytest.mark.skipif(TESTBED_UNAVAILABLE, reason=TESTBED_SKIP_REASON)
+LONG = ["--epochs", "500"]  # runs that only a fault (or the test) ends
+
+
+@pytest.fixture(scope="module")
+def bed() -> Iterator[Testbed]:
+    """Two hosts, each its own login user, with this machine's python and torch; shared by every fault."""
+    cleanup_stale("ddpflt")
+    testbed = Testbed("ddpflt", n_hosts=2, ports=[22, 2222], host_python=True)
+    try:
+        yield testbed
+    finally:
+        testbed.stop()
+
+
+def kinds(up: Up) -> list[str]:
+    return [e["event"] for e in up.events()]
+
+
+def outcome(up: Up) -> dict[str, object]:
+    (last,) = [e for e in up.events() if e["event"] == "outcome"][-1:]
+    return last
+
+
+# -- interruptions of `up` ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("signals", [["SIGINT", "SIGINT"], ["SIGTERM"], ["SIGHUP"]],
+                         ids=["double-ctrl-c", "sigterm", "sighup"])
+def test_interrupting_up_stops_every_node_and_pulls_what_they_wrote(bed: Testbed, tmp_path: Path,
+                                                                    signals: list[str]) -> None:
+    """Ctrl-C twice in quick succession, SIGTERM, SIGHUP: every node stopped, everything pulled, said in one line."""
+    up = Up(bed, bed.hosts, tmp_path / "runs", *TINY, *LONG)
+    before = up.wait_snapshots()
+    for name in signals:
+        up.proc.send_signal(getattr(signal, name))
+        time.sleep(0.2)
+    code, err = up.finish()
+    cause = "Ctrl-C" if signals[0] == "SIGINT" else signals[0]
+    assert code == 130, err
+    line = last_line(err)
+    assert f"interrupted by {cause}" in line and "stopped every node and pulled" in line, err
+    assert str(up.run) in line
+    if len(signals) > 1:
+        assert "still stopping every node" in err, "the second Ctrl-C is told that the stop goes on"
+    events = kinds(up)
+    assert events.index("interrupted") < events.index("stopped") < events.index("outcome")
+    assert outcome(up)["stopped"] is True and outcome(up)["pulled"] is True
+    assert_nothing_lost(up, before)
+    assert_nothing_left_running(bed.hosts)
+
+
+def test_terminal_closing_stops_every_node_even_when_nothing_can_be_printed(bed: Testbed, tmp_path: Path) -> None:
+    """`up` in a terminal that is closed mid-run: the kernel's SIGHUP, then every write fails (EIO); the nodes are
+    stopped and pulled all the same, and the outcome is in the run's events."""
+    up = Up(bed, bed.hosts, tmp_path / "runs", *TINY, *LONG, terminal=True)
+    before = up.wait_snapshots()
+    assert up.terminal is not None
+    shown = wait_for("the progress display", lambda: "node 1" in up.err_path.read_text(errors="replace"))
+    assert shown
+    up.terminal.close()
+    code, _ = up.finish()
+    assert code != 0
+    assert outcome(up)["stopped"] is True and outcome(up)["pulled"] is True
+    assert "interrupted by SIGHUP" in str(outcome(up)["text"])
+    assert_nothing_lost(up, before)
+    assert_nothing_left_running(bed.hosts)
+
+
+def test_launcher_killed_then_status_pull_and_down_reattach(bed: Testbed, tmp_path: Path) -> None:
+    """SIGKILL leaves no chance to say anything: the nodes train on, and status, pull and down reach them."""
+    up = Up(bed, bed.hosts, tmp_path / "runs", *TINY, *LONG)
+    before = up.wait_snapshots()
+    up.proc.send_signal(signal.SIGKILL)
+    up.finish()
+    status = ddpctl(bed, "status", str(up.run), "--json")
+    assert status.returncode == 0, status.stderr
+    assert [n["state"] for n in json.loads(status.stdout)["nodes"]] == ["running", "running"]
+    pulled = ddpctl(bed, "pull", str(up.run))
+    assert pulled.returncode == 0, pulled.stderr
+    down = ddpctl(bed, "down", str(up.run))
+    assert down.returncode == 0, down.stderr
+    assert "stopped run" in down.stdout + down.stderr
+    assert_nothing_lost(up, before)
+    assert_nothing_left_running(bed.hosts)
+    status = ddpctl(bed, "status", str(up.run), "--json")
+    assert all(n["state"] != "running" for n in json.loads(status.stdout)["nodes"])
+
+    # The pull interrupted (SIGKILL once its first file has come) then resumed: everything, verified.
+    nodes = up.run / "nodes"
+    subprocess.run(["rm", "-rf", str(nodes)], check=True)
+    env = {**os.environ, "DDPCTL_KNOWN_HOSTS": str(bed.known_hosts_path), "PYTHONPATH": str(REPO)}
+    pull = subprocess.Popen([sys.executable, "-m", "launcher", "pull", "-i", bed.client_key_path, str(up.run)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for("the pull's first file", lambda: nodes.exists() and any(p.is_file() for p in nodes.rglob("*")),
+             timeout=60, every=0.01)
+    pull.kill()
+    assert pull.wait() == -signal.SIGKILL, "the pull was cut before it finished"
+    resumed = ddpctl(bed, "pull", str(up.run))
+    assert resumed.returncode == 0, resumed.stderr
+    assert_nothing_lost(up, before)
+
+
+# -- faults on the nodes -------------------------------------------------------------------------------------
+
+
+def test_worker_killed_without_restarts_fails_the_run_naming_the_node(bed: Testbed, tmp_path: Path) -> None:
+    """Rank 1 (node 1's worker) SIGKILLs itself in epoch 2: the run fails, node 1 is named, the other node is
+    stopped and what both wrote is pulled."""
+    up = Up(bed, bed.hosts, tmp_path / "runs", *TINY, "--epochs", "4", "--trainer-arg=--fault-kill",
+            "--trainer-arg=1:20")
+    before = up.wait_snapshots()
+    code, err = up.finish()
+    assert code == 1, err
+    assert "node 1" in err and "training failed" in last_line(err), err
+    assert "node_failed" in kinds(up)
+    assert_nothing_lost(up, before)
+    assert_nothing_left_running(bed.hosts)
+
+
+def test_worker_killed_with_restarts_resumes_and_completes(bed: Testbed, tmp_path: Path) -> None:
+    up = Up(bed, bed.hosts, tmp_path / "runs", *TINY, "--epochs", "4", "--max-restarts", "1", "--json",
+            "--trainer-arg=--fault-kill", "--trainer-arg=1:20")
+    before = up.wait_snapshots()
+    code, err = up.finish()
+    assert code == 0, err
+    summary = json.loads(up.out_path.read_text())["summary"]
+    assert summary["restarts"] == 1 and summary["epochs"] == 4
+    assert [json.loads(x)["epoch"] for x in (up.run / "timing.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
+    assert_nothing_lost(up, before)
+    assert_nothing_left_running(bed.hosts)
+
+
+def test_agent_killed_fails_the_run_and_leaves_no_worker(bed: Testbed, tmp_path: Path) -> None:
+    """torchrun on node 1 SIGKILLed: its worker is orphaned; the run fails naming node 1, and no worker is left
+    on either host."""
+    up = Up(bed, bed.hosts, tmp_path / "runs", *TINY, *LONG)
+    before = up.wait_snapshots()
+    os.kill(up.agent_pid(1), signal.SIGKILL)
+    code, err = up.finish()
+    assert code != 0, err
+    assert "node 1" in err, err
+    assert "node_failed" in kinds(up)
+    assert_nothing_lost(up, before)
+    assert_nothing_left_running(bed.hosts)
+
+
+def test_kill_during_a_snapshot_write_resumes_from_a_whole_snapshot(bed: Testbed, tmp_path: Path) -> None:
+    """Node 1's worker SIGKILLed while its snapshot file is being written: the half-written file is never used,
+    the restarted workers resume from a whole snapshot and the run completes."""
+    # The larger model's snapshot (about 10 MB) takes a few milliseconds to write; the directory is watched
+    # without pause, and eight epochs give seven writes to catch.
+    up = Up(bed, bed.hosts, tmp_path / "runs", *TINY, "--model", "mnist-cnn", "--epochs", "8", "--max-restarts", "1",
+            "--json")
+    snapshots = up.workspace(1) / "out" / "snapshots"
+    worker = int(wait_for("node 1's worker", lambda: _children(up.agent_pid(1), "trainer"), timeout=150))
+    seen = wait_for("a snapshot being written on node 1", lambda: [p for p in _listing(snapshots) if ".tmp-" in p],
+                    timeout=150, every=0)
+    os.kill(worker, signal.SIGKILL)
+    code, err = up.finish()
+    assert seen, "the worker was killed while a snapshot was being written"
+    assert code == 0, err
+    summary = json.loads(up.out_path.read_text())["summary"]
+    assert summary["restarts"] == 1 and summary["epochs"] == 8
+    assert_nothing_lost(up, {})
+    assert_nothing_left_running(bed.hosts)
+
+
+def _listing(path: Path) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def _children(pid: int, pattern: str) -> int | None:
+    """The child of `pid` whose command line matches `pattern`."""
+    out = subprocess.run(["pgrep", "-P", str(pid), "-f", pattern], capture_output=True, text=True).stdout.split()
+    return int(out[0]) if out else None
+
+
+# -- faults between the launcher and the hosts ------------------------------------------------------------
+
+
+def test_sshd_stopped_mid_run_and_back_the_run_completes(bed: Testbed, tmp_path: Path) -> None:
+    up = Up(bed, bed.hosts, tmp_path / "runs", *TINY, "--epochs", "4", "--json")
+    before = up.wait_snapshots()
+    host = bed.hosts[1]
+    host.stop_sshd()
+    try:
+        # The launcher's open connection goes too (its per-connection sshd runs as the login user).
+        sessions = subprocess.run(["pgrep", "-u", host.user, "-x", "sshd"], capture_output=True, text=True)
+        for pid in sessions.stdout.split():
+            os.kill(int(pid), signal.SIGKILL)
+        time.sleep(4)
+    finally:
+        host.start_sshd()
+    code, err = up.finish()
+    assert code == 0, err
+    assert json.loads(up.out_path.read_text())["summary"]["epochs"] == 4
+    assert_nothing_lost(up, before)
+    assert_nothing_left_running(bed.hosts)
+
+
+def test_link_down_and_up_the_run_completes(bed: Testbed, tmp_path: Path) -> None:
+    up = Up(bed, bed.hosts, tmp_path / "runs", *TINY, "--epochs", "4", "--json")
+    before = up.wait_snapshots()
+    bed.hosts[1].link_down()
+    try:
+        time.sleep(8)
+    finally:
+        bed.hosts[1].link_up()
+    code, err = up.finish()
+    assert code == 0, err
+    assert json.loads(up.out_path.read_text())["summary"]["epochs"] == 4
+    assert_nothing_lost(up, before)
+    assert_nothing_left_running(bed.hosts)
+
+
+def test_two_runs_on_the_same_hosts_at_once_both_complete(bed: Testbed, tmp_path: Path) -> None:
+    """Started at the same moment, both ship the same code to the hosts' one cache (each retries a copy the other
+    disturbed) and both train. Each is given its rendezvous port: two probes at the same moment both find the
+    default port free (a known limit, see README "When things go wrong")."""
+    first = Up(bed, bed.hosts, tmp_path / "a", *TINY, "--epochs", "2", "--json")
+    second = Up(bed, bed.hosts, tmp_path / "b", *TINY, "--epochs", "2", "--json", "--rdzv-port", "29417")
+    results = [first.finish(), second.finish()]
+    assert [code for code, _ in results] == [0, 0], (results, node_outputs(first), node_outputs(second))
+    assert first.run.name != second.run.name
+    ports = {json.loads((u.run / "plan.json").read_text())["rdzv_port"] for u in (first, second)}
+    assert len(ports) == 2, "each run has a rendezvous port of its own"
+    for up in (first, second):
+        assert json.loads(up.out_path.read_text())["summary"]["epochs"] == 2
+        assert_nothing_lost(up, {})
+    assert_nothing_left_running(bed.hosts)
+
+
+def node_outputs(up: Up) -> dict[str, str]:
+    """The end of each node's torchrun output and the run's plan, to tell why a run failed."""
+    found = {str(p.relative_to(up.runs)): p.read_text(errors="replace")[-3000:]
+             for p in up.runs.glob("*/nodes/*/torchrun.out")}
+    return {**found, "plan": next((p.read_text()[:2000] for p in up.runs.glob("*/plan.json")), "")}
