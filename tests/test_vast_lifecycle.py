@@ -364,3 +364,19 @@ def test_a_paced_replacement_does_not_time_out_the_other_nodes(standin):
     assert sorted(r.offer.machine_id for r in rented) == [202, 203]
     assert [e["machine_id"] for e in events if e["event"] == "vast.instance_failed"] == [201]
     teardown(client, [r.instance_id for r in rented], overlay_name=rented[0].overlay_name, poll_interval=0.05)
+
+
+def test_a_stop_whose_pull_did_not_finish_keeps_the_machines(tmp_path) -> None:
+    """After Ctrl-C the nodes are stopped, then pulled; a pull cut short (a second Ctrl-C) or failed leaves the only
+    copy on the rented machines, so they are kept (and said to bill) instead of destroyed."""
+    from launcher.execute.interruption import Outcome, _record
+    from launcher.providers.vast.provider import not_pulled_after_stop
+    from launcher.results.rundir import RunDir
+    from launcher.spec.run_spec import RunSpec
+
+    run_dir = RunDir.create(tmp_path, RunSpec(run_id="vast-run"), {"nodes": []})
+    assert not not_pulled_after_stop(run_dir)  # no stop yet: the usual rules apply
+    _record(run_dir, Outcome("stopped every node; the pull was interrupted", stopped=True, pulled=False))
+    assert not_pulled_after_stop(run_dir)
+    _record(run_dir, Outcome("stopped every node and pulled what they wrote", stopped=True, pulled=True))
+    assert not not_pulled_after_stop(run_dir)  # the last stop counts

@@ -243,6 +243,13 @@ def _after_failure(client: VastClient, session: HostSession | None, ledger: Ledg
             raise DdpctlError(f"{exc}\nthe results could not be pulled and verified ({problem}), so the "
                               f"{len(live(ledger.instances))} machine(s) are kept and KEEP BILLING: retry with "
                               f"`ddpctl down {run_dir.run_id}` (add --force to destroy them anyway)") from None
+    if (stopped or interrupted) and not_pulled_after_stop(run_dir):
+        # The stop's pull was interrupted or failed: the machines hold the only copy of what was not pulled.
+        run_dir.event("vast.kept_for_results", error="the pull after the stop did not finish")
+        kept = (f"{exc}\nthe {len(live(ledger.instances))} rented machine(s) hold what was not pulled, so they are "
+                f"kept and KEEP BILLING: `ddpctl down {run_dir.run_id}` pulls, verifies and destroys them (add "
+                "--force to destroy them anyway)")
+        raise (Interrupted(kept) if interrupted else DdpctlError(kept)) from None
     cost = destroy_all(client, ledger, reason)
     done = f"the rented machines were destroyed (verified); the run cost ${cost:.4f}"
     if stopped:
@@ -251,6 +258,12 @@ def _after_failure(client: VastClient, session: HostSession | None, ledger: Ledg
         raise Interrupted(f"stopped by Ctrl-C; what the nodes wrote is in {run_dir.path}; {done}") from None
     if isinstance(exc, DdpctlError):
         raise DdpctlError(f"{exc}\n{done}") from None
+
+
+def not_pulled_after_stop(run_dir: RunDir) -> bool:
+    """Whether the last stop of an interrupted or stopped run ended without its pull (its `outcome` event)."""
+    outcomes = [e for e in run_dir.events() if e.get("event") == "outcome"]
+    return bool(outcomes) and outcomes[-1].get("pulled") is False
 
 
 def _final_pull(session: HostSession, run_dir: RunDir) -> str | None:
