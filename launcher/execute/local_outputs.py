@@ -12,8 +12,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.digest import file_sha256
 from launcher.results.rundir import RunDir, write_json_atomic
+from launcher.transport.digest import file_sha256
 
 WORKDIR_FILE = "workdir.json"
 NOT_LOOKED_AT = ("__pycache__", ".git", ".venv")

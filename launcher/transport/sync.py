@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pathspec
 
-from launcher.digest import file_sha256
 from launcher.errors import DdpctlError, HostError
+from launcher.transport.digest import file_sha256
 from launcher.transport.ssh import Connection
 
 # Never shipped unless a .ddpctlignore line re-includes it (`!NAME`): caches, runs, and what holds credentials,
