@@ -247,3 +247,19 @@ def test_report_out_is_created_with_its_parents(tmp_path: Path) -> None:
     out = tmp_path / "new" / "nested"
     cli.main(["report", str(tmp_path / "ws1"), "--out", str(out)])  # returns: exit status 0
     assert {"report.md", "report.json", "scaling.png"} <= {p.name for p in out.iterdir()}
+
+
+def test_a_script_runs_row_shows_no_trainer_default_it_never_used(tmp_path: Path) -> None:
+    """A `-- python train.py` run's spec carries our trainer's defaults (batch 32, lr 0.01); its script read none
+    of them, so its report row must not claim them: unknown unless the script reported them."""
+    from launcher.results.run_figures import load_run
+    from launcher.results.rundir import RunDir
+    from launcher.spec.run_spec import RunSpec
+
+    spec = RunSpec(run_id="script-run", user_command=("python", "train.py"))
+    run_dir = RunDir.create(tmp_path, spec, {"nodes": []})
+    (run_dir.path / "timing.jsonl").write_text(json.dumps({"epoch": 1, "seconds": 2.0, "samples": 640}) + "\n")
+    figures = load_run(run_dir.path)
+    assert spec.batch_size and spec.lr  # the defaults are there in the spec...
+    assert figures.batch_size is None and figures.lr is None  # ...and not in the row
+    assert figures.threads_per_process is None

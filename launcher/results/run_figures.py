@@ -142,6 +142,9 @@ def load_run(path: Path) -> RunFigures:
     if not records:
         raise RunDirError(f"run {path} has no finished epoch in {TIMING_FILE}: nothing to report for it")
     spec: dict[str, Any] = run["spec"] if isinstance(run.get("spec"), dict) else {}
+    # A `-- CMD` run's spec holds our trainer's defaults (batch 32, lr 0.01...), which its script never read: its
+    # figures come from what the script reported (the progress protocol's records, its summary) or stay unknown.
+    trainer_spec = {} if spec.get("user_command") else spec
     last = records[-1]
     world_size = int(last.get("world_size") or summary.get("world_size") or
                      int(spec.get("nnodes", 1)) * int(spec.get("nproc_per_node", 1)))
@@ -153,15 +156,15 @@ def load_run(path: Path) -> RunFigures:
         nnodes=int(summary.get("nnodes") or spec.get("nnodes") or 1),
         model=str(summary.get("model") or spec.get("model") or "?"),
         dataset=str(summary.get("dataset") or spec.get("dataset") or "?"),
-        batch_size=summary.get("batch_size") or spec.get("batch_size"),
-        lr=summary.get("lr") or spec.get("lr"),
-        epochs_planned=last.get("epochs") or summary.get("epochs") or spec.get("epochs"),
+        batch_size=summary.get("batch_size") or trainer_spec.get("batch_size"),
+        lr=summary.get("lr") or trainer_spec.get("lr"),
+        epochs_planned=last.get("epochs") or summary.get("epochs") or trainer_spec.get("epochs"),
         records=records,
         cost_usd=_cost(run, summary),
         started=float(started),
         strategy=str(summary.get("strategy") or spec.get("strategy") or "ddp"),
         precision=str(summary.get("precision") or spec.get("precision") or "fp32"),
-        threads_per_process=_int_or_none(summary.get("threads_per_process") or spec.get("threads_per_process")),
+        threads_per_process=_int_or_none(summary.get("threads_per_process") or trainer_spec.get("threads_per_process")),
         processes_per_node=_int_or_none(summary.get("processes_per_node")),
         cores=_int_or_none(summary.get("cores")),
         load_start=_first_load(summary.get("load_start")),
