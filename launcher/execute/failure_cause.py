@@ -216,6 +216,24 @@ def local_failure(run_dir: RunDir, exit_code: int, python: str) -> dict[str, Any
     return record
 
 
+def failure_from_pulled(run_dir: RunDir) -> dict[str, Any] | None:
+    """A run no `up` followed to its end (--detach): once every node's files were pulled and each node had ended,
+    its failure record worked out from those copies (nodes/<k>/ has a workspace's layout), kept like `up` keeps
+    it. None when a failure is already recorded, a node has not ended, or no node failed."""
+    record = run_dir.record()
+    nodes = record.get("nodes") or []
+    if record.get("failure") is not None or not nodes:
+        return None
+    copies = [run_dir.path / "nodes" / str(k) for k in range(len(nodes))]
+    if not all((copy / "exit_code").is_file() for copy in copies):
+        return None  # a node still running (or never pulled): nothing to say yet
+    reports = [attribution.node_report(str(copy.resolve())) for copy in copies]
+    failure = attribute(reports, [str(n.get("label", k)) for k, n in enumerate(nodes)], python=run_dir.spec().python)
+    if failure is not None:
+        record_failure(run_dir, failure)
+    return failure
+
+
 def results_complete(run_dir: RunDir, nodes: int | None) -> bool:
     """Whether training finished and every result was written: summary.json at the top with every epoch the
     run asked for, one timing record per epoch, and the final model (beside them, or in rank 0's node)."""

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher.errors import DdpctlError
+from launcher.execute.failure_cause import failure_from_pulled
 from launcher.results.progress import progress_record
 from launcher.results.run_records import finish_records, node_restarts
 from launcher.results.rundir import RunDir
@@ -56,6 +57,7 @@ def pull_hosts(run_dir: RunDir, options: UpOptions) -> list[dict[str, Any]]:
     with reattach(run_dir, options) as session:
         stats = pull_run(session, run_dir)
     finish_records(run_dir)  # restarts, and a script's summary, from what was pulled
+    failure_from_pulled(run_dir)  # a detached run that failed: its cause, as `up` would have named it
     return stats
 
 

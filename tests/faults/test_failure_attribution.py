@@ -322,3 +322,26 @@ def test_out_of_memory_is_named_from_the_kernel_log(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(attribution.subprocess, "run", kernel_log)
     assert "Killed process 4242" in (attribution.killed_for_memory(4242) or "")
     assert attribution.killed_for_memory(4243) is None or "cgroup" in str(attribution.killed_for_memory(4243))
+
+
+def test_a_detached_runs_failure_is_named_from_what_was_pulled(tmp_path: Path) -> None:
+    """`up --detach` follows nothing, so no cause was recorded; once `ddpctl pull` brought back every node's files
+    (nodes/<k>/ keeps a workspace's layout) and every node had ended, the cause is named from those copies."""
+    from launcher.execute.failure_cause import failure_from_pulled
+    from launcher.results.rundir import RunDir
+    from launcher.spec.run_spec import RunSpec
+
+    nodes = [{"index": k, "label": label, "workspace": f"ws{k}"} for k, label in enumerate(("a", "b"))]
+    run_dir = RunDir.create(tmp_path, RunSpec(run_id="detached", nnodes=2), {"nodes": nodes})
+    for k, (code, out) in enumerate(((0, ""), (1, REPORT))):
+        copy = run_dir.path / "nodes" / str(k)
+        copy.mkdir(parents=True)
+        (copy / "torchrun.out").write_text(out)
+        if k == 0:
+            (copy / "exit_code").write_text(f"{code}\n")
+    assert failure_from_pulled(run_dir) is None  # node 1 has not ended (no exit_code pulled): nothing said yet
+    (run_dir.path / "nodes" / "1" / "exit_code").write_text("1\n")
+    failure = failure_from_pulled(run_dir)
+    assert failure is not None and (failure["node"], failure["rank"], failure["signal"]) == (1, 3, "SIGKILL")
+    assert run_dir.record()["failure"]["summary"] == failure["summary"]  # where `ddpctl status` reads it
+    assert failure_from_pulled(run_dir) is None  # recorded once
