@@ -194,8 +194,10 @@ class RunWatch:
             except Exception:
                 last = "(not readable now)"
             stopped[str(index)] = last
-            self._say(index, f"no training step for {idle:.0f} s ({pace}): it may be hung; last logged: {last}")
+        # Recorded before it is told: a Ctrl-C right after the user reads it must not leave the record without it.
         self.run_dir.event("hang", seconds=round(idle), threshold=round(self.rule.threshold(), 1), nodes=stopped)
+        for node, last in stopped.items():
+            self._say(int(node), f"no training step for {idle:.0f} s ({pace}): it may be hung; last logged: {last}")
 
 
 def low_disk_floor(run_dir: RunDir) -> int:

@@ -90,3 +90,41 @@ def _trainer_processes(host: TestHost) -> str:
     left = host.run_as_user(["pgrep", "-a", "-u", host.user, "-f", "torch.distributed.run|trainer"], check=False)
     out = left.stdout
     return (out.decode() if isinstance(out, bytes) else out).strip()
+
+
+def test_a_local_run_names_its_hung_node_too(tmp_path: Path) -> None:
+    """Locally (no --host) the same watch runs: the hang is named without being asked; Ctrl-C then stops it."""
+    import signal
+    import sys
+    import time
+
+    from tests.testbed_fixtures import REPO
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "DDPCTL_HANG_FLOOR": str(HANG_FLOOR), "PYTHONUNBUFFERED": "1"}
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "launcher", "up", "--gpus", "2", "--runs-dir", str(runs),
+                             "--epochs", "3", "--synthetic-train-size", "2048", "--synthetic-test-size", "256",
+                             "--quiet", "--trainer-arg=--fault-hang", f"--trainer-arg=1:{STEPS_PER_EPOCH + 8}"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    told: list[str] = []
+    try:
+        assert proc.stderr is not None
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline and not told:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            if "no training step" in line and "it may be hung" in line:
+                told.append(line)
+        proc.send_signal(signal.SIGINT)
+        _, rest = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert told, "the hang was never named"
+    assert re.search(r"no training step for \d+ s \(.*\): it may be hung; last logged: \S", told[0]), told[0]
+    (run,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
+    hang = next(e for e in events(run) if e["event"] == "hang")
+    assert hang["threshold"] >= HANG_FLOOR and hang["seconds"] <= hang["threshold"] + 10, hang
+    assert proc.returncode == 130 and "stopped" in rest, rest
