@@ -6,8 +6,8 @@ torchrun.out's "Root Cause" section (`rank : R (local_rank: L)`). A failure mess
 that worker's stderr.log (its stdout.log when stderr is empty) from the newest attempt, and falls back to the
 end of torchrun.out.
 
-Standard library only, and no imports from launcher: this file's source is also run on hosts as a script,
-`PYTHON -c SOURCE WORKSPACE LINES` (launcher.execute.on_hosts.FAILURE_LOG_SCRIPT), where ddpctl is not installed.
+Standard library only: a local run's failure message reads its run directory with it (launcher/cli/app.py); a
+run on hosts names its failure with launcher/execute/attribution.py instead.
 """
 
 from __future__ import annotations
@@ -53,8 +53,3 @@ def failure_tail(workspace: str, lines: int = 20) -> str:
                 return f"{os.path.relpath(path, workspace)}:\n{text}"
     return "\n".join(torchrun_out.splitlines()[-lines:])
 
-
-if __name__ == "__main__":
-    import sys
-
-    print(failure_tail(sys.argv[1], int(sys.argv[2])))

@@ -12,17 +12,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher.errors import DdpctlError, Interrupted
-from launcher.execute import failure_log, interruption
+from launcher.execute import interruption
 from launcher.execute.failure_cause import cause_exit_code, report_failure, shown_state, teardown_outcome
 from launcher.execute.live_output import LiveOutput
 from launcher.planning.plan import RunPlan
-from launcher.planning.preflight import Runner
 from launcher.results.hang_watch import RunWatch
 from launcher.results.progress import FreshestProgress, RunProgress, console, stall_note
 from launcher.results.run_records import finish_records
 from launcher.results.rundir import RunDir, primary_node_out, read_json, write_bytes_atomic, write_json_atomic
 from launcher.runtimes.docker_hosts import ensure_image, registry_digest
-from launcher.runtimes.native import NodeState, OutputRequest, log_tail, read_state, stop_node
+from launcher.runtimes.native import NodeState, OutputRequest, read_state, stop_node
 from launcher.runtimes.start import runtime_of, start_node
 from launcher.transport import outputs
 from launcher.transport.hostsession import HostSession, target_from_json, target_to_json
@@ -273,16 +272,6 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
     codes = [s.exit_code if s and s.exit_code is not None else 1 for s in states]
     run_dir.event("finished", exit_codes=codes)
     return cause_exit_code(cause, codes)
-
-
-# launcher/execute/failure_log.py's source runs on the host as it is: `PYTHON -c SCRIPT WORKSPACE LINES`.
-FAILURE_LOG_SCRIPT = Path(failure_log.__file__).read_text()
-
-
-def failed_worker_log(conn: Runner, workspace: str, python: str, lines: int = 20) -> str:
-    """The end of the failing worker's log on a node (launcher/execute/failure_log.py), else of torchrun's output."""
-    result = conn.run([python, "-c", FAILURE_LOG_SCRIPT, workspace, str(lines)], timeout=30)
-    return str(result.stdout if result.exit_code == 0 else log_tail(conn, workspace, lines))
 
 
 def stop_all(session: HostSession, run_dir: RunDir) -> None:

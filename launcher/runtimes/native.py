@@ -246,9 +246,3 @@ def stop_node(conn: Runner, workspace: str, python: str = "python3", grace_secon
     grace = "" if grace_seconds is None else str(grace_seconds)
     conn.run([python, "-c", STOP_SCRIPT, workspace, grace, str(fallback_grace_seconds)],
              timeout=max(grace_seconds or 0, NODE_STOP_GRACE_SECONDS) + 30)
-
-
-def log_tail(conn: Runner, workspace: str, lines: int = 20) -> str:
-    """The end of torchrun's output on a node, for failure messages."""
-    result = conn.run(["tail", "-n", str(lines), f"{workspace}/torchrun.out"], timeout=30)
-    return str(result.stdout)
