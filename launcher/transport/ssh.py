@@ -10,6 +10,7 @@ As OpenSSH does, we ask a host first for the key types pinned for it, so one wit
 from __future__ import annotations
 
 import getpass
+import logging
 import os
 import re
 import select
@@ -36,6 +37,9 @@ _DEFAULT_KEYS = ("id_ed25519", "id_ecdsa", "id_rsa")
 # The host key algorithms that present an `ssh-rsa` key (paramiko 5 has dropped SHA-1 "ssh-rsa" itself).
 _RSA_ALGORITHMS = ("rsa-sha2-512", "rsa-sha2-256", "ssh-rsa")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# paramiko's transport thread logs its own tracebacks (a silent host's banner timeout): with no handler, Python
+# prints them on stderr. The failure reaches the user as one line naming the host (HostError), so drop them.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 @dataclass(frozen=True)

@@ -255,7 +255,9 @@ def _after_failure(client: VastClient, session: HostSession | None, ledger: Ledg
     if stopped:
         raise DdpctlError(f"stopped: {exc}{'' if started else ' (before training started)'}; {done}") from None
     if interrupted:
-        raise Interrupted(f"stopped by Ctrl-C; what the nodes wrote is in {run_dir.path}; {done}") from None
+        before_start = isinstance(exc, Interrupted) and not started  # its line says nothing ran (before_start.py)
+        said = str(exc) if before_start else f"stopped by Ctrl-C; what the nodes wrote is in {run_dir.path}"
+        raise Interrupted(f"{said}; {done}") from None
     if isinstance(exc, DdpctlError):
         raise DdpctlError(f"{exc}\n{done}") from None
 
