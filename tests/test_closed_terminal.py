@@ -48,7 +48,8 @@ def test_closing_the_terminal_ends_logs_f_and_up_with_130_and_stops_the_run(tmp_
     up = up_terminal.start([*in_workdir, *ddpctl_argv("up", "--gpus", "1", "--runs-dir", str(runs), "--", "python3",
                                                       script.name)], ENV)
     try:
-        run = wait_for("the run directory", lambda: next((p for p in runs.iterdir() if p.is_dir()), None)
+        run = wait_for("the run directory", lambda: next((p for p in runs.iterdir() if p.is_dir() and not
+                                                          p.name.startswith(".")), None)  # not RunDir's staging
                        if runs.exists() else None, timeout=60)
         wait_for("the command to start", lambda: any(e["event"] == "started" for e in events(run)), timeout=60)
 
