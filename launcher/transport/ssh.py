@@ -10,7 +10,6 @@ As OpenSSH does, we ask a host first for the key types pinned for it, so one wit
 from __future__ import annotations
 
 import getpass
-import logging
 import os
 import re
 import select
@@ -37,9 +36,6 @@ _DEFAULT_KEYS = ("id_ed25519", "id_ecdsa", "id_rsa")
 # The host key algorithms that present an `ssh-rsa` key (paramiko 5 has dropped SHA-1 "ssh-rsa" itself).
 _RSA_ALGORITHMS = ("rsa-sha2-512", "rsa-sha2-256", "ssh-rsa")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# paramiko's transport thread logs its own tracebacks (a silent host's banner timeout): with no handler, Python
-# prints them on stderr. The failure reaches the user as one line naming the host (HostError), so drop them.
-logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 @dataclass(frozen=True)
@@ -152,6 +148,7 @@ class Connection:
         self._sftp: paramiko.SFTPClient | None = None
         self._jump: Connection | None = None
         self._lock = threading.Lock()
+        self._opening: socket.socket | paramiko.Channel | ProxyCommandSocket | None = None  # the last connect's
 
     # -- public -------------------------------------------------------------------------------------------
 
@@ -217,6 +214,9 @@ class Connection:
         return result
 
     def close(self) -> None:
+        """Close the connection; a connect under way in another thread is cut short, not waited out (Ctrl-C)."""
+        if self._lock.locked() and self._opening is not None:
+            self._opening.close()
         with self._lock:
             self._close_locked()
 
@@ -269,6 +269,7 @@ class Connection:
     def _open(self) -> paramiko.Transport:
         sock = self._socket()
         transport = paramiko.Transport(sock)  # type: ignore[arg-type]  # a ProxyCommandSocket is socket-like
+        self._opening = sock
         try:
             known = self.known_hosts.lookup(self.target.key_name)
             opts = transport.get_security_options()
