@@ -173,6 +173,7 @@ def main(argv: list[str] | None = None) -> None:
         exit_with(e.exit_code)
     except OSError as e:  # a write to a terminal or pipe that is gone (launcher/cli/exit_status.py)
         if interrupted_by(e):  # after SIGHUP: the interruption's status; the run's events say how it ended
+            say(f"error: interrupted ({e.strerror or e})")
             exit_with(INTERRUPTED_STATUS)
         if output_gone():
             exit_with(OUTPUT_GONE_STATUS)
