@@ -135,6 +135,18 @@ def test_an_unreachable_registry_falls_back_at_once() -> None:
     assert f"cannot reach 127.0.0.1:{port}" in needs.note and "\n" not in needs.note
 
 
+def test_a_registry_that_never_answers_is_given_up_on_within_the_timeout() -> None:
+    import time
+
+    from launcher.providers.vast.registry_api import RegistryError, read_image_config
+
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts connections (backlog), never answers
+        started = time.monotonic()
+        with pytest.raises(RegistryError) as err:
+            read_image_config(f"127.0.0.1:{silent.getsockname()[1]}/me/ddpctl:1", timeout=0.5)
+        assert time.monotonic() - started < 5 and "timed out" in str(err.value)
+
+
 @requires_docker
 def test_the_local_engine_s_copy_is_read_first(test_image: str) -> None:  # noqa: F811
     """ddpctl:test is the Dockerfile built on the offline CPU base: org.ddpctl.cuda says "none (CPU)"."""

@@ -132,6 +132,8 @@ def test_two_nodes_find_the_cluster_on_page_two_overlay_first_no_ip(standin, two
     record = json.loads((run / "run.json").read_text())
     assert [i["machine_id"] for i in record["instances"]] == [1901, 1902]  # the one cluster, found on page 2+
     assert all(i["cluster_id"] == 9 for i in record["instances"]) and out["summary"]["world_size"] == 2
+    # the test image cannot be read here (no registry): the constants were applied, said and recorded as such
+    assert record["vast"]["image_needs"]["source"] == "constants" and "could not read the labels of" in result.stderr
     cluster_searches = [s for s in standin.market.searches if s.get("cluster_id") == {"neq": None}]
     assert len(cluster_searches) >= 2 and "id" in cluster_searches[-1]  # paged past the first 64 cluster offers
 

@@ -15,6 +15,7 @@ import base64
 import ipaddress
 import json
 import re
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -25,6 +26,7 @@ from launcher.providers.vast.registry_login import DOCKER_HUB, registry_of
 
 DOCKER_HUB_API = "registry-1.docker.io"  # where docker.io's API answers
 TIMEOUT_S = 8.0  # per request: a registry that does not answer in this time is not waited for
+TOTAL_TIMEOUT_S = 20.0  # all requests of one image together (up to five: manifest, token, manifest, index, blob)
 MAX_DOCUMENT_BYTES = 4 * 1024 * 1024  # manifests and image configs are kilobytes; refuse to buffer more
 
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -94,6 +96,7 @@ class RegistryReader:
 
     def __init__(self, ref: ImageRef, credentials: tuple[str, str] | None = None, timeout: float = TIMEOUT_S) -> None:
         self.ref, self.credentials, self.timeout = ref, credentials, timeout
+        self._deadline = time.monotonic() + max(timeout, TOTAL_TIMEOUT_S)
         self._token: str | None = None
         self._basic = False
 
@@ -129,7 +132,7 @@ class RegistryReader:
             if auth:  # not forwarded on a redirect: blobs often come from a CDN that must not see it
                 request.add_unredirected_header("Authorization", auth)
             try:
-                with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310
+                with urllib.request.urlopen(request, timeout=self._time_left()) as response:  # noqa: S310
                     body = response.read(MAX_DOCUMENT_BYTES + 1)
                     if len(body) > MAX_DOCUMENT_BYTES:
                         raise RegistryError(f"{path.split('/')[0]} larger than {MAX_DOCUMENT_BYTES} bytes")
@@ -142,6 +145,12 @@ class RegistryReader:
                 reason = getattr(exc, "reason", exc)
                 raise RegistryError(f"cannot reach {self.ref.registry}: {reason}") from None
         raise RegistryError("the registry refused the credentials it asked for (401)")
+
+    def _time_left(self) -> float:
+        left = min(self.timeout, self._deadline - time.monotonic())
+        if left <= 0:
+            raise RegistryError(f"{self.ref.registry} took more than {TOTAL_TIMEOUT_S:g} s in all")
+        return left
 
     def _authorization(self) -> str | None:
         if self._token:
@@ -169,7 +178,7 @@ class RegistryReader:
             request.add_unredirected_header(
                 "Authorization", "Basic " + base64.b64encode(":".join(self.credentials).encode()).decode())
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310
+            with urllib.request.urlopen(request, timeout=self._time_left()) as response:  # noqa: S310
                 answer = self._json(response.read(MAX_DOCUMENT_BYTES), "the token")
         except urllib.error.HTTPError as exc:
             raise RegistryError(f"its token service answered {exc.code}: " + (
