@@ -171,6 +171,10 @@ def test_up_dry_run_and_offers_explain_filter_with_what_the_registry_says(regist
         assert f"image needs of {image} from its registry" in plan.stderr and "CUDA >= 12.8" in plan.stderr
         assert vast.instances == {} and not ddpctl.runs.exists()
 
+        none = ddpctl("up", "--provider", "vast", "--image", image, "--max-price", "0.2", "--dry-run")
+        assert none.returncode == 1 and none.stderr.count("\n") == 1 and "no Vast.ai offer matches" in none.stderr
+        assert "the image needs driver CUDA >= 12.8" in none.stderr and "from the registry" in none.stderr
+
         listed = ddpctl("offers", "--image", image, "--explain", "--json")
         assert listed.returncode == 0, listed.stderr
         why = {o["id"]: o["excluded"] for o in json.loads(listed.stdout)}

@@ -55,6 +55,13 @@ class ImageNeeds:
         """`needs` with this image's CUDA floor and compute capabilities instead of the constants."""
         return replace(needs, min_cuda=self.min_cuda, arches=self.arches)
 
+    @property
+    def summary(self) -> str:
+        """'the image needs ... (source)': for an error that no offer matched."""
+        where = "assumed: it could not be read" if self.source == "constants" else f"from the {self.source}"
+        return f"the image needs {_describe(self.min_cuda, self.arches)} ({where}; `offers --explain --image` " \
+               "shows each offer's reason)"
+
     def to_json(self) -> dict[str, Any]:
         """For run.json: the filter applied and where it came from."""
         return {"min_cuda": self.min_cuda, "compute_caps": list(self.arches) if self.arches is not None else None,

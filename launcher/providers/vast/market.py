@@ -28,8 +28,11 @@ def find_offers(client: VastClient, spec: RunSpec, req: VastRequest, num_gpus: i
     flt = OfferFilter(gpu_name=req.gpu_name, num_gpus=num_gpus, max_price=req.max_price,
                       min_reliability=req.min_reliability, disk_gb=req.disk,
                       needs=image_needs.applied_to(needs) if image_needs else needs)
-    found = search_cluster_offers(client, flt, req.nodes) if req.nodes > 1 else search_offers(client, flt)
-    offers = choose_offers(found, req.nodes, req.disk)
+    try:
+        found = search_cluster_offers(client, flt, req.nodes) if req.nodes > 1 else search_offers(client, flt)
+        offers = choose_offers(found, req.nodes, req.disk)
+    except OfferError as exc:
+        raise OfferError(f"{exc}; {image_needs.summary}") if image_needs else exc from None
     if req.max_cost is not None:
         picked = first_machines(offers, req.nodes)
         reserve = reserve_usd(picked, DATA_GB)
