@@ -325,7 +325,8 @@ def test_ssh_goes_to_the_direct_address_when_the_proxy_is_another_host(standin):
 def test_the_watchdog_stops_its_machine_once_idle_or_records_why_it_could_not(standin, tmp_path, permission_name):
     # The watchdog script itself, run here against the stand-in: the second case is a Vast whose permission
     # name differs from ours (the key is refused): it must record the failure and end, not retry forever.
-    from launcher.providers.vast.autostop import WATCHDOG, stop_only_permissions
+    from launcher.providers.vast.autostop import WATCHDOG
+    from launcher.providers.vast.scoped_key import stop_only_permissions
 
     standin.lifecycle.switches.manage_permission = permission_name
     client = _client(standin)
