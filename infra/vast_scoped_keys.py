@@ -33,7 +33,8 @@ CATEGORY_OF = {
 class KeySwitches:
     """How the stand-in treats scoped keys; tests flip these."""
 
-    shape: str = "documented"  # how a rule is read: "documented" ({"constraints"}) or "method_nested" ({"PUT": ...})
+    shape: str = "documented"  # how a rule is read: "documented" ({"constraints"}), "method_nested" ({"PUT": ...}),
+    # or any other word: a form neither of those
     unknown_shape: str = "refuse"  # a rule in another shape: "refuse" (400) or "drop" (stored without that rule)
     enforce: bool = True  # False: the server ignores scopes (a scoped key acts as its owner)
     refusal_status: int = 403  # what a refused scoped key gets: 401 or 403 (both documented)
@@ -61,7 +62,9 @@ def understood(rule: Any, shape: str) -> bool:
     if shape == "method_nested":
         return all(m in HTTP_METHODS and isinstance(r, dict) and set(r) <= {"constraints"}
                    and _constraints_ok(r.get("constraints", {})) for m, r in rule.items())
-    return set(rule) <= {"constraints"} and _constraints_ok(rule.get("constraints", {}))
+    if shape == "documented":
+        return set(rule) <= {"constraints"} and _constraints_ok(rule.get("constraints", {}))
+    return not rule  # a server reading some third form: only a bare endpoint is understood
 
 
 def stored_permissions(perms: Any, switches: KeySwitches) -> dict[str, Any] | None:
