@@ -107,7 +107,8 @@ def probe_hosts(session: HostSession, spec: RunSpec, options: UpOptions,
     _hosts, addr0 = node_hosts(options, probe, provider_hosts)
     check_public_rendezvous(addr0, list(facts), options.allow_public_rendezvous)
     port = check_rendezvous_reachable([session.conn(i) for i in range(len(facts))], session.labels, spec.python,
-                                      addr0, spec.rdzv_port, any_free_port=options.auto_rdzv_port)
+                                      addr0, spec.rdzv_port, any_free_port=options.auto_rdzv_port,
+                                      reserve_for=None if options.dry_run else spec.run_id)
     return replace(probe, rdzv_port=port)
 
 
