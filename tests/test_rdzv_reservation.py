@@ -23,7 +23,7 @@ import pytest
 
 from launcher.errors import HostError
 from launcher.planning import rdzv_reservation
-from launcher.planning.preflight import check_rendezvous_reachable
+from launcher.planning.preflight import Runner, check_rendezvous_reachable
 from launcher.planning.rdzv_reservation import RESERVATION_TTL, release_reservation, reserve_and_listen
 from launcher.transport.ssh import CommandResult
 
@@ -92,7 +92,8 @@ def test_a_port_reserved_and_not_yet_bound_is_never_chosen_again(place: Path, tm
     """Run A's probe reserved the default port; its torchrun has not bound it yet. Run B's probe (any user) gets
     another port, and an explicit --rdzv-port of A's is refused in one line naming the port, the run and what to do."""
     shell, port = Shell(tmp_path), free_port()
-    nodes, labels = [shell, shell], ["node0", "node1"]  # node 1 connects to node 0's port, as in a probe
+    nodes: list[Runner] = [shell, shell]
+    labels = ["node0", "node1"]  # node 1 connects to node 0's port, as in a probe
     assert check_rendezvous_reachable(nodes, labels, sys.executable, ADDR, port, any_free_port=True,
                                       reserve_for="run-a") == port
     wait_unbound(port)
@@ -114,7 +115,7 @@ def test_two_probes_at_the_same_moment_get_two_ports(place: Path, tmp_path: Path
     """Two probes started together, each as its own process, both asked for the same free port."""
     shell, port, rounds = Shell(tmp_path), free_port(), 3
     for attempt in range(rounds):
-        start, got = threading.Barrier(2), {}
+        start, got = threading.Barrier(2), dict[str, int]()
 
         def probe(run_id: str, start: threading.Barrier, got: dict[str, int]) -> None:
             start.wait()
@@ -186,14 +187,13 @@ def test_a_reservation_is_released_at_once_or_once_the_started_torchrun_listens(
 
 def test_a_dry_run_or_doctor_reads_reservations_and_writes_nothing(place: Path, tmp_path: Path) -> None:
     shell, port = Shell(tmp_path), free_port()
-    assert check_rendezvous_reachable([shell, shell], ["n0", "n1"], sys.executable, ADDR, port,
-                                      any_free_port=True) == port
+    nodes: list[Runner] = [shell, shell]
+    assert check_rendezvous_reachable(nodes, ["n0", "n1"], sys.executable, ADDR, port, any_free_port=True) == port
     assert not place.exists(), "a read-only probe made the reservation directory"
     reserve(shell, port, "holder")
     wait_unbound(port)
     before = sorted(p.name for p in place.iterdir())
-    assert check_rendezvous_reachable([shell, shell], ["n0", "n1"], sys.executable, ADDR, port,
-                                      any_free_port=True) != port
+    assert check_rendezvous_reachable(nodes, ["n0", "n1"], sys.executable, ADDR, port, any_free_port=True) != port
     assert sorted(p.name for p in place.iterdir()) == before
 
 
