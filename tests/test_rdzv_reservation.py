@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 
 from launcher.errors import HostError
+from launcher.execute.attribution import node_report
+from launcher.execute.failure_cause import attribute, final_line
 from launcher.planning import rdzv_reservation
 from launcher.planning.preflight import Runner, check_rendezvous_reachable
 from launcher.planning.rdzv_reservation import RESERVATION_TTL, release_reservation, reserve_and_listen
@@ -219,3 +221,36 @@ def test_an_unsafe_reservation_directory_is_refused_in_one_line(place: Path, tmp
     place.chmod(0o777)  # writable by everyone but not sticky: anyone could replace another user's reservation
     with pytest.raises(HostError, match="writable by others without the sticky bit"):
         reserve(Shell(tmp_path), free_port(), "run-x")
+
+
+# What node 0's torchrun (2.13, `--rdzv-conf is_host=1`) printed when its port had been taken (shortened): the
+# cause is in the first of its two tracebacks, not the last one that the failure's lines show.
+PORT_TAKEN_OUTPUT = """Traceback (most recent call last):
+  File ".../torch/distributed/elastic/rendezvous/c10d_rendezvous_backend.py", line 160, in _create_tcp_store
+    store = TCPStore(
+            ^^^^^^^^^
+torch.distributed.DistNetworkError: The server socket has failed to listen on any local network address. \
+port: 29400, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use
+
+The above exception was the direct cause of the following exception:
+
+Traceback (most recent call last):
+  File ".../torch/distributed/elastic/rendezvous/c10d_rendezvous_backend.py", line 180, in _create_tcp_store
+    raise RendezvousConnectionError(
+torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection to the C10d store has failed. \
+See inner exception for details.
+"""
+
+
+def test_a_port_taken_between_the_probe_and_torchrun_is_named_in_one_line(tmp_path: Path) -> None:
+    """Another program (not a ddpctl run: those reserve) bound node 0's port after the probe: the run's failure
+    line says so and what to do, not only c10d's 'connection to the C10d store has failed'."""
+    workspace = tmp_path / "node0"
+    workspace.mkdir()
+    (workspace / "torchrun.out").write_text(PORT_TAKEN_OUTPUT)
+    (workspace / "exit_code").write_text("1\n")
+    record = attribute([node_report(str(workspace)), None], ["h0", "h1"])
+    assert record is not None
+    line = final_line(record)
+    assert "rendezvous port 29400 on node 0 was taken by another program" in line and "rerun" in line, line
+    assert "\n" not in line

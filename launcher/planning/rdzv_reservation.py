@@ -319,3 +319,13 @@ def reservation_released(session: HostSession, python: str, run_id: str) -> Iter
         yield
     finally:
         release_on_node0(session, python, run_id)
+
+
+def rendezvous_taken_hint(port: int | None, node: int) -> str | None:
+    """When node 0's torchrun could not bind its rendezvous port (another program took it after the probe):
+    what happened and what to do, in one line. ddpctl does not retry on its own: every node's command names
+    the port, so a retry is a new run."""
+    if port is None or node != 0:
+        return None
+    return (f"rendezvous port {port} on node 0 was taken by another program between ddpctl's probe and "
+            "torchrun's start (address already in use): rerun; without --rdzv-port ddpctl picks a port free then")
