@@ -219,7 +219,8 @@ def test_another_login_user_respects_and_makes_reservations(place: Path, tmp_pat
 def test_an_unsafe_reservation_directory_is_refused_in_one_line(place: Path, tmp_path: Path) -> None:
     place.mkdir()
     place.chmod(0o777)  # writable by everyone but not sticky: anyone could replace another user's reservation
-    with pytest.raises(HostError, match="writable by others without the sticky bit"):
+    with pytest.raises(HostError, match="cannot reserve node 0.s rendezvous port: .* writable by others without "
+                                        "the sticky bit"):
         reserve(Shell(tmp_path), free_port(), "run-x")
 
 

@@ -83,6 +83,8 @@ def lock(path, create, wait=30.0):
         fd = os.open(os.path.join(path, ".lock"), flags, 0o644)  # read-only is enough for flock: any user
     except FileNotFoundError:
         return None
+    except OSError as e:
+        fail("unsafe", "cannot open %s/.lock (%s): remove it" % (path, e))
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         fail("unsafe", "%s/.lock is not a regular file: remove it" % path)
     deadline = time.time() + wait
@@ -200,11 +202,14 @@ if writing:
     record = {"run_id": run_id, "port": port, "addr": addr, "netns": here, "user": user, "created": time.time(),
               "workspace": os.path.join(home, workspace)}
     temp = os.path.join(path, ".new-%s-%d" % (run_id, os.getpid()))
-    out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    os.fchmod(out, 0o644)  # every user's probe must read it, whatever the umask
-    os.write(out, json.dumps(record).encode())
-    os.close(out)
-    os.rename(temp, os.path.join(path, "port-%d-%s" % (port, run_id)))
+    try:
+        out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        os.fchmod(out, 0o644)  # every user's probe must read it, whatever the umask
+        os.write(out, json.dumps(record).encode())
+        os.close(out)
+        os.rename(temp, os.path.join(path, "port-%d-%s" % (port, run_id)))
+    except OSError as e:
+        fail("unsafe", "cannot write a reservation in %s (%s): have it removed (rm -r %s) and rerun" % (path, e, path))
 if fd is not None:
     os.close(fd)  # the lock is released here: the child must not hold it
 sys.stdout.flush()
@@ -288,6 +293,8 @@ def reserve_and_listen(conn: Runner, python: str, label: str, addr: str, port: i
                  else f"reserved {int(age)} s ago, torchrun not started yet")
         raise HostError(label, f"rendezvous port {taken} on node 0 is held by run {run} of user {user} ({state}): "
                         f"{advice}")
+    if answer.startswith(("unsafe: ", "locked: ")):
+        raise HostError(label, f"cannot reserve node 0's rendezvous port: {answer.split(': ', 1)[1]}")
     if len(words) == 2 and words[0] == "in-use":
         raise HostError(label, f"rendezvous port {words[1]} on node 0 is in use by another program: {advice}")
     raise HostError(label, f"cannot listen on rendezvous address {addr}:{port} "

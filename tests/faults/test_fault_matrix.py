@@ -310,7 +310,7 @@ def test_an_explicit_rdzv_port_another_run_holds_is_refused_before_anything_is_w
     with that port is refused in one line naming the port, the run and what to do; nothing is written."""
     host, holder = bed.hosts[0], "another-run-20260101-000000-abcd"
     shell = HostShell(host)
-    port = reserve_and_listen(shell, "python3", host.spec, host.address, 29433, expect=0, seconds=15,
+    port = reserve_and_listen(shell, "python3", host.spec, host.address, 29400, expect=0, seconds=15,
                               any_free=True, run_id=holder)
     workspaces = [sorted(Path(h.home, ".ddpctl", "runs").glob("*")) for h in bed.hosts]
     try:
@@ -324,6 +324,11 @@ def test_an_explicit_rdzv_port_another_run_holds_is_refused_before_anything_is_w
         assert "Traceback" not in result.stderr
         assert not runs.exists() or not any(runs.iterdir()), "a run directory was made"
         assert [sorted(Path(h.home, ".ddpctl", "runs").glob("*")) for h in bed.hosts] == workspaces
+        held = sorted(os.listdir(RESERVATION_DIR))
+        dry = ddpctl(bed, "up", *hosts, "--runs-dir", str(runs), *TINY, "--dry-run", "--json")
+        assert dry.returncode == 0, dry.stderr
+        assert json.loads(dry.stdout)["rdzv_port"] != port, "a dry run planned a port another run holds"
+        assert sorted(os.listdir(RESERVATION_DIR)) == held, "a dry run reserved a port"
     finally:
         assert release_reservation(shell, "python3", holder) == "released 1"
 
