@@ -317,6 +317,7 @@ def test_an_explicit_rdzv_port_another_run_holds_is_refused_before_anything_is_w
         runs = tmp_path / "runs"
         hosts = [a for h in bed.hosts for a in ("--host", h.spec)]
         result = ddpctl(bed, "up", *hosts, "--runs-dir", str(runs), *TINY, "--rdzv-port", str(port))
+        print(f"$ ddpctl up ... --rdzv-port {port}\n{result.stderr}")  # shown with pytest -rP
         assert result.returncode == 1, result.stderr
         line = last_line(result.stderr)
         assert f"rendezvous port {port} on node 0" in line and holder in line and "omit --rdzv-port" in line, \
