@@ -6,12 +6,12 @@ keys (create/delete api-key, permissions with `constraints`). Called by infra/va
 
 from __future__ import annotations
 
-import itertools
-import secrets
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from infra.vast_scoped_keys import KeyStore, ScopedKey
 
 # Docker's own errors as Vast shows them in status_msg (the daemon's text after "Error response from daemon").
 MANIFEST_UNKNOWN = ("Error response from daemon: manifest for {image} not found: manifest unknown: "
@@ -41,27 +41,17 @@ class Switches:
     manage_permission: str = "api.instance.manage"  # the permission name scoped keys need for manage instance
 
 
-@dataclass
-class ScopedKey:
-    id: int
-    key: str
-    name: str
-    permissions: dict[str, Any]
-    deleted: bool = False
-
-
 class Lifecycle:
     """State the lifecycle keeps beside the stand-in's instances: stops, keys, the limiter's clock."""
 
     def __init__(self) -> None:
         self.switches = Switches()
-        self.keys: dict[int, ScopedKey] = {}
+        self.key_store = KeyStore()  # scoped API keys; their switches: key_store.switches
         self.rate_limited: list[tuple[str, str]] = []  # every 429 the limiter sent
         self.stops: dict[int, list[list[float | None]]] = {}  # instance id -> [[stopped_at, started_at|None]]
         self.started: dict[int, float] = {}  # instance id -> when it was last started again
         self.manage_calls: list[tuple[int, str, str]] = []  # (instance id, state, "owner" | key name)
         self._last: dict[tuple[str, str], float] = {}
-        self._ids = itertools.count(301)
         self._lock = threading.Lock()
 
     # -- rate limiter --------------------------------------------------------------------------------------
@@ -80,45 +70,26 @@ class Lifecycle:
             self._last[(method, template)] = now
         return None
 
-    # -- scoped keys ---------------------------------------------------------------------------------------
+    # -- scoped keys (infra/vast_scoped_keys.py) -----------------------------------------------------------
+
+    @property
+    def keys(self) -> dict[int, ScopedKey]:
+        return self.key_store.keys
 
     def create_key(self, body: dict[str, Any]) -> tuple[int, Any]:
-        perms = body.get("permissions")
-        if not isinstance(perms, dict) or not isinstance(perms.get("api"), dict):
-            return 400, {"success": False, "error": "invalid_permissions", "msg": "Invalid permission format"}
-        key = ScopedKey(next(self._ids), "vsk-" + secrets.token_hex(16), str(body.get("name") or ""), perms)
-        self.keys[key.id] = key
-        return 200, {"id": key.id, "key": key.key, "permissions": perms}
+        return self.key_store.create(body)
 
     def delete_key(self, key_id: int) -> tuple[int, Any]:
-        key = self.keys.get(key_id)
-        if key is None or key.deleted:
-            return 404, {"success": False, "error": "not_found", "msg": "API key not found"}
-        key.deleted = True
-        return 200, "Successfully Deleted API Key"
+        return self.key_store.delete(key_id)
 
     def scoped(self, bearer: str | None) -> ScopedKey | None:
         """The live scoped key this Authorization header carries, if any."""
-        token = (bearer or "").removeprefix("Bearer ")
-        return next((k for k in self.keys.values() if k.key == token and not k.deleted), None)
+        return self.key_store.bearer(bearer)
 
-    def allows(self, key: ScopedKey, op_name: str, path_id: str | None, body: Any) -> bool:
-        """Whether the key's permissions let it do this: only manage instance is modelled for scoped keys, as
-        {"api": {"instance_write": {"api.instance.manage": {"constraints": {param: {eq|lte|gte: v}}}}}}."""
-        if op_name != "manage_instance":
-            return False
-        rule = key.permissions.get("api", {}).get("instance_write", {}).get(self.switches.manage_permission)
-        if not isinstance(rule, dict):
-            return False
-        params = dict(body or {}, id=int(path_id) if path_id and path_id.isdigit() else path_id)
-        for param, cond in (rule.get("constraints") or {}).items():
-            value = params.get(param)
-            for op, want in cond.items():
-                ok = {"eq": value == want, "lte": value is not None and value <= want,
-                      "gte": value is not None and value >= want}.get(op, False)
-                if not ok:
-                    return False
-        return True
+    def refusal(self, key: ScopedKey, op_name: str, method: str, path_id: str | None,
+                body: Any) -> tuple[int, Any] | None:
+        """None when the key may make this request, else Vast's refusal (see vast_scoped_keys)."""
+        return self.key_store.refusal(key, op_name, method, path_id, body, self.switches.manage_permission)
 
     # -- stop / start ----------------------------------------------------------------------------------------
 

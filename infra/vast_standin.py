@@ -200,8 +200,9 @@ class VastStandIn:
         scoped = self.lifecycle.scoped(headers.get("authorization"))
         if scoped is not None:
             record["scoped_key"] = scoped.name
-            if not self.lifecycle.allows(scoped, op.name, path_id, body):
-                return 403, {"success": False, "error": "forbidden", "msg": "API key lacks permission"}
+            refused = self.lifecycle.refusal(scoped, op.name, method, path_id, body)
+            if refused is not None:
+                return refused
         elif headers.get("authorization") != f"Bearer {self.api_key}":
             record["auth_failed"] = True
             if op.name == "search_offers":  # documented: search answers a bad key with 404
@@ -300,6 +301,12 @@ class VastStandIn:
 
     def _delete_api_key_delete(self, key_id: int, _body: Any, _query: Any) -> tuple[int, Any]:
         return self.lifecycle.delete_key(key_id)
+
+    def _show_api_keys_get(self, *_: Any) -> tuple[int, Any]:
+        return self.lifecycle.key_store.listing()
+
+    def _show_user_get(self, *_: Any) -> tuple[int, Any]:
+        return 200, {"id": 1, "username": "standin", "email": "standin@example.com", "balance": 10.0, "credit": 0.0}
 
     def _attach_ssh_post(self, iid: int, body: dict[str, Any], _query: Any) -> tuple[int, Any]:
         inst = self.instances.get(iid)

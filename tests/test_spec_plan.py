@@ -17,7 +17,7 @@ from launcher.planning.plan import NodeHost, NodePlan, plan_local, plan_remote
 from launcher.runtimes.native import STATE_SCRIPT
 from launcher.runtimes.start import env_file, start_argv
 from launcher.spec.hosts import parse_host, parse_hosts
-from launcher.spec.run_spec import RunSpec, new_run_id
+from launcher.spec.run_spec import RunSpec, check_name, new_run_id
 from launcher.spec.torchrun import NodeRole, torchrun_argv
 
 
@@ -93,6 +93,20 @@ def test_run_ids_are_safe_and_unique() -> None:
     assert all(i.startswith("mnist-cnn-synthetic-") for i in ids)
     with pytest.raises(SpecError):
         new_run_id("bad name", "m", "d")
+
+
+@pytest.mark.parametrize("command, stem", [
+    (("python", "multinode.py", "50", "10"), "multinode"),  # the PyTorch DDP tutorial's script
+    (("python3", "-u", "examples/train_cifar.py", "--epochs", "1"), "train_cifar"),
+    (("python", "-m", "mypkg.train", "--lr", "0.1"), "train"),
+    (("./run experiment.sh",), "run-experiment.sh"),
+    (("bash", "-c", "echo hi"), "bash"),
+])
+def test_a_command_run_is_named_after_its_script(command: tuple[str, ...], stem: str) -> None:
+    run_id = new_run_id(None, "mnist-cnn", "synthetic", command)
+    assert run_id.startswith(stem + "-") and check_name(run_id) == run_id
+    assert run_id[len(stem) + 1:].count("-") == 2  # NAME-YYYYmmdd-HHMMSS-xxxx
+    assert new_run_id("mine", "mnist-cnn", "synthetic", command).startswith("mine-")  # --name still wins
 
 
 @pytest.mark.parametrize("text, user, host, port", [

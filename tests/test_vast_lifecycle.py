@@ -221,6 +221,12 @@ def test_detached_run_is_autostopped_then_down_starts_pulls_verifies_and_destroy
         home = Path(bed.hosts[0].home)
         key_file = next(home.rglob(".autostop/key"))
         assert stat.S_IMODE(key_file.stat().st_mode) == 0o600 and key_file.read_text().strip() == key.key
+        # the key was read back and proven before it went to the node; the shape that passed is recorded
+        record = json.loads((run / "run.json").read_text())
+        assert record["autostop"]["key_shapes"] == ["documented"]
+        assert record["instances"][0]["autostop_key_shape"] == "documented"
+        assert [r["path"] for r in standin.requests if r.get("scoped_key") and r["method"] == "GET"] == [
+            "/api/v0/users/current/", f"/api/v0/instances/{iid}/"]
 
         deadline = time.monotonic() + 150  # training (1 epoch), then 3 s with no pull
         while time.monotonic() < deadline and not standin.lifecycle.is_stopped(iid):
@@ -245,12 +251,35 @@ def test_detached_run_is_autostopped_then_down_starts_pulls_verifies_and_destroy
         [machine] = json.loads(rented.stdout)["rented"]
         assert machine["state"] == "stopped" and machine["dph"] == pytest.approx(storage)
 
-        # pull starts it, pulls, and its watchdog watches again: stopped once more, 3 s after this pull
+        # pull starts it, pulls, and its watchdog watches again; this time Vast answers its stop 503 (it retries,
+        # still watching: status says so), then refuses the key (403): status warns that the machine bills in full
         pull = _ddpctl(standin, tmp_path, "pull", run.name, "--runs-dir", str(runs))
+        standin.faults.burst, standin.faults.burst_paths = [503] * 20, f"/api/v0/instances/{iid}/"  # 3 s before
         assert pull.returncode == 0, pull.stderr
         assert (run / "nodes" / "0" / "exit_code").read_text().strip() == "0"
         assert standin.lifecycle.manage_calls[1:] == [(iid, "running", "owner")]
         deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not [r for r in standin.requests if r.get("scoped_key")
+                                                   and r["method"] == "PUT" and r.get("status") == 503]:
+            time.sleep(0.2)
+        watching = _ddpctl(standin, tmp_path, "status", run.name, "--json", "--runs-dir", str(runs))
+        assert watching.returncode == 0 and json.loads(watching.stdout)["nodes"][0]["autostop"] == "watching"
+        assert "autostop" not in watching.stderr
+        standin.lifecycle.switches.manage_permission = "api.instance.change_state"
+        standin.faults.burst.clear()
+        state_file = next(home.rglob(".autostop/state.json"))
+        while time.monotonic() < deadline and '"failed"' not in state_file.read_text():
+            time.sleep(0.2)
+        failed = _ddpctl(standin, tmp_path, "status", run.name, "--json", "--runs-dir", str(runs))
+        assert failed.returncode == 0 and json.loads(failed.stdout)["nodes"][0]["autostop"] == "failed (HTTP 403)"
+        [warning] = [line for line in failed.stderr.splitlines() if "autostop" in line]
+        assert warning == (f"node 0: autostop failed (HTTP 403): the machine bills in full until "
+                           f"`ddpctl down {run.name}`")
+        # the next pull starts the failed watchdog again: stopped once more, 3 s after that pull
+        standin.lifecycle.switches.manage_permission = "api.instance.manage"
+        pull = _ddpctl(standin, tmp_path, "pull", run.name, "--runs-dir", str(runs))
+        assert pull.returncode == 0 and "autostop watches node(s) [0] again" in pull.stderr, pull.stderr
+        assert standin.lifecycle.manage_calls[2:] == []
         while time.monotonic() < deadline and not standin.lifecycle.is_stopped(iid):
             time.sleep(0.5)
         assert standin.lifecycle.manage_calls[2:] == [(iid, "stopped", key.name)]
@@ -274,7 +303,8 @@ def test_detached_run_is_autostopped_then_down_starts_pulls_verifies_and_destroy
         split = record["cost_split"]  # as Vast bills it: the GPU only while running, the disk all along
         assert split["gpu_usd"] == pytest.approx(0.40 * ran / 3600, abs=1e-6)
         assert split["storage_usd"] == pytest.approx(storage * (ran + stopped) / 3600, abs=1e-6)
-        texts = [up.stdout, up.stderr, status.stdout, rented.stdout, pull.stdout, pull.stderr, down.stdout, down.stderr]
+        texts = [up.stdout, up.stderr, status.stdout, rented.stdout, pull.stdout, pull.stderr, down.stdout, down.stderr,
+                 watching.stdout, watching.stderr, failed.stdout, failed.stderr]
         texts += [p.read_text(errors="replace") for p in tmp_path.rglob("*") if p.is_file()]
         assert [t for t in texts if KEY in t or key.key in t] == []
 
@@ -325,7 +355,8 @@ def test_ssh_goes_to_the_direct_address_when_the_proxy_is_another_host(standin):
 def test_the_watchdog_stops_its_machine_once_idle_or_records_why_it_could_not(standin, tmp_path, permission_name):
     # The watchdog script itself, run here against the stand-in: the second case is a Vast whose permission
     # name differs from ours (the key is refused): it must record the failure and end, not retry forever.
-    from launcher.providers.vast.autostop import WATCHDOG, stop_only_permissions
+    from launcher.providers.vast.autostop import WATCHDOG
+    from launcher.providers.vast.scoped_key import stop_only_permissions
 
     standin.lifecycle.switches.manage_permission = permission_name
     client = _client(standin)

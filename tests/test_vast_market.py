@@ -19,7 +19,6 @@ from infra.testbed import Testbed, cleanup_stale
 from infra.vast_market import cluster_market, without_ip
 from infra.vast_standin import VastStandIn
 from launcher.providers.vast.billing import GB, IMAGE_PULL_GB
-from launcher.providers.vast.image_needs import CUDA_MIN, CUDA_MIN_DRIVER, IMAGE_CUDA, TORCH_ARCHES
 from launcher.providers.vast.offers import MAX_CLUSTER_PAGES
 from tests.test_vast_up import KEY, Launcher
 from tests.testbed_fixtures import needs_testbed
@@ -27,17 +26,6 @@ from tests.testbed_fixtures import needs_testbed
 ROOT = Path(__file__).resolve().parent.parent
 SHIM_DIR = Path("/tmp/ddpvmkt-noip")  # world-readable: the hosts' users run the `ip` shim from it
 DOWN_COST, UP_COST = 0.02, 0.05  # $/GB the cluster's hosts charge
-
-
-def test_the_image_labels_record_the_rule_the_launcher_applies():
-    """Dockerfile's labels and launcher/providers/vast/image_needs.py say the same thing."""
-    text = (ROOT / "Dockerfile").read_text()
-    args = dict(re.findall(r"^ARG (\w+)=(\S+)$", text, flags=re.M))
-    assert args["BASE_CUDA"] == IMAGE_CUDA and args["CUDA_MIN_DRIVER"] == CUDA_MIN_DRIVER
-    assert float(args["CUDA_MIN"]) == CUDA_MIN
-    assert tuple(int(c) for c in args["COMPUTE_CAPS"].split(",")) == TORCH_ARCHES
-    for label in ("cuda", "cuda_min_driver", "cuda_min", "compute_caps"):
-        assert f"org.ddpctl.{label}=" in text
 
 
 def test_cluster_search_pages_past_the_cheapest_offers():
@@ -144,6 +132,8 @@ def test_two_nodes_find_the_cluster_on_page_two_overlay_first_no_ip(standin, two
     record = json.loads((run / "run.json").read_text())
     assert [i["machine_id"] for i in record["instances"]] == [1901, 1902]  # the one cluster, found on page 2+
     assert all(i["cluster_id"] == 9 for i in record["instances"]) and out["summary"]["world_size"] == 2
+    # the test image cannot be read here (no registry): the constants were applied, said and recorded as such
+    assert record["vast"]["image_needs"]["source"] == "constants" and "could not read the labels of" in result.stderr
     cluster_searches = [s for s in standin.market.searches if s.get("cluster_id") == {"neq": None}]
     assert len(cluster_searches) >= 2 and "id" in cluster_searches[-1]  # paged past the first 64 cluster offers
 

@@ -123,7 +123,7 @@ def up_spec(values: dict[str, Any], where: UpOptions, given: tuple[str, ...] | l
             trainer_args += [flag_of(name), str(values[name])]
     gpus = values["gpus"]
     return RunSpec(
-        run_id=new_run_id(values["name"], values["model"], values["dataset"]),
+        run_id=new_run_id(values["name"], values["model"], values["dataset"], values["command"] or ()),
         **{name: values[name] for name in SPEC_OPTIONS},
         nproc_per_node=gpus if gpus is not None else (1 if where.hosts or where.vast else default_local_procs()),
         nnodes=where.vast.nodes if where.vast else max(1, len(where.hosts)),

@@ -48,7 +48,7 @@ class LaunchOption:
     def flag_decl(self) -> str:
         """The Typer spelling: `--x/--no-x` for a negatable flag."""
         flag = _FLAG_OVERRIDES.get(self.name, self.flag)
-        if self.type is bool and self.name not in NOT_NEGATABLE:
+        if self.type is bool and self.in_config and self.name not in NOT_NEGATABLE:  # --no-x undoes a config's x
             return f"{flag}/--no-{flag[2:]}"
         return flag
 
@@ -174,7 +174,7 @@ LAUNCH_BLOCKS: tuple[tuple[LaunchOption, ...], ...] = (RUN_OPTIONS, STRATEGY_OPT
                                                         VAST_OPTIONS, UP_OUTPUT_OPTIONS)
 
 _FLAG_OVERRIDES = {"json_out": "--json", "from_run": "--from"}
-NOT_NEGATABLE = ("json_out", "dry_run", "no_probe", "down")  # flags with no --no-x form
+NOT_NEGATABLE = ("down",)  # config flags with no --no-x form (flags not kept in a config have none either)
 
 
 def _flag(option: LaunchOption) -> str:

@@ -65,13 +65,14 @@ def status(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, json_out: bool 
         print(json.dumps({"run": run_dir.run_id, "path": str(run_dir.path), "nodes": rows, **extra}, indent=2))
         return
     table = Table(title=f"run {run_dir.run_id}")
-    for column in ("node", "host", "state", "exit", "epoch", "restarts"):
+    watchdogs = any("autostop" in row for row in rows)  # a Vast.ai run with autostop: each node's watchdog
+    for column in ("node", "host", "state", "exit", "epoch", "restarts", *(("autostop",) if watchdogs else ())):
         table.add_column(column)
     for row in rows:
         epoch = f"{row['epoch']}/{row['epochs']}" if row["epoch"] else "-"
         exit_code = "-" if row["exit_code"] is None else str(row["exit_code"])
         table.add_row(str(row["node"]), str(row["host"]), str(row["state"]), exit_code, epoch,
-                      str(row.get("restarts", "-")))
+                      str(row.get("restarts", "-")), *([str(row.get("autostop", "-"))] if watchdogs else []))
     console.print(table)
     if isinstance(record.get("failure"), dict) and record["failure"].get("summary"):  # what `up` named as the cause
         console.print(f"failure: {record['failure']['summary']}", markup=False, highlight=False)

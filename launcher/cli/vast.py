@@ -32,6 +32,10 @@ def offers(
     model: str | None = typer.Option(None, "--model", help="The model to train (sets the GPU RAM needed)."),
     expected_hours: float | None = typer.Option(None, "--expected-hours",
                                                 help="How long the run takes (the contract must outlast it)."),
+    image: str | None = typer.Option(None, "--image", help="Filter for this image's needs (CUDA floor, compute "
+                                     "capabilities), read from the local engine or its registry; default ddpctl's."),
+    registry_login: bool = typer.Option(False, "--registry-login", help="Read a private --image with the "
+                                        "credentials of `docker login` (or DDPCTL_REGISTRY_LOGIN=USER:TOKEN)."),
 ) -> None:
     """List the Vast.ai offers that can run ddpctl's image, cheapest first (hourly price includes the disk asked
     for; bandwidth is billed per GB on top, at each host's price)."""
@@ -42,9 +46,19 @@ def offers(
 
     if limit < 1:
         raise OfferError(f"--limit must be at least 1, got {limit}")
+    needs = MachineNeeds.for_run(model, expected_hours)
+    if image is not None:
+        from launcher.providers.vast.image_labels import image_needs_for
+
+        image_needs = image_needs_for(image, registry_login)
+        typer.echo(image_needs.note, err=True)  # stderr: --json's stdout stays JSON
+        needs = image_needs.applied_to(needs)
+    elif explain:
+        from launcher.providers.vast.image_labels import constants_note
+
+        typer.echo(f"image needs of {constants_note()}; --image REF reads another image's", err=True)
     flt = OfferFilter(gpu_name=gpu_name, num_gpus=gpus, max_price=max_price, min_reliability=min_reliability,
-                      disk_gb=disk, min_cuda=min_cuda, limit=max(limit, 64),
-                      needs=MachineNeeds.for_run(model, expected_hours))
+                      disk_gb=disk, min_cuda=min_cuda, limit=max(limit, 64), needs=needs)
     with VastClient(load_api_key()) as client:
         if explain:
             explained = explain_offers(client, flt)[:limit]

@@ -38,6 +38,8 @@ EXPLAIN_LINES = 25
 _TORCH_MISSING = "No module named 'torch'"
 # torch's C++ warnings and infos in a log (glog style): `[W1123 03:16:02.552191429 socket.cpp:207] ...`.
 _TORCH_WARNING = re.compile(r"^\[?[WI]\d{4} \d\d:\d\d:\d\d")
+# torchrun's store on node 0 (is_host=1) failing to bind: an earlier exception than its last traceback shows.
+_PORT_TAKEN = re.compile(r"failed to listen on any local network address\. port: (\d+),.*EADDRINUSE")
 
 
 def _read_tail(path: str, limit: int = _LOG_BYTES) -> str:
@@ -172,6 +174,12 @@ def killed_for_memory(pid: int) -> str | None:
     return None
 
 
+def rendezvous_port_taken(text: str) -> int | None:
+    """The port node 0's rendezvous store could not listen on because something else held it (EADDRINUSE)."""
+    found = _PORT_TAKEN.findall(text)
+    return int(found[-1]) if found else None
+
+
 def node_report(workspace: str, exit_code: int | None = None) -> dict[str, Any]:
     """What ended this node: torchrun's exit status and when, its first failed worker (rank, exit code or
     signal, time, the program it ran, the lines of its log that explain it), every other failed worker."""
@@ -190,6 +198,7 @@ def node_report(workspace: str, exit_code: int | None = None) -> dict[str, Any]:
     report["failures"] = failures
     if not failures:
         report["torchrun_tail"] = explaining_lines(torchrun_out, 12)
+        report["port_taken"] = rendezvous_port_taken(torchrun_out)
         return report
     first = failures[0]
     year = time.localtime(first["time"] or time.time()).tm_year

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.execute import attribution
 from launcher.execute.failure_log import without_control_chars
+from launcher.planning.rdzv_reservation import rendezvous_taken_hint
 from launcher.results.progress import console
 from launcher.results.rundir import RunDir, primary_node_out, read_json, read_jsonl
 
@@ -139,7 +140,8 @@ def _describe_cause(node: int, label: str, report: dict[str, Any] | None, python
         last = next((x for x in reversed(record["explain"]) if x.strip()), "")
         if last:
             record["summary"] += f": {last.strip()}"
-    record["hint"] = torch_import_hint(record["explain"], record.get("binary") or python, where)
+    record["hint"] = (torch_import_hint(record["explain"], record.get("binary") or python, where)
+                      or rendezvous_taken_hint(report.get("port_taken"), node))
     return record
 
 

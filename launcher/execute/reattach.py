@@ -64,9 +64,11 @@ def pull_hosts(run_dir: RunDir, options: UpOptions) -> list[dict[str, Any]]:
 def stop_and_pull_hosts(run_dir: RunDir, options: UpOptions) -> None:
     """Stop every host node, then pull what it wrote (verified)."""
     from launcher.execute.on_hosts import pull_run, reattach, stop_all
+    from launcher.planning.rdzv_reservation import release_on_node0
 
     with reattach(run_dir, options) as session:
         stop_all(session, run_dir)
+        release_on_node0(session, run_dir.spec().python, run_dir.run_id)  # a detached run's rendezvous port
         pull_run(session, run_dir)
     finish_records(run_dir)
 

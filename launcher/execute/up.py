@@ -60,14 +60,16 @@ def run_on_provider(provider: HostProvider, spec: RunSpec, options: UpOptions) -
 def _run_on_hosts(acquired: AcquiredHosts) -> UpResult:
     from launcher.execute.on_hosts import run_remote_up
     from launcher.planning.probe import plan_probed, probe_hosts
+    from launcher.planning.rdzv_reservation import reservation_released
 
     assert acquired.session is not None
     with nothing_started_if_interrupted("probing the hosts", acquired.run_dir, keep_run_dir=True,
                                         kept_because="it records the machines the provider acquired"):
         probe = probe_hosts(acquired.session, acquired.spec, acquired.options, acquired.hosts)
+    with reservation_released(acquired.session, acquired.spec.python, acquired.spec.run_id):  # node 0's port
         plan = plan_probed(acquired.spec, acquired.options, probe, acquired.hosts)
-    return run_remote_up(plan, acquired.options, acquired.session, record_extra=acquired.record,
-                         run_dir=acquired.run_dir, watch=acquired.watch)
+        return run_remote_up(plan, acquired.options, acquired.session, record_extra=acquired.record,
+                             run_dir=acquired.run_dir, watch=acquired.watch)
 
 
 def _run_here(acquired: AcquiredHosts) -> UpResult:

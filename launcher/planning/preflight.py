@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from launcher.errors import DdpctlError, HostError
 from launcher.planning.facts import HostFacts
+from launcher.planning.rdzv_reservation import release_reservation, reserve_and_listen
 from launcher.transport.parallel import raise_for_errors, run_on_hosts
 
 if TYPE_CHECKING:
@@ -59,40 +60,6 @@ except Exception:
 info["addrs"] = addrs
 info["docker"] = shutil.which("docker") is not None
 print(json.dumps(info))
-"""
-
-# Binds ADDR:PORT on node 0, then forks: the parent reports, the child accepts N connections or times out.
-LISTEN_SCRIPT = r"""
-import os, socket, sys, time
-addr, port, expect, seconds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
-any_free = sys.argv[5] == "1"
-fam = socket.AF_INET6 if ":" in addr else socket.AF_INET
-s = socket.socket(fam, socket.SOCK_STREAM)
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-try:
-    try:
-        s.bind((addr, port))
-    except OSError:
-        if not any_free:
-            raise
-        s.bind((addr, 0))
-    s.listen(16)
-except OSError as e:
-    print("bind-failed: %s" % e); sys.exit(1)
-sys.stdout.flush()
-if os.fork():
-    print("listening %d" % s.getsockname()[1]); sys.exit(0)
-os.setsid()
-null = os.open(os.devnull, os.O_RDWR)  # let the SSH channel close: the child keeps none of its streams
-for fd in (0, 1, 2):
-    os.dup2(null, fd)
-deadline = time.time() + seconds
-s.settimeout(1.0)
-while expect > 0 and time.time() < deadline:
-    try:
-        c, _ = s.accept(); c.close(); expect -= 1
-    except socket.timeout:
-        pass
 """
 
 CONNECT_SCRIPT = r"""
@@ -164,18 +131,16 @@ def _major_minor(version: Any) -> str:
 
 
 def check_rendezvous_reachable(conns: list[Runner], labels: list[str], python: str, addr: str, port: int,
-                               timeout: float = 10.0, any_free_port: bool = False) -> int:
+                               timeout: float = 10.0, any_free_port: bool = False,
+                               reserve_for: str | None = None) -> int:
     """Open node 0's rendezvous port for a moment and connect to it from every other node; return the port.
 
-    With `any_free_port`, a port already in use (another run's store) is replaced by one the host picks."""
+    With `any_free_port`, a port in use or reserved by another run is replaced by one the host picks; with
+    `reserve_for` (a run id) the port is reserved for that run (launcher/planning/rdzv_reservation.py)."""
     if len(conns) < 2:
         return port
-    result = conns[0].run([python, "-c", LISTEN_SCRIPT, addr, str(port), str(len(conns) - 1), str(timeout + 20),
-                           "1" if any_free_port else "0"], timeout=timeout + 10)
-    if result.exit_code != 0 or not result.stdout.startswith("listening "):
-        raise HostError(labels[0], f"cannot listen on rendezvous address {addr}:{port} "
-                        f"({result.stdout.strip() or result.stderr.strip()}); pass --rdzv-addr or --rdzv-port")
-    port = int(result.stdout.split()[1])
+    port = reserve_and_listen(conns[0], python, labels[0], addr, port, expect=len(conns) - 1, seconds=timeout + 20,
+                              any_free=any_free_port, run_id=reserve_for)
 
     def connect(index: int) -> str:
         r = conns[index].run([python, "-c", CONNECT_SCRIPT, addr, str(port), str(timeout)], timeout=timeout + 10)
@@ -184,8 +149,13 @@ def check_rendezvous_reachable(conns: list[Runner], labels: list[str], python: s
                             f"({r.stdout.strip()}); check the network or pass --rdzv-addr")
         return "ok"
 
-    outcomes = run_on_hosts(list(range(1, len(conns))), connect, timeout=timeout + 15, label=lambda i: labels[i])
-    raise_for_errors(outcomes, "rendezvous check")
+    try:
+        outcomes = run_on_hosts(list(range(1, len(conns))), connect, timeout=timeout + 15, label=lambda i: labels[i])
+        raise_for_errors(outcomes, "rendezvous check")
+    except BaseException:
+        if reserve_for:  # refused (or interrupted) before anything ran: the reservation goes with it
+            release_reservation(conns[0], python, reserve_for, wait=0)
+        raise
     return port
 
 

@@ -90,7 +90,8 @@ def node_hosts(options: UpOptions, probe: HostProbe, provider_hosts: list[NodeHo
 def probe_hosts(session: HostSession, spec: RunSpec, options: UpOptions,
                 provider_hosts: list[NodeHost] | None = None) -> HostProbe:
     """Probe every host (read-only) and refuse what cannot run: missing torch, too few GPUs, a public or
-    unreachable rendezvous address. Raises a DdpctlError naming every failing host."""
+    unreachable rendezvous address. Raises a DdpctlError naming every failing host. A run that is not a dry run
+    reserves node 0's rendezvous port (launcher/planning/rdzv_reservation.py)."""
     outcomes = run_on_hosts(list(range(len(session.targets))),
                             lambda i: probe_host(session.conn(i), spec.python, session.labels[i]),
                             timeout=options.connect_timeout + 90, label=session.label_of)
@@ -107,7 +108,8 @@ def probe_hosts(session: HostSession, spec: RunSpec, options: UpOptions,
     _hosts, addr0 = node_hosts(options, probe, provider_hosts)
     check_public_rendezvous(addr0, list(facts), options.allow_public_rendezvous)
     port = check_rendezvous_reachable([session.conn(i) for i in range(len(facts))], session.labels, spec.python,
-                                      addr0, spec.rdzv_port, any_free_port=options.auto_rdzv_port)
+                                      addr0, spec.rdzv_port, any_free_port=options.auto_rdzv_port,
+                                      reserve_for=None if options.dry_run else spec.run_id)
     return replace(probe, rdzv_port=port)
 
 

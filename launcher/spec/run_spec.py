@@ -55,9 +55,26 @@ def check_python(python: str, option: str = "--python") -> str:
     return python
 
 
-def new_run_id(name: str | None, model: str, dataset: str) -> str:
-    """A fresh run id: the user's name (or model-dataset), a UTC timestamp and 4 random hex digits."""
-    stem = check_name(name) if name is not None else f"{model}-{dataset}"
+def command_stem(command: tuple[str, ...] | list[str]) -> str:
+    """What a `-- CMD` run is called when not named: its script's name (`python train.py` -> train, `python -m
+    pkg.train` -> train), else its program's; reduced to a safe name."""
+    words = list(command)
+    picked = words[0] if words else "command"
+    for i, word in enumerate(words[1:], start=1):
+        if word.endswith(".py"):
+            picked = word
+            break
+        if word == "-m" and i + 1 < len(words):
+            picked = words[i + 1].rsplit(".", 1)[-1]
+            break
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", picked.rsplit("/", 1)[-1].removesuffix(".py")).strip("-._")
+    return stem[:MAX_NAME] or "command"
+
+
+def new_run_id(name: str | None, model: str, dataset: str, command: tuple[str, ...] | list[str] = ()) -> str:
+    """A fresh run id: the user's name (or the `-- CMD` script's, or model-dataset), a UTC timestamp and 4 random
+    hex digits."""
+    stem = check_name(name) if name is not None else command_stem(command) if command else f"{model}-{dataset}"
     if name is not None and len(name) > MAX_NAME:
         raise SpecError(f"--name {name!r} has {len(name)} characters: at most {MAX_NAME}, since the run id adds "
                         "a timestamp and 4 hex digits (21 characters)")

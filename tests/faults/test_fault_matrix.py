@@ -20,7 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from infra.testbed import Testbed, cleanup_stale
+from infra.testbed import Testbed, TestHost, cleanup_stale
+from launcher.planning.rdzv_reservation import RESERVATION_DIR, release_reservation, reserve_and_listen
+from launcher.transport.ssh import CommandResult
 from tests.faults.fault_support import (
     TINY,
     Up,
@@ -298,21 +300,85 @@ def test_link_down_and_up_the_run_completes(bed: Testbed, tmp_path: Path) -> Non
     assert_nothing_left_running(bed.hosts)
 
 
+# The first run's python: torchrun itself starts late (a slow host), so its port stays reserved, not bound, for a
+# while after its nodes were started; every other command (probe, ship, pull) runs at once.
+SLOW_TORCHRUN = """#!/bin/sh
+case " $* " in *" torch.distributed.run "*) sleep 8 ;; esac
+exec python3 "$@"
+"""
+
+
 def test_two_runs_on_the_same_hosts_at_once_both_complete(bed: Testbed, tmp_path: Path) -> None:
-    """Started at the same moment, both ship the same code to the hosts' one cache (each retries a copy the other
-    disturbed) and both train. Each is given its rendezvous port: two probes at the same moment both find the
-    default port free (a known limit, see README "When things go wrong")."""
-    first = Up(bed, bed.hosts, tmp_path / "a", *TINY, "--epochs", "2", "--json")
-    second = Up(bed, bed.hosts, tmp_path / "b", *TINY, "--epochs", "2", "--json", "--rdzv-port", "29417")
-    results = [first.finish(), second.finish()]
+    """Both ship the same code to the hosts' one cache (each retries a copy the other disturbed) and both train.
+    Neither is given a rendezvous port: the second probes node 0 after the first's probe ended and before its
+    torchrun bound the port it picked, the moment two runs used to get the same port; the first run's reservation
+    (launcher/planning/rdzv_reservation.py) sends the second to another one. Both reservations are released."""
+    slow = Path(tempfile.mkdtemp(prefix="ddpctl-slow-python-", dir="/tmp"))  # readable by the hosts' users
+    try:
+        slow.chmod(0o755)
+        (slow / "python3").write_text(SLOW_TORCHRUN)
+        (slow / "python3").chmod(0o755)
+        first = Up(bed, bed.hosts, tmp_path / "a", *TINY, "--epochs", "2", "--json", "--python",
+                   str(slow / "python3"))
+        wait_for("the first run's nodes to start", lambda: "started" in kinds(first), timeout=120)
+        second = Up(bed, bed.hosts, tmp_path / "b", *TINY, "--epochs", "2", "--json")
+        wait_for("the second run's nodes to start", lambda: "started" in kinds(second), timeout=120)
+        ports = {up.run.name: json.loads((up.run / "plan.json").read_text())["rdzv_port"] for up in (first, second)}
+        for run_id, port in ports.items():
+            assert Path(RESERVATION_DIR, f"port-{port}-{run_id}").is_file(), f"{run_id} holds no reservation"
+        results = [first.finish(), second.finish()]
+    finally:
+        shutil.rmtree(slow, ignore_errors=True)
     assert [code for code, _ in results] == [0, 0], (results, node_outputs(first), node_outputs(second))
     assert first.run.name != second.run.name
-    ports = {json.loads((u.run / "plan.json").read_text())["rdzv_port"] for u in (first, second)}
-    assert len(ports) == 2, "each run has a rendezvous port of its own"
+    assert len(set(ports.values())) == 2, "each run has a rendezvous port of its own"
     for up in (first, second):
         assert json.loads(up.out_path.read_text())["summary"]["epochs"] == 2
         assert_nothing_lost(up, {})
+        assert not list(Path(RESERVATION_DIR).glob(f"port-*-{up.run.name}")), "a reservation was left behind"
     assert_nothing_left_running(bed.hosts)
+
+
+class HostShell:
+    """Runs argv on a bed host as its login user, in its network namespace, as a command over SSH would run."""
+
+    def __init__(self, host: TestHost) -> None:
+        self.host = host
+
+    def run(self, argv: list[str], *, timeout: float | None = None, stdin: bytes | None = None) -> CommandResult:
+        done = self.host.run_as_user(argv, check=False, timeout=timeout or 60)
+        text = [stream.decode(errors="replace") for stream in (done.stdout, done.stderr)]
+        return CommandResult(done.returncode, *text)
+
+
+def test_an_explicit_rdzv_port_another_run_holds_is_refused_before_anything_is_written(bed: Testbed,
+                                                                                      tmp_path: Path) -> None:
+    """Another run's probe reserved a port on node 0's host and its torchrun has not started: `up --rdzv-port`
+    with that port is refused in one line naming the port, the run and what to do; nothing is written."""
+    host, holder = bed.hosts[0], "another-run-20260101-000000-abcd"
+    shell = HostShell(host)
+    port = reserve_and_listen(shell, "python3", host.spec, host.address, 29400, expect=0, seconds=15,
+                              any_free=True, run_id=holder)
+    workspaces = [sorted(Path(h.home, ".ddpctl", "runs").glob("*")) for h in bed.hosts]
+    try:
+        runs = tmp_path / "runs"
+        hosts = [a for h in bed.hosts for a in ("--host", h.spec)]
+        result = ddpctl(bed, "up", *hosts, "--runs-dir", str(runs), *TINY, "--rdzv-port", str(port))
+        print(f"$ ddpctl up ... --rdzv-port {port}\n{result.stderr}")  # shown with pytest -rP
+        assert result.returncode == 1, result.stderr
+        line = last_line(result.stderr)
+        assert f"rendezvous port {port} on node 0" in line and holder in line and "omit --rdzv-port" in line, \
+            result.stderr
+        assert "Traceback" not in result.stderr
+        assert not runs.exists() or not any(runs.iterdir()), "a run directory was made"
+        assert [sorted(Path(h.home, ".ddpctl", "runs").glob("*")) for h in bed.hosts] == workspaces
+        held = sorted(os.listdir(RESERVATION_DIR))
+        dry = ddpctl(bed, "up", *hosts, "--runs-dir", str(runs), *TINY, "--dry-run", "--json")
+        assert dry.returncode == 0, dry.stderr
+        assert json.loads(dry.stdout)["rdzv_port"] != port, "a dry run planned a port another run holds"
+        assert sorted(os.listdir(RESERVATION_DIR)) == held, "a dry run reserved a port"
+    finally:
+        assert release_reservation(shell, "python3", holder) == "released 1"
 
 
 def node_outputs(up: Up) -> dict[str, str]:

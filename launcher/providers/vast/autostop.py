@@ -13,16 +13,19 @@ its own into every container (CONTAINER_API_KEY); its scope is not documented, s
 One watchdog per node rather than one on node 0 holding keys for all: a node then holds no power over another,
 and every node's own exit_code (written when its torchrun ends) says when its part of training is over.
 The endpoint's permission name "api.instance.manage" follows the documented pattern ("api.instance.request_logs"
-for request logs); check it with `vastai show api-keys` on a real account when first used.
+for request logs). The permission's shape is not trusted: each key is read back and proven before it goes to a node
+(scoped_key.py), and the shape that passed is recorded.
 """
 
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from launcher.errors import DdpctlError, HostError
 from launcher.providers.vast.apikey import delete_keys
+from launcher.providers.vast.scoped_key import SHAPES, make_stop_key
 from launcher.transport.parallel import raise_for_errors, run_on_hosts
 
 if TYPE_CHECKING:
@@ -96,16 +99,10 @@ def arm_autostop(client: VastClient, session: HostSession, ledger: Ledger, minut
         start_autostop(client, session, ledger, minutes)
     except DdpctlError as exc:
         ledger.run_dir.event("vast.autostop_failed", error=str(exc))
-        say(f"{exc}: the machines bill in full until `ddpctl down`", style="bold yellow")
+        say(f"autostop is off: {exc}; the machines bill in full until `ddpctl down`", style="bold yellow")
         return
     say(f"autostop: each machine stops {minutes:g} min after its training ended and nothing pulled; then only "
         "its storage bills until `ddpctl pull` or `ddpctl down` starts it again")
-
-
-def stop_only_permissions(instance_id: int) -> dict[str, Any]:
-    """A key that can stop this one instance and do nothing else."""
-    return {"api": {"instance_write": {"api.instance.manage": {
-        "constraints": {"id": {"eq": int(instance_id)}, "state": {"eq": "stopped"}}}}}}
 
 
 def start_autostop(client: VastClient, session: HostSession, ledger: Ledger, minutes: float) -> None:
@@ -115,25 +112,38 @@ def start_autostop(client: VastClient, session: HostSession, ledger: Ledger, min
     nodes = run_dir.record().get("nodes") or []
     by_node = {int(i["node"]): i for i in ledger.instances if i.get("state") == "rented" and i.get("node") is not None}
     made: list[int] = []
+    shapes: list[str] = []  # the permission shape each node's key was proven with
     try:
         for index, node in enumerate(nodes):
             inst = by_node[index]
-            key_id, key = client.create_api_key(f"ddpctl-autostop-{run_dir.run_id}-{inst['instance_id']}"[:255],
-                                                stop_only_permissions(inst["instance_id"]))
-            made.append(key_id)
-            inst["autostop_key_id"] = key_id  # the id only: the key itself goes to the node and nowhere else
+            # the shape proven on the first node is tried first on the others (each key is proven all the same)
+            order = [*shapes[:1], *(s for s in SHAPES if s not in shapes[:1])]
+            stop_key = make_stop_key(client, f"ddpctl-autostop-{run_dir.run_id}-{inst['instance_id']}"[:255],
+                                     inst["instance_id"], order, on_rejected=_rejected_event(run_dir, index))
+            made.append(stop_key.key_id)
+            shapes.append(stop_key.shape)
+            # the id only: the key itself goes to the node and nowhere else
+            inst["autostop_key_id"], inst["autostop_key_shape"] = stop_key.key_id, stop_key.shape
             ledger.save()
-            _install(session, index, node["workspace"], key)
-        run_dir.update_record(autostop={"minutes": minutes, "api_url": client.base_url})
+            _install(session, index, node["workspace"], stop_key.key)
+        run_dir.update_record(autostop={"minutes": minutes, "api_url": client.base_url, "key_shapes": shapes})
         start_watchdogs(session, run_dir, list(range(len(nodes))))
     except (DdpctlError, KeyError) as exc:
         delete_keys(client, made)
         for inst in ledger.instances:
             inst.pop("autostop_key_id", None)
+            inst.pop("autostop_key_shape", None)
         ledger.save()
         run_dir.update_record(autostop=None)
-        raise DdpctlError(f"autostop could not be set up ({str(exc).splitlines()[0]})") from None
-    run_dir.event("vast.autostop_armed", minutes=minutes, keys=made)
+        raise DdpctlError(str(exc).splitlines()[0]) from None
+    run_dir.event("vast.autostop_armed", minutes=minutes, keys=made, key_shapes=shapes)
+
+
+def _rejected_event(run_dir: RunDir, index: int) -> Callable[[str, str, Any], None]:
+    """Record a key that failed its proof: the shape, why, and what the account stored (so a first real use tells)."""
+    def record(shape: str, why: str, stored: Any) -> None:
+        run_dir.event("vast.autostop_key_rejected", node=index, shape=shape, error=why, stored_permissions=stored)
+    return record
 
 
 def start_watchdogs(session: HostSession, run_dir: RunDir, indexes: list[int]) -> None:

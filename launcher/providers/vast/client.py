@@ -40,6 +40,7 @@ ENDPOINT_INTERVALS_S: dict[tuple[str, str], float] = {
     ("GET", "/api/v0/instances/{id}/"): 2.0, ("GET", "/api/v1/instances/"): 1.0,
     ("PUT", "/api/v0/instances/{id}/"): 1.0, ("POST", "/api/v0/ssh/"): 1.0,
     ("POST", "/api/v0/auth/apikeys/"): 2.0, ("DELETE", "/api/v0/auth/apikeys/{id}/"): 2.0,
+    ("GET", "/api/v0/auth/apikeys/"): 1.0, ("GET", "/api/v0/users/current/"): 2.0,  # their x-rateLimit
 }
 DEFAULT_INTERVAL_S = 0.5
 _THRESHOLD = re.compile(r"threshold\s*=\s*([0-9]+(?:\.[0-9]+)?)")
@@ -189,6 +190,16 @@ class VastClient:
     def delete_api_key(self, key_id: int) -> None:
         """DELETE /api/v0/auth/apikeys/{id}/ (raises VastNotFound when it is already gone)."""
         self._request("DELETE", f"/api/v0/auth/apikeys/{int(key_id)}/")
+
+    def list_api_keys(self) -> list[dict[str, Any]]:
+        """GET /api/v0/auth/apikeys/: the account's keys, their values redacted (null)."""
+        body = self._request("GET", "/api/v0/auth/apikeys/")
+        return [k for k in (body.get("apikeys") or []) if isinstance(k, dict)] if isinstance(body, dict) else []
+
+    def show_user(self) -> dict[str, Any]:
+        """GET /api/v0/users/current/: the account this key belongs to."""
+        body = self._request("GET", "/api/v0/users/current/")
+        return dict(body) if isinstance(body, dict) else {}
 
     def create_overlay(self, cluster_id: int, name: str) -> None:
         """POST /api/v0/overlay/: an overlay network on a physical cluster."""

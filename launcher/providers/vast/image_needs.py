@@ -1,7 +1,8 @@
 """What a Vast.ai machine must have to run ddpctl's image: a driver for its CUDA, a GPU its torch has kernels
 for, enough GPU memory, and a contract that lasts the run. The image's labels record the same rule (Dockerfile:
-org.ddpctl.cuda, org.ddpctl.cuda_min_driver, org.ddpctl.cuda_min, org.ddpctl.compute_caps); a test keeps the two
-equal.
+org.ddpctl.cuda, org.ddpctl.cuda_min_driver, org.ddpctl.cuda_min, org.ddpctl.compute_caps) and are what a run
+applies: image_labels reads them (or a foreign image's NVIDIA environment) from the image at run time. The
+constants below are the fallback when the image cannot be read; a test parses the Dockerfile's labels to them.
 
 The CUDA floor. The image is built for CUDA 12.8 (torch's cu128 wheel bundles the 12.8 runtime). NVIDIA's CUDA
 minor-version compatibility lets an application built with any CUDA 12.x toolkit run on any 12.x driver, i.e.
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Labels the Dockerfile puts on the image (kept equal to these by tests/test_vast_market.py).
+# The Dockerfile's labels, parsed (tests/test_image_labels.py): assumed when the image cannot be read.
 IMAGE_CUDA = "12.8"
 CUDA_MIN_DRIVER = "525.60.13"  # the first 12.x driver: minor-version compatibility's floor
 CUDA_MIN = 12.0  # Vast's cuda_max_good for that driver

@@ -11,6 +11,7 @@ from launcher.providers.vast.offers import OfferError, OfferFilter, choose_offer
 
 if TYPE_CHECKING:
     from launcher.providers.vast.client import VastClient
+    from launcher.providers.vast.image_labels import ImageNeeds
     from launcher.providers.vast.models import Offer, RentedInstance
     from launcher.providers.vast.request import VastRequest
     from launcher.spec.run_spec import RunSpec
@@ -18,14 +19,20 @@ if TYPE_CHECKING:
 DATA_GB = 1.0  # data moved each way per machine that --max-cost keeps back (code, data set, results)
 
 
-def find_offers(client: VastClient, spec: RunSpec, req: VastRequest, num_gpus: int | None) -> list[Offer]:
-    """The candidates provisioning tries, cheapest first: only machines that can run the image and the run;
-    for several nodes, the cheapest cluster with enough of them (searched page after page)."""
+def find_offers(client: VastClient, spec: RunSpec, req: VastRequest, num_gpus: int | None,
+                image_needs: ImageNeeds | None = None) -> list[Offer]:
+    """The candidates provisioning tries, cheapest first: only machines that can run the image (`image_needs`,
+    read from it; None: ddpctl's constants) and the run; for several nodes, the cheapest cluster with enough of
+    them (searched page after page)."""
+    needs = MachineNeeds.for_run(spec.model, req.expected_hours)
     flt = OfferFilter(gpu_name=req.gpu_name, num_gpus=num_gpus, max_price=req.max_price,
                       min_reliability=req.min_reliability, disk_gb=req.disk,
-                      needs=MachineNeeds.for_run(spec.model, req.expected_hours))
-    found = search_cluster_offers(client, flt, req.nodes) if req.nodes > 1 else search_offers(client, flt)
-    offers = choose_offers(found, req.nodes, req.disk)
+                      needs=image_needs.applied_to(needs) if image_needs else needs)
+    try:
+        found = search_cluster_offers(client, flt, req.nodes) if req.nodes > 1 else search_offers(client, flt)
+        offers = choose_offers(found, req.nodes, req.disk)
+    except OfferError as exc:
+        raise OfferError(f"{exc}; {image_needs.summary}") if image_needs else exc from None
     if req.max_cost is not None:
         picked = first_machines(offers, req.nodes)
         reserve = reserve_usd(picked, DATA_GB)

@@ -25,6 +25,7 @@ from launcher.execute.on_hosts import RunStopRequested, pull_run
 from launcher.planning.plan import NodeHost, plan_remote
 from launcher.providers.base import AcquiredHosts
 from launcher.providers.vast.autostop import arm_autostop
+from launcher.providers.vast.image_labels import ImageNeeds, image_needs_for
 from launcher.providers.vast.ledger import Ledger, destroy_all, live, say, write_summary_cost
 from launcher.providers.vast.market import chosen_summary, find_offers, first_machines, offer_note, pull_reserve_usd
 from launcher.providers.vast.models import Offer, RentedInstance
@@ -84,12 +85,17 @@ class VastProvider:
         self._client: VastClient | None = None
         self._session: HostSession | None = None
         self._ledger: Ledger | None = None
+        self.image_needs: ImageNeeds | None = None  # read from the image once, before the offers are searched
 
     def _offers(self, spec: RunSpec) -> tuple[RunSpec, list[Offer]]:
         req = self.req
         spec = spec.with_layout(nnodes=req.nodes, nproc_per_node=spec.nproc_per_node)
         self._client = self._client or vast_client()
-        return spec, find_offers(self._client, spec, req, None if self.options.auto_gpus else spec.nproc_per_node)
+        self.image_needs = self.image_needs or image_needs_for(str(self.options.image), req.registry_login)
+        offers = find_offers(self._client, spec, req, None if self.options.auto_gpus else spec.nproc_per_node,
+                             self.image_needs)
+        say(self.image_needs.note)
+        return spec, offers
 
     def dry_run(self, spec: RunSpec, options: UpOptions) -> UpResult:
         """The plan on the offers that would be rented (nothing is rented)."""
@@ -107,7 +113,9 @@ class VastProvider:
         key_path, public_key = ensure_vast_ssh_key()
         run_dir = RunDir.create(options.runs_dir, spec, {"provider": "vast", "runtime": "native", "instances": [],
                                                          "vast": {"label": spec.run_id, "image": options.image,
-                                                                  "disk": req.disk, "max_cost": req.max_cost}})
+                                                                  "disk": req.disk, "max_cost": req.max_cost,
+                                                                  "image_needs": self.image_needs.to_json()
+                                                                  if self.image_needs else None}})
         ledger = self._ledger = Ledger(run_dir)
         rented = _provision(client, offers, spec, options, req, ledger, public_key, login)  # cleans up after itself
         try:  # from here on, whatever goes wrong destroys what this `up` rented (or says why it cannot)

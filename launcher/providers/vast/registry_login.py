@@ -65,6 +65,12 @@ def _from_docker_config(registry: str) -> tuple[str, str] | None:
 
 def registry_login(image: str) -> str:
     """The `image_login` value for `image`; SpecError (one line, no secret in it) when none is found."""
+    user, secret = registry_credentials(image)
+    return f"-u {shlex.quote(user)} -p {shlex.quote(secret)} {registry_of(image)}"
+
+
+def registry_credentials(image: str) -> tuple[str, str]:
+    """(user, secret) for `image`'s registry, from the environment or Docker's file; SpecError when none."""
     registry = registry_of(image)
     value = os.environ.get(REGISTRY_LOGIN_ENV, "").strip()
     if value:
@@ -78,5 +84,4 @@ def registry_login(image: str) -> str:
     if found is None:
         raise SpecError(f"--registry-login: no credentials for {registry}: run `docker login {registry}` (ddpctl "
                         f"reads {_docker_config()}) or set {REGISTRY_LOGIN_ENV}=USER:TOKEN")
-    user, secret = found
-    return f"-u {shlex.quote(user)} -p {shlex.quote(secret)} {registry}"
+    return found

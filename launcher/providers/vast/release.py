@@ -12,6 +12,7 @@ from launcher.providers.vast.apikey import vast_client
 from launcher.providers.vast.autostop import mark_pulled_command, stopped_at_command
 from launcher.providers.vast.ledger import Ledger, destroy_all, hourly, live, say
 from launcher.providers.vast.rented_list import is_released, offline_rows
+from launcher.providers.vast.watchdog_state import add_watchdog_states, parse_watchdog, watchdog_command
 from launcher.results.rundir import RunDir
 
 if TYPE_CHECKING:
@@ -27,7 +28,12 @@ class RentedRun:
         record = run_dir.record()
         if record.get("hosts") and not is_released(record):
             stopped = _stopped_rows(run_dir)
-            return stopped if stopped is not None else host_status_rows(run_dir, options)
+            if stopped is not None:
+                return stopped
+            rows = host_status_rows(run_dir, options)
+            if record.get("autostop"):  # each node's watchdog, and a warning for one that will not stop its machine
+                add_watchdog_states(rows, _on_nodes(run_dir, options, watchdog_command), run_dir.run_id)
+            return rows
         return offline_rows(run_dir)
 
     def print_log(self, run_dir: RunDir, node: int, lines: int, follow: bool, options: UpOptions) -> None:
@@ -118,14 +124,15 @@ def _start_stopped(run_dir: RunDir, options: UpOptions, ledger: Ledger | None = 
 
 
 def _rearm(run_dir: RunDir, options: UpOptions) -> None:
-    """After `pull` started stopped machines, their watchdogs (gone with the stop) watch again."""
+    """After `pull`, every node's watchdog watches again (one that stopped its machine ended with the stop)."""
     from launcher.execute.on_hosts import reattach
     from launcher.providers.vast.autostop import start_watchdogs
 
     if not run_dir.record().get("autostop"):
         return
-    states = _on_nodes(run_dir, options, stopped_at_command)
-    again = sorted(node for node, text in states.items() if '"stopped"' in text)
+    # every watchdog that does not watch: stopped with its machine, failed (its error may have passed), or died
+    states = _on_nodes(run_dir, options, watchdog_command)
+    again = sorted(node for node, text in states.items() if parse_watchdog(text).problem)
     if not again:
         return
     try:

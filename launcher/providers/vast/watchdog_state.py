@@ -1,0 +1,87 @@
+"""What each node's autostop watchdog (autostop.py) is doing, read on the node: the state its `.autostop/state.json`
+records (watching | stopped | failed, with the error) and whether the process that wrote it still runs. A machine
+whose watchdog failed or is not running is never stopped: `status` says so in one line per node, and `pull`
+starts such a watchdog again."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from launcher.providers.vast.ledger import say
+
+# $1: the node's workspace. Prints state.json (nothing when there is none), then on its own line whether the
+# process it names runs the watchdog of this workspace ("alive") or not ("dead"): a pid alone may be reused.
+_SCRIPT = r"""
+f="$1/.autostop/state.json"
+[ -f "$f" ] || exit 0
+cat "$f"; echo
+pid=$(sed -n 's/.*"pid": *\([0-9][0-9]*\).*/\1/p' "$f")
+if [ -n "$pid" ] && tr '\000' '\n' < "/proc/$pid/cmdline" 2>/dev/null | grep -qxF -- "$1"; then
+  echo alive
+else
+  echo dead
+fi
+"""
+
+
+def watchdog_command(workspace: str) -> list[str]:
+    """The command that prints a node's watchdog state and whether it runs (see parse_watchdog)."""
+    return ["sh", "-c", _SCRIPT, "ddpctl-autostop", workspace]
+
+
+@dataclass(frozen=True)
+class WatchdogState:
+    """A node's watchdog: `state` as its file says (None: no file), its `error`, and whether its process runs."""
+
+    state: str | None
+    error: str | None
+    alive: bool
+
+    @property
+    def problem(self) -> str | None:
+        """Why this watchdog will not stop its machine (None: it watches)."""
+        if self.state == "failed":
+            return f"failed ({self.error or 'no reason recorded'})"
+        if self.state == "watching" and self.alive:
+            return None
+        if self.state == "stopped":
+            return "not running (it stopped the machine, which runs again without it)"
+        if self.state == "watching":
+            return "not running (its process ended)"
+        return "not running (it never started)"
+
+    @property
+    def label(self) -> str:
+        """What `status` shows in its autostop column."""
+        return self.problem or "watching"
+
+
+def parse_watchdog(text: str) -> WatchdogState:
+    """The watchdog_command's output as a WatchdogState."""
+    lines = text.strip().splitlines()
+    alive = bool(lines) and lines[-1].strip() == "alive"
+    try:
+        record: Any = json.loads("\n".join(lines[:-1])) if len(lines) > 1 else {}
+    except ValueError:
+        record = {}
+    if not isinstance(record, dict):
+        record = {}
+    state, error = record.get("state"), record.get("error")
+    return WatchdogState(state if isinstance(state, str) else None, str(error) if error else None, alive)
+
+
+def add_watchdog_states(rows: list[dict[str, Any]], outputs: dict[int, str], run_id: str) -> None:
+    """Put each node's watchdog state in its status row (`autostop`), and warn in one line for each that will not
+    stop its machine. `outputs`: node -> watchdog_command's output (absent: the node could not be asked)."""
+    for row in rows:
+        node = row.get("node")
+        if not isinstance(node, int) or node not in outputs:
+            row["autostop"] = "unknown (node not reached)"
+            continue
+        watchdog = parse_watchdog(outputs[node])
+        row["autostop"] = watchdog.label
+        if watchdog.problem:
+            say(f"node {node}: autostop {watchdog.problem}: the machine bills in full until `ddpctl down {run_id}`",
+                style="bold yellow")
