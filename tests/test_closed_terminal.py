@@ -62,9 +62,13 @@ def test_closing_the_terminal_ends_logs_f_and_up_with_130_and_stops_the_run(tmp_
         up_terminal.close()
         assert up.wait(timeout=60) == 130
     finally:
-        if up.poll() is None:
-            up.kill()
-            up.wait()
+        if up.poll() is None:  # a failed check: stop the run as a user would, so no command outlives the test
+            up.send_signal(signal.SIGINT)
+            try:
+                up.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                up.kill()
+                up.wait()
     outcome = [e for e in events(run) if e["event"] == "outcome"][-1]
     assert str(outcome["text"]).startswith("interrupted by SIGHUP: stopped torchrun and its workers")
     assert outcome["stopped"] is True
