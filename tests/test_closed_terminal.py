@@ -15,6 +15,8 @@ import textwrap
 import uuid
 from pathlib import Path
 
+import pytest
+
 from tests.faults.fault_support import Terminal, wait_for
 from tests.testbed_fixtures import REPO
 
@@ -98,7 +100,8 @@ def test_the_exit_status_survives_output_that_cannot_be_flushed(tmp_path: Path) 
 def test_sigterm_while_connecting_says_nothing_was_started_and_writes_nothing(tmp_path: Path) -> None:
     """A host behind a ProxyCommand that never answers: SIGTERM while connecting is one line, exit 130, no
     traceback (paramiko's own included), no run directory; the connect is cut short, not waited out (a 120 s
-    --connect-timeout here; the process is given 60 s)."""
+    --connect-timeout here; the process is given 60 s). Started as `nohup` starts it (SIGHUP ignored), a hang-up
+    is ignored still."""
     home = tmp_path / "home"
     (home / ".ssh").mkdir(parents=True)
     (home / ".ssh" / "config").write_text("Host silent-host\n  ProxyCommand sleep 60\n")
@@ -110,10 +113,14 @@ def test_sigterm_while_connecting_says_nothing_was_started_and_writes_nothing(tm
     up = subprocess.Popen(ddpctl_argv("up", "--host", "silent-host", "-i", str(key), "--runs-dir", str(runs),
                                       "--connect-timeout", "120"),
                           env={**ENV, "HOME": str(home), "DDPCTL_KNOWN_HOSTS": str(known)},
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
     try:
         wait_for("the ProxyCommand", lambda: subprocess.run(["pgrep", "-P", str(up.pid), "-f", "sleep 60"],
                                                             capture_output=True).stdout, timeout=60, every=0.05)
+        up.send_signal(signal.SIGHUP)
+        with pytest.raises(subprocess.TimeoutExpired):
+            up.wait(timeout=1)  # still connecting: the hang-up was ignored, as nohup asked
         up.send_signal(signal.SIGTERM)
         _, err = up.communicate(timeout=60)
     finally:
