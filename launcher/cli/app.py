@@ -12,6 +12,14 @@ from typing import Any
 import typer
 
 from launcher.cli.config import config_text, recorded_options
+from launcher.cli.exit_status import (
+    INTERRUPTED_STATUS,
+    OUTPUT_GONE_STATUS,
+    exit_with,
+    finish_output,
+    output_gone,
+    say,
+)
 from launcher.cli.launch import check_from_env, recorded_launch, resolve_values, up_spec, where_options
 from launcher.cli.options import (
     OUTPUT,
@@ -138,27 +146,40 @@ def _register_commands() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app, turning our errors and usage errors into one line on stderr."""
+    from launcher.execute.interruption import catch_stop_signals, interrupted_by, restore_signals
+
     _register_commands()
+    previous = catch_stop_signals()  # SIGTERM and SIGHUP (a closed terminal) end every command as Ctrl-C does
     try:
         status = app(args=argv, standalone_mode=False)  # click returns an Exit's code instead of raising it
         if isinstance(status, int) and status:
-            sys.exit(status)
+            exit_with(status)
+        finish_output()
     except DdpctlError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(e.exit_code)
+        say(f"error: {e}")
+        exit_with(e.exit_code)
     except (typer.Abort, KeyboardInterrupt):
-        print("error: interrupted", file=sys.stderr)
-        sys.exit(130)
+        say("error: interrupted")
+        exit_with(INTERRUPTED_STATUS)
     except _CLICK_ERROR as e:  # a click.ClickException: format_message() and exit_code
         if e.__class__.__name__ == "NoArgsIsHelpError":
-            sys.exit(0)
+            exit_with(0)
         from launcher.cli.option_hints import no_such_option_message
 
         message = no_such_option_message(e) or e.format_message()  # type: ignore[attr-defined]
-        print(f"error: {message} (see --help)", file=sys.stderr)
-        sys.exit(e.exit_code)  # type: ignore[attr-defined]
+        say(f"error: {message} (see --help)")
+        exit_with(e.exit_code)  # type: ignore[attr-defined]
     except typer.Exit as e:
-        sys.exit(e.exit_code)
+        exit_with(e.exit_code)
+    except OSError as e:  # a write to a terminal or pipe that is gone (launcher/cli/exit_status.py)
+        if interrupted_by(e):  # after SIGHUP: the interruption's status; the run's events say how it ended
+            say(f"error: interrupted ({e.strerror or e})")
+            exit_with(INTERRUPTED_STATUS)
+        if output_gone():
+            exit_with(OUTPUT_GONE_STATUS)
+        raise
+    finally:
+        restore_signals(previous)
 
 
 # typer >= 0.20 vendors its own click; its usage errors share only the class name with click's.

@@ -88,11 +88,13 @@ def _cause(name: str) -> str:
 
 def catch_stop_signals() -> dict[int, Any]:
     """From now on SIGINT, SIGTERM and SIGHUP raise KeyboardInterrupt (recording which came), so that every one
-    reaches the code that stops the run; returns the handlers they had. Only the main thread can set handlers;
-    elsewhere this does nothing."""
+    reaches the code that stops the run; returns the handlers they had. A signal ignored when ddpctl started
+    stays ignored (`nohup ddpctl ...`: the user asked to outlive the terminal). Only the main thread can set
+    handlers; elsewhere this does nothing."""
     if threading.current_thread() is not threading.main_thread():
         return {}
-    previous: dict[int, Any] = {sig: signal.signal(sig, _handle) for sig in STOP_SIGNALS}
+    previous: dict[int, Any] = {sig: signal.signal(sig, _handle) for sig in STOP_SIGNALS
+                                if signal.getsignal(sig) is not signal.SIG_IGN}
     _state.installed = True
     _state.mode = "raise"
     _state.received.clear()

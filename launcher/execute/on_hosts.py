@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.errors import DdpctlError, Interrupted
 from launcher.execute import interruption
+from launcher.execute.before_start import nothing_started_if_interrupted
 from launcher.execute.failure_cause import cause_exit_code, report_failure, shown_state, teardown_outcome
 from launcher.execute.live_output import LiveOutput
 from launcher.planning.plan import RunPlan
@@ -80,14 +81,18 @@ def run_remote_up(plan: RunPlan, options: UpOptions, session: HostSession, recor
         "node_facts": [f.to_json() for f in plan.node_facts],
         "ssh": session.settings_json(), **options.record, **(record_extra or {}),
     }  # fmt: skip
+    made_here = run_dir is None  # a provider's run directory records what it acquired: kept if interrupted now
     if run_dir is None:
         run_dir = RunDir.create(options.runs_dir, spec, fields)
     else:
         run_dir.update_record(spec=spec.to_json(), **fields)
     write_json_atomic(run_dir.path / PLAN_FILE, plan.to_json())
     run_dir.event("planned", nodes=[n.shell_line() for n in plan.nodes])
-    ship_image(session, plan, run_dir, options.show_progress)
-    ship_code(session, plan, run_dir)
+    shipping = "shipping the image and the code to the hosts" if plan.image else "shipping the code to the hosts"
+    with nothing_started_if_interrupted(shipping, run_dir, keep_run_dir=not made_here,
+                                        kept_because="it records the machines the provider acquired"):
+        ship_image(session, plan, run_dir, options.show_progress)
+        ship_code(session, plan, run_dir)
     interruption.defer_signals()  # nodes are never left half-started: an interruption waits for the start
     start_nodes(session, plan, run_dir)
     if options.detach:

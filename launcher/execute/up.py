@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from launcher.execute.before_start import nothing_started_if_interrupted
 from launcher.execute.failure_cause import local_failure, teardown_outcome
 from launcher.execute.local import check_local_run, run_local
 from launcher.execute.local_disk import full_disk_named, raise_if_disk_full
@@ -62,7 +63,9 @@ def _run_on_hosts(acquired: AcquiredHosts) -> UpResult:
     from launcher.planning.rdzv_reservation import reservation_released
 
     assert acquired.session is not None
-    probe = probe_hosts(acquired.session, acquired.spec, acquired.options, acquired.hosts)
+    with nothing_started_if_interrupted("probing the hosts", acquired.run_dir, keep_run_dir=True,
+                                        kept_because="it records the machines the provider acquired"):
+        probe = probe_hosts(acquired.session, acquired.spec, acquired.options, acquired.hosts)
     with reservation_released(acquired.session, acquired.spec.python, acquired.spec.run_id):  # node 0's port
         plan = plan_probed(acquired.spec, acquired.options, probe, acquired.hosts)
         return run_remote_up(plan, acquired.options, acquired.session, record_extra=acquired.record,

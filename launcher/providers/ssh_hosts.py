@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from launcher.errors import HostError, HostsFailed
+from launcher.execute.before_start import nothing_started_if_interrupted
 from launcher.execute.reattach import host_status_rows, print_host_log, pull_hosts, stop_and_pull_hosts
 from launcher.planning.probe import plan_probed, plan_unprobed, probe_hosts
 from launcher.providers.base import AcquiredHosts
@@ -39,7 +40,8 @@ class SshHosts:
 
     def acquire(self, spec: RunSpec, options: UpOptions) -> AcquiredHosts:
         """A session to the named hosts (connections open lazily, host keys verified)."""
-        self._session = HostSession.open(options)
+        with nothing_started_if_interrupted("connecting to the hosts"):
+            self._session = HostSession.open(options)
         return AcquiredHosts(spec, options, self._session)
 
     def release(self, result: UpResult) -> UpResult:

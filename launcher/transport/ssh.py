@@ -148,6 +148,7 @@ class Connection:
         self._sftp: paramiko.SFTPClient | None = None
         self._jump: Connection | None = None
         self._lock = threading.Lock()
+        self._opening: socket.socket | paramiko.Channel | ProxyCommandSocket | None = None  # the last connect's
 
     # -- public -------------------------------------------------------------------------------------------
 
@@ -213,6 +214,9 @@ class Connection:
         return result
 
     def close(self) -> None:
+        """Close the connection; a connect under way in another thread is cut short, not waited out (Ctrl-C)."""
+        if self._lock.locked() and self._opening is not None:
+            self._opening.close()
         with self._lock:
             self._close_locked()
 
@@ -265,6 +269,7 @@ class Connection:
     def _open(self) -> paramiko.Transport:
         sock = self._socket()
         transport = paramiko.Transport(sock)  # type: ignore[arg-type]  # a ProxyCommandSocket is socket-like
+        self._opening = sock
         try:
             known = self.known_hosts.lookup(self.target.key_name)
             opts = transport.get_security_options()

@@ -63,7 +63,8 @@ class Up:
 
     @property
     def run(self) -> Path:
-        return wait_for("the run directory", lambda: next((p for p in self.runs.iterdir() if p.is_dir()), None))
+        return wait_for("the run directory", lambda: next((p for p in self.runs.iterdir() if p.is_dir()
+                                                           and not p.name.startswith(".")), None))  # not staging
 
     def workspace(self, node: int) -> Path:
         """Node `node`'s workspace on its host (hosts share this machine's file system)."""

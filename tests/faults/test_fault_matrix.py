@@ -96,11 +96,58 @@ def test_terminal_closing_stops_every_node_even_when_nothing_can_be_printed(bed:
     assert shown
     up.terminal.close()
     code, _ = up.finish()
-    assert code != 0
+    assert code == 130, "the documented status, though nothing could be printed (was 1 or 120: EIO on the last line)"
     assert outcome(up)["stopped"] is True and outcome(up)["pulled"] is True
     assert "interrupted by SIGHUP" in str(outcome(up)["text"])
     assert_nothing_lost(up, before)
     assert_nothing_left_running(bed.hosts)
+
+
+# The host's python for `--python`: it stops at the step the test gates (every call, or the ship's first listing
+# of the code cache: `python -c SCRIPT manifest DIR`), says so in a file, waits until the test opens the gate, then
+# runs the hosts' python3 (the bed puts this machine's python with torch first on their PATH).
+GATED_PYTHON = """#!/bin/sh
+if {gated}; then
+    touch {gate_dir}/reached
+    while [ -d {gate_dir} ] && [ ! -e {gate_dir}/open ]; do sleep 0.05; done
+fi
+exec python3 "$@"
+"""
+
+
+@pytest.mark.parametrize(("phase", "gated", "signal_name", "line"), [
+    ("probe", "true", "SIGINT", "error: interrupted by Ctrl-C while probing the hosts: nothing was started on any "
+                                "host; no run directory was made"),
+    ("ship", '[ "$3" = manifest ]', "SIGTERM", "error: interrupted by SIGTERM while shipping the code to the hosts: "
+                                               "nothing was started on any host; no run directory kept (it held only "
+                                               "the plan)"),
+], ids=["ctrl-c-while-probing", "sigterm-while-shipping"])
+def test_interrupted_before_torchrun_starts_says_nothing_was_started(bed: Testbed, tmp_path: Path, phase: str,
+                                                                    gated: str, signal_name: str, line: str) -> None:
+    """Interrupted while the hosts are probed or the code is shipped: one line saying that nothing runs anywhere
+    and what became of the run directory; exit 130; nothing in --runs-dir; no process left on the hosts."""
+    gate_dir = Path(tempfile.mkdtemp(prefix=f"ddpctl-gate-{phase}-"))
+    try:
+        os.chmod(gate_dir, 0o777)  # the hosts' login users say there that they reached the gate
+        python = gate_dir / "gated-python"
+        python.write_text(GATED_PYTHON.format(gated=gated, gate_dir=gate_dir))
+        python.chmod(0o755)
+        up = Up(bed, bed.hosts, tmp_path / "runs", *TINY, "--python", str(python))
+        wait_for(f"the {phase} to reach a host", (gate_dir / "reached").exists, timeout=120)
+        up.proc.send_signal(getattr(signal, signal_name))
+        code, err = up.finish(timeout=60)
+        (gate_dir / "open").touch()  # what waited on the hosts now runs its step and ends (its connection is gone)
+        assert code == 130, err
+        assert last_line(err) == line, err
+        assert "Traceback" not in err
+        assert list((tmp_path / "runs").iterdir()) == [], "nothing half-written in --runs-dir"
+        assert_nothing_left_running(bed.hosts)
+        wait_for("the gated steps to end on the hosts", lambda: not any(
+            h.run_as_user(["pgrep", "-u", h.user, "-f", str(gate_dir)], check=False).stdout for h in bed.hosts),
+            timeout=30)
+    finally:
+        (gate_dir / "open").touch()
+        shutil.rmtree(gate_dir, ignore_errors=True)
 
 
 def test_launcher_killed_then_status_pull_and_down_reattach(bed: Testbed, tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
 from launcher.errors import AuthenticationFailed, DdpctlError, HostsFailed, Interrupted, SpecError
+from launcher.execute.interruption import last_cause
 from launcher.execute.on_hosts import RunStopRequested, pull_run
 from launcher.planning.plan import NodeHost, plan_remote
 from launcher.providers.base import AcquiredHosts
@@ -178,7 +179,7 @@ def _provision(client: VastClient, offers: list[Offer], spec: RunSpec, options: 
                 else f"; the {len(ledger.instances)} instance(s) it created were destroyed" if ledger.instances
                 else "; nothing was rented")
         if isinstance(exc, KeyboardInterrupt):
-            raise Interrupted(f"stopped by Ctrl-C while renting{note}") from None
+            raise Interrupted(f"stopped by {last_cause()} while renting{note}") from None
         if isinstance(exc, DdpctlError):
             raise DdpctlError(f"{exc}{note}") from None
         raise
@@ -263,7 +264,9 @@ def _after_failure(client: VastClient, session: HostSession | None, ledger: Ledg
     if stopped:
         raise DdpctlError(f"stopped: {exc}{'' if started else ' (before training started)'}; {done}") from None
     if interrupted:
-        raise Interrupted(f"stopped by Ctrl-C; what the nodes wrote is in {run_dir.path}; {done}") from None
+        before_start = isinstance(exc, Interrupted) and not started  # its line says nothing ran (before_start.py)
+        said = str(exc) if before_start else f"stopped by {last_cause()}; what the nodes wrote is in {run_dir.path}"
+        raise Interrupted(f"{said}; {done}") from None
     if isinstance(exc, DdpctlError):
         raise DdpctlError(f"{exc}\n{done}") from None
 
