@@ -139,8 +139,6 @@ def check_rendezvous_reachable(conns: list[Runner], labels: list[str], python: s
     `reserve_for` (a run id) the port is reserved for that run (launcher/planning/rdzv_reservation.py)."""
     if len(conns) < 2:
         return port
-    port = reserve_and_listen(conns[0], python, labels[0], addr, port, expect=len(conns) - 1, seconds=timeout + 20,
-                              any_free=any_free_port, run_id=reserve_for)
 
     def connect(index: int) -> str:
         r = conns[index].run([python, "-c", CONNECT_SCRIPT, addr, str(port), str(timeout)], timeout=timeout + 10)
@@ -149,7 +147,9 @@ def check_rendezvous_reachable(conns: list[Runner], labels: list[str], python: s
                             f"({r.stdout.strip()}); check the network or pass --rdzv-addr")
         return "ok"
 
-    try:
+    try:  # an interruption while node 0 reserves may come after its reservation was made there: released too
+        port = reserve_and_listen(conns[0], python, labels[0], addr, port, expect=len(conns) - 1,
+                                  seconds=timeout + 20, any_free=any_free_port, run_id=reserve_for)
         outcomes = run_on_hosts(list(range(1, len(conns))), connect, timeout=timeout + 15, label=lambda i: labels[i])
         raise_for_errors(outcomes, "rendezvous check")
     except BaseException:

@@ -121,12 +121,17 @@ exec python3 "$@"
     ("ship", '[ "$3" = manifest ]', "SIGTERM", "error: interrupted by SIGTERM while shipping the code to the hosts: "
                                                "nothing was started on any host; no run directory kept (it held only "
                                                "the plan)"),
-], ids=["ctrl-c-while-probing", "sigterm-while-shipping"])
+    # The last step of the probe: node 0's port is reserved and node 1 connects to it; the reservation goes too.
+    ("reserve", 'echo "$2" | grep -q create_connection', "SIGINT",
+     "error: interrupted by Ctrl-C while probing the hosts: nothing was started on any host; no run directory was "
+     "made"),
+], ids=["ctrl-c-while-probing", "sigterm-while-shipping", "ctrl-c-once-the-port-is-reserved"])
 def test_interrupted_before_torchrun_starts_says_nothing_was_started(bed: Testbed, tmp_path: Path, phase: str,
                                                                     gated: str, signal_name: str, line: str) -> None:
     """Interrupted while the hosts are probed or the code is shipped: one line saying that nothing runs anywhere
     and what became of the run directory; exit 130; nothing in --runs-dir; no process left on the hosts."""
     gate_dir = Path(tempfile.mkdtemp(prefix=f"ddpctl-gate-{phase}-"))
+    reserved_before = set(Path(RESERVATION_DIR).glob("port-*"))
     try:
         os.chmod(gate_dir, 0o777)  # the hosts' login users say there that they reached the gate
         python = gate_dir / "gated-python"
@@ -141,6 +146,7 @@ def test_interrupted_before_torchrun_starts_says_nothing_was_started(bed: Testbe
         assert last_line(err) == line, err
         assert "Traceback" not in err
         assert list((tmp_path / "runs").iterdir()) == [], "nothing half-written in --runs-dir"
+        assert set(Path(RESERVATION_DIR).glob("port-*")) <= reserved_before, "a rendezvous port left reserved"
         assert_nothing_left_running(bed.hosts)
         wait_for("the gated steps to end on the hosts", lambda: not any(
             h.run_as_user(["pgrep", "-u", h.user, "-f", str(gate_dir)], check=False).stdout for h in bed.hosts),
