@@ -4,9 +4,17 @@ fails the suite when a mount, namespace, container or process it made is left be
 No test may wait on the real internet: `up --provider vast` reads its image's labels from the image's registry
 (launcher/providers/vast/registry_api.py), and the tests' images name Docker Hub. HTTPS here goes to a proxy
 that refuses at once, so that read falls back in milliseconds on any machine, with or without a route out; the
-registry tests use their own stand-in over plain HTTP on 127.0.0.1, which no proxy touches."""
+registry tests use their own stand-in over plain HTTP on 127.0.0.1, which no proxy touches.
+
+A suite started with a stop signal ignored (SIGHUP under `nohup`; SIGINT for a background job of a script, or a
+runner that ignores them) would hand the ignore on to every ddpctl it starts, and ddpctl keeps an inherited
+ignore, as `nohup` and the shell ask: the tests of Ctrl-C and of a terminal closing need ddpctl started as a
+terminal starts it. An ignored SIGINT gets Python's usual handler back; an ignored SIGHUP or SIGTERM becomes a
+handler that does nothing, so the suite itself still outlives them. A handler, unlike an ignore, is not inherited
+by the programs the suite starts."""
 
 import os
+import signal
 
 from tests.session_leaks import pytest_sessionfinish, pytest_sessionstart  # noqa: F401
 from tests.testbed_fixtures import testbed  # noqa: F401
@@ -15,3 +23,13 @@ for _name in ("HTTPS_PROXY", "https_proxy"):
     os.environ[_name] = "http://127.0.0.1:9"  # the discard port: nothing listens, the connection is refused
 for _name in ("NO_PROXY", "no_proxy"):
     os.environ[_name] = "127.0.0.1,localhost,::1"  # the stand-ins (Vast's API, a registry) answer on loopback
+
+
+def _outlive(_signum: int, _frame: object) -> None:
+    """SIGHUP or SIGTERM for a suite started ignoring them: nothing, as before, but not passed on."""
+
+
+for _signal, _handler in ((signal.SIGINT, signal.default_int_handler), (signal.SIGHUP, _outlive),
+                          (signal.SIGTERM, _outlive)):
+    if signal.getsignal(_signal) == signal.SIG_IGN:
+        signal.signal(_signal, _handler)
