@@ -133,7 +133,7 @@ def test_watch_names_hung_nodes_low_disk_and_the_first_failure(tmp_path: Path,
     run_dir = RunDir.create(tmp_path, RunSpec(run_id="w", nnodes=2), {"nodes": []})
     reports = {
         0: {"last_logged": "logs/x/attempt_0/0/stderr.log: waiting", "failures": [
-            {"time": 20.5, "text": "rank 0: RuntimeError: Connection closed by peer"}]},
+            {"time": 19.5, "text": "rank 0: RuntimeError: Connection closed by peer"}]},  # seen first: a consequence
         1: {"last_logged": "torchrun.out: step 7", "failures": [
             {"time": 20.0, "text": "rank 1: OSError: [Errno 28] No space left on device"}]},
     }  # fmt: skip
@@ -154,7 +154,7 @@ def test_watch_names_hung_nodes_low_disk_and_the_first_failure(tmp_path: Path,
     assert len(hang) == 2 and hang[0].startswith("node 0 (a): no training step for 11 s")
     assert hang[1].endswith("last logged: torchrun.out: step 7")
     failure = [ln for ln in lines if "Errno" in ln or "Connection closed" in ln]
-    assert failure == ["node 1 (b): rank 1: OSError: [Errno 28] No space left on device"]  # the earliest
+    assert failure == ["node 1 (b): rank 1: OSError: [Errno 28] No space left on device"]  # the cause
     kinds = [e["event"] for e in run_dir.events()]
     assert kinds.count("low_disk") == 1 and kinds.count("hang") == 1 and kinds.count("rank_failed") == 1
     assert next(e for e in run_dir.events() if e["event"] == "hang")["nodes"]["1"] == "torchrun.out: step 7"

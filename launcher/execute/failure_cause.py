@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from launcher.execute import attribution
 from launcher.execute.failure_log import without_control_chars
 from launcher.planning.rdzv_reservation import rendezvous_taken_hint
+from launcher.results.peer_loss import lost_a_peer
 from launcher.results.progress import console
 from launcher.results.rundir import RunDir, primary_node_out, read_json, read_jsonl
 
@@ -50,6 +51,11 @@ def host_node_report(conn: Runner, workspace: str, python: str) -> dict[str, Any
     if report.get("exit_time") is not None:
         report["exit_time"] += offset
     return report
+
+
+def _lost_a_peer(report: dict[str, Any]) -> bool:
+    failures = report.get("failures") or []
+    return bool(failures) and lost_a_peer(failures[0].get("explain") or [])
 
 
 def _cause_time(report: dict[str, Any]) -> float | None:
@@ -89,7 +95,7 @@ def attribute(reports: Sequence[dict[str, Any] | None], labels: Sequence[str], s
         if not unknown:
             return None
         own = unknown[:1]
-    first = min(own, key=lambda i: (_cause_time(reports[i] or {}) or float("inf"), i))
+    first = min(own, key=lambda i: (_lost_a_peer(reports[i] or {}), _cause_time(reports[i] or {}) or float("inf"), i))
     cause = _describe_cause(first, labels[first], reports[first], python)
     nodes = []
     for index, report in enumerate(reports):

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from launcher.execute import node_report
 from launcher.execute.failure_log import without_control_chars
+from launcher.results.peer_loss import lost_a_peer
 from launcher.results.progress import console, progress_record
 from launcher.results.rundir import RunDir
 from launcher.runtimes.native import NodeState
@@ -163,18 +164,19 @@ class RunWatch:
         if self.failure_told:
             return
         self.failure_told = True
-        first: tuple[float, int, str] | None = None
+        first: tuple[bool, float, int, str] | None = None  # a lost peer after any other failure
         for index in range(len(self.labels)):
             try:
                 notes = self.read_report(index).get("failures") or []
             except Exception:  # an unreachable node: its note comes back when the run is pulled
                 notes = []
             for note in notes:
-                candidate = (float(note["time"]), index, str(note["text"]))
+                text = str(note["text"])
+                candidate = (lost_a_peer([text]), float(note["time"]), index, text)
                 first = candidate if first is None or candidate < first else first
         if first is not None:
-            self._say(first[1], first[2])
-            self.run_dir.event("rank_failed", node=first[1], error=first[2])
+            self._say(first[2], first[3])
+            self.run_dir.event("rank_failed", node=first[2], error=first[3])
 
     def _check_hang(self, states: Sequence[NodeState | None], now: float) -> None:
         if not self.rule.hung(now):

@@ -290,6 +290,15 @@ def test_report_parsing_and_ordering_across_nodes() -> None:
     assert record is not None
     assert (record["node"], record["rank"]) == (1, 3) and "out of memory" in record["summary"]
     assert record["nodes"][0]["outcome"].startswith("failed after node 1")
+    # The rank that lost its peer was seen failing first (its torchrun polled sooner): still not the cause.
+    raised = {"exit_code": 1, "exit_time": 104.0, "failures": [
+        {"rank": 3, "local_rank": 1, "exitcode": 1, "signal": None, "pid": 7, "time": 106.0,
+         "explain": ["Traceback (most recent call last):", "ValueError: bad batch in epoch 1 on rank 3"]}]}
+    record = attribute([dict(late, failures=[dict(late["failures"][0], time=105.9)]), raised], ["a", "b"])
+    assert record is not None and (record["node"], record["rank"]) == (1, 3), record
+    record = attribute([late, {"exit_code": 143, "exit_time": 107.0, "failures": []}], ["a", "b"], stopped=[1],
+                       stop_time=106.5)
+    assert record is not None and record["node"] == 0, "a lost peer is the cause when nothing else failed"
     # A node ddpctl stopped (its exit 143 after the stop) is never the cause, whatever its exit code says.
     stopped = {"exit_code": 143, "exit_time": 130.0, "failures": []}
     record = attribute([stopped, dict(early, failures=[dict(failures[0], time=120.0)])], ["a", "b"], stopped=[0],
