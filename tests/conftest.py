@@ -1,4 +1,5 @@
-"""Shared fixtures: the multi-host test bed (see tests/testbed_fixtures.py); the end-of-session check that
+"""Shared fixtures: the multi-host test bed (see tests/testbed_fixtures.py); a run directory with the stop signals
+caught (tests/interruption_fixtures.py); the end-of-session check that
 fails the suite when a mount, namespace, container or process it made is left behind (tests/session_leaks.py).
 
 No test may wait on the real internet: `up --provider vast` reads its image's labels from the image's registry
@@ -16,6 +17,7 @@ by the programs the suite starts."""
 import os
 import signal
 
+from tests.interruption_fixtures import run_dir  # noqa: F401
 from tests.session_leaks import pytest_sessionfinish, pytest_sessionstart  # noqa: F401
 from tests.testbed_fixtures import testbed  # noqa: F401
 

@@ -5,27 +5,14 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from launcher.execute import interruption
 from launcher.results.rundir import RunDir
-from launcher.spec.run_spec import RunSpec
+from tests.interruption_fixtures import NOT_MAIN_THREAD  # and its run_dir fixture, through tests/conftest.py
 
-pytestmark = pytest.mark.skipif(threading.current_thread() is not threading.main_thread(),
-                                reason="signal handlers can only be set in the main thread")
-
-
-@pytest.fixture
-def run_dir(tmp_path: Path) -> Iterator[RunDir]:
-    previous = interruption.catch_stop_signals()
-    try:
-        yield RunDir.create(tmp_path / "runs", RunSpec(run_id="r1"), {})
-    finally:
-        interruption.restore_signals(previous)
+pytestmark = NOT_MAIN_THREAD
 
 
 def ctrl_c(times: int = 1) -> None:
