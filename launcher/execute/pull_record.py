@@ -33,7 +33,7 @@ def pull_lock(run_path: Path, run_id: str) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             console.print(f"another pull of run {run_id} is under way; waiting for it to finish", markup=False,
-                          highlight=False)
+                          highlight=False, soft_wrap=True)
             fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:

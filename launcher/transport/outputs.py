@@ -33,6 +33,7 @@ from launcher.transport.sync import (
     file_sha256,
     ignore_spec,
     local_manifest,
+    part_name,
 )
 
 # The environment variable naming the run's output folder to the user's script (hosts: the workspace's out/,
@@ -236,7 +237,7 @@ def _place(src: Path, dest: Path) -> None:
                                                    or file_sha256(src) == file_sha256(dest)):
         return
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.parent / f".{dest.name}.{secrets.token_hex(4)}"
+    tmp = dest.parent / part_name(dest.name)
     try:
         os.link(src, tmp)
     except OSError:
