@@ -87,3 +87,9 @@ def incomplete_pull_line(run_path: Path, record: dict[str, Any], after_down: boo
     what = f"{count} not pulled" if missing else "a node's pull failed"
     return f"pull incomplete, {what}: {'; '.join(parts)} (all listed in {run_path / PULL_RECORD})" + (
         f"; {down}" if down else "")
+
+
+def files_not_pulled(run_path: Path) -> int:
+    """How many files the last recorded pull could not bring back (0: none, or no pull recorded)."""
+    pulled = read_json(run_path / PULL_RECORD) or {}
+    return sum(len(n.get("not_pulled", [])) for n in pulled.get("nodes", []) if isinstance(n, dict))
