@@ -9,7 +9,6 @@ so `ddpctl status` shows the same cause as `up`."""
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -104,7 +103,9 @@ def attribute(reports: Sequence[dict[str, Any] | None], labels: Sequence[str], s
         elif report is None:
             outcome = "unknown (it could not be asked)"
         elif index in own:
-            outcome = f"failed after node {first}: {_short(_describe_cause(index, labels[index], report, python))}"
+            what = _short(_describe_cause(index, labels[index], report, python))
+            # "after node K" only where the node says it lost a peer: a rank that raised by itself is its own cause
+            outcome = f"failed after node {first}: {what}" if _lost_a_peer(report) else f"failed by itself: {what}"
         elif index in stopped:
             outcome = "stopped"
         else:
@@ -131,9 +132,9 @@ def _describe_cause(node: int, label: str, report: dict[str, Any] | None, python
                       explain=[without_control_chars(x) for x in worker.get("explain", [])], log=worker.get("log"),
                       oom=worker.get("oom"), binary=worker.get("binary"))
         record["summary"] = f"rank {worker['rank']} on {where} {how}"
-        last = next((x for x in reversed(record["explain"]) if x.strip()), "")
-        if last and worker["signal"] is None:
-            record["summary"] += ": " + re.sub(r"^\[rank\d+\]:\s*", "", last.strip())
+        raised = attribution.exception_line(record["explain"])
+        if raised and worker["signal"] is None:  # the exception, never a line the script printed before it ended
+            record["summary"] += ": " + raised
     elif code is not None and code > 128:
         record.update(exit_code=code, signal=attribution.signal_name(code - 128), time=report.get("exit_time"))
         record["summary"] = f"torchrun's agent on {where} was ended by {record['signal']} (exit {code})"
