@@ -20,6 +20,7 @@ import signal
 from tests.interruption_fixtures import run_dir  # noqa: F401
 from tests.session_leaks import pytest_sessionfinish, pytest_sessionstart  # noqa: F401
 from tests.testbed_fixtures import testbed  # noqa: F401
+from tests.tiers import _unit_tier_guard, pytest_collection_modifyitems  # noqa: F401
 
 for _name in ("HTTPS_PROXY", "https_proxy"):
     os.environ[_name] = "http://127.0.0.1:9"  # the discard port: nothing listens, the connection is refused
