@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher.execute import attribution
+from launcher.execute.failure_hints import RunHints, run_hints
 from launcher.execute.failure_log import without_control_chars
 from launcher.planning.rdzv_reservation import rendezvous_taken_hint
 from launcher.results.peer_loss import lost_a_peer
@@ -84,10 +85,11 @@ def _own_failure(report: dict[str, Any] | None, stop_time: float | None) -> bool
 
 
 def attribute(reports: Sequence[dict[str, Any] | None], labels: Sequence[str], stopped: Sequence[int] = (),
-              stop_time: float | None = None, python: str = "python3") -> dict[str, Any] | None:
+              stop_time: float | None = None, python: str = "python3",
+              hints: RunHints | None = None) -> dict[str, Any] | None:
     """The run's failure record from every node's report: the cause (the earliest failure of a node that failed
     by itself) and each node's outcome; None when no node failed. `stopped`: nodes still running when ddpctl
-    began stopping them at `stop_time` (this machine's clock)."""
+    began stopping them at `stop_time` (this machine's clock); `hints`: what the run's hints need."""
     own = [i for i, r in enumerate(reports) if _own_failure(r, stop_time if i in stopped else None)]
     if not own:
         unknown = [i for i, r in enumerate(reports) if r is None]
@@ -95,7 +97,7 @@ def attribute(reports: Sequence[dict[str, Any] | None], labels: Sequence[str], s
             return None
         own = unknown[:1]
     first = min(own, key=lambda i: (_lost_a_peer(reports[i] or {}), _cause_time(reports[i] or {}) or float("inf"), i))
-    cause = _describe_cause(first, labels[first], reports[first], python)
+    cause = _describe_cause(first, labels[first], reports[first], python, hints)
     nodes = []
     for index, report in enumerate(reports):
         if index == first:
@@ -114,7 +116,8 @@ def attribute(reports: Sequence[dict[str, Any] | None], labels: Sequence[str], s
     return {**cause, "nodes": nodes}
 
 
-def _describe_cause(node: int, label: str, report: dict[str, Any] | None, python: str) -> dict[str, Any]:
+def _describe_cause(node: int, label: str, report: dict[str, Any] | None, python: str,
+                    hints: RunHints | None = None) -> dict[str, Any]:
     """The cause on one node: who (rank or torchrun's agent), how (signal by name, out of memory, exit code)."""
     where = f"node {node} ({label})"
     record: dict[str, Any] = {"node": node, "host": label, "rank": None, "exit_code": None, "signal": None,
@@ -148,7 +151,8 @@ def _describe_cause(node: int, label: str, report: dict[str, Any] | None, python
         if last:
             record["summary"] += f": {last.strip()}"
     record["hint"] = (torch_import_hint(record["explain"], record.get("binary") or python, where)
-                      or rendezvous_taken_hint(report.get("port_taken"), node))
+                      or rendezvous_taken_hint(report.get("port_taken"), node)
+                   or (hints.hint(node, record["explain"], where) if hints else None))
     return record
 
 
@@ -237,7 +241,8 @@ def failure_from_pulled(run_dir: RunDir) -> dict[str, Any] | None:
     if not all((copy / "exit_code").is_file() for copy in copies):
         return None  # a node still running (or never pulled): nothing to say yet
     reports = [attribution.node_report(str(copy.resolve())) for copy in copies]
-    failure = attribute(reports, [str(n.get("label", k)) for k, n in enumerate(nodes)], python=run_dir.spec().python)
+    failure = attribute(reports, [str(n.get("label", k)) for k, n in enumerate(nodes)], python=run_dir.spec().python,
+                        hints=run_hints(run_dir.path, record))
     if failure is not None:
         record_failure(run_dir, failure)
     return failure
@@ -289,7 +294,7 @@ def report_failure(session: HostSession, run_dir: RunDir, states: Sequence[NodeS
                             lambda i: host_node_report(session.conn(i), workspaces[i], python),
                             timeout=90, label=session.label_of)
     reports = [o.value if o.error is None else None for o in outcomes]
-    record = attribute(reports, session.labels, running, stop_time, python)
+    record = attribute(reports, session.labels, running, stop_time, python, run_hints(run_dir.path, run_dir.record()))
     if record is not None:
         record_failure(run_dir, record)
         console.print(cause_text(record), markup=False, highlight=False)

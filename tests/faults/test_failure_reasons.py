@@ -1,15 +1,20 @@
 """A failure's reason (issue 22): the exception line of the rank's traceback or the signal, never a line the script
-printed before it ended; "failed after node K" only for a node whose ranks lost their peer. Worked out from node
+printed before it ended; "failed after node K" only for a node whose ranks lost their peer; hints where ddpctl
+knows better than torch (CUDA/NCCL on hosts without GPUs, a file shipping left out). Worked out from node
 workspaces recorded here as torchrun leaves them (torchrun.out's ChildFailedError report, each worker's logs,
 exit_code), read by the same attribution.node_report that runs on the hosts."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 from launcher.execute.attribution import exception_line, node_report
 from launcher.execute.failure_cause import attribute, cause_text, shown_state
+from launcher.execute.failure_hints import RunHints, run_hints
+from launcher.transport import outputs
 
 
 def child_failed(rank: int, local_rank: int, exitcode: int, pid: int, second: int = 5) -> str:
@@ -107,3 +112,66 @@ def test_only_a_node_that_lost_its_peer_failed_after_the_cause(tmp_path: Path) -
     assert outcomes[2].startswith("failed after node 1: rank 4"), outcomes
     assert shown_state(record, 0, "failed (exit 1)") == "failed by itself"
     assert "node 0 (a): failed by itself" in cause_text(record)
+
+
+# Each needs CUDA or NCCL; torch's CPU build (this machine's) fails each with its own error.
+NEEDS_CUDA = {
+    "set_device": "import torch\ntorch.cuda.set_device(0)\n",
+    "nccl": "import os, torch.distributed as dist\nos.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT='0')\n"
+            "dist.init_process_group(backend='nccl', rank=0, world_size=1)\n",
+    "cuda_tensor": "import torch\ntorch.zeros(1).cuda()\n",
+}
+
+
+def test_a_script_needing_cuda_on_a_host_without_gpus_gets_one_hint(tmp_path: Path) -> None:
+    """Real torch errors (this machine's CPU build), as a rank's stderr on a node the probe found without GPUs."""
+    cpu_hosts = RunHints(gpus=(0, 0))
+    for name, script in NEEDS_CUDA.items():
+        ran = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+        assert ran.returncode != 0, name
+        ws = workspace(tmp_path, name, child_failed(1, 1, 1, 9), {1: ("", ran.stderr)})
+        reports: list[dict[str, Any] | None] = [{"exit_code": 143, "failures": []}, node_report(ws)]
+        record = attribute(reports, ["a", "b"], stopped=[0], stop_time=1e12, hints=cpu_hosts)
+        assert record is not None and record["node"] == 1, name
+        assert record["hint"] is not None and "node 1 (b) has no GPU (the probe found none)" in record["hint"], name
+        assert "gloo" in record["hint"] and "hint: node 1 (b) has no GPU" in cause_text(record)
+        # The same failure on a GPU host (or one not probed) is torch's to explain: no hint.
+        assert attribute(reports, ["a", "b"], [0], 1e12, hints=RunHints(gpus=(0, 1)))["hint"] is None  # type: ignore[index]
+        assert attribute(reports, ["a", "b"], [0], 1e12)["hint"] is None  # type: ignore[index]
+
+
+def test_a_missing_file_that_shipping_left_out_names_the_line_that_ships_it(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    (project / "data" / "raw").mkdir(parents=True)
+    (project / "data" / "raw" / "train.csv").write_text("1,2\n")
+    (project / "labels.txt").write_text("a\n")
+    (project / ".gitignore").write_text("data/\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    manifest, left_out = outputs.record_shipped(run, project)  # as `up` does before shipping
+    assert "data/raw/train.csv" not in manifest and "labels.txt" in manifest
+    hints = run_hints(run, {"run_id": "r1", "node_facts": [{"gpu_names": []}]})
+    assert hints.source == project and hints.gpus == (0,)
+
+    def failed_with(stderr: str) -> dict[str, Any]:
+        ws = workspace(tmp_path, f"ws{len(list(tmp_path.iterdir()))}", child_failed(0, 0, 1, 5), {0: ("", stderr)})
+        record = attribute([node_report(ws)], ["a"], hints=hints)
+        assert record is not None
+        return record
+
+    def not_found(path: str) -> str:
+        return (f"Traceback (most recent call last):\n  File \"train.py\", line 3, in <module>\n"
+                f"FileNotFoundError: [Errno 2] No such file or directory: '{path}'\n")
+
+    record = failed_with(not_found("data/raw/train.csv"))
+    assert record["summary"].endswith("FileNotFoundError: [Errno 2] No such file or directory: 'data/raw/train.csv'")
+    assert record["hint"] == (f"data/raw/train.csv is in {project} but was not shipped (.gitignore/.ddpctlignore or "
+                              "ddpctl's defaults left data/ out): a .ddpctlignore line `!data/` ships it")
+    # The absolute path on the host (the workspace's shipped copy) means the same file.
+    assert failed_with(not_found("/home/u/.ddpctl/runs/r1/code/data/raw/train.csv"))["hint"] == record["hint"]
+    # A file the project does not have, or one that was shipped, is not shipping's doing: no hint.
+    assert failed_with(not_found("data/raw/test.csv"))["hint"] is None
+    assert failed_with(not_found("labels.txt"))["hint"] is None
+    (project / ".ddpctlignore").write_text("!data/\n")  # the line the hint gave: shipped now
+    manifest, _ = outputs.record_shipped(run, project)
+    assert "data/raw/train.csv" in manifest
