@@ -25,7 +25,7 @@ from launcher.transport.ssh import Connection
 from launcher.transport.sync import PART_MARK
 from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, connect
 
-pytestmark = pytest.mark.skipif(TESTBED_UNAVAILABLE, reason=TESTBED_SKIP_REASON)
+pytestmark = [pytest.mark.testbed, pytest.mark.skipif(TESTBED_UNAVAILABLE, reason=TESTBED_SKIP_REASON)]
 
 NAME_BYTES = st.sampled_from([b"a", b"b", b"Z", b"0", b" ", b"-", "é".encode(), b"\xe9", b"\xff", b"\x80"])
 NAMES = st.one_of(st.lists(NAME_BYTES, min_size=1, max_size=6).map(b"".join),
