@@ -179,6 +179,9 @@ class VastStandIn:
             self.requests.append(record)
             status, body = self._handle(method, parts.path, query, headers, raw_body, record)
             record["status"] = status
+            if status >= 400 and isinstance(body, dict) and self.lifecycle.switches.message_only_errors:
+                # "Some omit error and return only msg or message" (docs.vast.ai/api-reference/rate-limits-and-errors)
+                body = {"message": body.get("msg") or body.get("message") or body.get("detail") or body.get("error")}
             return status, body
 
     def _handle(self, method: str, path: str, query: dict[str, str], headers: dict[str, str], raw_body: bytes,
@@ -438,6 +441,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", "text/plain" if plain else "application/json")
         self.send_header("Content-Length", str(len(data)))
+        for name, value in (body.headers.items() if plain else ()):
+            self.send_header(name, value)
         self.end_headers()
         self.wfile.write(data)
 
