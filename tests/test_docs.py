@@ -1,5 +1,6 @@
 """The documentation: the MkDocs site builds strictly, its command-line reference lists every option, and every
-command the getting-started page shows runs, in order, as a reader would type it."""
+command the getting-started page shows runs, in order, as a reader would type it. The tests that run mkdocs or
+ddpctl start processes: integration tier."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.integration
 def test_the_site_builds_strictly_with_every_page(site: Path) -> None:
     pages = sorted(p.relative_to(REPO / "docs") for p in (REPO / "docs").rglob("*.md"))
     assert len(pages) >= 15, pages
@@ -50,6 +52,7 @@ def copy_project(tmp_path: Path) -> Path:
     return project
 
 
+@pytest.mark.integration
 def test_a_broken_link_or_a_page_left_out_of_the_nav_fails_the_build(tmp_path: Path) -> None:
     project = copy_project(tmp_path)
     index = project / "docs" / "index.md"
@@ -78,6 +81,7 @@ def visible_options(command_path: list[str]) -> list[str]:
             for spelling in (*param.opts, *param.secondary_opts)]
 
 
+@pytest.mark.integration
 def test_the_cli_reference_lists_every_option_of_up(site: Path) -> None:
     html = (site / "reference" / "cli" / "index.html").read_text()
     options = visible_options(["up"])
@@ -101,6 +105,7 @@ def getting_started_commands() -> list[str]:
     return commands
 
 
+@pytest.mark.integration
 def test_every_getting_started_command_runs(tmp_path: Path) -> None:
     commands = getting_started_commands()
     assert any(c.startswith("ddpctl up ") for c in commands) and any(c.startswith("ddpctl sweep ") for c in commands)
