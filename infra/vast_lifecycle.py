@@ -47,6 +47,7 @@ class Switches:
     private_images: dict[str, str] = field(default_factory=dict)  # image -> image_login that pulls it
     disk_full_machines: set[int] = field(default_factory=set)  # pulls there fail "no space left on device"
     unknown_machines: dict[int, float] = field(default_factory=dict)  # machine -> seconds "unknown" after boot
+    rebooting_machines: dict[int, float] = field(default_factory=dict)  # machine -> seconds "rebooting" after boot
     rate_limits: dict[tuple[str, str], float] = field(default_factory=dict)  # (method, template) -> seconds
     # (method, template) -> (requests, per seconds): more in any such window is answered 429 (search: (10, 60))
     windows: dict[tuple[str, str], tuple[int, float]] = field(default_factory=dict)
@@ -64,6 +65,7 @@ class Lifecycle:
         self.key_store = KeyStore()  # scoped API keys; their switches: key_store.switches
         self.rate_limited: list[tuple[str, str]] = []  # every 429 the limiter sent
         self.stops: dict[int, list[list[float | None]]] = {}  # instance id -> [[stopped_at, started_at|None]]
+        self.frozen: set[int] = set()  # instances paused with memory kept (their GPU still bills; a start resumes)
         self.started: dict[int, float] = {}  # instance id -> when it was last started again
         self.manage_calls: list[tuple[int, str, str]] = []  # (instance id, state, "owner" | key name)
         self._last: dict[tuple[str, str], float] = {}
@@ -136,6 +138,9 @@ class Lifecycle:
         elif state == "running" and self.is_stopped(iid):
             self.stops[iid][-1][1] = now
             self.started[iid] = time.monotonic()
+        elif state == "running" and iid in self.frozen:
+            self.frozen.discard(iid)
+            self.started[iid] = time.monotonic()
 
     def stopped_seconds(self, iid: int, until: float) -> float:
         return sum((end or until) - begin for begin, end in self.stops.get(iid, []) if begin is not None)
@@ -149,6 +154,8 @@ class Lifecycle:
         image = inst.request["image"]
         if self.is_stopped(inst.id):
             return "stopped", "stopped by request", False
+        if inst.id in self.frozen:
+            return "frozen", "container paused", False
         if inst.id in self.started and time.monotonic() - self.started[inst.id] < boot_delay_s:
             return "loading", "starting container", False
         if age < sw.null_status_s:
@@ -164,6 +171,9 @@ class Lifecycle:
         unknown_for = sw.unknown_machines.get(machine)
         if unknown_for is not None and age < boot_delay_s + sw.null_status_s + unknown_for:
             return "unknown", "", False
+        rebooting_for = sw.rebooting_machines.get(machine)
+        if rebooting_for is not None and age < boot_delay_s + sw.null_status_s + rebooting_for:
+            return "rebooting", "restarting the container", False
         if sw.null_status_s and age >= boot_delay_s + sw.null_status_s:
             return "running", "success, running " + image, True
         return None
@@ -175,3 +185,5 @@ class Lifecycle:
         if self.is_stopped(iid):
             obj["intended_status"] = obj["next_state"] = "stopped"
             obj["dph_total"] = obj["storage_total_cost"]
+        if iid in self.frozen:
+            obj["intended_status"] = obj["next_state"] = "frozen"

@@ -19,6 +19,8 @@ from launcher.providers.vast.client import VastClient
 from launcher.providers.vast.errors import ApiKeyMissing, VastAuthError, VastError, VastRateLimited, VastUnavailable
 from launcher.providers.vast.offers import MAX_CLUSTER_PAGES, OfferFilter, choose_offers, search_cluster_offers
 
+pytestmark = pytest.mark.integration  # a stand-in over loopback and ddpctl as a subprocess (tests/tiers.py)
+
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "sk-limits-5b7d9f1e3a"
 SEARCH = ("POST", "/api/v0/bundles/")
