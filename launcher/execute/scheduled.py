@@ -17,6 +17,7 @@ from launcher.errors import DdpctlError, HostError, Interrupted
 from launcher.execute import interruption
 from launcher.execute.failure_cause import attribute, record_failure
 from launcher.execute.on_hosts import PULLED, TOP_LEVEL_FILES, _cache_key, trainer_source_dir
+from launcher.execute.pull_record import pull_lock, write_pull_record
 from launcher.execute.request import UpOptions, UpResult
 from launcher.results.progress import console
 from launcher.results.run_records import finish_records
@@ -26,8 +27,9 @@ from launcher.schedulers.slurm.scheduler import SlurmScheduler, SlurmSubmit
 from launcher.spec.run_spec import RunSpec
 from launcher.transport import outputs
 from launcher.transport.hostsession import HostSession, target_to_json
+from launcher.transport.pull import pull_tree
 from launcher.transport.ssh import Connection
-from launcher.transport.sync import pull_tree, ship_tree
+from launcher.transport.sync import ship_tree
 
 POLL_SECONDS = 2.0
 REQUEST_FILE = "plan.json"  # as on hosts: what was carried out, as `up --dry-run --json` prints it
@@ -197,24 +199,26 @@ def pull_job(conn: Connection, run_dir: RunDir) -> list[dict[str, Any]]:
     spec, record = run_dir.spec(), run_dir.record()
     remote_dir = record["slurm"]["remote_dir"]
     shipped, patterns = outputs.load_shipped(run_dir.path), outputs.recorded_outputs(record)
-    stats = []
-    for node in range(spec.nnodes):
-        workspace = f"{remote_dir}/nodes/{node}"
-        local = run_dir.path / "nodes" / str(node)
-        pulled = pull_tree(conn, workspace, local, include=PULLED, missing_ok=True, python=spec.python)
+    stats: list[dict[str, Any]] = []
+    with pull_lock(run_dir.path, run_dir.run_id):
+        for node in range(spec.nnodes):
+            workspace = f"{remote_dir}/nodes/{node}"
+            local = run_dir.path / "nodes" / str(node)
+            pulled = pull_tree(conn, workspace, local, include=PULLED, missing_ok=True, python=spec.python)
+            merged = asdict(pulled)
+            if shipped is not None:
+                written = outputs.pull_workdir(conn, workspace, local, shipped, patterns, spec.python)
+                merged = outputs.merged_stats(pulled, written)
+            stats.append(merged)
+            run_dir.event("pulled", node=node, **merged)
+        write_pull_record(run_dir.path, [f"node {k}" for k in range(spec.nnodes)], list(stats), [None] * len(stats))
+        pull_tree(conn, remote_dir, run_dir.path, include=["/slurm-*.out"], missing_ok=True, python=spec.python)
+        primary = primary_node_out(run_dir.path, spec.nnodes)
+        for name in TOP_LEVEL_FILES:
+            if primary and (primary / name).is_file():
+                write_bytes_atomic(run_dir.path / name, (primary / name).read_bytes())
         if shipped is not None:
-            written = outputs.pull_workdir(conn, workspace, local, shipped, patterns, spec.python)
-            stats.append(outputs.merged_stats(pulled, written))
-        else:
-            stats.append(pulled.__dict__)
-        run_dir.event("pulled", node=node, **stats[-1])
-    pull_tree(conn, remote_dir, run_dir.path, include=["/slurm-*.out"], missing_ok=True, python=spec.python)
-    primary = primary_node_out(run_dir.path, spec.nnodes)
-    for name in TOP_LEVEL_FILES:
-        if primary and (primary / name).is_file():
-            write_bytes_atomic(run_dir.path / name, (primary / name).read_bytes())
-    if shipped is not None:
-        outputs.mirror_rank0(run_dir.path, outputs.rank0_node(record, primary))
+            outputs.mirror_rank0(run_dir.path, outputs.rank0_node(record, primary))
     return stats
 
 
