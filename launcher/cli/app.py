@@ -24,6 +24,7 @@ from launcher.cli.launch import check_from_env, recorded_launch, resolve_values,
 from launcher.cli.options import (
     OUTPUT,
     RUN_OPTIONS,
+    SLURM_OPTIONS,
     STRATEGY_OPTIONS,
     UP_OUTPUT_OPTIONS,
     UP_WHERE_OPTIONS,
@@ -62,7 +63,8 @@ RUNS_DIR = typer.Option(Path("runs"), "--runs-dir", help="Where run directories 
 
 
 @app.command(context_settings={"allow_interspersed_args": False})
-@takes_options(RUN_OPTIONS, STRATEGY_OPTIONS, WHERE_OPTIONS, UP_WHERE_OPTIONS, VAST_OPTIONS, UP_OUTPUT_OPTIONS)
+@takes_options(RUN_OPTIONS, STRATEGY_OPTIONS, WHERE_OPTIONS, UP_WHERE_OPTIONS, VAST_OPTIONS, SLURM_OPTIONS,
+               UP_OUTPUT_OPTIONS)
 def up(
     ctx: typer.Context,
     command: list[str] | None = typer.Argument(None, help="After `--`: your own command to run under torchrun."),
