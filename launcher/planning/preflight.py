@@ -86,7 +86,7 @@ def probe_host(conn: Runner, python: str, label: str, timeout: float = 60.0) -> 
                         "install python3 there or pass --python PATH")
     try:
         return HostFacts.from_probe(label, json.loads(result.stdout.strip().splitlines()[-1]))
-    except (ValueError, IndexError, KeyError, TypeError, AttributeError) as e:
+    except (ValueError, IndexError, KeyError, TypeError, AttributeError, RecursionError) as e:
         raise HostError(label, f"unexpected preflight answer: {result.stdout[:200]!r}") from e
 
 
