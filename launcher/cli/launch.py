@@ -14,7 +14,7 @@ import typer
 from launcher.cli.config import check_values, read_config
 from launcher.cli.options import LaunchOption, flag_of
 from launcher.errors import SpecError
-from launcher.execute.request import UpOptions
+from launcher.planning.request import UpOptions
 from launcher.spec.hosts import HostSpec, parse_hosts
 from launcher.spec.run_spec import DEFAULT_RDZV_PORT, RunSpec, check_port, new_run_id
 from launcher.spec.user_command import TRAINER_ONLY, check_user_command
@@ -193,7 +193,7 @@ def _vast_request(provider: str, values: dict[str, Any]) -> Any:
     for name, value in options.items():
         if isinstance(value, float) and not math.isfinite(value):
             raise SpecError(f"--{name.replace('_', '-').removesuffix('-s')} {value}: give a finite number")
-    from launcher.providers.vast.request import VastRequest
+    from launcher.spec.vast_request import VastRequest
 
     return VastRequest(**options)
 

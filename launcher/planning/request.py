@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from launcher.planning.plan import RunPlan
-    from launcher.providers.vast.request import VastRequest
     from launcher.spec.hosts import HostSpec
+    from launcher.spec.vast_request import VastRequest
 
 
 @dataclass(frozen=True)
