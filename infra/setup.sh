@@ -6,7 +6,8 @@
 # `infra/setup.sh --test` also installs what the test suite needs: OpenSSH (test hosts),
 # iproute2/iptables (network namespaces), Docker's engine, docker-compose 1.29 and Compose v2 (infra/compose_v2.sh),
 # mmdebstrap (offline base image),
-# docker-registry (a local registry for `ddpctl image push` tests).
+# docker-registry (a local registry for `ddpctl image push` tests), slurmctld, slurmd, slurm-client and munge (a
+# real Slurm cluster in the test bed: infra/slurm_cluster.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,7 +37,8 @@ apt_install() {
 
 if $with_tests; then
   missing=()
-  for pkg in openssh-server openssh-client iproute2 iptables procps docker.io docker-compose mmdebstrap docker-registry; do
+  for pkg in openssh-server openssh-client iproute2 iptables procps docker.io docker-compose mmdebstrap docker-registry \
+             slurmctld slurmd slurm-client munge; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
   done
   if [ ${#missing[@]} -gt 0 ]; then

@@ -19,6 +19,7 @@ import signal
 
 from tests.interruption_fixtures import run_dir  # noqa: F401
 from tests.session_leaks import pytest_sessionfinish, pytest_sessionstart  # noqa: F401
+from tests.slurm_fixtures import slurm_cluster  # noqa: F401
 from tests.testbed_fixtures import testbed  # noqa: F401
 
 for _name in ("HTTPS_PROXY", "https_proxy"):

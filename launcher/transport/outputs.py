@@ -25,6 +25,7 @@ import pathspec
 
 from launcher.errors import SpecError
 from launcher.transport.ssh import Connection
+from launcher.transport.state_files import state_note
 from launcher.transport.sync import (
     DEFAULT_IGNORE,
     IGNORE_FILES,
@@ -82,7 +83,7 @@ def record_shipped(run_path: Path, source: Path) -> tuple[dict[str, tuple[int, s
     manifest = local_manifest(source, spec)
     files = {rel: sha for rel, (_size, sha, _mode) in manifest.items()}
     tmp = run_path / f".{SHIPPED_FILE}.{secrets.token_hex(4)}"
-    tmp.write_text(json.dumps({"files": files}, sort_keys=True) + "\n")
+    tmp.write_text(json.dumps({"files": files, "source": str(source)}, sort_keys=True) + "\n")
     os.replace(tmp, run_path / SHIPPED_FILE)
     return manifest, left_out_by_ignore_files(source, spec)
 
@@ -117,10 +118,14 @@ def left_out_by_ignore_files(source: Path, spec: pathspec.PathSpec) -> list[Left
 
 
 def shipping_note(source: Path, manifest: dict[str, tuple[int, str, int]], left_out: list[LeftOut]) -> str:
-    """One line: what is shipped (files, bytes) and, when the ignore files left out folders or big files, the
-    biggest few of them with the .ddpctlignore line that ships one again."""
+    """One line: what is shipped (files, bytes), what of it looks like training state (with the line that leaves
+    it out), and, when the ignore files left out folders or big files, the biggest few of them with the
+    .ddpctlignore line that ships one again."""
     total = sum(size for size, _sha, _mode in manifest.values())
     line = f"shipping {_count(len(manifest), 'file')} ({_size(total)}) of {source} to each node"
+    state = state_note(manifest)
+    if state:
+        line += f"; {state}"
     if not left_out:
         return line
     named = ", ".join(f"{item.path} ({_count(item.files, 'file') + ', ' if item.path.endswith('/') else ''}"
