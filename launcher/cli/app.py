@@ -24,6 +24,7 @@ from launcher.cli.launch import check_from_env, recorded_launch, resolve_values,
 from launcher.cli.options import (
     OUTPUT,
     RUN_OPTIONS,
+    SLURM_OPTIONS,
     STRATEGY_OPTIONS,
     UP_OUTPUT_OPTIONS,
     UP_WHERE_OPTIONS,
@@ -62,7 +63,8 @@ RUNS_DIR = typer.Option(Path("runs"), "--runs-dir", help="Where run directories 
 
 
 @app.command(context_settings={"allow_interspersed_args": False})
-@takes_options(RUN_OPTIONS, STRATEGY_OPTIONS, WHERE_OPTIONS, UP_WHERE_OPTIONS, VAST_OPTIONS, UP_OUTPUT_OPTIONS)
+@takes_options(RUN_OPTIONS, STRATEGY_OPTIONS, WHERE_OPTIONS, UP_WHERE_OPTIONS, VAST_OPTIONS, SLURM_OPTIONS,
+               UP_OUTPUT_OPTIONS)
 def up(
     ctx: typer.Context,
     command: list[str] | None = typer.Argument(None, help="After `--`: your own command to run under torchrun."),
@@ -120,6 +122,13 @@ def finish_up(result: Any, json_out: bool) -> None:
     elif result.summary:
         console.print(summary_table(result.summary, f"run {result.run_dir.name}"))
         console.print(f"results in {result.run_dir}")
+    if result.run_dir is not None:  # the run's outcome is its training's; a pull that missed files is said beside
+        from launcher.execute.pull_record import incomplete_pull_line
+        from launcher.results.rundir import read_json
+
+        incomplete = incomplete_pull_line(result.run_dir, read_json(result.run_dir / "run.json") or {})
+        if incomplete:
+            console.print(incomplete, markup=False, highlight=False, soft_wrap=True)
     if result.exit_code == 130:
         from launcher.execute.interruption import recorded_outcome
 

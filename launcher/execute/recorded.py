@@ -13,6 +13,7 @@ from launcher.errors import DdpctlError, SpecError
 from launcher.execute.reattach import (
     host_status_rows,
     local_status_rows,
+    local_torchrun_running,
     print_host_log,
     print_local_log,
     pull_hosts,
@@ -98,8 +99,13 @@ class LocalRun:
                           f"already in {run_dir.path}")
 
     def down(self, run_dir: RunDir, options: UpOptions, force: bool) -> str:
-        """Refused: a local run is stopped where `up` runs."""
-        pid = run_dir.record().get("local_pid")
+        """Nothing to do for a local run that ended; one still running is refused: it is stopped where `up` runs
+        (its torchrun's pid is named only while that pid is still its torchrun)."""
+        record = run_dir.record()
+        ended = any(e.get("event") in ("exited", "stopped") for e in run_dir.events())
+        if ended or not local_torchrun_running(record):
+            return f"run {run_dir.run_id} ran on this machine and has ended: nothing to stop; its files are in " \
+                   f"{run_dir.path}"
         raise DdpctlError(f"run {run_dir.run_id} is a local run and `down` is for runs on hosts: stop a local run "
-                          "with Ctrl-C where `ddpctl up` runs" + (f" (or `kill {pid}`, its torchrun)" if pid else "")
-                          + f"; its files are in {run_dir.path}")
+                          f"with Ctrl-C where `ddpctl up` runs (or `kill {record['local_pid']}`, its torchrun); its "
+                          f"files are in {run_dir.path}")

@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 
 def run_up(spec: RunSpec, options: UpOptions) -> UpResult:
     """Run one experiment to its end (or plan it, with dry_run) and return where its results are."""
+    if options.provider == "slurm":  # a batch scheduler starts the nodes itself (launcher/schedulers/)
+        from launcher.execute.scheduled import run_scheduled
+
+        return run_scheduled(spec, options)
     return run_on_provider(provider_for(options), spec, options)
 
 

@@ -80,6 +80,7 @@ setsid sh -c '
   echo $? > "$ws/exit_code.tmp" && mv "$ws/exit_code.tmp" "$ws/exit_code"
 ' ddpctl-node "$ws" "$cwd" "$envfile" "$@" > torchrun.out 2>&1 < /dev/null &
 echo $! > pid
+sed 's/.*) //' "/proc/$!/stat" 2>/dev/null | cut -d' ' -f20 > pid_start
 echo $!
 """
 
@@ -97,6 +98,9 @@ STATE_SCRIPT = r"""
 cd "$1" 2>/dev/null || { echo "||gone"; exit 0; }
 pid=$(cat pid 2>/dev/null); alive=0
 if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then alive=1; fi
+# A pid the system gave to another process since (the start time the node recorded differs) is not the node's.
+if [ "$alive" = 1 ] && [ -s pid_start ] && [ -r "/proc/$pid/stat" ] \
+   && [ "$(sed 's/.*) //' "/proc/$pid/stat" | cut -d' ' -f20)" != "$(cat pid_start)" ]; then alive=0; fi
 ec=$(cat exit_code 2>/dev/null)
 free=$(df -Pk . 2>/dev/null | awk 'NR==2 {print $4}')
 echo "$pid|$ec|$alive|$free"
@@ -132,6 +136,9 @@ if [ -n "$log" ]; then tail -c +$((from + 1)) "$log" | head -c $((to - from)); f
 # Stop the node's torchrun and all its workers (launcher/runtimes/proctree.py, whose source this is, plus the
 # workspace's pid file), and record exit status 143 unless the node recorded its own. Arguments: the workspace,
 # the grace in seconds (empty: the one the node recorded at its start), the grace when it recorded none.
+# Nothing is signalled once the node recorded its exit status, nor when the pid now names another process (its
+# start time is not the one recorded, or it is not a `ddpctl-node` command). A process group outlives its leader
+# and its id is never handed out while it has members: when the leader is gone, what is left of it is ours.
 STOP_SCRIPT = Path(proctree.__file__).read_text() + r"""
 import sys
 workspace, grace, fallback = sys.argv[1:4]
@@ -141,6 +148,14 @@ try:
     pid = int(open("pid").read())
 except (OSError, ValueError):
     sys.exit(0)
+try:
+    recorded_start = open("pid_start").read().strip()
+except OSError:
+    recorded_start = ""
+if os.path.exists("exit_code"):
+    sys.exit(0)
+if start_time(pid) is not None and not is_node_process(pid, recorded_start, b"ddpctl-node"):
+    sys.exit(0)  # another process has that pid now (ours ended); its group, if any is left, cannot be another's
 if not grace:
     try:
         grace = open("stop_grace").read().strip()
