@@ -150,7 +150,7 @@ AVERAGE_HELP = "local-sgd: average parameters every N steps, each 'epoch' (defau
 PRECISION_HELP = "fp32 (default) or bf16 (autocast)."
 STRATEGY_OPTIONS = (
     opt("strategy", str, "ddp", "ddp (torchrun), spawn, dp, mp, ddp-mp, hogwild or local-sgd; --gpus stays the "
-        "processes / GPUs to use (README: Strategies).", STRATEGY, choices=STRATEGIES),
+        "processes / GPUs to use (docs/guides/strategies.md).", STRATEGY, choices=STRATEGIES),
     opt("devices", str, None, DEVICES_HELP, STRATEGY, optional=True),
     opt("threads_per_process", int, None, THREADS_HELP, STRATEGY, optional=True),
     opt("average_every", str, None, AVERAGE_HELP, STRATEGY, optional=True),
