@@ -112,7 +112,7 @@ VAST_OPTIONS = (
         "training ended with no pull (default 30; 0: never).", VAST, optional=True),
 )
 
-# `up --provider slurm --host LOGIN`: the allocation asked of the cluster (launcher/schedulers/slurm/request.py).
+# `up --provider slurm --host LOGIN`: the allocation asked of the cluster (launcher/spec/slurm_request.py).
 SLURM_OPTIONS = (
     opt("partition", str, None, "Slurm: partition \\[default: the cluster's default].", SLURM, optional=True),
     opt("time", str, None, "Slurm: time limit (minutes, HH:MM:SS or D-HH:MM:SS).", SLURM, optional=True),
