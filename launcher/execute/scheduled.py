@@ -241,8 +241,12 @@ def finish_job(run_dir: RunDir, status: JobStatus) -> int:
     from launcher.execute import attribution
 
     reports = [attribution.node_report(str(c.resolve())) if (c / "torchrun.out").is_file() else None for c in copies]
-    failure = attribute(reports, labels, python=run_dir.spec().python)
-    record_failure(run_dir, failure or {"summary": line, "node": None, "rank": None})
+    ranks = attribute(reports, labels, python=run_dir.spec().python)
+    if status.state == "FAILED" and ranks is not None:  # the first failing rank, as on hosts
+        record_failure(run_dir, ranks)
+    else:  # Slurm ended it (time limit, cancel, a lost node...): that is the cause; the nodes' outcomes follow
+        record_failure(run_dir, {"summary": line, "node": None, "rank": None, "slurm_state": status.state,
+                                 "nodes": (ranks or {}).get("nodes", [])})
     return 1
 
 

@@ -14,6 +14,10 @@ def provider_of(record: RunRecord) -> RunProvider:
     """The provider whose methods answer for the run: Vast.ai when it rented machines, SSH hosts when it ran on
     hosts, else this machine (records written before `provider` was recorded read the same)."""
     provider = record.extra.get("provider", "local")
+    if provider == "slurm":  # a job on a cluster, reached through its login node
+        from launcher.execute.scheduled_reattach import SlurmRun
+
+        return SlurmRun()
     if provider == "vast":
         from launcher.providers.vast.release import RentedRun
 
