@@ -8,9 +8,9 @@ import pytest
 from launcher.errors import SpecError
 from launcher.schedulers.slurm.batch_script import GPUS_PER_NODE, GRES, SlurmJob, batch_script, sbatch_argv
 from launcher.schedulers.slurm.cluster import ClusterFacts, Partition, gpu_count, key_values, preflight_refusal
-from launcher.schedulers.slurm.request import SlurmRequest, time_minutes
 from launcher.schedulers.slurm.scheduler import status_from_sacct, status_from_scontrol
 from launcher.spec.run_spec import RunSpec
+from launcher.spec.slurm_request import SlurmRequest, time_minutes
 
 RUN = "/scratch/u/ddpctl/runs/r1"
 SPEC = RunSpec(run_id="r1", nnodes=2, nproc_per_node=4, python="python3", epochs=2)

@@ -99,13 +99,14 @@ def up(
 
 def save_config(path: Path, values: dict[str, Any], declared: dict[str, Any]) -> None:
     """Write `values` as a --config file (atomically: all of it or nothing)."""
-    from launcher.results.rundir import write_bytes_atomic
+    from launcher.results.user_files import write_user_file
 
     try:
-        write_bytes_atomic(path, config_text(values, declared).encode())
+        written = write_user_file(path, config_text(values, declared).encode(), "--save-config")
     except OSError as e:
         raise SpecError(f"--save-config {path}: cannot write it ({e.strerror})") from None
-    print(f"options written to {path}", file=sys.stderr)
+    print(f"options written to {path}" + (f" (the file its link leads to: {written})" if written != path else ""),
+          file=sys.stderr)
 
 
 def finish_up(result: Any, json_out: bool) -> None:

@@ -14,7 +14,7 @@ import typer
 from launcher.cli.config import check_values, read_config
 from launcher.cli.options import LaunchOption, flag_of
 from launcher.errors import SpecError
-from launcher.execute.request import UpOptions
+from launcher.planning.request import UpOptions
 from launcher.spec.hosts import HostSpec, parse_hosts
 from launcher.spec.run_spec import DEFAULT_RDZV_PORT, RunSpec, check_port, new_run_id
 from launcher.spec.user_command import TRAINER_ONLY, check_user_command
@@ -198,7 +198,7 @@ def _slurm_request(provider: str, values: dict[str, Any]) -> Any:
     """The SlurmRequest for --provider slurm (None for the others)."""
     if provider != "slurm":
         return None
-    from launcher.schedulers.slurm.request import SlurmRequest
+    from launcher.spec.slurm_request import SlurmRequest
 
     return SlurmRequest(nodes=values.get("nodes", 1), partition=values.get("partition"), time=values.get("time"),
                         account=values.get("account"), qos=values.get("qos"), constraint=values.get("constraint"),
@@ -228,7 +228,7 @@ def _vast_request(provider: str, values: dict[str, Any]) -> Any:
     for name, value in options.items():
         if isinstance(value, float) and not math.isfinite(value):
             raise SpecError(f"--{name.replace('_', '-').removesuffix('-s')} {value}: give a finite number")
-    from launcher.providers.vast.request import VastRequest
+    from launcher.spec.vast_request import VastRequest
 
     return VastRequest(**options)
 

@@ -112,7 +112,7 @@ VAST_OPTIONS = (
         "training ended with no pull (default 30; 0: never).", VAST, optional=True),
 )
 
-# `up --provider slurm --host LOGIN`: the allocation asked of the cluster (launcher/schedulers/slurm/request.py).
+# `up --provider slurm --host LOGIN`: the allocation asked of the cluster (launcher/spec/slurm_request.py).
 SLURM_OPTIONS = (
     opt("partition", str, None, "Slurm: partition \\[default: the cluster's default].", SLURM, optional=True),
     opt("time", str, None, "Slurm: time limit (minutes, HH:MM:SS or D-HH:MM:SS).", SLURM, optional=True),
@@ -150,7 +150,7 @@ AVERAGE_HELP = "local-sgd: average parameters every N steps, each 'epoch' (defau
 PRECISION_HELP = "fp32 (default) or bf16 (autocast)."
 STRATEGY_OPTIONS = (
     opt("strategy", str, "ddp", "ddp (torchrun), spawn, dp, mp, ddp-mp, hogwild or local-sgd; --gpus stays the "
-        "processes / GPUs to use (README: Strategies).", STRATEGY, choices=STRATEGIES),
+        "processes / GPUs to use (docs/guides/strategies.md).", STRATEGY, choices=STRATEGIES),
     opt("devices", str, None, DEVICES_HELP, STRATEGY, optional=True),
     opt("threads_per_process", int, None, THREADS_HELP, STRATEGY, optional=True),
     opt("average_every", str, None, AVERAGE_HELP, STRATEGY, optional=True),

@@ -11,11 +11,11 @@ from pathlib import Path
 
 from launcher.errors import DdpctlError, SpecError
 from launcher.execute import interruption
+from launcher.execute.hang_watch import RunWatch
 from launcher.execute.live_output import LiveOutput
 from launcher.execute.local_checks import FirstStepWatch, check_cpu_processes, check_local_rendezvous
 from launcher.planning.plan import RunPlan, plan_local
 from launcher.planning.preflight import check_local_disk
-from launcher.results.hang_watch import RunWatch
 from launcher.results.progress import RunProgress
 from launcher.results.rundir import RunDir, read_json
 from launcher.runtimes.proctree import start_time, stop_tree

@@ -16,7 +16,7 @@ from launcher.results.rundir import RunDir
 from launcher.runtimes.proctree import alive, start_time
 
 if TYPE_CHECKING:
-    from launcher.execute.request import UpOptions
+    from launcher.planning.request import UpOptions
 
 FOLLOW_POLL_SECONDS = 1.0
 START_GRACE_SECONDS = 30.0

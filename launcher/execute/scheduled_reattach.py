@@ -11,12 +11,12 @@ from typing import Any
 
 from launcher.errors import DdpctlError
 from launcher.execute.on_hosts import reattach
-from launcher.execute.request import UpOptions
 from launcher.execute.scheduled import cancel_and_wait, finish_job, pull_job
+from launcher.planning.request import UpOptions
 from launcher.results.rundir import RunDir
 from launcher.schedulers.base import JobStatus
-from launcher.schedulers.slurm.request import SlurmRequest
 from launcher.schedulers.slurm.scheduler import SlurmScheduler
+from launcher.spec.slurm_request import SlurmRequest
 from launcher.transport.ssh import Connection
 
 FOLLOW_POLL_SECONDS = 1.0

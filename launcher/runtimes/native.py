@@ -15,16 +15,17 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.planning.plan import NodePlan, native_node_plan
 from launcher.runtimes import proctree
+from launcher.runtimes.base import NODE_STOP_GRACE_SECONDS
 
 if TYPE_CHECKING:
     from launcher.planning.plan import NodeHost
-    from launcher.planning.preflight import Runner
     from launcher.spec.run_spec import RunSpec
+    from launcher.transport.connection import HostConnection
 
 
 @dataclass(frozen=True)
 class NativeRuntime:
-    """torchrun started by the host's own python (see launcher.runtimes.base): host versions must agree."""
+    """torchrun started by the host's own python (see launcher.planning.plan.NodeRuntime): host versions must agree."""
 
     name: str = "native"
     runs_host_torch: bool = True
@@ -83,7 +84,7 @@ sed 's/.*) //' "/proc/$!/stat" 2>/dev/null | cut -d' ' -f20 > pid_start
 echo $!
 """
 
-# Prints `pid|exit_code|alive|free KiB` (free: the workspace's file system, for launcher/results/hang_watch.py),
+# Prints `pid|exit_code|alive|free KiB` (free: the workspace's file system, for launcher/execute/hang_watch.py),
 # then `@attempt|N|FROM|TO|M` (N: the newest attempt_<N> folder under logs/, which
 # counts torchrun's restarts; FROM-TO: the byte range of local rank $2's stdout.log in attempt M sent at the end,
 # when $2 is given), then the node's progress record, if any (only global rank 0's node has one), then `@output`
@@ -216,7 +217,7 @@ def _int(text: str) -> int | None:
     return int(text) if text.strip().isdigit() else None
 
 
-def read_state(conn: Runner, workspace: str, output: OutputRequest | None = None) -> NodeState:
+def read_state(conn: HostConnection, workspace: str, output: OutputRequest | None = None) -> NodeState:
     """The node's process state, progress record and restarts, and (with `output`) a worker's new output: one
     command on the host."""
     tail = [] if output is None else [str(output.local_rank), "" if output.attempt is None else str(output.attempt),
@@ -251,13 +252,11 @@ def read_state(conn: Runner, workspace: str, output: OutputRequest | None = None
     )
 
 
-def stop_node(conn: Runner, workspace: str, python: str = "python3", grace_seconds: float | None = None,
+def stop_node(conn: HostConnection, workspace: str, python: str = "python3", grace_seconds: float | None = None,
               fallback_grace_seconds: float = NATIVE_STOP_GRACE_SECONDS) -> None:
     """TERM the node's torchrun tree, KILL what is left after `grace_seconds`, by default the grace the node
     recorded at its start (longer for a docker node: its wrapper must finish `docker stop` and `docker rm`), else
     `fallback_grace_seconds` (its runtime's); `python` is the host's."""
-    from launcher.runtimes.docker import NODE_STOP_GRACE_SECONDS
-
     grace = "" if grace_seconds is None else str(grace_seconds)
     conn.run([python, "-c", STOP_SCRIPT, workspace, grace, str(fallback_grace_seconds)],
              timeout=max(grace_seconds or 0, NODE_STOP_GRACE_SECONDS) + 30)

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 
 class ConnectOptions(Protocol):
-    """What connecting to hosts needs of a request (launcher.execute.request.ConnectOptions has it)."""
+    """What connecting to hosts needs of a request (launcher.planning.request.UpOptions has it)."""
 
     @property
     def hosts(self) -> tuple[HostSpec, ...]: ...

@@ -12,9 +12,9 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from launcher.schedulers.slurm.request import SlurmRequest
 from launcher.spec import strategies
 from launcher.spec.run_spec import RunSpec
+from launcher.spec.slurm_request import SlurmRequest
 from launcher.spec.torchrun import NodeRole, trainer_argv
 from launcher.spec.user_command import node_command
 

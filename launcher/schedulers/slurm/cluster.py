@@ -10,8 +10,8 @@ import re
 from dataclasses import dataclass
 
 from launcher.errors import DdpctlError, HostError, SpecError
-from launcher.schedulers.slurm.request import SlurmRequest, time_minutes
 from launcher.spec.run_spec import RunSpec
+from launcher.spec.slurm_request import SlurmRequest, time_minutes
 from launcher.transport.ssh import Connection
 
 DEFAULT_WORKDIR = "~/.ddpctl/slurm"

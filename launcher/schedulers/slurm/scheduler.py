@@ -15,8 +15,8 @@ from launcher.errors import DdpctlError, HostError, SpecError
 from launcher.schedulers.base import JobStatus
 from launcher.schedulers.slurm import cluster
 from launcher.schedulers.slurm.batch_script import GPUS_PER_NODE, GRES, SlurmJob, batch_script, sbatch_argv
-from launcher.schedulers.slurm.request import SlurmRequest
 from launcher.spec.run_spec import RunSpec
+from launcher.spec.slurm_request import SlurmRequest
 from launcher.transport.ssh import Connection
 
 # Without a cluster to ask (--dry-run --no-probe): the run folder's place as the plan names it.

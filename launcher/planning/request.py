@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from launcher.planning.plan import RunPlan
-    from launcher.providers.vast.request import VastRequest
-    from launcher.schedulers.slurm.request import SlurmRequest
     from launcher.spec.hosts import HostSpec
+    from launcher.spec.slurm_request import SlurmRequest
+    from launcher.spec.vast_request import VastRequest
 
 
 @dataclass(frozen=True)
