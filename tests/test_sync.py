@@ -14,7 +14,8 @@ import pytest
 
 from launcher.errors import HostError, SpecError
 from launcher.transport import outputs
-from launcher.transport.sync import PART_MARK, pull_tree, ship_tree
+from launcher.transport.pull import pull_tree
+from launcher.transport.sync import PART_MARK, ship_tree
 from tests.testbed_fixtures import connect
 
 pytestmark = pytest.mark.testbed
@@ -148,7 +149,7 @@ from pathlib import Path
 from launcher.spec.hosts import parse_host
 from launcher.transport.known_hosts import KnownHosts
 from launcher.transport.ssh import Connection, resolve_target
-from launcher.transport.sync import pull_tree
+from launcher.transport.pull import pull_tree
 spec, key, known, dest = sys.argv[1:5]
 target = resolve_target(parse_host(spec), ssh_config=Path("/nonexistent"), identity_file=Path(key))
 conn = Connection(target, known_hosts=KnownHosts(Path(known), Path("/nonexistent")), allow_agent=False)
@@ -300,6 +301,30 @@ def test_shipping_note_names_ignored_folders_and_big_files(tmp_path):
     (quiet / "a.py").write_text("x")
     manifest, left_out = outputs.record_shipped(run_path, quiet)
     assert outputs.shipping_note(quiet, manifest, left_out) == f"shipping 1 file (1 B) of {quiet} to each node"
+
+
+def test_shipping_note_names_state_files_and_the_line_that_leaves_them_out(tmp_path):
+    """A snapshot.pt a local try left, a checkpoints folder and saved weights are shipped: a script that resumes
+    from what it finds would resume from them on the hosts, so the shipping line names them (issue 22)."""
+    src = tmp_path / "project"
+    (src / "checkpoints" / "epoch-2").mkdir(parents=True)
+    (src / "checkpoints" / "epoch-2" / "model.bin").write_bytes(b"w")
+    (src / "models").mkdir()
+    (src / "models" / "best.pth").write_bytes(b"w")
+    for name in ("snapshot.pt", "last.ckpt", "train.py", "notes.txt"):
+        (src / name).write_bytes(b"x")
+    run_path = tmp_path / "run"
+    run_path.mkdir()
+    manifest, left_out = outputs.record_shipped(run_path, src)
+    note = outputs.shipping_note(src, manifest, left_out)
+    assert "\n" not in note
+    assert note.endswith("to each node; also shipped, and a script resuming from what it finds resumes from it: "
+                         "checkpoints/, last.ckpt, models/best.pth and 1 more (a .ddpctlignore line `checkpoints/` "
+                         "leaves it out)"), note
+    (src / ".ddpctlignore").write_text("checkpoints/\n*.pt\n*.pth\n*.ckpt\n")  # what the line says to write
+    manifest, left_out = outputs.record_shipped(run_path, src)
+    assert "also shipped" not in outputs.shipping_note(src, manifest, left_out)
+    assert set(manifest) == {"train.py", "notes.txt", ".ddpctlignore"}
 
 
 def test_rank0_node_follows_c10d_order_and_the_top_gets_its_copy(tmp_path):

@@ -120,6 +120,13 @@ def finish_up(result: Any, json_out: bool) -> None:
     elif result.summary:
         console.print(summary_table(result.summary, f"run {result.run_dir.name}"))
         console.print(f"results in {result.run_dir}")
+    if result.run_dir is not None:  # the run's outcome is its training's; a pull that missed files is said beside
+        from launcher.execute.pull_record import incomplete_pull_line
+        from launcher.results.rundir import read_json
+
+        incomplete = incomplete_pull_line(result.run_dir, read_json(result.run_dir / "run.json") or {})
+        if incomplete:
+            console.print(incomplete, markup=False, highlight=False, soft_wrap=True)
     if result.summary and result.summary.get("world_warning") and not result.summary.get("world_failed"):
         print(f"warning: {result.summary['world_warning']}", file=sys.stderr)
     if result.exit_code == 130:

@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from launcher.errors import DdpctlError, SpecError
+from launcher.execute.pull_record import incomplete_pull_line
 from launcher.providers.recorded import provider_of
 from launcher.results.progress import console
 from launcher.results.rundir import RunDir, find_run
@@ -115,7 +116,10 @@ def pull(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, identity_file: Pa
     stats = provider_of(run_dir.typed_record()).pull(run_dir, _options(runs_dir, identity_file, False,
                                                                         connect_timeout))
     moved = sum(int(s.get("bytes_fetched", 0)) for s in stats)
-    console.print(f"pulled {moved:,} bytes into {run_dir.path}/nodes (all files verified)")
+    incomplete = incomplete_pull_line(run_dir.path, run_dir.record())
+    console.print(f"pulled {moved:,} bytes into {run_dir.path}/nodes " + (
+        f"(what came back is verified); {incomplete}" if incomplete else "(all files verified)"),
+        markup=False, highlight=False, soft_wrap=True)
 
 
 def down(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, identity_file: Path | None = IDENTITY,
@@ -127,6 +131,9 @@ def down(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, identity_file: Pa
     done = provider_of(run_dir.typed_record()).down(run_dir, _options(runs_dir, identity_file, False,
                                                                        connect_timeout), force)
     console.print(done, markup=False, highlight=False, soft_wrap=True)
+    incomplete = incomplete_pull_line(run_dir.path, run_dir.record(), after_down=True)
+    if incomplete:
+        console.print(incomplete, markup=False, highlight=False, soft_wrap=True)
 
 
 def doctor(host: list[str] = typer.Option(..., "--host", help="Hosts to check; repeat."),

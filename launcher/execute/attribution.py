@@ -125,6 +125,25 @@ def explaining_lines(text: str, lines: int = EXPLAIN_LINES, errors_only: bool = 
     return [line for line in all_lines if line.strip() and not _TORCH_WARNING.match(line)][-lines:]
 
 
+# A traceback's exception line, once a rank's "[rank1]: " prefix is gone: `ValueError: bad batch`,
+# `torch.distributed.DistBackendError: ...`, `KeyboardInterrupt` (a dotted name without spaces, then ": text").
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?::\s.*|:)?$")
+_RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]: ?")
+
+
+def exception_line(lines: list[str]) -> str | None:
+    """The exception line of the last Python traceback in `lines` (`ValueError: bad batch`); None when they hold
+    no traceback: a line a script printed is never taken for its reason."""
+    plain = [_RANK_PREFIX.sub("", line) for line in lines]
+    starts = [i for i, line in enumerate(plain) if line.lstrip().startswith("Traceback (most recent")]
+    if not starts:
+        return None
+    for line in plain[starts[-1] + 1:]:
+        if line and not line[0].isspace() and _EXCEPTION_LINE.match(line.rstrip()):
+            return line.strip()
+    return None
+
+
 def _worker_dir(workspace: str, local_rank: int) -> str | None:
     def attempt(path: str) -> int:
         suffix = path.rsplit("attempt_", 1)[-1]

@@ -9,13 +9,13 @@ so `ddpctl status` shows the same cause as `up`."""
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher.execute import attribution
+from launcher.execute.failure_hints import RunHints, run_hints
 from launcher.execute.failure_log import without_control_chars
 from launcher.planning.rdzv_reservation import rendezvous_taken_hint
 from launcher.results.peer_loss import lost_a_peer
@@ -85,10 +85,11 @@ def _own_failure(report: dict[str, Any] | None, stop_time: float | None) -> bool
 
 
 def attribute(reports: Sequence[dict[str, Any] | None], labels: Sequence[str], stopped: Sequence[int] = (),
-              stop_time: float | None = None, python: str = "python3") -> dict[str, Any] | None:
+              stop_time: float | None = None, python: str = "python3",
+              hints: RunHints | None = None) -> dict[str, Any] | None:
     """The run's failure record from every node's report: the cause (the earliest failure of a node that failed
     by itself) and each node's outcome; None when no node failed. `stopped`: nodes still running when ddpctl
-    began stopping them at `stop_time` (this machine's clock)."""
+    began stopping them at `stop_time` (this machine's clock); `hints`: what the run's hints need."""
     own = [i for i, r in enumerate(reports) if _own_failure(r, stop_time if i in stopped else None)]
     if not own:
         unknown = [i for i, r in enumerate(reports) if r is None]
@@ -96,7 +97,7 @@ def attribute(reports: Sequence[dict[str, Any] | None], labels: Sequence[str], s
             return None
         own = unknown[:1]
     first = min(own, key=lambda i: (_lost_a_peer(reports[i] or {}), _cause_time(reports[i] or {}) or float("inf"), i))
-    cause = _describe_cause(first, labels[first], reports[first], python)
+    cause = _describe_cause(first, labels[first], reports[first], python, hints)
     nodes = []
     for index, report in enumerate(reports):
         if index == first:
@@ -104,7 +105,9 @@ def attribute(reports: Sequence[dict[str, Any] | None], labels: Sequence[str], s
         elif report is None:
             outcome = "unknown (it could not be asked)"
         elif index in own:
-            outcome = f"failed after node {first}: {_short(_describe_cause(index, labels[index], report, python))}"
+            what = _short(_describe_cause(index, labels[index], report, python))
+            # "after node K" only where the node says it lost a peer: a rank that raised by itself is its own cause
+            outcome = f"failed after node {first}: {what}" if _lost_a_peer(report) else f"failed by itself: {what}"
         elif index in stopped:
             outcome = "stopped"
         else:
@@ -113,7 +116,8 @@ def attribute(reports: Sequence[dict[str, Any] | None], labels: Sequence[str], s
     return {**cause, "nodes": nodes}
 
 
-def _describe_cause(node: int, label: str, report: dict[str, Any] | None, python: str) -> dict[str, Any]:
+def _describe_cause(node: int, label: str, report: dict[str, Any] | None, python: str,
+                    hints: RunHints | None = None) -> dict[str, Any]:
     """The cause on one node: who (rank or torchrun's agent), how (signal by name, out of memory, exit code)."""
     where = f"node {node} ({label})"
     record: dict[str, Any] = {"node": node, "host": label, "rank": None, "exit_code": None, "signal": None,
@@ -131,9 +135,9 @@ def _describe_cause(node: int, label: str, report: dict[str, Any] | None, python
                       explain=[without_control_chars(x) for x in worker.get("explain", [])], log=worker.get("log"),
                       oom=worker.get("oom"), binary=worker.get("binary"))
         record["summary"] = f"rank {worker['rank']} on {where} {how}"
-        last = next((x for x in reversed(record["explain"]) if x.strip()), "")
-        if last and worker["signal"] is None:
-            record["summary"] += ": " + re.sub(r"^\[rank\d+\]:\s*", "", last.strip())
+        raised = attribution.exception_line(record["explain"])
+        if raised and worker["signal"] is None:  # the exception, never a line the script printed before it ended
+            record["summary"] += ": " + raised
     elif code is not None and code > 128:
         record.update(exit_code=code, signal=attribution.signal_name(code - 128), time=report.get("exit_time"))
         record["summary"] = f"torchrun's agent on {where} was ended by {record['signal']} (exit {code})"
@@ -147,7 +151,8 @@ def _describe_cause(node: int, label: str, report: dict[str, Any] | None, python
         if last:
             record["summary"] += f": {last.strip()}"
     record["hint"] = (torch_import_hint(record["explain"], record.get("binary") or python, where)
-                      or rendezvous_taken_hint(report.get("port_taken"), node))
+                      or rendezvous_taken_hint(report.get("port_taken"), node)
+                   or (hints.hint(node, record["explain"], where) if hints else None))
     return record
 
 
@@ -236,7 +241,8 @@ def failure_from_pulled(run_dir: RunDir) -> dict[str, Any] | None:
     if not all((copy / "exit_code").is_file() for copy in copies):
         return None  # a node still running (or never pulled): nothing to say yet
     reports = [attribution.node_report(str(copy.resolve())) for copy in copies]
-    failure = attribute(reports, [str(n.get("label", k)) for k, n in enumerate(nodes)], python=run_dir.spec().python)
+    failure = attribute(reports, [str(n.get("label", k)) for k, n in enumerate(nodes)], python=run_dir.spec().python,
+                        hints=run_hints(run_dir.path, record))
     if failure is not None:
         record_failure(run_dir, failure)
     return failure
@@ -288,7 +294,7 @@ def report_failure(session: HostSession, run_dir: RunDir, states: Sequence[NodeS
                             lambda i: host_node_report(session.conn(i), workspaces[i], python),
                             timeout=90, label=session.label_of)
     reports = [o.value if o.error is None else None for o in outcomes]
-    record = attribute(reports, session.labels, running, stop_time, python)
+    record = attribute(reports, session.labels, running, stop_time, python, run_hints(run_dir.path, run_dir.record()))
     if record is not None:
         record_failure(run_dir, record)
         console.print(cause_text(record), markup=False, highlight=False)

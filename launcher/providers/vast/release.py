@@ -97,7 +97,8 @@ def _stopped_rows(run_dir: RunDir) -> list[dict[str, Any]] | None:
         return None
     rows = []
     for inst in sorted(live(ledger.instances), key=lambda i: i.get("node") or 0):
-        state = (f"machine stopped (storage ${hourly(inst):.4f}/hour)" if inst["state"] == "stopped"
+        state = (f"machine frozen (its GPU bills: ${hourly(inst):.4f}/hour)" if inst.get("frozen")
+                 else f"machine stopped (storage ${hourly(inst):.4f}/hour)" if inst["state"] == "stopped"
                  else f"machine {inst['state']}")
         rows.append({"node": inst.get("node"), "host": f"vast:{inst['instance_id']}", "state": state,
                      "exit_code": None, "epoch": None, "epochs": None, "dph": hourly(inst)})
