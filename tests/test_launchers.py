@@ -5,6 +5,7 @@ worlds ddpctl did not plan are refused before the run or caught after it (tests/
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def ddpctl(project: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True, cwd=project,
-                          timeout=timeout, env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+                          timeout=timeout, env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
 def only_run(runs: Path) -> Path:
@@ -34,6 +35,7 @@ def joins(run: Path) -> list[dict[str, object]]:
     return [json.loads(p.read_text()) for p in sorted((run / "logs" / "joined").glob("*.json"))]
 
 
+@pytest.mark.integration
 def test_a_spawn_script_runs_once_and_its_own_processes_train(tmp_path: Path) -> None:
     """Write-ups 2 and 4 as written (localhost:12355, world_size = 2 in the script), with --gpus 1: the summary
     says world size 2 and 2 processes, what ran (before, torchrun's layout said 1)."""
@@ -55,6 +57,7 @@ def test_a_spawn_script_runs_once_and_its_own_processes_train(tmp_path: Path) ->
     assert '"launcher": "spawn"' in plan
 
 
+@pytest.mark.integration
 def test_a_spawn_script_is_told_its_place_by_ddpctls_variables(tmp_path: Path) -> None:
     """The multi-node shape on one node: DDPCTL_NODE_RANK 0, NNODES 1, NPROC_PER_NODE from --gpus, and node 0's
     address and a free port (MASTER_ADDR/MASTER_PORT too); shown by --dry-run."""
@@ -73,6 +76,7 @@ def test_a_spawn_script_is_told_its_place_by_ddpctls_variables(tmp_path: Path) -
     assert len(where) == 1 and where.pop().startswith("127.0.0.1:")  # the port ddpctl picked, not 29400
 
 
+@pytest.mark.integration
 def test_a_spawn_script_under_torchrun_is_refused_naming_the_line_and_the_launcher(tmp_path: Path) -> None:
     project = write_scripts(tmp_path / "project")
     result = ddpctl(project, "up", "--runs-dir", "runs", "--", "python", "spawn_localhost.py")
@@ -82,6 +86,7 @@ def test_a_spawn_script_under_torchrun_is_refused_naming_the_line_and_the_launch
     assert not (project / "runs").exists()
 
 
+@pytest.mark.integration
 def test_chosen_torchrun_with_a_spawn_script_warns_before_and_after_with_the_measured_world(tmp_path: Path) -> None:
     """The issue's `--gpus 1` case, with torchrun chosen outright: a warning first, then the world that ran (2
     processes, not the planned 1) in a warning with the measured numbers; never a silent "world size 1"."""
@@ -97,6 +102,7 @@ def test_chosen_torchrun_with_a_spawn_script_warns_before_and_after_with_the_mea
     assert summary["world_size"] == 2 and summary["processes"] == 2
 
 
+@pytest.mark.integration
 def test_an_mpi_script_as_torchrun_workers_fails_as_separate_worlds(tmp_path: Path) -> None:
     """`-- python parallel_sgd.py` under torchrun (chosen outright): each worker is an MPI world of one; the run
     exits 1 naming the separate worlds, never 0 with "world size 2"."""
@@ -116,6 +122,7 @@ def test_an_mpi_script_as_torchrun_workers_fails_as_separate_worlds(tmp_path: Pa
     assert summary["world_size"] != 2
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("command", [["mpiexec", "-np", "2", "python", "parallel_sgd.py"],
                                      ["mpirun", "--allow-run-as-root", "-n", "2", "python3", "parallel_sgd.py"],
                                      ["/usr/bin/mpiexec.openmpi", "python", "parallel_sgd.py"]])
@@ -128,6 +135,7 @@ def test_mpi_launchers_after_the_dash_dash_are_refused(tmp_path: Path, command: 
     assert not (project / "runs").exists()
 
 
+@pytest.mark.integration
 def test_an_mpi_script_is_refused_under_torchrun_and_spawn(tmp_path: Path) -> None:
     project = write_scripts(tmp_path / "project")
     for launcher in ("torchrun", "spawn"):
@@ -137,6 +145,7 @@ def test_an_mpi_script_is_refused_under_torchrun_and_spawn(tmp_path: Path) -> No
         assert "parallel_sgd.py:3: `from mpi4py import MPI`: an MPI script" in result.stderr
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("args", "message"), [
     (["--launcher", "spawn"], "--launcher spawn starts your own script"),
     (["--launcher", "spawn", "--max-restarts", "1", "--", "python", "x.py"], "--max-restarts is torchrun's"),

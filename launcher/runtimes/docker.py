@@ -108,9 +108,11 @@ def docker_node_plan(spec: RunSpec, index: int, host: NodeHost, rdzv_addr: str, 
         snapshot_dir=f"{ws}/out/snapshots",
     )
     argv = torchrun_argv(replace(spec, python=IMAGE_PYTHON), role)
-    env = node_env(spec, host.iface, HOME="/tmp", PYTHONPATH=f"{ws}/{HOOK_DIR}:{ws}/code", **(
-        {**script_env(spec, index, rdzv_addr if multi else None, f"{ws}/out"), JOIN_DIR_ENV: f"{ws}/logs/{JOINED_DIR}"}
-        if spec.user_command else {}))
+    # A `-- CMD` node: ddpctl's variables, and the join hook first on its path (the world it forms is measured).
+    script = {**script_env(spec, index, rdzv_addr if multi else None, f"{ws}/out"),
+              JOIN_DIR_ENV: f"{ws}/logs/{JOINED_DIR}", "PYTHONPATH": f"{ws}/{HOOK_DIR}:{ws}/code"}
+    env = node_env(spec, host.iface, **{"HOME": "/tmp", "PYTHONPATH": f"{ws}/code", **(script if spec.user_command
+                                                                                          else {})})
     broken = [key for key, value in env if "\n" in value or "\r" in value]
     if broken:
         raise SpecError(f"--env {', '.join(broken)}: a value with a line break cannot reach a container (docker's "
