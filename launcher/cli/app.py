@@ -24,6 +24,7 @@ from launcher.cli.launch import check_from_env, recorded_launch, resolve_values,
 from launcher.cli.options import (
     OUTPUT,
     RUN_OPTIONS,
+    SLURM_OPTIONS,
     STRATEGY_OPTIONS,
     UP_OUTPUT_OPTIONS,
     UP_WHERE_OPTIONS,
@@ -62,7 +63,8 @@ RUNS_DIR = typer.Option(Path("runs"), "--runs-dir", help="Where run directories 
 
 
 @app.command(context_settings={"allow_interspersed_args": False})
-@takes_options(RUN_OPTIONS, STRATEGY_OPTIONS, WHERE_OPTIONS, UP_WHERE_OPTIONS, VAST_OPTIONS, UP_OUTPUT_OPTIONS)
+@takes_options(RUN_OPTIONS, STRATEGY_OPTIONS, WHERE_OPTIONS, UP_WHERE_OPTIONS, VAST_OPTIONS, SLURM_OPTIONS,
+               UP_OUTPUT_OPTIONS)
 def up(
     ctx: typer.Context,
     command: list[str] | None = typer.Argument(None, help="After `--`: your own command to run under torchrun."),
@@ -97,13 +99,14 @@ def up(
 
 def save_config(path: Path, values: dict[str, Any], declared: dict[str, Any]) -> None:
     """Write `values` as a --config file (atomically: all of it or nothing)."""
-    from launcher.results.rundir import write_bytes_atomic
+    from launcher.results.user_files import write_user_file
 
     try:
-        write_bytes_atomic(path, config_text(values, declared).encode())
+        written = write_user_file(path, config_text(values, declared).encode(), "--save-config")
     except OSError as e:
         raise SpecError(f"--save-config {path}: cannot write it ({e.strerror})") from None
-    print(f"options written to {path}", file=sys.stderr)
+    print(f"options written to {path}" + (f" (the file its link leads to: {written})" if written != path else ""),
+          file=sys.stderr)
 
 
 def finish_up(result: Any, json_out: bool) -> None:

@@ -11,14 +11,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from launcher.errors import DdpctlError, Interrupted
+from launcher.errors import DdpctlError, Interrupted, RunStopRequested
 from launcher.execute import interruption
 from launcher.execute.before_start import nothing_started_if_interrupted
 from launcher.execute.failure_cause import cause_exit_code, report_failure, shown_state, teardown_outcome
+from launcher.execute.hang_watch import RunWatch
 from launcher.execute.live_output import LiveOutput
 from launcher.execute.pull_record import pull_lock, write_pull_record
 from launcher.planning.plan import RunPlan
-from launcher.results.hang_watch import RunWatch
 from launcher.results.progress import FreshestProgress, RunProgress, console, stall_note
 from launcher.results.run_records import finish_records, world_exit_code
 from launcher.results.rundir import RunDir, primary_node_out, read_json, write_bytes_atomic, write_json_atomic
@@ -32,7 +32,7 @@ from launcher.transport.pull import CHANGED, pull_tree
 from launcher.transport.sync import ship_tree
 
 if TYPE_CHECKING:
-    from launcher.execute.request import UpOptions, UpResult
+    from launcher.planning.request import UpOptions, UpResult
 
 POLL_SECONDS = 1.0
 # Files copied from node 0 to the top of the run directory, so every run reads the same way.
@@ -54,15 +54,6 @@ def trainer_source_dir() -> Path:
     return Path(next(iter(found.submodule_search_locations)))
 
 
-class RunStopRequested(DdpctlError):
-    """Raised by a provider's `watch` hook (e.g. --max-cost) or by `follow` (--stall-timeout): every node is stopped
-    and pulled, then it propagates. `reason` names the trigger in events and teardown records."""
-
-    def __init__(self, message: str, reason: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
 def run_remote_up(plan: RunPlan, options: UpOptions, session: HostSession, record_extra: dict[str, Any] | None = None,
                   run_dir: RunDir | None = None, watch: Callable[[], str] | None = None) -> UpResult:
     """Carry out `plan` on the session's hosts (node k on host k) and pull the results; nothing is re-decided.
@@ -70,7 +61,7 @@ def run_remote_up(plan: RunPlan, options: UpOptions, session: HostSession, recor
     A provider may pass the run directory it already made (it records rented machines before they are
     reachable) and `watch`, called on every poll: its text joins the progress display; it may raise
     RunStopRequested. The executed plan is kept in the run directory as plan.json."""
-    from launcher.execute.request import UpResult
+    from launcher.planning.request import UpResult
 
     if plan.unknown:
         raise ValueError("a plan with unknown facts cannot run: " + "; ".join(plan.unknown))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from launcher.errors import SpecError
 from launcher.spec.launchers import JOIN_DIR_ENV, JOINED_DIR, launcher_env
@@ -17,7 +17,6 @@ from launcher.spec.user_command import node_command
 
 if TYPE_CHECKING:
     from launcher.planning.facts import HostFacts
-    from launcher.runtimes.base import NodeRuntime
 
 LOCAL = "local"
 # Per-run workspace on a host, relative to the login user's home directory.
@@ -111,6 +110,44 @@ class RunPlan:
             lines.append("not known without probing the hosts (shown with placeholders above):")
             lines += [f"  {item}" for item in self.unknown]
         return "\n".join(lines)
+
+
+class NodeRuntime(Protocol):
+    """How a node runs on a host: what planning needs of a runtime (launcher/runtimes/ implements it: `native`,
+    `docker`), so adding a runtime adds a module there instead of another `if runtime == ...` here."""
+
+    @property
+    def name(self) -> str:
+        """The name recorded in run.json and shown by --dry-run: "native" or "docker"."""
+        ...
+
+    @property
+    def image(self) -> str | None:
+        """The image its nodes run (None: the host's own python)."""
+        ...
+
+    @property
+    def runs_host_torch(self) -> bool:
+        """Whether the host's own python and torch run the trainer (so preflight must check their versions)."""
+        ...
+
+    @property
+    def detach_reads_env_file(self) -> bool:
+        """Whether the detach script exports the node's environment file (else the node's wrapper reads it)."""
+        ...
+
+    @property
+    def stop_grace_seconds(self) -> int:
+        """How long stopping a node waits before killing what is left of it."""
+        ...
+
+    def env_file(self, node: NodePlan) -> tuple[str, bytes]:
+        """The file that carries the node's environment to its host: its name in the workspace, and its bytes."""
+        ...
+
+    def plan_node(self, spec: RunSpec, index: int, host: NodeHost, rdzv_addr: str, workspace: str) -> NodePlan:
+        """Node `index` of `spec` on `host`: its command, environment and working directory (pure)."""
+        ...
 
 
 def plan_local(spec: RunSpec, run_dir: str, cwd: str) -> RunPlan:

@@ -1,4 +1,4 @@
-"""Progress of any training script, read from what its global rank 0 prints (README: "Progress of your own script").
+"""Progress of any training script, read from what its global rank 0 prints (docs/guides/your-own-script.md).
 
 Two sources, the protocol first:
 - the protocol: one JSON object on a line of its own, with `"ddpctl"` naming the kind:
