@@ -10,7 +10,15 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from launcher.errors import SpecError
-from launcher.spec.launchers import JOIN_DIR_ENV, JOINED_DIR, launcher_env
+from launcher.spec.launchers import (
+    JOIN_DIR_ENV,
+    JOINED_DIR,
+    MASTER_ADDR_ENV,
+    MASTER_PORT_ENV,
+    NNODES_ENV,
+    NODE_RANK_ENV,
+    NPROC_ENV,
+)
 from launcher.spec.run_spec import MASKED, RunSpec
 from launcher.spec.torchrun import NodeRole, node_argv
 from launcher.spec.user_command import node_command
@@ -220,6 +228,17 @@ def script_env(spec: RunSpec, node_rank: int, master_addr: str | None, output_di
     """What a `-- CMD` node's script is told beyond torchrun's variables: where its outputs go and the launcher's
     DDPCTL_* variables (launcher/spec/launchers.py)."""
     return {"DDPCTL_OUTPUT_DIR": output_dir, **launcher_env(spec, node_rank, master_addr)}
+
+
+def launcher_env(spec: RunSpec, node_rank: int, master_addr: str | None) -> dict[str, str]:
+    """The DDPCTL_* variables a `-- CMD` node gets: its rank and the node count for any launcher; for spawn also
+    the processes per node and, on several nodes, node 0's address and port (one node: SPAWN_SCRIPT picks them)."""
+    env = {NODE_RANK_ENV: str(node_rank), NNODES_ENV: str(spec.nnodes)}
+    if spec.launcher == "spawn":
+        env[NPROC_ENV] = str(spec.nproc_per_node)
+        if spec.nnodes > 1 and master_addr:
+            env.update({MASTER_ADDR_ENV: master_addr, MASTER_PORT_ENV: str(spec.rdzv_port)})
+    return env
 
 
 def node_env(spec: RunSpec, iface: str | None, **base: str) -> tuple[tuple[str, str], ...]:

@@ -5,14 +5,8 @@ tells it where it sits through the DDPCTL_* variables below) or `mpirun` (an MPI
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from launcher.errors import SpecError
 from launcher.spec.script_look import Finding, first
-
-if TYPE_CHECKING:
-    from launcher.spec.run_spec import RunSpec
-    from launcher.spec.torchrun import NodeRole
 
 LAUNCHERS = ("torchrun", "spawn")
 # What to do with an MPI script (its own refusals: `-- mpiexec ...`, an mpi4py script under torchrun or spawn).
@@ -67,22 +61,6 @@ def check_launcher(launcher: str, *, user_command: bool, max_restarts: int) -> N
     if max_restarts:
         raise SpecError(f"--max-restarts is torchrun's (it restarts its workers); --launcher {launcher} starts "
                         "the script once: drop --max-restarts, or rerun the run (`ddpctl up --from RUN`)")
-
-
-def launcher_env(spec: RunSpec, node_rank: int, master_addr: str | None) -> dict[str, str]:
-    """The DDPCTL_* variables a node gets: its rank and the node count for any launcher; for spawn also the
-    processes per node and, on several nodes, node 0's address and port (one node: SPAWN_SCRIPT picks them)."""
-    env = {NODE_RANK_ENV: str(node_rank), NNODES_ENV: str(spec.nnodes)}
-    if spec.launcher == "spawn":
-        env[NPROC_ENV] = str(spec.nproc_per_node)
-        if spec.nnodes > 1 and master_addr:
-            env.update({MASTER_ADDR_ENV: master_addr, MASTER_PORT_ENV: str(spec.rdzv_port)})
-    return env
-
-
-def spawn_argv(spec: RunSpec, role: NodeRole, command: tuple[str, ...]) -> list[str]:
-    """A spawn node's command: SPAWN_SCRIPT running `command` once, its output into role.log_dir."""
-    return ["sh", "-c", SPAWN_SCRIPT, "ddpctl-spawn", role.log_dir, spec.python, *command]
 
 
 def check_script(findings: list[Finding], launcher: str, *, explicit: bool, nnodes: int, nproc_per_node: int

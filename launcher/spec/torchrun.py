@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from launcher.spec import strategies
-from launcher.spec.launchers import spawn_argv
+from launcher.spec.launchers import SPAWN_SCRIPT
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.user_command import node_command
 
@@ -102,6 +102,11 @@ def node_argv(spec: RunSpec, role: NodeRole) -> list[str]:
     if spec.launcher == "spawn":
         return spawn_argv(spec, role, node_command(spec.user_command, spec.python))
     return torchrun_argv(spec, role)
+
+
+def spawn_argv(spec: RunSpec, role: NodeRole, command: tuple[str, ...]) -> list[str]:
+    """A spawn node's command: launchers.SPAWN_SCRIPT running `command` once, its output into role.log_dir."""
+    return ["sh", "-c", SPAWN_SCRIPT, "ddpctl-spawn", role.log_dir, spec.python, *command]
 
 
 def _bracket(addr: str) -> str:
