@@ -83,7 +83,7 @@ def run_remote_up(plan: RunPlan, options: UpOptions, session: HostSession, recor
     write_json_atomic(run_dir.path / PLAN_FILE, plan.to_json())
     run_dir.event("planned", nodes=[n.shell_line() for n in plan.nodes])
     shipping = "shipping the image and the code to the hosts" if plan.image else "shipping the code to the hosts"
-    with nothing_started_if_interrupted(shipping, run_dir, keep_run_dir=not made_here,
+    with nothing_started_if_interrupted(shipping, run_dir, keep_run_dir=not made_here, failures_too=True,
                                         kept_because="it records the machines the provider acquired"):
         ship_image(session, plan, run_dir, options.show_progress)
         ship_code(session, plan, run_dir)
