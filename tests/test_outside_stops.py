@@ -115,6 +115,19 @@ def test_lost_contact_says_what_is_unknown_and_how_to_stop_every_node(bed: Testb
     assert_nothing_left_running(bed.hosts)
 
 
+def test_the_run_directory_deleted_while_up_follows_stops_every_node(bed: Testbed, tmp_path: Path) -> None:
+    up = Up(bed, bed.hosts, tmp_path / "runs", *LONG)
+    training(up)
+    run = up.run
+    shutil.rmtree(run)
+    code, err = up.finish(timeout=120)
+    assert code == 1, err
+    assert last_line(err) == (f"error: the run directory {run} was deleted while `up` followed the run: every node "
+                              "was stopped; nothing was pulled (there is nowhere to put it): what the nodes wrote "
+                              f"stays on the hosts, in ~/.ddpctl/runs/{run.name}/"), err
+    assert_nothing_left_running(bed.hosts)
+
+
 def test_a_ship_that_fails_leaves_no_run_directory_and_says_nothing_started(bed: Testbed, tmp_path: Path) -> None:
     host = bed.hosts[0]
     code_cache = Path(host.home, ".ddpctl", "code")
