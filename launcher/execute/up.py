@@ -12,7 +12,7 @@ from launcher.execute.local import check_local_run, run_local
 from launcher.execute.local_disk import full_disk_named, raise_if_disk_full
 from launcher.execute.local_outputs import LocalOutputs
 from launcher.execute.request import UpOptions, UpResult
-from launcher.results.run_records import finish_records
+from launcher.execute.restart_causes import finish_run_records
 from launcher.results.rundir import RunDir, read_json
 from launcher.spec.run_spec import RunSpec
 
@@ -86,5 +86,5 @@ def _run_here(acquired: AcquiredHosts) -> UpResult:
         raise_if_disk_full(run_path, code)
         local_failure(run_dir, code, spec.python)  # the first failure across ranks, in run.json and events.jsonl
         code = teardown_outcome(run_dir, code)
-        finish_records(run_dir)
+        finish_run_records(run_dir)
     return UpResult(run_dir.path, code, read_json(run_dir.path / "summary.json"), plan)

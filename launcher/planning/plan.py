@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.errors import SpecError
 from launcher.spec.run_spec import MASKED, RunSpec
-from launcher.spec.torchrun import NodeRole, torchrun_argv
+from launcher.spec.torchrun import NodeRole, shown_command, torchrun_argv
 
 if TYPE_CHECKING:
     from launcher.planning.facts import HostFacts
@@ -62,7 +62,7 @@ class NodePlan:
             return self.display
         env = self.shown_env()
         cd = f"cd {shlex.quote(self.cwd)} && " if self.cwd else ""
-        return f"{cd}{'env ' + env + ' ' if env else ''}{shlex.join(self.command)}"
+        return f"{cd}{'env ' + env + ' ' if env else ''}{shown_command(self.command)}"
 
 
 @dataclass(frozen=True)

@@ -22,14 +22,13 @@ The hosts' engines (what they have, getting the image onto them) are launcher/ru
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from launcher.errors import SpecError
 from launcher.planning.plan import NodeHost, NodePlan, node_env, secret_names
 from launcher.spec.run_spec import RunSpec
-from launcher.spec.torchrun import NodeRole, torchrun_argv
+from launcher.spec.torchrun import NodeRole, shown_command, torchrun_argv
 
 CONTAINER_WORKSPACE = "/workspace"
 CONTAINER_DATA = "/data"
@@ -83,7 +82,7 @@ def display_line(node: NodePlan) -> str:
     home = lambda path: path if path.startswith("/") else f"$HOME/{path}"  # noqa: E731
     mounts = f'-v "{home(ws)}:{CONTAINER_WORKSPACE}"' + (f' -v "{home(data)}:{CONTAINER_DATA}"' if data else "")
     return (f'docker run -d --name {name} --user "$(id -u):$(id -g)" {mounts} --env-file "{home(ws)}/{env_file}" '
-            f"{shlex.join(rest)}  # {env_file}: {node.shown_env()}; then follows its output and exits with its "
+            f"{shown_command(rest)}  # {env_file}: {node.shown_env()}; then follows its output and exits with its "
             "exit code")
 
 
