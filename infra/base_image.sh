@@ -6,12 +6,25 @@
 # Prints the image tag (the only thing on stdout) and exits 0. The tag carries a hash of this script and the
 # versions it installs, so a second run finds the image and returns at once.
 #
+#   bash infra/base_image.sh --wheels-only    # only download the wheels it needs into its wheel cache
+#
+# The wheels come from a cache folder (DDPCTL_CACHE_DIR, default ~/.cache/ddpctl, then base-wheels/<key>/) that
+# `infra/setup.sh --test` fills with --wheels-only: set-up downloads, before the test suite cuts itself off from
+# the internet (tests/conftest.py points HTTPS at a refusing proxy), so the suite builds the image without the
+# network for pip. Without a complete cache it downloads them itself first, into the cache.
+#
 # Why not pip inside a container: the package registry's TLS chains to a CA this machine trusts but a fresh
 # Debian root does not, so the wheels are downloaded here and installed offline (--no-index) in a chroot.
 # The download uses the python infra/setup.sh installed into (infra/pick_python.sh): a fresh Debian's python3
 # has no pip. The torch is always the CPU build (`torch==V+cpu`, from PyTorch's CPU index when it answers, else
 # from pip's own configuration, e.g. a local wheel folder): the public index's plain torch is the CUDA build.
 set -euo pipefail
+wheels_only=false
+case "${1:-}" in
+  "") ;;
+  --wheels-only) wheels_only=true ;;
+  *) echo "unknown option '$1'; usage: bash infra/base_image.sh [--wheels-only]" >&2; exit 2 ;;
+esac
 script=$(realpath "$0")
 repo=$(dirname "$(dirname "$script")")
 
@@ -24,6 +37,48 @@ PACKAGES=python3,python3-venv,ca-certificates
 REPO="${DDPCTL_BASE_REPO:-ddpctl-base}"
 
 log() { echo "base image: $*" >&2; }
+
+# The wheels: the same for every version of this script, so the cache key names only what decides them.
+PLATFORMS=(manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 any)
+wheel_key=$(echo "torch==$TORCH_VERSION+cpu $NUMPY_SPEC cp$PY_TAG ${PLATFORMS[*]}" | sha256sum | cut -c1-12)
+wheel_cache="${DDPCTL_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ddpctl}/base-wheels/$wheel_key"
+
+# Fills $wheel_cache (complete once its file `complete` exists: the download goes to a folder beside it first).
+download_wheels() {
+  exec 8>"/tmp/ddpctl-base-wheels-$wheel_key.lock"  # builds and set-ups side by side: one downloads, others wait
+  flock 8
+  if [ -e "$wheel_cache/complete" ]; then
+    log "wheels for torch $TORCH_VERSION+cpu and $NUMPY_SPEC (cp$PY_TAG) already in $wheel_cache"
+    return 0
+  fi
+  cd "$repo"
+  source infra/pick_python.sh
+  "$py" -m pip --version >/dev/null 2>&1 || { log "$py has no pip: run 'bash infra/setup.sh --test' first"; return 1; }
+  mapfile -t cpu_choice < <(python3 infra/torch_choice.py --torch cpu --version "$TORCH_VERSION" --python-tag "cp$PY_TAG")
+  local index_args=() platform_args=() partial
+  if [ -n "${cpu_choice[1]:-}" ]; then index_args=(--extra-index-url "${cpu_choice[1]}"); fi
+  for platform in "${PLATFORMS[@]}"; do platform_args+=(--platform "$platform"); done
+  mkdir -p "$(dirname "$wheel_cache")"
+  partial=$(mktemp -d "$wheel_cache.partial.XXXXXX")
+  log "downloading the CPU torch $TORCH_VERSION and $NUMPY_SPEC wheels (cp$PY_TAG) ${cpu_choice[1]:+from ${cpu_choice[1]} }with $py into $wheel_cache"
+  if ! "$py" -m pip download -q --disable-pip-version-check -d "$partial" "${index_args[@]}" \
+    --only-binary=:all: --python-version "$PY_TAG" --implementation cp --abi "cp$PY_TAG" "${platform_args[@]}" \
+    "torch==$TORCH_VERSION+cpu" "$NUMPY_SPEC" >&2; then
+    rm -rf "$partial"
+    log "no CPU build of torch $TORCH_VERSION (torch==$TORCH_VERSION+cpu) could be downloaded: ${cpu_choice[2]:-}; put its wheel in a folder pip's find-links names, or let PyTorch's CPU index be reached (\`bash infra/setup.sh --test\` downloads it before the test suite cuts itself off from the internet)"
+    return 1
+  fi
+  ls "$partial"/torch-* >/dev/null 2>&1 || { rm -rf "$partial"; log "pip download produced no torch wheel"; return 1; }
+  touch "$partial/complete"
+  rm -rf "$wheel_cache"
+  mv "$partial" "$wheel_cache"
+  log "downloaded $(ls "$wheel_cache" | grep -c '\.whl$') wheels into $wheel_cache"
+}
+
+if $wheels_only; then
+  download_wheels
+  exit
+fi
 
 hash=$( { cat "$script"; echo "$TORCH_VERSION $NUMPY_SPEC $SUITE $PACKAGES"; } | sha256sum | cut -c1-12)
 tag="$REPO:cpu-$hash"
@@ -51,21 +106,9 @@ work=$(mktemp -d /tmp/ddpctl-base.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 start=$SECONDS
 
-cd "$repo"
-source infra/pick_python.sh
-"$py" -m pip --version >/dev/null 2>&1 || { log "$py has no pip: run 'bash infra/setup.sh --test' first"; exit 1; }
-mapfile -t cpu_choice < <(python3 infra/torch_choice.py --torch cpu --version "$TORCH_VERSION" --python-tag "cp$PY_TAG")
-index_args=()
-if [ -n "${cpu_choice[1]:-}" ]; then index_args=(--extra-index-url "${cpu_choice[1]}"); fi
-log "downloading the CPU torch $TORCH_VERSION and $NUMPY_SPEC wheels (cp$PY_TAG) ${cpu_choice[1]:+from ${cpu_choice[1]} }with $py"
-if ! "$py" -m pip download -q --disable-pip-version-check -d "$work/wheels" "${index_args[@]}" \
-  --only-binary=:all: --python-version "$PY_TAG" --implementation cp --abi "cp$PY_TAG" \
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-  --platform any "torch==$TORCH_VERSION+cpu" "$NUMPY_SPEC" >&2; then
-  log "no CPU build of torch $TORCH_VERSION (torch==$TORCH_VERSION+cpu) could be downloaded: ${cpu_choice[2]:-}; put its wheel in a folder pip's find-links names, or let PyTorch's CPU index be reached"
-  exit 1
-fi
-ls "$work"/wheels/torch-* >/dev/null || { log "pip download produced no torch wheel"; exit 1; }
+download_wheels
+cp -r "$wheel_cache" "$work/wheels"
+rm -f "$work/wheels/complete"
 
 # Docs, man pages and translations are useless in a test image and cost tens of MB. The pip in the chroot
 # gets a clean environment: this machine's PIP_* settings point at paths that exist only here.

@@ -5,7 +5,7 @@
 # python3-venv and to link ddpctl into /usr/local/bin.
 # `infra/setup.sh --test` also installs what the test suite needs: OpenSSH (test hosts),
 # iproute2/iptables (network namespaces), Docker's engine, docker-compose 1.29 and Compose v2 (infra/compose_v2.sh),
-# mmdebstrap (offline base image),
+# mmdebstrap (offline base image) and the wheels that image gets (infra/base_image.sh --wheels-only),
 # docker-registry (a local registry for `ddpctl image push` tests), slurmctld, slurmd, slurm-client and munge (a
 # real Slurm cluster in the test bed: infra/slurm_cluster.py).
 set -euo pipefail
@@ -38,7 +38,7 @@ apt_install() {
 if $with_tests; then
   missing=()
   for pkg in openssh-server openssh-client iproute2 iptables procps docker.io docker-compose mmdebstrap docker-registry \
-             slurmctld slurmd slurm-client munge; do
+             slurmctld slurmd slurm-client munge openmpi-bin libopenmpi-dev; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
   done
   if [ ${#missing[@]} -gt 0 ]; then
@@ -46,7 +46,7 @@ if $with_tests; then
     apt_install "${missing[@]}"
   fi
   as_root bash infra/compose_v2.sh  # `docker compose` (v2) beside Debian's docker-compose 1.29
-  extras="train,dev"
+  extras="train,dev,mpi"  # mpi: mpi4py, built against the OpenMPI above (--launcher mpirun's tests)
 else
   extras="train"
 fi
@@ -71,6 +71,11 @@ echo "installing ${torch_choice[0]}${torch_choice[1]:+ from ${torch_choice[1]}}"
 "$py" -m pip install -q --disable-pip-version-check -e ".[$extras]"
 if [ "$py" != python3 ]; then
   as_root ln -sf "$PWD/.venv/bin/ddpctl" /usr/local/bin/ddpctl  # on PATH without activating .venv
+fi
+if $with_tests; then
+  # The tests' offline Docker base image needs the CPU torch for Debian's python: downloaded now, while the
+  # network is there; the test suite then cuts itself off from the internet (tests/conftest.py).
+  bash infra/base_image.sh --wheels-only
 fi
 torch_installed=$("$py" -c 'from importlib.metadata import version; print(version("torch"))')
 echo "torch $torch_installed installed: ${torch_choice[2]}"

@@ -11,6 +11,7 @@ import base64
 import contextlib
 import itertools
 import json
+import re
 import socket
 import threading
 import time
@@ -94,7 +95,9 @@ class Faults:
     exited_machines: set[int] = field(default_factory=set)  # instances there exit right away
     failing_creates: dict[int, int] = field(default_factory=dict)  # k-th create (1-based) -> status
     lost_create_answers: set[int] = field(default_factory=set)  # k-th create rents, then answers 500
-    destroy_lag_s: float = 0.0  # destroyed instances stay visible this long
+    destroy_lag_s: float = 0.0  # destroyed instances stay listed this long (released: cur_state `destroyed_state`)
+    destroyed_state: str = "unloaded"  # what a destroyed, still listed instance shows (docs: "released on destroy")
+    ignored_destroys: set[int] = field(default_factory=set)  # instances whose destroy answers 200 and does nothing
 
 
 @dataclass
@@ -179,6 +182,9 @@ class VastStandIn:
             self.requests.append(record)
             status, body = self._handle(method, parts.path, query, headers, raw_body, record)
             record["status"] = status
+            if status >= 400 and isinstance(body, dict) and self.lifecycle.switches.message_only_errors:
+                # "Some omit error and return only msg or message" (docs.vast.ai/api-reference/rate-limits-and-errors)
+                body = {"message": body.get("msg") or body.get("message") or body.get("detail") or body.get("error")}
             return status, body
 
     def _handle(self, method: str, path: str, query: dict[str, str], headers: dict[str, str], raw_body: bytes,
@@ -281,6 +287,8 @@ class VastStandIn:
         inst = self.instances.get(iid)
         if inst is None or inst.destroyed_at is not None:
             return 404, example("destroy_instance.delete.404")
+        if iid in self.faults.ignored_destroys:
+            return 200, example("destroy_instance.delete.200")
         inst.destroyed_at = time.monotonic()
         self._remove_host(inst)
         for overlay in self.overlays.values():
@@ -327,6 +335,9 @@ class VastStandIn:
         return 200, vast_market.listed_overlays(self)
 
     def _overlay_post(self, _id: Any, body: dict[str, Any], _query: Any) -> tuple[int, Any]:
+        if not re.fullmatch(r"[a-z0-9-]+", str(body["name"])):  # vast-cli's rule for `-n NAME`
+            return 400, {"success": False, "error": "invalid_args",
+                         "msg": "overlay name may hold only lower-case letters, digits and -"}
         if body["name"] in self.overlays:
             return 400, {"success": False, "error": "invalid_args", "msg": "overlay name already in use"}
         if not any(o.get("cluster_id") == body["cluster_id"] for o in self.offers.values()):
@@ -367,7 +378,7 @@ class VastStandIn:
         machine = inst.offer["machine_id"]
         age = time.monotonic() - inst.created
         status, msg, ports = "loading", "pulling image", {}
-        if inst.destroyed_at is not None:
+        if inst.destroyed_at is not None:  # released, listed a while longer (cur_state below)
             status, msg = "exited", "destroying"
         elif inst.start_error and age >= self.boot_delay_s:
             status, msg = "created", inst.start_error
@@ -385,9 +396,11 @@ class VastStandIn:
             ports = {"22/tcp": [{"HostIp": "0.0.0.0", "HostPort": str(inst.address[1])}]} if ssh_shown else {}
         disk = float(inst.request.get("disk", 10))
         obj = example("show_instance.get.200")["instances"]  # type: ignore[index]
+        released = inst.destroyed_at is not None
         obj.update(
-            id=inst.id, actual_status=status, cur_state=status, intended_status="running",
-            next_state="running", status_msg=msg, label=inst.request.get("label"),
+            id=inst.id, actual_status=status, cur_state=self.faults.destroyed_state if released else status,
+            intended_status="stopped" if released else "running", next_state="running", status_msg=msg,
+            label=inst.request.get("label"),
             image_uuid=inst.request["image"], image_runtype=inst.request.get("runtype", "ssh"),
             onstart=inst.request.get("onstart"), machine_id=machine, host_id=machine,
             public_ipaddr=inst.address[0], ports=ports, ssh_host=inst.address[0], ssh_port=inst.address[1],
@@ -438,6 +451,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", "text/plain" if plain else "application/json")
         self.send_header("Content-Length", str(len(data)))
+        for name, value in (body.headers.items() if plain else ()):
+            self.send_header(name, value)
         self.end_headers()
         self.wfile.write(data)
 

@@ -5,7 +5,9 @@ fails the suite when a mount, namespace, container or process it made is left be
 No test may wait on the real internet: `up --provider vast` reads its image's labels from the image's registry
 (launcher/providers/vast/registry_api.py), and the tests' images name Docker Hub. HTTPS here goes to a proxy
 that refuses at once, so that read falls back in milliseconds on any machine, with or without a route out; the
-registry tests use their own stand-in over plain HTTP on 127.0.0.1, which no proxy touches.
+registry tests use their own stand-in over plain HTTP on 127.0.0.1, which no proxy touches. The suite's own
+set-up is not cut off by it: what the tests install comes before (`infra/setup.sh --test` downloads the Docker
+base image's wheels into a cache that infra/base_image.sh builds from; tests/test_base_image_offline.py shows it).
 
 A suite started with a stop signal ignored (SIGHUP under `nohup`; SIGINT for a background job of a script, or a
 runner that ignores them) would hand the ignore on to every ddpctl it starts, and ddpctl keeps an inherited
@@ -14,18 +16,16 @@ terminal starts it. An ignored SIGINT gets Python's usual handler back; an ignor
 handler that does nothing, so the suite itself still outlives them. A handler, unlike an ignore, is not inherited
 by the programs the suite starts."""
 
-import os
 import signal
 
 from tests.interruption_fixtures import run_dir  # noqa: F401
+from tests.network_isolation import isolate_from_internet
 from tests.session_leaks import pytest_sessionfinish, pytest_sessionstart  # noqa: F401
 from tests.slurm_fixtures import slurm_cluster  # noqa: F401
 from tests.testbed_fixtures import testbed  # noqa: F401
+from tests.tiers import _unit_tier_guard, pytest_collection_modifyitems  # noqa: F401
 
-for _name in ("HTTPS_PROXY", "https_proxy"):
-    os.environ[_name] = "http://127.0.0.1:9"  # the discard port: nothing listens, the connection is refused
-for _name in ("NO_PROXY", "no_proxy"):
-    os.environ[_name] = "127.0.0.1,localhost,::1"  # the stand-ins (Vast's API, a registry) answer on loopback
+isolate_from_internet()
 
 
 def _outlive(_signum: int, _frame: object) -> None:

@@ -144,7 +144,7 @@ def sweep_command(
     nodes: str | None = typer.Option(None, "--nodes", help="Node counts to sweep, e.g. 1,2 (default 1).",
                                      rich_help_panel=RUN),
     preset: str | None = typer.Option(None, "--preset", help="mnist, mnist-spawn, mnist-dp-mp, "
-                                      "cifar10-resnet18 or mnist-cpu (README: Reproducing the write-ups).",
+                                      "cifar10-resnet18 or mnist-cpu (docs/reference-experiments.md).",
                                       rich_help_panel=RUN),
     scale_lr: str | None = typer.Option(None, "--scale-lr", help="none (default), linear or sqrt: scale lr "
                                         "with the world size over the smallest one.", rich_help_panel=RUN),

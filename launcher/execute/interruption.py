@@ -192,7 +192,11 @@ def stop_and_pull(run_dir: RunDir, stop_nodes: Callable[[], None], pull: Callabl
     if pull_error:
         return _record(run_dir, Outcome(f"{said}stopped every node; {pull_error}: `ddpctl pull {run_dir.run_id}` "
                                         f"fetches what they wrote into {run_dir.path}", stopped=True, pulled=False))
-    return _record(run_dir, Outcome(f"{said}stopped every node and pulled what they wrote to {run_dir.path}",
+    from launcher.execute.pull_record import files_not_pulled
+
+    missing = files_not_pulled(run_dir.path)
+    note = f" ({missing} file(s) could not be pulled: see pull.json there)" if missing else ""
+    return _record(run_dir, Outcome(f"{said}stopped every node and pulled what they wrote to {run_dir.path}{note}",
                                     stopped=True, pulled=True))
 
 

@@ -10,8 +10,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from launcher.execute.live_tail import OutputTail
 from launcher.execute.restart_causes import ended_notes, node_labels, restart_cause, restart_line
-from launcher.results.live_tail import OutputTail
 from launcher.results.progress import RunProgress, console
 from launcher.results.rank_layout import rank_layout
 from launcher.results.restarts import attempt_number, newest_attempt_dir, restarts_phrase

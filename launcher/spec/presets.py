@@ -1,4 +1,4 @@
-"""Presets that reproduce the reference experiments (../shared/reference-experiments.md), each with the
+"""Presets that reproduce the reference experiments (docs/reference-experiments.md), each with the
 figures its write-up published, so a report can show theirs beside ours.
 
 A preset is only RunSpec field values; whatever the user sets explicitly wins over it.

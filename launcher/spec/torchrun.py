@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.spec import attempt_logs, strategies
+from launcher.spec.launchers import SPAWN_SCRIPT
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.user_command import node_command
 
@@ -113,6 +114,18 @@ def shown_command(argv: Sequence[str]) -> str:
 def shown_argv(argv: Sequence[str]) -> list[str]:
     """A command's arguments for records people read (events.jsonl): torchrun's wrapper source as its file."""
     return [TORCHRUN_SHOWN if arg == TORCHRUN_SOURCE else arg for arg in argv]
+
+
+def node_argv(spec: RunSpec, role: NodeRole) -> list[str]:
+    """What a node runs for the spec's --launcher: torchrun (torchrun_argv) or the script itself (spawn)."""
+    if spec.launcher == "spawn":
+        return spawn_argv(spec, role, node_command(spec.user_command, spec.python))
+    return torchrun_argv(spec, role)
+
+
+def spawn_argv(spec: RunSpec, role: NodeRole, command: tuple[str, ...]) -> list[str]:
+    """A spawn node's command: launchers.SPAWN_SCRIPT running `command` once, its output into role.log_dir."""
+    return ["sh", "-c", SPAWN_SCRIPT, "ddpctl-spawn", role.log_dir, spec.python, *command]
 
 
 def _bracket(addr: str) -> str:

@@ -102,7 +102,9 @@ def instance_cost(inst: dict[str, Any], now: float) -> float:
 
 def hourly(inst: dict[str, Any]) -> float:
     """What the instance bills per hour now: everything, or only its storage while stopped."""
-    return float(inst.get("storage_dph") or 0.0) if inst.get("state") == "stopped" else float(inst.get("dph") or 0.0)
+    if inst.get("state") == "stopped" and not inst.get("frozen"):  # frozen: halted, but the GPU bills on
+        return float(inst.get("storage_dph") or 0.0)
+    return float(inst.get("dph") or 0.0)
 
 
 def run_cost(instances: Iterable[dict[str, Any]], now: float | None = None) -> float:

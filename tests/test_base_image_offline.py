@@ -1,0 +1,74 @@
+"""The suite's set-up, then the suite cut off from the internet: the offline Docker base image still builds.
+
+A fresh machine has no local wheel folder and no pip configuration of ours. `infra/setup.sh --test` downloads the
+base image's wheels (`infra/base_image.sh --wheels-only`) before the suite points HTTPS at a refusing proxy
+(tests/network_isolation.py); the image is then built from them. Here both steps run as on such a machine: pip's
+configuration files and PIP_FIND_LINKS are out of the picture for the build, HTTPS goes to the refusing proxy.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.docker_fixtures import REPO, requires_docker
+from tests.network_isolation import REFUSING_PROXY, environment_before_isolation
+
+pytestmark = [requires_docker, pytest.mark.docker,
+              pytest.mark.skipif(shutil.which("mmdebstrap") is None,
+                                 reason="mmdebstrap is missing: run `bash infra/setup.sh --test`")]
+SCRIPT = str(REPO / "infra" / "base_image.sh")
+
+
+def cut_off(env: dict[str, str]) -> dict[str, str]:
+    """As the suite runs on a fresh machine: HTTPS refused, no wheel folder, no pip configuration file, no retries."""
+    env = {name: value for name, value in env.items() if not name.startswith("PIP_")}
+    env.update(HTTPS_PROXY=REFUSING_PROXY, https_proxy=REFUSING_PROXY, PIP_CONFIG_FILE=os.devnull,
+               PIP_RETRIES="0", PIP_DEFAULT_TIMEOUT="5")
+    return env
+
+
+def test_setup_is_not_cut_off_and_the_base_image_builds_from_what_it_downloaded(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    assert "bash infra/base_image.sh --wheels-only" in (REPO / "infra" / "setup.sh").read_text()
+
+    # Without set-up's download, the cut-off suite cannot get the CPU torch: the cut is real.
+    empty = cut_off({**environment_before_isolation(), "DDPCTL_CACHE_DIR": str(tmp_path / "empty")})
+    refused = subprocess.run(["bash", SCRIPT, "--wheels-only"], env=empty, capture_output=True, text=True,
+                             timeout=300)
+    assert refused.returncode != 0
+    assert "no CPU build of torch" in refused.stderr and "infra/setup.sh --test" in refused.stderr
+    assert not any((tmp_path / "empty" / "base-wheels").glob("*/complete"))
+
+    # Set-up's step, in the environment the suite had before it isolated itself.
+    setup_env = {**environment_before_isolation(), "DDPCTL_CACHE_DIR": str(cache)}
+    downloaded = subprocess.run(["bash", SCRIPT, "--wheels-only"], env=setup_env, capture_output=True, text=True,
+                                timeout=600)
+    assert downloaded.returncode == 0, downloaded.stderr[-2000:]
+    [folder] = (cache / "base-wheels").iterdir()
+    assert (folder / "complete").exists()
+    assert list(folder.glob("torch-*+cpu-cp311-*.whl")) and list(folder.glob("numpy-*-cp311-*.whl"))
+
+    # The suite's build, cut off: a repository name of its own, so that it really builds.
+    repo_name = f"ddpctl-base-offline-{uuid.uuid4().hex[:8]}"
+    build_env = cut_off({**os.environ, "DDPCTL_CACHE_DIR": str(cache), "DDPCTL_BASE_REPO": repo_name})
+    try:
+        built = subprocess.run(["bash", SCRIPT], env=build_env, capture_output=True, text=True, timeout=900)
+        assert built.returncode == 0, built.stderr[-3000:]
+        tag = built.stdout.strip()
+        assert tag.startswith(f"{repo_name}:cpu-")
+        assert f"already in {folder}" in built.stderr
+        versions = subprocess.run(["docker", "run", "--rm", tag, "python", "-c",
+                                   "import torch, numpy; print(torch.__version__, numpy.__version__)"],
+                                  capture_output=True, text=True, timeout=300)
+        assert versions.returncode == 0, versions.stderr
+        assert versions.stdout.split()[0].endswith("+cpu")
+    finally:
+        images = subprocess.run(["docker", "image", "ls", "-q", repo_name], capture_output=True, text=True).stdout
+        if images.split():
+            subprocess.run(["docker", "image", "rm", "-f", *set(images.split())], capture_output=True)
