@@ -9,10 +9,10 @@ Why: torchrun names a worker group's log folder `attempt_<N>` after its own coun
 restarted because another node's worker failed counts no failure of its own, so it starts its second attempt in
 `attempt_0` again and the first attempt's logs are lost. Here the folder is numbered by how many times this node
 started its workers (the workers still see torch's own count), so every attempt keeps its logs and N means the
-same restart on every node. When an attempt's workers fail, `attempt_<N>/ended.json` says which:
-{"time", "failures": [{"rank" (global), "local_rank", "exitcode" (negative: a signal), "pid", "time",
-"stderr_tail" (its last lines)}]}, the first failure first (a worker torchrun stopped with SIGTERM after it last).
-A torch whose internals differ runs unchanged (its own numbering, no note)."""
+same restart on every node; each worker gets that N as DDPCTL_ATTEMPT. When an attempt's workers fail,
+`attempt_<N>/ended.json` says which: {"time", "failures": [{"rank" (global), "local_rank", "exitcode" (negative:
+a signal), "pid", "time", "stderr_tail" (its last lines)}]}, the first failure first (a worker torchrun stopped
+with SIGTERM after it last). A torch whose internals differ runs unchanged (its own numbering, no note)."""
 
 import contextlib
 import json
@@ -21,6 +21,8 @@ import runpy
 import time
 
 ENDED_FILE = "ended.json"
+# Given to every worker: the attempt its node is in (this file's numbering; TORCHELASTIC_RESTART_COUNT stays torch's).
+ATTEMPT_ENV = "DDPCTL_ATTEMPT"
 TAIL_LINES = 40
 TAIL_BYTES = 16384
 
@@ -62,6 +64,8 @@ def _patch_torchrun():
     def numbered_reify(self, envs):
         attempt = current["starts"]
         current["starts"] += 1
+        for env in envs.values():  # the workers' own attempt number, the same on every node (ATTEMPT_ENV)
+            env[ATTEMPT_ENV] = str(attempt)
         first = envs[0] if envs else {}
         torch_count = first.get("TORCHELASTIC_RESTART_COUNT")
         first["TORCHELASTIC_RESTART_COUNT"] = str(attempt)
