@@ -16,7 +16,7 @@ from launcher.execute.local_checks import FirstStepWatch, check_cpu_processes, c
 from launcher.planning.plan import RunPlan, plan_local
 from launcher.planning.preflight import check_local_disk
 from launcher.results.hang_watch import RunWatch
-from launcher.results.progress import RunProgress
+from launcher.results.plain_progress import run_progress
 from launcher.results.rundir import RunDir, read_json
 from launcher.runtimes.proctree import stop_tree
 from launcher.spec.datasets import check_local_data
@@ -137,7 +137,7 @@ def run_local(plan: RunPlan, run_dir: RunDir, show_progress: bool = True, show_o
         progress_file = run_dir.path / "progress.json"
         first_step = FirstStepWatch(out_path)
         node_watch = RunWatch.here(run_dir, node.host.label)  # hangs, low disk, the first rank failure
-        with RunProgress([node.host.label], enabled=show_progress) as progress:
+        with run_progress([node.host.label], enabled=show_progress) as progress:
             live = LiveOutput(run_dir, progress, show_output)  # rank 0's output, a script's progress, restarts
             while proc.poll() is None:
                 record = live.local_record(read_json(progress_file))
