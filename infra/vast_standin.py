@@ -11,6 +11,7 @@ import base64
 import contextlib
 import itertools
 import json
+import re
 import socket
 import threading
 import time
@@ -94,7 +95,9 @@ class Faults:
     exited_machines: set[int] = field(default_factory=set)  # instances there exit right away
     failing_creates: dict[int, int] = field(default_factory=dict)  # k-th create (1-based) -> status
     lost_create_answers: set[int] = field(default_factory=set)  # k-th create rents, then answers 500
-    destroy_lag_s: float = 0.0  # destroyed instances stay visible this long
+    destroy_lag_s: float = 0.0  # destroyed instances stay listed this long (released: cur_state `destroyed_state`)
+    destroyed_state: str = "unloaded"  # what a destroyed, still listed instance shows (docs: "released on destroy")
+    ignored_destroys: set[int] = field(default_factory=set)  # instances whose destroy answers 200 and does nothing
 
 
 @dataclass
@@ -179,6 +182,9 @@ class VastStandIn:
             self.requests.append(record)
             status, body = self._handle(method, parts.path, query, headers, raw_body, record)
             record["status"] = status
+            if status >= 400 and isinstance(body, dict) and self.lifecycle.switches.message_only_errors:
+                # "Some omit error and return only msg or message" (docs.vast.ai/api-reference/rate-limits-and-errors)
+                body = {"message": body.get("msg") or body.get("message") or body.get("detail") or body.get("error")}
             return status, body
 
     def _handle(self, method: str, path: str, query: dict[str, str], headers: dict[str, str], raw_body: bytes,
@@ -198,7 +204,15 @@ class VastStandIn:
         if limited is not None:
             return limited
         scoped = self.lifecycle.scoped(headers.get("authorization"))
-        if scoped is not None:
+        container = self.lifecycle.container_instance(headers.get("authorization"))
+        if container is not None:
+            record["container_key"] = container
+            inst = self.instances.get(container)
+            refused = self.lifecycle.container_refusal(container, inst is not None and inst.destroyed_at is None,
+                                                       op.name, path_id, body)
+            if refused is not None:
+                return refused
+        elif scoped is not None:
             record["scoped_key"] = scoped.name
             refused = self.lifecycle.refusal(scoped, op.name, method, path_id, body)
             if refused is not None:
@@ -253,11 +267,12 @@ class VastStandIn:
         inst.address = (inst.host.address, int(inst.host.port))
         inst.user = inst.host.user
         inst.start_error = vast_market.on_created(self, inst)
+        instance_key = self.lifecycle.new_container_key(iid, inst.host)
         for key in self.account_keys:
             self._add_key(inst, key)
         if self._creates in self.faults.lost_create_answers:
             return 500, {"detail": "Internal Server Error"}
-        return 200, example("create_instance.put.200", new_contract=iid)
+        return 200, example("create_instance.put.200", new_contract=iid, instance_api_key=instance_key)
 
     def _show_instance_get(self, iid: int, _body: Any, _query: Any) -> tuple[int, Any]:
         inst = self.instances.get(iid)
@@ -281,6 +296,8 @@ class VastStandIn:
         inst = self.instances.get(iid)
         if inst is None or inst.destroyed_at is not None:
             return 404, example("destroy_instance.delete.404")
+        if iid in self.faults.ignored_destroys:
+            return 200, example("destroy_instance.delete.200")
         inst.destroyed_at = time.monotonic()
         self._remove_host(inst)
         for overlay in self.overlays.values():
@@ -293,7 +310,9 @@ class VastStandIn:
         if inst is None or inst.destroyed_at is not None:
             return 404, {"success": False, "error": "no_such_instance", "msg": "Instance not found"}
         if "state" in body:
-            self.lifecycle.manage(iid, body["state"], self.requests[-1].get("scoped_key") or "owner")
+            record = self.requests[-1]
+            who = f"container:{record['container_key']}" if "container_key" in record else None
+            self.lifecycle.manage(iid, body["state"], who or record.get("scoped_key") or "owner")
         return 200, {"success": True}
 
     def _create_api_key_post(self, _id: Any, body: dict[str, Any], _query: Any) -> tuple[int, Any]:
@@ -327,6 +346,9 @@ class VastStandIn:
         return 200, vast_market.listed_overlays(self)
 
     def _overlay_post(self, _id: Any, body: dict[str, Any], _query: Any) -> tuple[int, Any]:
+        if not re.fullmatch(r"[a-z0-9-]+", str(body["name"])):  # vast-cli's rule for `-n NAME`
+            return 400, {"success": False, "error": "invalid_args",
+                         "msg": "overlay name may hold only lower-case letters, digits and -"}
         if body["name"] in self.overlays:
             return 400, {"success": False, "error": "invalid_args", "msg": "overlay name already in use"}
         if not any(o.get("cluster_id") == body["cluster_id"] for o in self.offers.values()):
@@ -367,7 +389,7 @@ class VastStandIn:
         machine = inst.offer["machine_id"]
         age = time.monotonic() - inst.created
         status, msg, ports = "loading", "pulling image", {}
-        if inst.destroyed_at is not None:
+        if inst.destroyed_at is not None:  # released, listed a while longer (cur_state below)
             status, msg = "exited", "destroying"
         elif inst.start_error and age >= self.boot_delay_s:
             status, msg = "created", inst.start_error
@@ -385,9 +407,11 @@ class VastStandIn:
             ports = {"22/tcp": [{"HostIp": "0.0.0.0", "HostPort": str(inst.address[1])}]} if ssh_shown else {}
         disk = float(inst.request.get("disk", 10))
         obj = example("show_instance.get.200")["instances"]  # type: ignore[index]
+        released = inst.destroyed_at is not None
         obj.update(
-            id=inst.id, actual_status=status, cur_state=status, intended_status="running",
-            next_state="running", status_msg=msg, label=inst.request.get("label"),
+            id=inst.id, actual_status=status, cur_state=self.faults.destroyed_state if released else status,
+            intended_status="stopped" if released else "running", next_state="running", status_msg=msg,
+            label=inst.request.get("label"),
             image_uuid=inst.request["image"], image_runtype=inst.request.get("runtype", "ssh"),
             onstart=inst.request.get("onstart"), machine_id=machine, host_id=machine,
             public_ipaddr=inst.address[0], ports=ports, ssh_host=inst.address[0], ssh_port=inst.address[1],
@@ -438,6 +462,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", "text/plain" if plain else "application/json")
         self.send_header("Content-Length", str(len(data)))
+        for name, value in (body.headers.items() if plain else ()):
+            self.send_header(name, value)
         self.end_headers()
         self.wfile.write(data)
 

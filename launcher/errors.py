@@ -42,3 +42,12 @@ class HostsFailed(DdpctlError):
 
 class RunDirError(DdpctlError):
     """A run directory is missing, unwritable or not a ddpctl run."""
+
+
+class RunStopRequested(DdpctlError):
+    """Raised by a provider's `watch` hook (e.g. --max-cost) or by `follow` (--stall-timeout): every node is stopped
+    and pulled, then it propagates. `reason` names the trigger in events and teardown records."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from launcher.execute.hang_watch import HangRule, RunWatch
 from launcher.execute.node_report import failure_notes
 from launcher.planning.facts import HostFacts
 from launcher.planning.preflight import (
@@ -22,7 +23,6 @@ from launcher.planning.preflight import (
     planned_disk_bytes,
     snapshot_bytes,
 )
-from launcher.results.hang_watch import HangRule, RunWatch
 from launcher.results.rundir import RunDir
 from launcher.runtimes.native import NodeState
 from launcher.runtimes.proctree import stop_tree

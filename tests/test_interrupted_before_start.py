@@ -53,6 +53,7 @@ def test_an_error_that_is_not_an_interruption_passes_unchanged(run_dir: RunDir) 
 def test_vast_keeps_the_line_and_adds_what_it_destroyed(run_dir: RunDir) -> None:
     """After an interruption before start, Vast destroys what it rented: its line says nothing ran, not "what the
     nodes wrote is in ..." (the ledger here holds no instance: the API is not called)."""
+    from launcher.execute.up import executor_calls
     from launcher.providers.vast.ledger import Ledger
     from launcher.providers.vast.provider import _after_failure
 
@@ -60,7 +61,7 @@ def test_vast_keeps_the_line_and_adds_what_it_destroyed(run_dir: RunDir) -> None
             "shipping the code to the hosts", run_dir, keep_run_dir=True, kept_because="it records rented machines"):
         os.kill(os.getpid(), signal.SIGINT)
     with pytest.raises(Interrupted) as caught:
-        _after_failure(cast(Any, None), None, Ledger(run_dir), before.value)
+        _after_failure(cast(Any, None), None, Ledger(run_dir), before.value, executor_calls())
     text = str(caught.value)
     assert text.startswith(str(before.value) + "; the rented machines were destroyed (verified)"), text
     assert "what the nodes wrote" not in text

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from launcher.cli import app as cli
-from launcher.execute.request import UpResult
+from launcher.planning.request import UpResult
 
 
 class Recorder:

@@ -290,15 +290,35 @@ def test_logs_follow_a_local_run_until_its_torchrun_ends(tmp_path: Path) -> None
     assert result.stdout == "first\nsecond\n"
 
 
-def test_pull_and_down_refuse_a_local_run_saying_where_its_files_are(tmp_path: Path) -> None:
+def test_pull_refuses_a_local_run_and_down_of_an_ended_one_has_nothing_to_stop(tmp_path: Path) -> None:
     run = local_run(tmp_path / "runs", local_pid=999999)
     pull = ddpctl("pull", "--runs-dir", str(tmp_path / "runs"))
     assert pull.returncode == 1
     assert pull.stderr == (f"error: run local-run is a local run and `pull` is for runs on hosts: its files are "
                            f"already in {run}\n")
-    down = ddpctl("down", "--runs-dir", str(tmp_path / "runs"))
-    assert down.returncode == 1 and down.stderr.count("\n") == 1
-    assert "is a local run and `down` is for runs on hosts" in down.stderr and "`kill 999999`" in down.stderr
+    down = ddpctl("down", "--runs-dir", str(tmp_path / "runs"))  # pid 999999 is no process: the run has ended
+    assert down.returncode == 0, down.stderr
+    assert down.stderr == f"run local-run ran on this machine and has ended: nothing to stop; its files are in {run}\n"
+
+
+def test_down_names_a_local_runs_pid_only_while_it_is_still_its_torchrun(tmp_path: Path) -> None:
+    from launcher.results.rundir import RunDir
+    from launcher.runtimes.proctree import start_time
+
+    victim = subprocess.Popen(["sleep", "60"])  # the process the system gave the run's pid to after it ended
+    try:
+        run = local_run(tmp_path / "runs", local_pid=victim.pid, local_pid_start=str(int(start_time(victim.pid)) - 7))
+        down = ddpctl("down", "--runs-dir", str(tmp_path / "runs"))
+        assert down.returncode == 0, down.stderr
+        assert "has ended: nothing to stop" in down.stderr and "kill" not in down.stderr
+        RunDir(run).update_record(local_pid_start=start_time(victim.pid))  # now it is the run's torchrun
+        down = ddpctl("down", "--runs-dir", str(tmp_path / "runs"))
+        assert down.returncode == 1 and down.stderr.count("\n") == 1
+        assert "is a local run and `down` is for runs on hosts" in down.stderr and f"`kill {victim.pid}`" in down.stderr
+        assert victim.poll() is None  # never signalled
+    finally:
+        victim.kill()
+        victim.wait()
 
 
 class LocalConn:

@@ -25,8 +25,9 @@ from launcher.errors import HostError
 from launcher.execute.attribution import node_report
 from launcher.execute.failure_cause import attribute, final_line
 from launcher.planning import rdzv_reservation
-from launcher.planning.preflight import Runner, check_rendezvous_reachable
+from launcher.planning.preflight import check_rendezvous_reachable
 from launcher.planning.rdzv_reservation import RESERVATION_TTL, release_reservation, reserve_and_listen
+from launcher.transport.connection import HostConnection
 from launcher.transport.ssh import CommandResult
 
 ADDR = "127.0.0.1"
@@ -94,7 +95,7 @@ def test_a_port_reserved_and_not_yet_bound_is_never_chosen_again(place: Path, tm
     """Run A's probe reserved the default port; its torchrun has not bound it yet. Run B's probe (any user) gets
     another port, and an explicit --rdzv-port of A's is refused in one line naming the port, the run and what to do."""
     shell, port = Shell(tmp_path), free_port()
-    nodes: list[Runner] = [shell, shell]
+    nodes: list[HostConnection] = [shell, shell]
     labels = ["node0", "node1"]  # node 1 connects to node 0's port, as in a probe
     assert check_rendezvous_reachable(nodes, labels, sys.executable, ADDR, port, any_free_port=True,
                                       reserve_for="run-a") == port
@@ -189,7 +190,7 @@ def test_a_reservation_is_released_at_once_or_once_the_started_torchrun_listens(
 
 def test_a_dry_run_or_doctor_reads_reservations_and_writes_nothing(place: Path, tmp_path: Path) -> None:
     shell, port = Shell(tmp_path), free_port()
-    nodes: list[Runner] = [shell, shell]
+    nodes: list[HostConnection] = [shell, shell]
     assert check_rendezvous_reachable(nodes, ["n0", "n1"], sys.executable, ADDR, port, any_free_port=True) == port
     assert not place.exists(), "a read-only probe made the reservation directory"
     reserve(shell, port, "holder")

@@ -1,13 +1,12 @@
-"""A recorded run's provider and runtime, rebuilt from its typed run.json (what status/logs/pull/down ask)."""
+"""A recorded run's kind (local, SSH hosts, rented) and runtime, rebuilt from its typed run.json (what
+status/logs/pull/down ask)."""
 
 from __future__ import annotations
 
 import pytest
 
-from launcher.providers.local import LocalMachine
-from launcher.providers.recorded import provider_of
-from launcher.providers.ssh_hosts import SshHosts
-from launcher.providers.vast.release import RentedRun
+from launcher.execute.recorded import HostsRun, LocalRun, recorded_run
+from launcher.execute.rented_run import RentedRun
 from launcher.results.record import RecordError, RunRecord
 from launcher.runtimes.docker import DockerRuntime
 from launcher.runtimes.native import NativeRuntime
@@ -21,15 +20,15 @@ def record(**fields: object) -> RunRecord:
 
 
 @pytest.mark.parametrize(("fields", "kind"), [
-    ({}, LocalMachine),  # a record older than `provider`, run here
-    ({"provider": "local", "hosts": []}, LocalMachine),
-    ({"provider": "ssh", "hosts": [HOST]}, SshHosts),
-    ({"hosts": [HOST]}, SshHosts),  # a host run recorded before `provider`
+    ({}, LocalRun),  # a record older than `provider`, run here
+    ({"provider": "local", "hosts": []}, LocalRun),
+    ({"provider": "ssh", "hosts": [HOST]}, HostsRun),
+    ({"hosts": [HOST]}, HostsRun),  # a host run recorded before `provider`
     ({"provider": "vast", "instances": []}, RentedRun),  # rented, never reached: no hosts yet
     ({"provider": "vast", "hosts": [HOST], "instances": [{"instance_id": 1}]}, RentedRun),
 ])
-def test_the_provider_is_rebuilt_from_the_record(fields: dict[str, object], kind: type) -> None:
-    assert isinstance(provider_of(record(**fields)), kind)
+def test_the_recorded_run_is_rebuilt_from_the_record(fields: dict[str, object], kind: type) -> None:
+    assert isinstance(recorded_run(record(**fields)), kind)
 
 
 def test_the_runtime_is_rebuilt_from_the_record() -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from launcher.cli import app as cli
-from launcher.execute.request import UpResult
+from launcher.planning.request import UpResult
 from launcher.results.rundir import RunDir, read_jsonl
 from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, run_ddpctl
 

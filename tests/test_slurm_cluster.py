@@ -6,10 +6,14 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from infra.slurm_cluster import SlurmCluster
 from infra.testbed import Testbed, netns_pids, read_pid
 from tests.slurm_fixtures import needs_slurm
 from tests.testbed_fixtures import connect
+
+pytestmark = pytest.mark.e2e
 
 JOB = """#!/bin/bash
 #SBATCH --nodes=2 --ntasks-per-node=1 --output=hello-%j.out

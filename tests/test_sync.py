@@ -14,7 +14,8 @@ import pytest
 
 from launcher.errors import HostError, SpecError
 from launcher.transport import outputs
-from launcher.transport.sync import PART_MARK, pull_tree, ship_tree
+from launcher.transport.pull import pull_tree
+from launcher.transport.sync import PART_MARK, ship_tree
 from tests.testbed_fixtures import connect
 
 pytestmark = pytest.mark.testbed
@@ -148,7 +149,7 @@ from pathlib import Path
 from launcher.spec.hosts import parse_host
 from launcher.transport.known_hosts import KnownHosts
 from launcher.transport.ssh import Connection, resolve_target
-from launcher.transport.sync import pull_tree
+from launcher.transport.pull import pull_tree
 spec, key, known, dest = sys.argv[1:5]
 target = resolve_target(parse_host(spec), ssh_config=Path("/nonexistent"), identity_file=Path(key))
 conn = Connection(target, known_hosts=KnownHosts(Path(known), Path("/nonexistent")), allow_agent=False)

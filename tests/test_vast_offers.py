@@ -208,7 +208,7 @@ def test_max_cost_that_bandwidth_alone_would_use_up_rents_nothing():
     from types import SimpleNamespace
 
     from launcher.providers.vast.market import find_offers
-    from launcher.providers.vast.request import VastRequest
+    from launcher.spec.vast_request import VastRequest
 
     catalogue = [_market_offer(6, **USABLE[6], inet_down_cost=0.5, inet_up_cost=0.5)]
     with VastStandIn(api_key="k", offers=catalogue) as standin:

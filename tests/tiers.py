@@ -34,7 +34,7 @@ E2E_MODULES = {
     "test_rerun", "test_script_outputs", "test_env_secrets", "test_reattach_paths", "test_testbed",
     "test_ssh", "test_sync", "test_rdzv_reservation", "test_closed_terminal",
     "faults/test_disk_full", "faults/test_fault_matrix", "faults/test_failure_attribution", "faults/test_hang",
-    "faults/test_interruption_outcomes", "faults/test_node_state_race",
+    "faults/test_interruption_outcomes", "faults/test_node_state_race", "test_slurm_cluster",
 }
 INTEGRATION_MODULES = {
     "test_local_up", "test_user_command_refusals", "test_strategies_runs", "test_session_leaks",
@@ -44,8 +44,10 @@ INTEGRATION_MODULES = {
 # Single tests of otherwise-unit modules ("module::function", parameters left out).
 INTEGRATION_TESTS = {
     "test_bad_input::test_bad_input_is_named_in_one_line",
+    "faults/test_failure_reasons::test_a_script_needing_cuda_on_a_host_without_gpus_gets_one_hint",
     "test_disk_and_hangs::test_a_rank_whose_snapshot_write_fails_makes_every_rank_leave",
-    "test_layout::test_no_import_cycles_in_launcher_or_trainer",
+    "test_layout::test_the_layers_and_acyclic_packages_hold",
+    "test_layout::test_the_check_fails_on_an_upward_import_in_a_scratch_copy",
     "test_local_checks::test_local_up_where_localhost_does_not_resolve_is_refused_before_anything_is_written",
     "test_reference_equivalence::test_two_process_epoch_equals_reference_loop_under_torchrun",
     "test_script_progress::test_the_state_poll_brings_new_output_by_offset_and_the_rest_of_an_ended_attempt",
@@ -63,7 +65,7 @@ INTEGRATION_TESTS = {
     "test_vast_offers::test_offers_explain_lists_the_excluded_and_why",
     "test_vast_offers::test_search_sorts_by_price_with_our_disk",
 }
-E2E_FIXTURES = {"testbed", "bed", "docker_bed", "base_image", "test_image", "small_image"}
+E2E_FIXTURES = {"testbed", "bed", "docker_bed", "base_image", "test_image", "small_image", "slurm_cluster"}
 
 
 def module_key(item: pytest.Item) -> str:

@@ -24,6 +24,7 @@ from launcher.cli.launch import check_from_env, recorded_launch, resolve_values,
 from launcher.cli.options import (
     OUTPUT,
     RUN_OPTIONS,
+    SLURM_OPTIONS,
     STRATEGY_OPTIONS,
     UP_OUTPUT_OPTIONS,
     UP_WHERE_OPTIONS,
@@ -33,7 +34,7 @@ from launcher.cli.options import (
     takes_options,
 )
 from launcher.errors import DdpctlError, Interrupted, SpecError
-from launcher.results.plain_progress import output_style, unstamped
+from launcher.execute.plain_progress import output_style, unstamped
 from launcher.results.progress import console, summary_table
 
 app = typer.Typer(
@@ -63,7 +64,8 @@ RUNS_DIR = typer.Option(Path("runs"), "--runs-dir", help="Where run directories 
 
 
 @app.command(context_settings={"allow_interspersed_args": False})
-@takes_options(RUN_OPTIONS, STRATEGY_OPTIONS, WHERE_OPTIONS, UP_WHERE_OPTIONS, VAST_OPTIONS, UP_OUTPUT_OPTIONS)
+@takes_options(RUN_OPTIONS, STRATEGY_OPTIONS, WHERE_OPTIONS, UP_WHERE_OPTIONS, VAST_OPTIONS, SLURM_OPTIONS,
+               UP_OUTPUT_OPTIONS)
 def up(
     ctx: typer.Context,
     command: list[str] | None = typer.Argument(None, help="After `--`: your own command to run under torchrun."),
@@ -99,13 +101,14 @@ def up(
 
 def save_config(path: Path, values: dict[str, Any], declared: dict[str, Any]) -> None:
     """Write `values` as a --config file (atomically: all of it or nothing)."""
-    from launcher.results.rundir import write_bytes_atomic
+    from launcher.results.user_files import write_user_file
 
     try:
-        write_bytes_atomic(path, config_text(values, declared).encode())
+        written = write_user_file(path, config_text(values, declared).encode(), "--save-config")
     except OSError as e:
         raise SpecError(f"--save-config {path}: cannot write it ({e.strerror})") from None
-    print(f"options written to {path}", file=sys.stderr)
+    print(f"options written to {path}" + (f" (the file its link leads to: {written})" if written != path else ""),
+          file=sys.stderr)
 
 
 def finish_up(result: Any, json_out: bool) -> None:
@@ -123,6 +126,15 @@ def finish_up(result: Any, json_out: bool) -> None:
         with unstamped():  # the same table as on a terminal
             console.print(summary_table(result.summary, f"run {result.run_dir.name}"))
         console.print(f"results in {result.run_dir}")
+    if result.run_dir is not None:  # the run's outcome is its training's; a pull that missed files is said beside
+        from launcher.execute.pull_record import incomplete_pull_line
+        from launcher.results.rundir import read_json
+
+        incomplete = incomplete_pull_line(result.run_dir, read_json(result.run_dir / "run.json") or {})
+        if incomplete:
+            console.print(incomplete, markup=False, highlight=False, soft_wrap=True)
+    if result.summary and result.summary.get("world_warning") and not result.summary.get("world_failed"):
+        print(f"warning: {result.summary['world_warning']}", file=sys.stderr)
     if result.exit_code == 130:
         from launcher.execute.interruption import recorded_outcome
 
@@ -135,6 +147,8 @@ def _failure_message(result: Any) -> str:
     from launcher.execute.failure_cause import cause_of
     from launcher.execute.failure_log import failure_tail, without_control_chars
 
+    if result.summary and result.summary.get("world_failed") and result.summary.get("world_warning"):
+        return str(result.summary["world_warning"])
     failure = cause_of(result.run_dir)
     if failure is not None:  # the first failure across nodes (launcher/execute/failure_cause.py)
         return failure

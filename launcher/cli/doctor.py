@@ -16,7 +16,7 @@ from launcher.transport.parallel import run_on_hosts
 from launcher.transport.ssh import resolve_target
 
 if TYPE_CHECKING:
-    from launcher.execute.request import UpOptions
+    from launcher.planning.request import UpOptions
 
 
 def run_doctor(options: UpOptions, *, gpus: int, python: str, rdzv_port: int, json_out: bool) -> bool:

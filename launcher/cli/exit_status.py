@@ -18,7 +18,7 @@ from typing import NoReturn, TextIO
 # The status of a command whose output was cut off with no stop signal (a closed pipe; a terminal gone while
 # SIGHUP is ignored): 1, as click itself exits, silently, on a closed pipe.
 OUTPUT_GONE_STATUS = 1
-# An interruption (Ctrl-C, SIGTERM, SIGHUP): errors.Interrupted's status, as README "When things go wrong" says.
+# An interruption (Ctrl-C, SIGTERM, SIGHUP): errors.Interrupted's status, as docs/guides/when-things-go-wrong.md says.
 INTERRUPTED_STATUS = 130
 
 

@@ -14,9 +14,11 @@ import typer
 from launcher.cli.config import check_values, read_config
 from launcher.cli.options import LaunchOption, flag_of
 from launcher.errors import SpecError
-from launcher.execute.request import UpOptions
+from launcher.planning.request import UpOptions
 from launcher.spec.hosts import HostSpec, parse_hosts
+from launcher.spec.launchers import check_script
 from launcher.spec.run_spec import DEFAULT_RDZV_PORT, RunSpec, check_port, new_run_id
+from launcher.spec.script_look import look
 from launcher.spec.user_command import TRAINER_ONLY, check_user_command
 from launcher.spec.validate import check_runs_dir, check_seconds
 
@@ -25,9 +27,14 @@ VAST_ONLY = ("nodes", "gpu_name", "max_price", "min_reliability", "disk", "down"
              "ready_timeout", "expected_hours")
 NOT_LOCAL = ("detach", "stall_timeout", "identity_file", "accept_new_host_keys", "connect_timeout", "rdzv_addr",
              "rdzv_port", "allow_public_rendezvous", "no_probe", "outputs")
+SLURM_ONLY = ("partition", "time", "account", "qos", "constraint", "workdir", "sbatch_option", "prelude")
+# What the scheduler decides on a Slurm cluster (the job's nodes, its rendezvous, how it is followed).
+NOT_SLURM = ("runtime", "image", "registry", "rdzv_addr", "rdzv_port", "allow_public_rendezvous", "stall_timeout",
+             "outputs", "env")
 # The strategy options (RunSpec validates them; None: the spec's default).
 STRATEGY_SPEC_OPTIONS = ("strategy", "devices", "threads_per_process", "average_every", "precision")
-SPEC_OPTIONS = ("model", "dataset", "data_dir", "epochs", "batch_size", "lr", "save_every", "seed", "max_restarts")
+SPEC_OPTIONS = ("model", "dataset", "data_dir", "epochs", "batch_size", "lr", "save_every", "seed", "max_restarts",
+                "launcher")
 
 
 def resolve_values(ctx: typer.Context, values: dict[str, Any], declared: dict[str, LaunchOption],
@@ -72,6 +79,7 @@ def where_options(values: dict[str, Any], given: list[str], *, show_progress: bo
     provider = values["provider"] or ("ssh" if hosts else "local")
     check_options_fit(provider, hosts, runtime, [flag_of(n) for n in given])
     vast = _vast_request(provider, values)
+    slurm = _slurm_request(provider, values)
     if values.get("no_probe") and not dry_run:
         raise SpecError("--no-probe only changes --dry-run (a run always probes its hosts): add --dry-run or drop it")
     if stall_timeout and values.get("detach"):
@@ -85,8 +93,9 @@ def where_options(values: dict[str, Any], given: list[str], *, show_progress: bo
         dry_run=dry_run, detach=bool(values.get("detach")), allow_public_rendezvous=values["allow_public_rendezvous"],
         identity_file=values["identity_file"], accept_new_host_keys=values["accept_new_host_keys"],
         connect_timeout=values["connect_timeout"], rdzv_addr=values["rdzv_addr"], image=values["image"],
-        registry=values["registry"], auto_gpus=values.get("gpus") is None and (bool(hosts) or vast is not None),
-        auto_rdzv_port=values["rdzv_port"] is None, provider=provider, vast=vast, stall_timeout=stall_timeout,
+        registry=values["registry"], auto_rdzv_port=values["rdzv_port"] is None, provider=provider, vast=vast,
+        auto_gpus=values.get("gpus") is None and (bool(hosts) or vast is not None) and slurm is None, slurm=slurm,
+        stall_timeout=stall_timeout,
         probe=not values.get("no_probe"), show_output=not values.get("quiet"),
     )  # fmt: skip
 
@@ -122,17 +131,32 @@ def up_spec(values: dict[str, Any], where: UpOptions, given: tuple[str, ...] | l
         if values[name] is not None:
             trainer_args += [flag_of(name), str(values[name])]
     gpus = values["gpus"]
-    return RunSpec(
+    spec = RunSpec(
         run_id=new_run_id(values["name"], values["model"], values["dataset"], values["command"] or ()),
         **{name: values[name] for name in SPEC_OPTIONS},
         nproc_per_node=gpus if gpus is not None else (1 if where.hosts or where.vast else default_local_procs()),
-        nnodes=where.vast.nodes if where.vast else max(1, len(where.hosts)),
+        nnodes=where.vast.nodes if where.vast else where.slurm.nodes if where.slurm else max(1, len(where.hosts)),
         user_command=tuple(values["command"] or ()), trainer_args=tuple(trainer_args + list(values["trainer_arg"])),
         python=values["python"] if values["python"] is not None else default_python(where.provider),
         rdzv_port=DEFAULT_RDZV_PORT if values["rdzv_port"] is None else values["rdzv_port"],
         extra_env=parse_env(values["env"]),
         **{name: values[name] for name in STRATEGY_SPEC_OPTIONS if values.get(name) is not None},
     )  # fmt: skip
+    if spec.user_command:
+        check_launch_fits(spec, where, explicit="launcher" in given)
+    return spec
+
+
+def check_launch_fits(spec: RunSpec, where: UpOptions, *, explicit: bool) -> None:
+    """Refuse what the launcher cannot run (its runtime, what the script itself does: launcher/spec/script_look.py);
+    print the warnings of a launcher the user chose outright."""
+    if spec.launcher != "torchrun" and where.runtime == "docker":
+        raise SpecError(f"--launcher {spec.launcher} runs on the hosts' own Python: drop --runtime docker (docker "
+                        "nodes run torchrun)")
+    findings = look(spec.user_command, Path.cwd())
+    for warning in check_script(findings, spec.launcher, explicit=explicit, nnodes=spec.nnodes,
+                                nproc_per_node=spec.nproc_per_node):
+        typer.echo(f"warning: {warning}", err=True)
 
 
 def _flags(names: tuple[str, ...]) -> set[str]:
@@ -141,8 +165,15 @@ def _flags(names: tuple[str, ...]) -> set[str]:
 
 def check_options_fit(provider: str, hosts: tuple[HostSpec, ...], runtime: str, given: list[str]) -> None:
     """Refuse options the chosen provider and runtime would silently ignore, and providers that lack hosts."""
-    if provider not in ("local", "ssh", "vast"):
-        raise SpecError(f"--provider {provider!r}: choose local, ssh or vast")
+    if provider not in ("local", "ssh", "vast", "slurm"):
+        raise SpecError(f"--provider {provider!r}: choose local, ssh, vast or slurm")
+    slurm_only = [flag for flag in given if flag in _flags(SLURM_ONLY)]
+    if provider != "slurm" and slurm_only:
+        raise SpecError(f"{_listed(slurm_only, 'is', 'are')} for --provider slurm only: add --provider slurm --host "
+                        f"LOGIN_NODE, or drop {_it(slurm_only)}")
+    if provider == "slurm":
+        _check_slurm_fit(hosts, given)
+        return
     if provider == "ssh" and not hosts:
         raise SpecError("--provider ssh needs --host (one per node)")
     if provider != "ssh" and hosts:
@@ -171,6 +202,28 @@ def check_options_fit(provider: str, hosts: tuple[HostSpec, ...], runtime: str, 
                         f"(or auto), or drop {_it(image_flags)} for a native run")
 
 
+def _check_slurm_fit(hosts: tuple[HostSpec, ...], given: list[str]) -> None:
+    if len(hosts) != 1:
+        raise SpecError("--provider slurm needs one --host: the cluster's login node (Slurm picks the compute nodes; "
+                        "ask for them with --nodes)")
+    not_here = [flag for flag in given if flag in _flags(NOT_SLURM) | _flags(VAST_ONLY) - {"--nodes"}]
+    if not_here:
+        raise SpecError(f"{_listed(not_here, 'has', 'have')} no effect on a Slurm job (the batch script decides): "
+                        f"drop {_it(not_here)}")
+
+
+def _slurm_request(provider: str, values: dict[str, Any]) -> Any:
+    """The SlurmRequest for --provider slurm (None for the others)."""
+    if provider != "slurm":
+        return None
+    from launcher.spec.slurm_request import SlurmRequest
+
+    return SlurmRequest(nodes=values.get("nodes", 1), partition=values.get("partition"), time=values.get("time"),
+                        account=values.get("account"), qos=values.get("qos"), constraint=values.get("constraint"),
+                        workdir=values.get("workdir"), sbatch_options=tuple(values.get("sbatch_option") or ()),
+                        prelude=tuple(values.get("prelude") or ()))
+
+
 def _listed(flags: list[str], singular: str, plural: str) -> str:
     """`--a is`, `--a and --b are`, `--a, --b and --c are`."""
     names = ", ".join(flags[:-1]) + (" and " if len(flags) > 1 else "") + flags[-1]
@@ -193,7 +246,7 @@ def _vast_request(provider: str, values: dict[str, Any]) -> Any:
     for name, value in options.items():
         if isinstance(value, float) and not math.isfinite(value):
             raise SpecError(f"--{name.replace('_', '-').removesuffix('-s')} {value}: give a finite number")
-    from launcher.providers.vast.request import VastRequest
+    from launcher.spec.vast_request import VastRequest
 
     return VastRequest(**options)
 

@@ -14,11 +14,13 @@ from typing import Any
 
 import typer
 
+from launcher.spec.launchers import LAUNCHERS
 from launcher.spec.strategies import PRECISIONS, STRATEGIES
 
 # `up --help` groups its ~40 options into these panels.
 RUN, HOSTS, OUTPUT = "Run", "Hosts / SSH", "Output"
 DOCKER, VAST = "Docker (--runtime docker)", "Vast.ai (--provider vast)"
+SLURM = "Slurm (--provider slurm)"
 STRATEGY = "Strategy"
 
 # What a value may be in a config file, by the option's Python type.
@@ -70,8 +72,8 @@ def opt(name: str, type_: type, default: Any, help_: str, panel: str = RUN, **kw
 WHERE_OPTIONS = (
     opt("host", list, (), r"\[user@]host[:port] or ssh alias; repeat, node 0 first.", HOSTS),
     opt("runtime", str, "native", "native, docker or auto (on SSH hosts).", RUN, choices=("native", "docker", "auto")),
-    opt("provider", str, None, "local, ssh or vast \\[default: ssh with --host, else local].", RUN, optional=True,
-        choices=("local", "ssh", "vast")),
+    opt("provider", str, None, "local, ssh, vast or slurm \\[default: ssh with --host, else local].", RUN,
+        optional=True, choices=("local", "ssh", "vast", "slurm")),
     opt("python", str, None, "The Python that runs torchrun, on the hosts (default python3) or here (default: the "
         "one running ddpctl), e.g. a venv's bin/python.", RUN, optional=True),
     opt("env", list, (), "NAME=VALUE set for torchrun on every node; repeat.", RUN),
@@ -111,6 +113,19 @@ VAST_OPTIONS = (
         "training ended with no pull (default 30; 0: never).", VAST, optional=True),
 )
 
+# `up --provider slurm --host LOGIN`: the allocation asked of the cluster (launcher/spec/slurm_request.py).
+SLURM_OPTIONS = (
+    opt("partition", str, None, "Slurm: partition \\[default: the cluster's default].", SLURM, optional=True),
+    opt("time", str, None, "Slurm: time limit (minutes, HH:MM:SS or D-HH:MM:SS).", SLURM, optional=True),
+    opt("account", str, None, "Slurm: account to charge.", SLURM, optional=True),
+    opt("qos", str, None, "Slurm: quality of service.", SLURM, optional=True),
+    opt("constraint", str, None, "Slurm: node features, e.g. a100.", SLURM, optional=True),
+    opt("workdir", str, None, "Slurm: folder on the shared file system for code and runs (may name $SCRATCH) "
+        "\\[default: ~/.ddpctl/slurm].", SLURM, optional=True),
+    opt("sbatch_option", list, (), "Slurm: another sbatch option, e.g. '--mem=64G'; repeat.", SLURM),
+    opt("prelude", list, (), "Slurm: a shell line run before torchrun, e.g. 'module load cuda/12.4'; repeat.", SLURM),
+)
+
 # `up` only: one run's experiment (sweep declares the same names as comma lists or preset-defaulted values).
 RUN_OPTIONS = (
     opt("gpus", int, None, "Processes per node (default: the node's GPUs, or 2 on CPU).", RUN, optional=True),
@@ -122,6 +137,9 @@ RUN_OPTIONS = (
     opt("lr", float, 0.01, "SGD learning rate.", RUN),
     opt("save_every", int, 1, "Snapshot every N epochs.", RUN),
     opt("seed", int, 0, "Seed for data order, initial weights and synthetic data.", RUN),
+    opt("launcher", str, "torchrun", "How `-- CMD` starts on each node: torchrun (one worker per --gpus), spawn "
+        "(the script starts its own processes: run once per node, told its place by DDPCTL_* variables) or mpirun "
+        "(an MPI job across the nodes).", RUN, choices=LAUNCHERS),
     opt("max_restarts", int, 0, "torchrun restarts after a worker fails (resume from snapshots).", RUN),
     opt("name", str, None, "Run name (letters, digits, . _ -); an id is derived from it.", RUN, optional=True),
     opt("synthetic_train_size", int, None, "Synthetic data set: training samples.", RUN, optional=True),
@@ -136,7 +154,7 @@ AVERAGE_HELP = "local-sgd: average parameters every N steps, each 'epoch' (defau
 PRECISION_HELP = "fp32 (default) or bf16 (autocast)."
 STRATEGY_OPTIONS = (
     opt("strategy", str, "ddp", "ddp (torchrun), spawn, dp, mp, ddp-mp, hogwild or local-sgd; --gpus stays the "
-        "processes / GPUs to use (README: Strategies).", STRATEGY, choices=STRATEGIES),
+        "processes / GPUs to use (docs/guides/strategies.md).", STRATEGY, choices=STRATEGIES),
     opt("devices", str, None, DEVICES_HELP, STRATEGY, optional=True),
     opt("threads_per_process", int, None, THREADS_HELP, STRATEGY, optional=True),
     opt("average_every", str, None, AVERAGE_HELP, STRATEGY, optional=True),
@@ -146,7 +164,7 @@ STRATEGY_OPTIONS = (
 # `up` only: one run's own way of being followed, and the machines it rents (a sweep rents per layout).
 UP_WHERE_OPTIONS = (
     opt("detach", bool, False, "Start the run on the hosts and return; follow with status/logs.", HOSTS),
-    opt("nodes", int, 1, "Vast.ai: machines to rent (one torchrun node each).", VAST),
+    opt("nodes", int, 1, "Vast.ai: machines to rent; Slurm: nodes to allocate (one torchrun node each).", VAST),
     opt("outputs", list, (), "With `-- CMD` on hosts: bring back only these of the files your script writes in its "
         "working directory (gitignore-style: 'snapshot.pt', '*.csv', 'checkpoints/'); repeat. Its "
         "$DDPCTL_OUTPUT_DIR always comes back.", OUTPUT),
@@ -174,7 +192,7 @@ UP_OUTPUT_OPTIONS = (
 
 # Every block a launching command may take; config keys are the names in these.
 LAUNCH_BLOCKS: tuple[tuple[LaunchOption, ...], ...] = (RUN_OPTIONS, STRATEGY_OPTIONS, WHERE_OPTIONS, UP_WHERE_OPTIONS,
-                                                        VAST_OPTIONS, UP_OUTPUT_OPTIONS)
+                                                        VAST_OPTIONS, SLURM_OPTIONS, UP_OUTPUT_OPTIONS)
 
 _FLAG_OVERRIDES = {"json_out": "--json", "from_run": "--from"}
 NOT_NEGATABLE = ("down",)  # config flags with no --no-x form (flags not kept in a config have none either)

@@ -28,7 +28,7 @@ from launcher.cli.options import (
 )
 from launcher.errors import Interrupted, SpecError
 from launcher.execute.local import default_python
-from launcher.results.plain_progress import output_style, plain_output, stamp
+from launcher.execute.plain_progress import output_style, plain_output, stamp
 from launcher.results.sweep import (
     SCALE_LR_MODES,
     Execute,

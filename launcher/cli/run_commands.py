@@ -10,7 +10,8 @@ import typer
 from rich.table import Table
 
 from launcher.errors import DdpctlError, SpecError
-from launcher.providers.recorded import provider_of
+from launcher.execute.pull_record import incomplete_pull_line
+from launcher.execute.recorded import recorded_run
 from launcher.results.progress import console
 from launcher.results.rundir import RunDir, find_run
 from launcher.spec.hosts import parse_hosts
@@ -18,7 +19,7 @@ from launcher.spec.run_spec import check_port, check_python
 from launcher.spec.validate import check_at_least, check_runs_dir, check_seconds
 
 if TYPE_CHECKING:
-    from launcher.execute.request import UpOptions
+    from launcher.planning.request import UpOptions
 
 RUN_ARG = typer.Argument(None, help="Run id or directory (default: the newest run).")
 RUNS_DIR = typer.Option(Path("runs"), "--runs-dir", help="Where run directories live.")
@@ -29,7 +30,7 @@ TIMEOUT = typer.Option(10.0, "--connect-timeout", help="Seconds to wait for each
 
 def _options(runs_dir: Path, identity_file: Path | None = None, accept: bool = False,
              timeout: float = 10.0) -> UpOptions:
-    from launcher.execute.request import UpOptions
+    from launcher.planning.request import UpOptions
 
     return UpOptions(runs_dir=runs_dir, identity_file=identity_file, accept_new_host_keys=accept,
                      connect_timeout=timeout, show_progress=False)
@@ -58,7 +59,7 @@ def status(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, json_out: bool 
         return
     run_dir = _find_run(runs_dir, run)
     record = run_dir.record()
-    rows = provider_of(run_dir.typed_record()).status_rows(run_dir, _options(runs_dir, identity_file, False,
+    rows = recorded_run(run_dir.typed_record()).status_rows(run_dir, _options(runs_dir, identity_file, False,
                                                                                connect_timeout))
     extra = {k: record[k] for k in ("instances", "cost_usd", "failure") if k in record}
     if json_out:
@@ -72,7 +73,7 @@ def status(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, json_out: bool 
         epoch = f"{row['epoch']}/{row['epochs']}" if row["epoch"] else "-"
         exit_code = "-" if row["exit_code"] is None else str(row["exit_code"])
         table.add_row(str(row["node"]), str(row["host"]), str(row["state"]), exit_code, epoch,
-                      str(row.get("restarts", "-")), *([str(row.get("autostop", "-"))] if watchdogs else []))
+                      str(row.get("restarts", "-")), *([_autostop_cell(row)] if watchdogs else []))
     console.print(table)
     if isinstance(record.get("failure"), dict) and record["failure"].get("summary"):  # what `up` named as the cause
         console.print(f"failure: {record['failure']['summary']}", markup=False, highlight=False)
@@ -81,6 +82,12 @@ def status(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, json_out: bool 
         say(f"{len(still)} Vast.ai machine(s) of run(s) {', '.join(sorted({r['run'] for r in still}))} are still "
             "rented and billing: see `ddpctl status --rented`; stop them with `ddpctl down RUN`", style="yellow")
 
+
+
+def _autostop_cell(row: dict[str, object]) -> str:
+    """A node's watchdog state and the key it stops its machine with (Vast.ai: the instance's own or a scoped one)."""
+    key = {"container": "CONTAINER_API_KEY", "scoped": "scoped key"}.get(str(row.get("autostop_key")))
+    return str(row.get("autostop", "-")) + (f" ({key})" if key else "")
 
 def logs(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR,
          node: int | None = typer.Option(None, "--node", help="Show this node's torchrun output (default 0)."),
@@ -104,7 +111,7 @@ def logs(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR,
 
         print_rank_log(run_dir, rank, lines, follow, options)
         return
-    provider_of(run_dir.typed_record()).print_log(run_dir, node or 0, lines, follow, options)
+    recorded_run(run_dir.typed_record()).print_log(run_dir, node or 0, lines, follow, options)
 
 
 def pull(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, identity_file: Path | None = IDENTITY,
@@ -112,10 +119,13 @@ def pull(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, identity_file: Pa
     """Fetch every node's outputs into the run directory (incremental, sha256-verified)."""
     check_seconds(connect_timeout, "--connect-timeout")
     run_dir = _find_run(runs_dir, run)
-    stats = provider_of(run_dir.typed_record()).pull(run_dir, _options(runs_dir, identity_file, False,
+    stats = recorded_run(run_dir.typed_record()).pull(run_dir, _options(runs_dir, identity_file, False,
                                                                         connect_timeout))
     moved = sum(int(s.get("bytes_fetched", 0)) for s in stats)
-    console.print(f"pulled {moved:,} bytes into {run_dir.path}/nodes (all files verified)")
+    incomplete = incomplete_pull_line(run_dir.path, run_dir.record())
+    console.print(f"pulled {moved:,} bytes into {run_dir.path}/nodes " + (
+        f"(what came back is verified); {incomplete}" if incomplete else "(all files verified)"),
+        markup=False, highlight=False, soft_wrap=True)
 
 
 def down(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, identity_file: Path | None = IDENTITY,
@@ -124,9 +134,12 @@ def down(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, identity_file: Pa
     """Stop every node's processes, then pull what they wrote (and release rented machines)."""
     check_seconds(connect_timeout, "--connect-timeout")
     run_dir = _find_run(runs_dir, run)
-    done = provider_of(run_dir.typed_record()).down(run_dir, _options(runs_dir, identity_file, False,
+    done = recorded_run(run_dir.typed_record()).down(run_dir, _options(runs_dir, identity_file, False,
                                                                        connect_timeout), force)
     console.print(done, markup=False, highlight=False, soft_wrap=True)
+    incomplete = incomplete_pull_line(run_dir.path, run_dir.record(), after_down=True)
+    if incomplete:
+        console.print(incomplete, markup=False, highlight=False, soft_wrap=True)
 
 
 def doctor(host: list[str] = typer.Option(..., "--host", help="Hosts to check; repeat."),
@@ -136,7 +149,7 @@ def doctor(host: list[str] = typer.Option(..., "--host", help="Hosts to check; r
            connect_timeout: float = TIMEOUT, json_out: bool = typer.Option(False, "--json")) -> None:
     """Check hosts before a run: login, python/torch, GPUs or cores, disk, and reachability of node 0."""
     from launcher.cli.doctor import run_doctor
-    from launcher.execute.request import UpOptions
+    from launcher.planning.request import UpOptions
 
     check_at_least(gpus, 1, "--gpus")
     check_python(python)

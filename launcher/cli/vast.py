@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from launcher.providers.vast.apikey import load_api_key, save_api_key
+from launcher.providers.vast.errors import ApiKeyMissing
 
 if TYPE_CHECKING:
     from launcher.providers.vast.models import Offer
@@ -105,11 +106,15 @@ def login(
 ) -> None:
     """Store your Vast.ai API key (read from a hidden prompt, or from stdin when piped) with mode 0600."""
     tty = sys.stdin.isatty()
-    key = (typer.prompt("Vast.ai API key", hide_input=True) if tty else sys.stdin.readline()).strip()
+    key = (typer.prompt("Vast.ai API key", hide_input=True, default="", show_default=False) if tty
+           else sys.stdin.readline()).strip()
+    if not key or any(c.isspace() for c in key):  # refused here: never sent as an empty Bearer token
+        raise ApiKeyMissing("the Vast.ai API key is empty or contains whitespace: paste the key from "
+                            "https://cloud.vast.ai/manage-keys/ (input: `ddpctl vast login`, or pipe it to stdin)")
     if verify:
         from launcher.providers.vast.client import VastClient
 
-        with VastClient(key or "-") as client:
+        with VastClient(key) as client:
             client.list_instances()
     path = save_api_key(key)
     typer.echo(f"saved the Vast.ai API key to {path} (mode 0600)")

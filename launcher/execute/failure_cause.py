@@ -23,8 +23,8 @@ from launcher.results.progress import console
 from launcher.results.rundir import RunDir, primary_node_out, read_json, read_jsonl
 
 if TYPE_CHECKING:
-    from launcher.planning.preflight import Runner
     from launcher.runtimes.native import NodeState
+    from launcher.transport.connection import HostConnection
     from launcher.transport.hostsession import HostSession
 
 # launcher/execute/attribution.py's source runs on the host as it is: `PYTHON -c SCRIPT WORKSPACE`.
@@ -33,7 +33,7 @@ ATTRIBUTION_SCRIPT = Path(attribution.__file__).read_text()
 STOPPED_EXIT = 143
 
 
-def host_node_report(conn: Runner, workspace: str, python: str) -> dict[str, Any] | None:
+def host_node_report(conn: HostConnection, workspace: str, python: str) -> dict[str, Any] | None:
     """attribution.node_report of a node on its host, its times moved onto this machine's clock; None if the
     host cannot say (unreachable, or its python cannot run the script)."""
     sent = time.time()

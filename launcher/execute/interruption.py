@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.errors import DdpctlError
-from launcher.results.plain_progress import plain_output, stamp
+from launcher.execute.plain_progress import plain_output, stamp
 from launcher.results.rundir import RunDir
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -195,7 +195,11 @@ def stop_and_pull(run_dir: RunDir, stop_nodes: Callable[[], None], pull: Callabl
     if pull_error:
         return _record(run_dir, Outcome(f"{said}stopped every node; {pull_error}: `ddpctl pull {run_dir.run_id}` "
                                         f"fetches what they wrote into {run_dir.path}", stopped=True, pulled=False))
-    return _record(run_dir, Outcome(f"{said}stopped every node and pulled what they wrote to {run_dir.path}",
+    from launcher.execute.pull_record import files_not_pulled
+
+    missing = files_not_pulled(run_dir.path)
+    note = f" ({missing} file(s) could not be pulled: see pull.json there)" if missing else ""
+    return _record(run_dir, Outcome(f"{said}stopped every node and pulled what they wrote to {run_dir.path}{note}",
                                     stopped=True, pulled=True))
 
 

@@ -10,7 +10,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from launcher.results.live_tail import OutputTail
+from launcher.execute.live_tail import OutputTail
 from launcher.results.progress import ProgressDisplay
 from launcher.results.rank_layout import rank_layout
 from launcher.results.restarts import attempt_number, newest_attempt_dir, restarts_phrase

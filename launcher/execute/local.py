@@ -11,14 +11,15 @@ from pathlib import Path
 
 from launcher.errors import DdpctlError, SpecError
 from launcher.execute import interruption
+from launcher.execute.hang_watch import RunWatch
 from launcher.execute.live_output import LiveOutput
 from launcher.execute.local_checks import FirstStepWatch, check_cpu_processes, check_local_rendezvous
+from launcher.execute.plain_progress import run_progress
 from launcher.planning.plan import RunPlan, plan_local
 from launcher.planning.preflight import check_local_disk
-from launcher.results.hang_watch import RunWatch
-from launcher.results.plain_progress import run_progress
 from launcher.results.rundir import RunDir, read_json
-from launcher.runtimes.proctree import stop_tree
+from launcher.runtimes.join_files import write_local_hook
+from launcher.runtimes.proctree import start_time, stop_tree
 from launcher.spec.datasets import check_local_data
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.strategies import check_gpus, processes_per_node
@@ -115,6 +116,9 @@ def run_local(plan: RunPlan, run_dir: RunDir, show_progress: bool = True, show_o
     """Start torchrun, follow its progress until it ends, and return its exit code (130 after Ctrl-C)."""
     node = plan.nodes[0]
     env = {**os.environ, **dict(node.env)}
+    if plan.spec.user_command:  # the join hook first on the script's path: the world it forms is measured
+        hook = str(write_local_hook(run_dir.path))
+        env["PYTHONPATH"] = hook + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     out_path = run_dir.path / "torchrun.out"
     previous = interruption.catch_stop_signals()  # SIGTERM, SIGHUP too: torchrun's own session would outlive us
     with open(out_path, "wb") as out:
@@ -132,7 +136,7 @@ def run_local(plan: RunPlan, run_dir: RunDir, show_progress: bool = True, show_o
             raise DdpctlError(f"could not start torchrun ({reason}): check --python; the attempt is recorded in "
                               f"{run_dir.path}") from None
     try:  # from here on, a Ctrl-C stops torchrun: it runs in a session of its own and would live on
-        run_dir.update_record(local_pid=proc.pid)
+        run_dir.update_record(local_pid=proc.pid, local_pid_start=start_time(proc.pid))  # start: its identity
         run_dir.event("started", node=0, pid=proc.pid, command=list(node.command))
         progress_file = run_dir.path / "progress.json"
         first_step = FirstStepWatch(out_path)

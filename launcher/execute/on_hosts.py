@@ -11,16 +11,17 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from launcher.errors import DdpctlError, Interrupted
+from launcher.errors import DdpctlError, Interrupted, RunStopRequested
 from launcher.execute import interruption
 from launcher.execute.before_start import nothing_started_if_interrupted
 from launcher.execute.failure_cause import cause_exit_code, report_failure, shown_state, teardown_outcome
+from launcher.execute.hang_watch import RunWatch
 from launcher.execute.live_output import LiveOutput
+from launcher.execute.plain_progress import run_progress
+from launcher.execute.pull_record import pull_lock, write_pull_record
 from launcher.planning.plan import RunPlan
-from launcher.results.hang_watch import RunWatch
-from launcher.results.plain_progress import run_progress
 from launcher.results.progress import FreshestProgress, console, stall_note
-from launcher.results.run_records import finish_records
+from launcher.results.run_records import finish_records, world_exit_code
 from launcher.results.rundir import RunDir, primary_node_out, read_json, write_bytes_atomic, write_json_atomic
 from launcher.runtimes.docker_hosts import ensure_image, registry_digest
 from launcher.runtimes.native import NodeState, OutputRequest, read_state, stop_node
@@ -28,10 +29,11 @@ from launcher.runtimes.start import runtime_of, start_node
 from launcher.transport import outputs
 from launcher.transport.hostsession import HostSession, target_from_json, target_to_json
 from launcher.transport.parallel import raise_for_errors, run_on_hosts
-from launcher.transport.sync import TransferChangedError, pull_tree, ship_tree
+from launcher.transport.pull import CHANGED, pull_tree
+from launcher.transport.sync import ship_tree
 
 if TYPE_CHECKING:
-    from launcher.execute.request import UpOptions, UpResult
+    from launcher.planning.request import UpOptions, UpResult
 
 POLL_SECONDS = 1.0
 # Files copied from node 0 to the top of the run directory, so every run reads the same way.
@@ -53,15 +55,6 @@ def trainer_source_dir() -> Path:
     return Path(next(iter(found.submodule_search_locations)))
 
 
-class RunStopRequested(DdpctlError):
-    """Raised by a provider's `watch` hook (e.g. --max-cost) or by `follow` (--stall-timeout): every node is stopped
-    and pulled, then it propagates. `reason` names the trigger in events and teardown records."""
-
-    def __init__(self, message: str, reason: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
 def run_remote_up(plan: RunPlan, options: UpOptions, session: HostSession, record_extra: dict[str, Any] | None = None,
                   run_dir: RunDir | None = None, watch: Callable[[], str] | None = None) -> UpResult:
     """Carry out `plan` on the session's hosts (node k on host k) and pull the results; nothing is re-decided.
@@ -69,7 +62,7 @@ def run_remote_up(plan: RunPlan, options: UpOptions, session: HostSession, recor
     A provider may pass the run directory it already made (it records rented machines before they are
     reachable) and `watch`, called on every poll: its text joins the progress display; it may raise
     RunStopRequested. The executed plan is kept in the run directory as plan.json."""
-    from launcher.execute.request import UpResult
+    from launcher.planning.request import UpResult
 
     if plan.unknown:
         raise ValueError("a plan with unknown facts cannot run: " + "; ".join(plan.unknown))
@@ -122,7 +115,7 @@ def run_remote_up(plan: RunPlan, options: UpOptions, session: HostSession, recor
         raise Interrupted(outcome.text) from None
     interruption.pull_after_run(run_dir, lambda: pull_run(session, run_dir))
     code = teardown_outcome(run_dir, code, len(plan.nodes))
-    finish_records(run_dir)
+    code = world_exit_code(finish_records(run_dir), code)
     summary = read_json(run_dir.path / "summary.json")
     return UpResult(run_dir.path, code, summary, plan)
 
@@ -290,43 +283,46 @@ def stop_all(session: HostSession, run_dir: RunDir) -> None:
 
 
 def pull_run(session: HostSession, run_dir: RunDir) -> list[dict[str, Any]]:
-    """Pull every node's outputs into nodes/<k>/ (verified), then copy rank 0's node's records to the top."""
+    """Pull every node's outputs into nodes/<k>/ (verified, file by file: what cannot be pulled is named in the
+    run directory's pull record, launcher/execute/pull_record.py), then copy rank 0's node's records to the top.
+    One pull of a run at a time (a lock in its run directory); a node whose whole pull failed raises."""
     workspaces, python = node_workspaces(run_dir), run_dir.spec().python
     shipped, patterns = outputs.load_shipped(run_dir.path), outputs.recorded_outputs(run_dir.record())
 
     def pull(index: int) -> dict[str, Any]:
         # A running node rewrites progress.json and snapshots; a file caught mid-change is fetched again
-        # (what was already verified is not), a few times.
+        # (what was already verified is not), a few times, then named.
         for attempt in range(PULL_ATTEMPTS):
-            try:
-                stats = pull_tree(session.conn(index), workspaces[index], run_dir.path / "nodes" / str(index),
-                                  include=PULLED, missing_ok=True, python=python)
-                if shipped is None:
-                    return asdict(stats)
+            stats = pull_tree(session.conn(index), workspaces[index], run_dir.path / "nodes" / str(index),
+                              include=PULLED, missing_ok=True, python=python)
+            merged = asdict(stats)
+            if shipped is not None:
                 written = outputs.pull_workdir(session.conn(index), workspaces[index],
                                                run_dir.path / "nodes" / str(index), shipped, patterns, python)
-                return outputs.merged_stats(stats, written)
-            except TransferChangedError:
-                if attempt == PULL_ATTEMPTS - 1:
-                    raise
+                merged = outputs.merged_stats(stats, written)
+            if attempt == PULL_ATTEMPTS - 1 or all(why != CHANGED for _path, why in merged["not_pulled"]):
+                return merged
         raise AssertionError("unreachable")
 
-    outcomes = run_on_hosts(list(range(len(workspaces))), pull, timeout=1800, label=session.label_of)
-    for index, outcome in enumerate(outcomes):
-        if outcome.value is not None:
-            run_dir.event("pulled", node=index, **outcome.value)
-            if outcome.value["skipped_links"]:
-                links = ", ".join(outcome.value["skipped_links"])
-                console.print(f"node {index}: symbolic links are not pulled (never followed): {links}",
-                              markup=False, highlight=False)
-        else:
-            run_dir.event("pull_failed", node=index, error=str(outcome.error))
-    primary = primary_node_out(run_dir.path, len(workspaces))
-    for name in TOP_LEVEL_FILES:
-        if primary and (primary / name).is_file():
-            write_bytes_atomic(run_dir.path / name, (primary / name).read_bytes())
-    if shipped is not None:
-        outputs.mirror_rank0(run_dir.path, outputs.rank0_node(run_dir.record(), primary))
+    with pull_lock(run_dir.path, run_dir.run_id):
+        outcomes = run_on_hosts(list(range(len(workspaces))), pull, timeout=1800, label=session.label_of)
+        for index, outcome in enumerate(outcomes):
+            if outcome.value is not None:
+                run_dir.event("pulled", node=index, **outcome.value)
+                if outcome.value["skipped_links"]:
+                    links = ", ".join(outcome.value["skipped_links"])
+                    console.print(f"node {index}: symbolic links are not pulled (never followed): {links}",
+                                  markup=False, highlight=False)
+            else:
+                run_dir.event("pull_failed", node=index, error=str(outcome.error))
+        write_pull_record(run_dir.path, [session.label_of(i) for i in range(len(workspaces))],
+                          [o.value for o in outcomes], [None if o.error is None else str(o.error) for o in outcomes])
+        primary = primary_node_out(run_dir.path, len(workspaces))
+        for name in TOP_LEVEL_FILES:
+            if primary and (primary / name).is_file():
+                write_bytes_atomic(run_dir.path / name, (primary / name).read_bytes())
+        if shipped is not None:
+            outputs.mirror_rank0(run_dir.path, outputs.rank0_node(run_dir.record(), primary))
     return raise_for_errors(outcomes, "pull")
 
 

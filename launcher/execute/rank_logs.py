@@ -19,7 +19,7 @@ from launcher.results.rundir import RunDir
 from launcher.runtimes.native import OutputRequest
 
 if TYPE_CHECKING:
-    from launcher.execute.request import UpOptions
+    from launcher.planning.request import UpOptions
 
 FOLLOW_POLL_SECONDS = 1.0
 # Without -f, how much of each file's end is read to find its last lines.

@@ -6,7 +6,6 @@ import codecs
 import os
 import sys
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher.errors import DdpctlError
@@ -14,9 +13,10 @@ from launcher.execute.failure_cause import failure_from_pulled
 from launcher.results.progress import progress_record
 from launcher.results.run_records import finish_records, node_restarts
 from launcher.results.rundir import RunDir
+from launcher.runtimes.proctree import alive, start_time
 
 if TYPE_CHECKING:
-    from launcher.execute.request import UpOptions
+    from launcher.planning.request import UpOptions
 
 FOLLOW_POLL_SECONDS = 1.0
 START_GRACE_SECONDS = 30.0
@@ -139,16 +139,24 @@ def _local_run_ended(run_dir: RunDir) -> bool:
     if any(e.get("event") in ("exited", "stopped") for e in run_dir.events()):
         return True
     record = run_dir.record()
-    pid = record.get("local_pid")
-    if not isinstance(pid, int):  # starting right now (the pid follows within moments), or it never started
+    if not isinstance(record.get("local_pid"), int):  # starting right now (the pid follows), or it never started
         return time.time() - float(record.get("created") or 0) > START_GRACE_SECONDS
+    return not local_torchrun_running(record)
+
+
+def local_torchrun_running(record: dict[str, Any]) -> bool:
+    """Whether the local run's torchrun still runs: its recorded pid lives, not as a zombie, and (a pid alone is no
+    identity: the system hands it to another process once ours ended) still has the start time recorded with it.
+    A record without one (older runs) is judged by the pid alone."""
+    pid, recorded_start = record.get("local_pid"), record.get("local_pid_start")
+    if not isinstance(pid, int):
+        return False
+    if recorded_start is not None:
+        return start_time(pid) == str(recorded_start) and alive(pid)
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return True
+        return False
     except PermissionError:
-        return False
-    try:  # a zombie (ended, not yet reaped) still answers kill 0
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return False
+        return True
+    return alive(pid)  # a zombie (ended, not yet reaped) still answers kill 0

@@ -11,8 +11,9 @@ from launcher.execute.failure_cause import local_failure, teardown_outcome
 from launcher.execute.local import check_local_run, run_local
 from launcher.execute.local_disk import full_disk_named, raise_if_disk_full
 from launcher.execute.local_outputs import LocalOutputs
-from launcher.execute.request import UpOptions, UpResult
-from launcher.results.run_records import finish_records
+from launcher.planning.request import UpOptions, UpResult
+from launcher.providers.base import ExecutorCalls
+from launcher.results.run_records import finish_records, world_exit_code
 from launcher.results.rundir import RunDir, read_json
 from launcher.spec.run_spec import RunSpec
 
@@ -22,6 +23,10 @@ if TYPE_CHECKING:
 
 def run_up(spec: RunSpec, options: UpOptions) -> UpResult:
     """Run one experiment to its end (or plan it, with dry_run) and return where its results are."""
+    if options.provider == "slurm":  # a batch scheduler starts the nodes itself (launcher/schedulers/)
+        from launcher.execute.scheduled import run_scheduled
+
+        return run_scheduled(spec, options)
     return run_on_provider(provider_for(options), spec, options)
 
 
@@ -30,14 +35,23 @@ def provider_for(options: UpOptions) -> HostProvider:
     if options.provider == "vast":
         from launcher.providers.vast.provider import VastProvider
 
-        return VastProvider(options)
+        return VastProvider(options, executor_calls())
     if options.hosts:
         from launcher.providers.ssh_hosts import SshHosts
 
-        return SshHosts()
-    from launcher.providers.local import LocalMachine
+        return SshHosts(executor_calls())
+    from launcher.execute.local_machine import LocalMachine
 
     return LocalMachine()
+
+
+def executor_calls() -> ExecutorCalls:
+    """What a provider may ask of the executor (it never imports it): the final pull, the interrupting signal."""
+    from launcher.execute.interruption import last_cause
+    from launcher.execute.on_hosts import pull_run
+
+    return ExecutorCalls(pull_run=pull_run, stop_cause=last_cause,
+                         nothing_started_if_interrupted=nothing_started_if_interrupted)
 
 
 def run_on_provider(provider: HostProvider, spec: RunSpec, options: UpOptions) -> UpResult:
@@ -61,11 +75,12 @@ def _run_on_hosts(acquired: AcquiredHosts) -> UpResult:
     from launcher.execute.on_hosts import run_remote_up
     from launcher.planning.probe import plan_probed, probe_hosts
     from launcher.planning.rdzv_reservation import reservation_released
+    from launcher.runtimes.choose import choose_runtime
 
     assert acquired.session is not None
     with nothing_started_if_interrupted("probing the hosts", acquired.run_dir, keep_run_dir=True,
                                         kept_because="it records the machines the provider acquired"):
-        probe = probe_hosts(acquired.session, acquired.spec, acquired.options, acquired.hosts)
+        probe = probe_hosts(acquired.session, acquired.spec, acquired.options, choose_runtime, acquired.hosts)
     with reservation_released(acquired.session, acquired.spec.python, acquired.spec.run_id):  # node 0's port
         plan = plan_probed(acquired.spec, acquired.options, probe, acquired.hosts)
         return run_remote_up(plan, acquired.options, acquired.session, record_extra=acquired.record,
@@ -86,5 +101,5 @@ def _run_here(acquired: AcquiredHosts) -> UpResult:
         raise_if_disk_full(run_path, code)
         local_failure(run_dir, code, spec.python)  # the first failure across ranks, in run.json and events.jsonl
         code = teardown_outcome(run_dir, code)
-        finish_records(run_dir)
+        code = world_exit_code(finish_records(run_dir), code)
     return UpResult(run_dir.path, code, read_json(run_dir.path / "summary.json"), plan)

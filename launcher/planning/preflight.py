@@ -8,11 +8,12 @@ import json
 import math
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from launcher.errors import DdpctlError, HostError
 from launcher.planning.facts import HostFacts
 from launcher.planning.rdzv_reservation import release_reservation, reserve_and_listen
+from launcher.transport.connection import HostConnection
 from launcher.transport.parallel import raise_for_errors, run_on_hosts
 
 if TYPE_CHECKING:
@@ -72,13 +73,7 @@ except OSError as e:
 """
 
 
-class Runner(Protocol):
-    """What preflight needs of a connection (launcher.transport.ssh.Connection provides it)."""
-
-    def run(self, argv: list[str], *, timeout: float | None = None, stdin: bytes | None = None) -> Any: ...
-
-
-def probe_host(conn: Runner, python: str, label: str, timeout: float = 60.0) -> HostFacts:
+def probe_host(conn: HostConnection, python: str, label: str, timeout: float = 60.0) -> HostFacts:
     """Run the probe on one host; a missing python or an unparsable answer is that host's error."""
     result = conn.run([python, "-c", PROBE_SCRIPT], timeout=timeout)
     if result.exit_code != 0:
@@ -86,7 +81,7 @@ def probe_host(conn: Runner, python: str, label: str, timeout: float = 60.0) -> 
                         "install python3 there or pass --python PATH")
     try:
         return HostFacts.from_probe(label, json.loads(result.stdout.strip().splitlines()[-1]))
-    except (ValueError, IndexError, KeyError, TypeError, AttributeError) as e:
+    except (ValueError, IndexError, KeyError, TypeError, AttributeError, RecursionError) as e:
         raise HostError(label, f"unexpected preflight answer: {result.stdout[:200]!r}") from e
 
 
@@ -130,7 +125,7 @@ def _major_minor(version: Any) -> str:
     return ".".join(str(version).split(".")[:2]) if version else "none"
 
 
-def check_rendezvous_reachable(conns: list[Runner], labels: list[str], python: str, addr: str, port: int,
+def check_rendezvous_reachable(conns: list[HostConnection], labels: list[str], python: str, addr: str, port: int,
                                timeout: float = 10.0, any_free_port: bool = False,
                                reserve_for: str | None = None) -> int:
     """Open node 0's rendezvous port for a moment and connect to it from every other node; return the port.
@@ -181,7 +176,6 @@ def _is_global(addr: str) -> bool:
         return ipaddress.ip_address(addr).is_global
     except ValueError:
         return False  # a name: resolved by the nodes; their own addresses are judged instead
-
 
 
 # --- disk: what a run will write, against what a host (or this machine) has free -----------------------------

@@ -4,6 +4,7 @@ the rendezvous port. `plan_probed` and `plan_unprobed` are pure; the executor ru
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -21,10 +22,15 @@ from launcher.spec.strategies import check_gpus
 from launcher.transport.parallel import raise_for_errors, run_on_hosts
 
 if TYPE_CHECKING:
-    from launcher.execute.request import UpOptions
-    from launcher.runtimes.base import NodeRuntime
+    from launcher.planning.plan import NodeRuntime
+    from launcher.planning.request import UpOptions
     from launcher.spec.run_spec import RunSpec
     from launcher.transport.hostsession import HostSession
+
+# How the probe picks the run's runtime from the hosts (launcher.runtimes.choose.choose_runtime: planning knows
+# runtimes only through their interface): the runtime, and for docker whether each host's engine has the NVIDIA
+# runtime.
+RuntimeChoice = Callable[["UpOptions", "HostSession"], "tuple[NodeRuntime, tuple[bool, ...] | None]"]
 
 # Processes per node on CPU-only hosts when --gpus is not given: enough to exercise DDP.
 CPU_PROCS = 2
@@ -40,35 +46,6 @@ class HostProbe:
     rdzv_port: int
     engine_gpus: tuple[bool, ...] | None = None
     first_hostname: str = ""  # node 0's SSH hostname: the rendezvous address when no better one is known
-
-
-def image_name(options: UpOptions) -> str:
-    """The image docker nodes run: --registry's reference, else --image, else ddpctl's default."""
-    from launcher.runtimes.docker import DEFAULT_IMAGE
-
-    return options.registry or options.image or DEFAULT_IMAGE
-
-
-def choose_runtime(options: UpOptions, session: HostSession) -> tuple[NodeRuntime, tuple[bool, ...] | None]:
-    """native, or docker with whether each host's engine has the NVIDIA runtime. `auto` takes docker when every
-    host has a working engine (one runtime per run: the nodes then share the image's python and torch)."""
-    from launcher.runtimes.docker import DockerRuntime
-    from launcher.runtimes.docker_hosts import host_docker_info, require_engine
-    from launcher.runtimes.native import NativeRuntime
-
-    if options.runtime == "native":
-        return NativeRuntime(), None
-    image = image_name(options)
-    outcomes = run_on_hosts(list(range(len(session.targets))),
-                            lambda i: host_docker_info(session.conn(i), image), timeout=90, label=session.label_of)
-    infos = raise_for_errors(outcomes, "docker check")
-    if options.runtime == "auto" and not all(i.has_engine for i in infos):
-        return NativeRuntime(), None
-    if options.runtime == "docker":
-        outcomes = run_on_hosts(list(range(len(infos))), lambda i: require_engine(infos[i], session.label_of(i)),
-                                timeout=10, label=session.label_of)
-        infos = raise_for_errors(outcomes, "docker runtime")
-    return DockerRuntime(image), tuple(i.nvidia_runtime for i in infos)
 
 
 def procs_per_node(spec: RunSpec, options: UpOptions, facts: tuple[HostFacts, ...]) -> int:
@@ -87,16 +64,18 @@ def node_hosts(options: UpOptions, probe: HostProbe, provider_hosts: list[NodeHo
     return hosts, options.rdzv_addr or hosts[0].address or probe.first_hostname
 
 
-def probe_hosts(session: HostSession, spec: RunSpec, options: UpOptions,
+def probe_hosts(session: HostSession, spec: RunSpec, options: UpOptions, choose_runtime: RuntimeChoice,
                 provider_hosts: list[NodeHost] | None = None) -> HostProbe:
     """Probe every host (read-only) and refuse what cannot run: missing torch, too few GPUs, a public or
-    unreachable rendezvous address. Raises a DdpctlError naming every failing host. A run that is not a dry run
-    reserves node 0's rendezvous port (launcher/planning/rdzv_reservation.py)."""
+    unreachable rendezvous address; `choose_runtime` picks the runtime. Raises a DdpctlError naming every failing
+    host. A run that is not a dry run reserves node 0's rendezvous port (launcher/planning/rdzv_reservation.py)."""
     outcomes = run_on_hosts(list(range(len(session.targets))),
                             lambda i: probe_host(session.conn(i), spec.python, session.labels[i]),
                             timeout=options.connect_timeout + 90, label=session.label_of)
     facts = tuple(raise_for_errors(outcomes, "preflight"))
-    runtime, engine_gpus = choose_runtime(options, session)
+    # Only torchrun runs in a container: another --launcher makes `auto` native (`docker` was refused).
+    chosen = options if spec.launcher == "torchrun" else replace(options, runtime="native")
+    runtime, engine_gpus = choose_runtime(chosen, session)
     procs = procs_per_node(spec, options, facts)
     problems = check_requirements(list(facts), procs, runs_host_torch=runtime.runs_host_torch, spec=spec)
     problems += strategy_problems(spec, procs, facts)
@@ -134,19 +113,17 @@ def plan_probed(spec: RunSpec, options: UpOptions, probe: HostProbe,
     return replace(plan, pull_image=bool(options.registry and plan.image), node_facts=probe.facts)
 
 
-def plan_unprobed(spec: RunSpec, options: UpOptions, provider_hosts: list[NodeHost] | None = None) -> RunPlan:
-    """The plan from the options alone, for a dry run that did not probe the hosts: what only the hosts can
-    tell is shown with a placeholder and named in `unknown` (pure)."""
-    from launcher.runtimes.docker import DockerRuntime
-    from launcher.runtimes.native import NativeRuntime
-
+def plan_unprobed(spec: RunSpec, options: UpOptions, runtime: NodeRuntime,
+                  provider_hosts: list[NodeHost] | None = None) -> RunPlan:
+    """The plan from the options alone, for a dry run that did not probe the hosts, its nodes run by `runtime`
+    (launcher.runtimes.choose.runtime_unprobed): what only the hosts can tell is shown with a placeholder and
+    named in `unknown` (pure)."""
     spec = spec.with_layout(nnodes=len(options.hosts) or spec.nnodes, nproc_per_node=spec.nproc_per_node)
     hosts = provider_hosts or [NodeHost(h.text, h.hostname) for h in options.hosts]
-    runtime: NodeRuntime = DockerRuntime(image_name(options)) if options.runtime == "docker" else NativeRuntime()
     if spec.nnodes > 1 and options.rdzv_addr:  # judged without connecting; the nodes' own when probed
         check_public_rendezvous(options.rdzv_addr, [], options.allow_public_rendezvous)
     unknown = []
-    if options.runtime == "auto":
+    if options.runtime == "auto" and spec.launcher == "torchrun":
         unknown.append("runtime: auto is docker when every host has a working Docker engine, else native "
                        "(shown as native)")
     if options.auto_gpus:

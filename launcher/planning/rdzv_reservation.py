@@ -20,7 +20,7 @@ from launcher.planning.plan import REMOTE_RUNS_ROOT
 from launcher.transport.parallel import run_on_hosts
 
 if TYPE_CHECKING:
-    from launcher.planning.preflight import Runner
+    from launcher.transport.connection import HostConnection
     from launcher.transport.hostsession import HostSession
 
 # The same directory for every user of a host, so it is not $TMPDIR (which may differ between users).
@@ -273,7 +273,7 @@ print("released %d" % (remove() if found else 0))
 START_WAIT = 600.0  # seconds a release waits for a started torchrun to listen (it imports torch first)
 
 
-def reserve_and_listen(conn: Runner, python: str, label: str, addr: str, port: int, *, expect: int,
+def reserve_and_listen(conn: HostConnection, python: str, label: str, addr: str, port: int, *, expect: int,
                        seconds: float, any_free: bool, run_id: str | None) -> int:
     """Choose node 0's rendezvous port (`port` unless another run reserved it or it is in use; with `any_free`
     then another), reserve it for `run_id` (None: reserve nothing) and listen on it for `expect` connections.
@@ -301,7 +301,7 @@ def reserve_and_listen(conn: Runner, python: str, label: str, addr: str, port: i
                     f"({answer or result.stderr.strip()[-300:]}); pass --rdzv-addr or --rdzv-port")
 
 
-def release_reservation(conn: Runner, python: str, run_id: str, wait: float = START_WAIT) -> str:
+def release_reservation(conn: HostConnection, python: str, run_id: str, wait: float = START_WAIT) -> str:
     """Remove the run's reservation on node 0 (at once, or once its started torchrun listens); the script's
     answer. A reservation left behind goes stale by rule."""
     result = conn.run([python, "-c", RELEASE_SCRIPT, run_id, RESERVATION_DIR, str(wait),

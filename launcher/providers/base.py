@@ -2,18 +2,20 @@
 
 `up` on hosts is: provider.acquire -> the executor runs the plan on what was acquired -> provider.release (after
 the verified pull), or provider.release_after_failure; provider.close in every case (launcher.execute.up).
-A provider never calls into the executor: it hands it hosts.
+A provider never imports the executor: it hands it hosts, and what it needs of the executor (a final pull, the
+signal that interrupted `up`) it is lent as `ExecutorCalls` when the executor makes it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from launcher.execute.request import UpOptions, UpResult
     from launcher.planning.plan import NodeHost
+    from launcher.planning.request import UpOptions, UpResult
     from launcher.results.rundir import RunDir
     from launcher.spec.run_spec import RunSpec
     from launcher.transport.hostsession import HostSession
@@ -25,11 +27,21 @@ class AcquiredHosts:
 
     spec: RunSpec  # the spec with the provider's layout (e.g. one node per rented machine)
     options: UpOptions  # the options the executor runs with (a provider may pin the runtime or host keys)
-    session: HostSession | None  # None: this machine (launcher.providers.local), started here without SSH
+    session: HostSession | None  # None: this machine (launcher.execute.local_machine), started here without SSH
     hosts: list[NodeHost] | None = None  # addresses the provider knows better than the hosts (overlay networks)
     record: dict[str, Any] = field(default_factory=dict)  # the provider's fields for run.json
     run_dir: RunDir | None = None  # made by the provider when it must record what it acquired before the run
     watch: Callable[[], str] | None = None  # called on every poll of the run (a cost display, a budget stop)
+
+
+@dataclass(frozen=True)
+class ExecutorCalls:
+    """What the executor lends a provider (launcher.execute.up.executor_calls)."""
+
+    pull_run: Callable[[HostSession, RunDir], object]  # every node's outputs into the run directory, verified
+    stop_cause: Callable[[], str]  # what interrupted `up`, as the user knows it: Ctrl-C, SIGTERM or SIGHUP
+    # Around work before anything starts on a host: an interruption becomes one line saying nothing was started.
+    nothing_started_if_interrupted: Callable[[str], AbstractContextManager[None]]
 
 
 class HostProvider(Protocol):
@@ -53,25 +65,4 @@ class HostProvider(Protocol):
 
     def close(self) -> None:
         """Close connections; called last, whatever happened."""
-        ...
-
-
-class RunProvider(Protocol):
-    """A recorded run's provider, rebuilt from its run.json (launcher.providers.provider_of): it answers
-    `ddpctl status`, `logs`, `pull` and `down` for that run, so the commands never branch on run.json fields."""
-
-    def status_rows(self, run_dir: RunDir, options: UpOptions) -> list[dict[str, Any]]:
-        """One row per node: host, process state, exit code, progress."""
-        ...
-
-    def print_log(self, run_dir: RunDir, node: int, lines: int, follow: bool, options: UpOptions) -> None:
-        """The end of node `node`'s torchrun output; with `follow`, what is added until the node ends."""
-        ...
-
-    def pull(self, run_dir: RunDir, options: UpOptions) -> list[dict[str, Any]]:
-        """Fetch every node's outputs into the run directory (verified); one stats dict per node."""
-        ...
-
-    def down(self, run_dir: RunDir, options: UpOptions, force: bool) -> str:
-        """Stop every node, pull what it wrote, give back what the run holds; what to tell the user."""
         ...

@@ -3,10 +3,12 @@ global state), imported only when a report is written."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher.results.run_figures import Row, RunFigures
+from launcher.results.user_files import REPORT_FILE, REPORT_FIX, write_user_file
 from launcher.spec.presets import ReferenceFigures
 
 if TYPE_CHECKING:
@@ -31,10 +33,11 @@ def _save(fig: Figure, path: Path) -> Path:
 
     FigureCanvasAgg(fig)
     fig.tight_layout()
-    # Written beside, then renamed: a report directory never holds half a PNG.
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, format="png", dpi=DPI)
-    tmp.replace(path)
+    # Drawn into memory, then written beside and renamed: a report directory never holds half a PNG; what is
+    # there must be a regular file, or nothing (launcher/spec/user_paths.py).
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=DPI)
+    write_user_file(path, buffer.getvalue(), REPORT_FILE, fix=REPORT_FIX)
     return path
 
 

@@ -4,6 +4,7 @@ and plots (launcher.results.plots)."""
 from __future__ import annotations
 
 import json
+import stat
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 from launcher.errors import RunDirError
 from launcher.results.run_figures import Report, Row
 from launcher.spec.presets import ReferenceFigures
+from launcher.spec.user_paths import file_target, kind_of
 
 
 def _pct(value: float | None) -> str:
@@ -244,23 +246,24 @@ def render_markdown(rows: list[Row], reference: ReferenceFigures | None = None,
 
 def write_report(report: Report, out_dir: Path) -> list[Path]:
     """Write report.md, report.json and the PNG plots into out_dir; return the files written."""
-    from launcher.results.plots import write_plots
-    from launcher.results.rundir import write_json_atomic
+    from launcher.results.plots import PLOT_FILES, write_plots
+    from launcher.results.user_files import REPORT_FILE, REPORT_FIX, write_user_file
 
-    if out_dir.exists() and not out_dir.is_dir():
-        raise RunDirError(f"cannot write the report: {out_dir} is a file, not a directory; give a directory "
-                          "with --out (it is created if missing)")
+    if out_dir.exists() and not out_dir.is_dir():  # a link to a directory is followed
+        mode = out_dir.stat().st_mode
+        raise RunDirError(f"cannot write the report: {out_dir} is {'a file' if stat.S_ISREG(mode) else kind_of(mode)}"
+                          ", not a directory; give a directory with --out (it is created if missing)")
+    md_path, json_path = out_dir / "report.md", out_dir / "report.json"
+    for path in (md_path, json_path, *(out_dir / name for name in PLOT_FILES)):  # refused before anything is written
+        file_target(path, REPORT_FILE, fix=REPORT_FIX)
     try:
         references = ((report.reference,) if report.reference else ()) + report.extra_references
         plots = write_plots(report.rows, report.runs, out_dir, references)
         markdown = render_markdown(report.rows, report.reference, plots, report.preset, report.preset_dataset,
                                    report.extra_references)
-        md_path = out_dir / "report.md"
-        tmp = out_dir / ".report.md.tmp"
-        tmp.write_text(markdown)
-        tmp.replace(md_path)
-        json_path = out_dir / "report.json"
-        write_json_atomic(json_path, render_json(report.rows, report.reference, plots))
+        write_user_file(md_path, markdown.encode(), REPORT_FILE, fix=REPORT_FIX)
+        text = json.dumps(render_json(report.rows, report.reference, plots), indent=2, sort_keys=True) + "\n"
+        write_user_file(json_path, text.encode(), REPORT_FILE, fix=REPORT_FIX)
     except OSError as e:
         where = e.filename or out_dir
         raise RunDirError(f"cannot write the report to {out_dir} ({where}: {e.strerror or e}); give a directory "

@@ -49,7 +49,7 @@ def read_json(path: Path) -> dict[str, Any] | None:
     """A JSON object from `path`; None when the file is missing, unreadable, or not an object."""
     try:
         data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: nested too deeply to be one of our records
         return None
     return data if isinstance(data, dict) else None
 
@@ -64,7 +64,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
             continue
         try:
             records.append(json.loads(line))
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             continue
     return records
 
@@ -179,7 +179,7 @@ class RunDir:
         return read_jsonl(self.path / EVENTS_FILE)
 
 
-# Told every event as it is recorded: the plain progress lines (launcher.results.plain_progress) list them.
+# Told every event as it is recorded: the plain progress lines (launcher.execute.plain_progress) list them.
 _event_listeners: list[Callable[[dict[str, Any]], None]] = []
 
 

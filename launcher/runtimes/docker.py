@@ -27,18 +27,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from launcher.errors import SpecError
-from launcher.planning.plan import NodeHost, NodePlan, node_env, secret_names
+from launcher.planning.plan import NodeHost, NodePlan, node_env, script_env, secret_names
+from launcher.runtimes.base import NODE_STOP_GRACE_SECONDS, STOP_GRACE_SECONDS
+from launcher.spec.launchers import HOOK_DIR, JOIN_DIR_ENV, JOINED_DIR
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.torchrun import NodeRole, torchrun_argv
 
 CONTAINER_WORKSPACE = "/workspace"
 CONTAINER_DATA = "/data"
 DEFAULT_IMAGE = "ddpctl:latest"
-# `docker stop -t`: how long the container's processes get between SIGTERM and SIGKILL.
-STOP_GRACE_SECONDS = 20
-# How long stopping a docker node waits for its wrapper before killing it: the container's grace plus time for
-# `docker stop` to return and `docker wait` / `docker rm` to run, so the container never outlives `ddpctl down`.
-NODE_STOP_GRACE_SECONDS = STOP_GRACE_SECONDS + 15
 # The container's environment in docker's --env-file format, in the node's workspace (0600; see remote_node).
 ENV_FILE = "docker.env"
 # Python inside the image; spec.python names the hosts' python, which the container does not have.
@@ -107,8 +104,11 @@ def docker_node_plan(spec: RunSpec, index: int, host: NodeHost, rdzv_addr: str, 
         snapshot_dir=f"{ws}/out/snapshots",
     )
     argv = torchrun_argv(replace(spec, python=IMAGE_PYTHON), role)
-    env = node_env(spec, host.iface, HOME="/tmp", PYTHONPATH=f"{ws}/code",
-                   **({"DDPCTL_OUTPUT_DIR": f"{ws}/out"} if spec.user_command else {}))
+    # A `-- CMD` node: ddpctl's variables, and the join hook first on its path (the world it forms is measured).
+    script = {**script_env(spec, index, rdzv_addr if multi else None, f"{ws}/out"),
+              JOIN_DIR_ENV: f"{ws}/logs/{JOINED_DIR}", "PYTHONPATH": f"{ws}/{HOOK_DIR}:{ws}/code"}
+    env = node_env(spec, host.iface, **{"HOME": "/tmp", "PYTHONPATH": f"{ws}/code", **(script if spec.user_command
+                                                                                          else {})})
     broken = [key for key, value in env if "\n" in value or "\r" in value]
     if broken:
         raise SpecError(f"--env {', '.join(broken)}: a value with a line break cannot reach a container (docker's "
@@ -132,7 +132,8 @@ def docker_node_plan(spec: RunSpec, index: int, host: NodeHost, rdzv_addr: str, 
 
 @dataclass(frozen=True)
 class DockerRuntime:
-    """Each node a container of `image`, which brings its own python and torch (see launcher.runtimes.base)."""
+    """Each node a container of `image`, which brings its own python and torch (see
+    launcher.planning.plan.NodeRuntime)."""
 
     image: str = DEFAULT_IMAGE
     name: str = "docker"

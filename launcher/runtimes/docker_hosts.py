@@ -11,21 +11,11 @@ import threading
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from launcher.errors import DdpctlError, HostError
+from launcher.transport.connection import HostConnection
 from launcher.transport.parallel import HostOutcome, run_on_hosts
-
-
-class DockerHost(Protocol):
-    """What ensure_image needs of a connection (launcher.transport.ssh.Connection has it)."""
-
-    @property
-    def label(self) -> str: ...
-
-    def run(self, argv: Sequence[str], *, timeout: float | None = None) -> Any: ...
-
-    def open_channel_command(self, argv: Sequence[str]) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -68,7 +58,7 @@ STALL_TIMEOUT = 120.0  # seconds a host may take to accept the next chunk before
 CHUNK = 1 << 20
 
 
-def host_docker_info(conn: DockerHost, image: str) -> DockerHostInfo:
+def host_docker_info(conn: HostConnection, image: str) -> DockerHostInfo:
     """Ask the host's engine (over SSH) whether it runs, has the NVIDIA runtime, and which ID `image` has there."""
     result = conn.run(["sh", "-c", INFO_SCRIPT, "ddpctl-docker-info", image], timeout=60)
     fields = dict(line.partition(" ")[::2] for line in result.stdout.splitlines() if line.strip())
@@ -77,7 +67,7 @@ def host_docker_info(conn: DockerHost, image: str) -> DockerHostInfo:
         return DockerHostInfo(False, problem=problem)
     try:
         runtimes = json.loads(fields["engine"]) or {}
-    except ValueError:
+    except (ValueError, RecursionError):
         runtimes = {}
     return DockerHostInfo(True, nvidia_runtime="nvidia" in runtimes, image_id=fields.get("image", "").strip() or None,
                           repo_digests=tuple(fields.get("digests", "").split()))
@@ -101,8 +91,8 @@ def local_image_id(engine: Any, image: str) -> str:
         raise DdpctlError(f"no local image {image!r}: build it with `ddpctl image build --tag {image}`") from None
 
 
-def ensure_image(conns: Sequence[DockerHost], image: str, local_engine: Any = None, *, pull: bool = False,
-                 show_progress: bool = True) -> list[HostOutcome[DockerHost, ShipResult]]:
+def ensure_image(conns: Sequence[HostConnection], image: str, local_engine: Any = None, *, pull: bool = False,
+                 show_progress: bool = True) -> list[HostOutcome[HostConnection, ShipResult]]:
     """Make `image` on every host the local engine's image (same ID); a result or an error per host.
 
     Hosts that have it are skipped; the others get it streamed from `local_engine` (all at once, read once),
@@ -112,7 +102,7 @@ def ensure_image(conns: Sequence[DockerHost], image: str, local_engine: Any = No
     if want is None and not pull:
         raise ValueError("streaming the image needs the local engine")
     infos = run_on_hosts(list(conns), lambda c: require_engine(host_docker_info(c, image), c.label), timeout=90)
-    outcomes: list[HostOutcome[DockerHost, ShipResult]] = [HostOutcome(o.item, o.label) for o in infos]
+    outcomes: list[HostOutcome[HostConnection, ShipResult]] = [HostOutcome(o.item, o.label) for o in infos]
     todo: list[int] = []
     for i, info in enumerate(infos):
         if info.error is not None:
@@ -143,7 +133,7 @@ def ensure_image(conns: Sequence[DockerHost], image: str, local_engine: Any = No
     return outcomes
 
 
-def _pull(conn: DockerHost, image: str) -> int:
+def _pull(conn: HostConnection, image: str) -> int:
     result = conn.run(["docker", "pull", "-q", image], timeout=SHIP_TIMEOUT)
     if result.exit_code != 0:
         tail = (result.stderr.strip() or result.stdout.strip()).splitlines()[-1:] or ["no output"]
@@ -151,7 +141,7 @@ def _pull(conn: DockerHost, image: str) -> int:
     return 0
 
 
-def _verify(conn: DockerHost, image: str, want: str | None,
+def _verify(conn: HostConnection, image: str, want: str | None,
             old: str | None) -> tuple[HostError | None, DockerHostInfo]:
     """(None, what the host has now) when the host now has `want` under `image` (and its superseded image is
     removed); else the error naming the host."""
@@ -163,7 +153,7 @@ def _verify(conn: DockerHost, image: str, want: str | None,
     return None, info
 
 
-def _stream(engine: Any, image: str, conns: Sequence[DockerHost],
+def _stream(engine: Any, image: str, conns: Sequence[HostConnection],
             show_progress: bool) -> list[tuple[int, BaseException | None]]:
     """`docker save` once, gzip once, into `docker load` on every host at once; (bytes sent, error) per host."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
@@ -204,7 +194,7 @@ class _HostFeed:
     """One host's `docker load`, fed from a bounded queue by a writer thread so a slow host only slows itself
     down to the queue's depth; a host that stops accepting data is given up, not waited for forever."""
 
-    def __init__(self, conn: DockerHost) -> None:
+    def __init__(self, conn: HostConnection) -> None:
         self.conn = conn
         self.label = conn.label
         self.sent = 0

@@ -15,16 +15,17 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.planning.plan import NodePlan, native_node_plan
 from launcher.runtimes import proctree
+from launcher.runtimes.base import NODE_STOP_GRACE_SECONDS
 
 if TYPE_CHECKING:
     from launcher.planning.plan import NodeHost
-    from launcher.planning.preflight import Runner
     from launcher.spec.run_spec import RunSpec
+    from launcher.transport.connection import HostConnection
 
 
 @dataclass(frozen=True)
 class NativeRuntime:
-    """torchrun started by the host's own python (see launcher.runtimes.base): host versions must agree."""
+    """torchrun started by the host's own python (see launcher.planning.plan.NodeRuntime): host versions must agree."""
 
     name: str = "native"
     runs_host_torch: bool = True
@@ -74,15 +75,16 @@ setsid sh -c '
     done < "$ws/$envfile"
     rm -f "$ws/$envfile"
   fi
-  export PYTHONPATH="$ws/code${PYTHONPATH:+:$PYTHONPATH}"
+  export PYTHONPATH="$ws/hook:$ws/code${PYTHONPATH:+:$PYTHONPATH}" DDPCTL_JOIN_DIR="$ws/logs/joined"
   cd "$HOME" && cd "$cwd" && "$@"
   echo $? > "$ws/exit_code.tmp" && mv "$ws/exit_code.tmp" "$ws/exit_code"
 ' ddpctl-node "$ws" "$cwd" "$envfile" "$@" > torchrun.out 2>&1 < /dev/null &
 echo $! > pid
+sed 's/.*) //' "/proc/$!/stat" 2>/dev/null | cut -d' ' -f20 > pid_start
 echo $!
 """
 
-# Prints `pid|exit_code|alive|free KiB` (free: the workspace's file system, for launcher/results/hang_watch.py),
+# Prints `pid|exit_code|alive|free KiB` (free: the workspace's file system, for launcher/execute/hang_watch.py),
 # then `@attempt|N|FROM|TO|M` (N: the newest attempt_<N> folder under logs/, which
 # counts torchrun's restarts; FROM-TO: the byte range of local rank $2's stdout.log in attempt M sent at the end,
 # when $2 is given), then the node's progress record, if any (only global rank 0's node has one), then `@output`
@@ -96,6 +98,9 @@ STATE_SCRIPT = r"""
 cd "$1" 2>/dev/null || { echo "||gone"; exit 0; }
 pid=$(cat pid 2>/dev/null); alive=0
 if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then alive=1; fi
+# A pid the system gave to another process since (the start time the node recorded differs) is not the node's.
+if [ "$alive" = 1 ] && [ -s pid_start ] && [ -r "/proc/$pid/stat" ] \
+   && [ "$(sed 's/.*) //' "/proc/$pid/stat" | cut -d' ' -f20)" != "$(cat pid_start)" ]; then alive=0; fi
 ec=$(cat exit_code 2>/dev/null)
 free=$(df -Pk . 2>/dev/null | awk 'NR==2 {print $4}')
 echo "$pid|$ec|$alive|$free"
@@ -131,6 +136,9 @@ if [ -n "$log" ]; then tail -c +$((from + 1)) "$log" | head -c $((to - from)); f
 # Stop the node's torchrun and all its workers (launcher/runtimes/proctree.py, whose source this is, plus the
 # workspace's pid file), and record exit status 143 unless the node recorded its own. Arguments: the workspace,
 # the grace in seconds (empty: the one the node recorded at its start), the grace when it recorded none.
+# Nothing is signalled once the node recorded its exit status, nor when the pid now names another process (its
+# start time is not the one recorded, or it is not a `ddpctl-node` command). A process group outlives its leader
+# and its id is never handed out while it has members: when the leader is gone, what is left of it is ours.
 STOP_SCRIPT = Path(proctree.__file__).read_text() + r"""
 import sys
 workspace, grace, fallback = sys.argv[1:4]
@@ -140,6 +148,14 @@ try:
     pid = int(open("pid").read())
 except (OSError, ValueError):
     sys.exit(0)
+try:
+    recorded_start = open("pid_start").read().strip()
+except OSError:
+    recorded_start = ""
+if os.path.exists("exit_code"):
+    sys.exit(0)
+if start_time(pid) is not None and not is_node_process(pid, recorded_start, b"ddpctl-node"):
+    sys.exit(0)  # another process has that pid now (ours ended); its group, if any is left, cannot be another's
 if not grace:
     try:
         grace = open("stop_grace").read().strip()
@@ -201,7 +217,7 @@ def _int(text: str) -> int | None:
     return int(text) if text.strip().isdigit() else None
 
 
-def read_state(conn: Runner, workspace: str, output: OutputRequest | None = None) -> NodeState:
+def read_state(conn: HostConnection, workspace: str, output: OutputRequest | None = None) -> NodeState:
     """The node's process state, progress record and restarts, and (with `output`) a worker's new output: one
     command on the host."""
     tail = [] if output is None else [str(output.local_rank), "" if output.attempt is None else str(output.attempt),
@@ -220,7 +236,7 @@ def read_state(conn: Runner, workspace: str, output: OutputRequest | None = None
     if len(lines) > 1 and "\n".join(lines[1:]).strip():
         try:
             progress = json.loads("\n".join(lines[1:]))
-        except ValueError:
+        except (ValueError, RecursionError):
             progress = None
     return NodeState(
         pid=int(pid_s) if pid_s.isdigit() else None,
@@ -236,13 +252,11 @@ def read_state(conn: Runner, workspace: str, output: OutputRequest | None = None
     )
 
 
-def stop_node(conn: Runner, workspace: str, python: str = "python3", grace_seconds: float | None = None,
+def stop_node(conn: HostConnection, workspace: str, python: str = "python3", grace_seconds: float | None = None,
               fallback_grace_seconds: float = NATIVE_STOP_GRACE_SECONDS) -> None:
     """TERM the node's torchrun tree, KILL what is left after `grace_seconds`, by default the grace the node
     recorded at its start (longer for a docker node: its wrapper must finish `docker stop` and `docker rm`), else
     `fallback_grace_seconds` (its runtime's); `python` is the host's."""
-    from launcher.runtimes.docker import NODE_STOP_GRACE_SECONDS
-
     grace = "" if grace_seconds is None else str(grace_seconds)
     conn.run([python, "-c", STOP_SCRIPT, workspace, grace, str(fallback_grace_seconds)],
              timeout=max(grace_seconds or 0, NODE_STOP_GRACE_SECONDS) + 30)

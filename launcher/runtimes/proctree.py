@@ -37,6 +37,29 @@ def process_tree(root: int) -> list[int]:
     return found
 
 
+def start_time(pid: int) -> str | None:
+    """The process's start time (clock ticks after boot, /proc/PID/stat's 22nd field); None when it is gone."""
+    fields = _stat(pid)
+    return fields[19] if fields and len(fields) > 19 else None
+
+
+def is_node_process(pid: int, recorded_start: str, marker: bytes) -> bool:
+    """Whether `pid` is still the process that was started (a pid alone is no identity: the system hands it to
+    another process once ours ended): its start time is the recorded one (when one was recorded) and its command
+    line holds the argument `marker`. True where there is no /proc to ask (nothing better is known)."""
+    if not os.path.isdir("/proc"):
+        return True
+    now = start_time(pid)
+    if now is None or (recorded_start and now != recorded_start):
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return False
+    return marker in argv
+
+
 def alive(pid: int) -> bool:
     fields = _stat(pid)
     return fields is not None and fields[0] != "Z"

@@ -5,17 +5,19 @@ whether the detach script or the node's own wrapper reads it, and how long a sto
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
 from launcher.errors import HostError
 from launcher.results.record import RecordError
 from launcher.runtimes.docker import DockerRuntime
+from launcher.runtimes.join_files import write_remote_hook
 from launcher.runtimes.native import DETACH_SCRIPT, NativeRuntime
+from launcher.spec.launchers import NODE_RANK_ENV
+from launcher.transport.connection import HostConnection
 
 if TYPE_CHECKING:
-    from launcher.planning.plan import NodePlan
+    from launcher.planning.plan import NodePlan, NodeRuntime
     from launcher.results.record import RunRecord
-    from launcher.runtimes.base import NodeRuntime
 
 RUNTIMES: dict[str, type[NativeRuntime] | type[DockerRuntime]] = {"native": NativeRuntime, "docker": DockerRuntime}
 
@@ -37,15 +39,6 @@ def runtime_of(record: RunRecord) -> NodeRuntime:
     return runtime_named(name, image if isinstance(image, str) else None)
 
 
-class NodeConnection(Protocol):
-    """What starting a node needs of a connection (launcher.transport.ssh.Connection has it)."""
-
-    def run(self, argv: list[str], *, timeout: float | None = None) -> Any: ...
-
-    @property
-    def sftp(self) -> Any: ...
-
-
 def start_argv(node: NodePlan) -> list[str]:
     """The quoted-argv command that starts a node detached; its environment is in env_file(node), written first."""
     runtime = runtime_named(node.runtime)
@@ -59,7 +52,7 @@ def env_file(node: NodePlan) -> tuple[str, bytes]:
     return runtime_named(node.runtime).env_file(node)
 
 
-def write_env_file(conn: NodeConnection, node: NodePlan) -> None:
+def write_env_file(conn: HostConnection, node: NodePlan) -> None:
     """Write env_file(node) over SFTP into the node's workspace (which must exist): the workspace is made 0700
     first, so nobody else can open the file even before its own mode, 0600, is set."""
     name, data = env_file(node)
@@ -70,10 +63,12 @@ def write_env_file(conn: NodeConnection, node: NodePlan) -> None:
         f.write(data)
 
 
-def start_node(conn: NodeConnection, node: NodePlan, label: str) -> int:
+def start_node(conn: HostConnection, node: NodePlan, label: str) -> int:
     """Write the node's environment file, then start its command detached; return its pid."""
     try:
         write_env_file(conn, node)
+        if NODE_RANK_ENV in dict(node.env):  # a `-- CMD` node: the world its processes join is measured
+            write_remote_hook(conn.sftp, node.workspace)
     except OSError as e:
         raise HostError(label, f"could not write the node's environment into {node.workspace}: {e}") from e
     result = conn.run(start_argv(node), timeout=30)

@@ -1,5 +1,5 @@
-"""Presets that reproduce the reference experiments (docs/reference-experiments.md: each write-up, its source and
-its figures), each with the figures its write-up published, so a report can show theirs beside ours.
+"""Presets that reproduce the reference experiments (docs/reference-experiments.md), each with the
+figures its write-up published, so a report can show theirs beside ours.
 
 A preset is only RunSpec field values; whatever the user sets explicitly wins over it.
 """

@@ -7,14 +7,12 @@ import math
 from pathlib import Path
 
 from launcher.errors import SpecError
+from launcher.spec.user_paths import folder_target
 
 
 def check_runs_dir(runs_dir: Path, option: str = "--runs-dir") -> Path:
     """`runs_dir` unless it exists and is not a directory (a file there would give 'File exists' later)."""
-    if runs_dir.exists() and not runs_dir.is_dir():
-        raise SpecError(f"{option} {runs_dir} is a file, not a directory: give a directory for run directories "
-                        "(it is created if missing)")
-    return runs_dir
+    return folder_target(runs_dir, option, "a directory for run directories")
 
 
 def check_seconds(value: float, option: str) -> float:

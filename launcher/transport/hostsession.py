@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from launcher.transport.known_hosts import KnownHosts, default_known_hosts_path
+from launcher.errors import SpecError
+from launcher.transport.known_hosts import KnownHosts, default_known_hosts_path, fingerprint
 from launcher.transport.parallel import raise_for_errors, run_on_hosts
 from launcher.transport.ssh import Connection, SSHTarget, proxy_command_now, resolve_target
 
@@ -16,7 +18,7 @@ if TYPE_CHECKING:
 
 
 class ConnectOptions(Protocol):
-    """What connecting to hosts needs of a request (launcher.execute.request.ConnectOptions has it)."""
+    """What connecting to hosts needs of a request (launcher.planning.request.UpOptions has it)."""
 
     @property
     def hosts(self) -> tuple[HostSpec, ...]: ...
@@ -65,6 +67,7 @@ class HostSession:
         session = cls(targets, options)
         try:
             session.connect_all()
+            session.check_distinct()
         except BaseException:
             session.close()
             raise
@@ -83,6 +86,22 @@ class HostSession:
         outcomes = run_on_hosts(list(range(len(self._conns))), lambda i: self._conns[i].sftp,
                                 timeout=self.options.connect_timeout * 2 + 10, label=self.label_of)
         raise_for_errors(outcomes, "connect")
+
+    def check_distinct(self) -> None:
+        """Refuse (one line) two targets that are one host however they were typed (`u@10.0.0.2` and
+        `u@10.0.0.2:22`, an ssh config alias and its address): the same login user and either the same address and
+        port as connected or the same host key. Both nodes would share one workspace and one pid file there."""
+        seen: list[tuple[int, str, tuple[str, int], str]] = []
+        for index, target in enumerate(self.targets):
+            address, key = host_identity(self._conns[index])
+            for other, user, other_address, other_key in seen:
+                if user == target.user and (address == other_address or key == other_key):
+                    why = (f"{address[0]} port {address[1]}" if address == other_address else f"host key {key}")
+                    raise SpecError(
+                        f"--host {self.targets[other].label!r} and --host {target.label!r} are the same host "
+                        f"(user {user}, {why}): each node needs a host of its own (two nodes would share one run "
+                        "workspace there); for more processes on one host, raise --gpus")
+            seen.append((index, target.user, address, key))
 
     @property
     def labels(self) -> list[str]:
@@ -110,3 +129,12 @@ class HostSession:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def host_identity(conn: Connection) -> tuple[tuple[str, int], str]:
+    """What a host is, however it was typed: the address and port connected to (the target's own names through a
+    jump host or ProxyCommand) and its host key's fingerprint."""
+    transport = conn.transport
+    sock = transport.sock
+    peer = sock.getpeername() if isinstance(sock, socket.socket) else (conn.target.hostname, conn.target.port)
+    return (str(peer[0]), int(peer[1])), fingerprint(transport.get_remote_server_key())

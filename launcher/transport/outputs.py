@@ -24,17 +24,17 @@ from typing import Any
 import pathspec
 
 from launcher.errors import SpecError
+from launcher.transport.pull import PullStats, pull_tree
 from launcher.transport.ssh import Connection
 from launcher.transport.state_files import state_note
 from launcher.transport.sync import (
     DEFAULT_IGNORE,
     IGNORE_FILES,
-    PullStats,
     RemoteEntry,
     file_sha256,
     ignore_spec,
     local_manifest,
-    pull_tree,
+    part_name,
 )
 
 # The environment variable naming the run's output folder to the user's script (hosts: the workspace's out/,
@@ -191,11 +191,15 @@ def pull_workdir(conn: Connection, workspace: str, node_dir: Path, shipped: dict
 
 def merged_stats(records: PullStats, written: PullStats) -> dict[str, Any]:
     """One node's pull as the `pulled` event records it: the workspace's records and the working directory's
-    outputs together (counts summed, links named by where they would have landed), the latter also apart."""
+    outputs together (counts summed, links and files not pulled named by where they would have landed), the latter
+    also apart."""
     merged = asdict(records)
     for key in ("files_fetched", "bytes_fetched", "files_unchanged", "verified", "skipped_special"):
         merged[key] += getattr(written, key)
     merged["skipped_links"] = [*records.skipped_links, *(f"{WORKDIR}/{path}" for path in written.skipped_links)]
+    for key in ("not_pulled", "escaped"):  # (path, note) pairs
+        merged[key] = [*map(list, getattr(records, key)),
+                       *([f"{WORKDIR}/{path}", note] for path, note in getattr(written, key))]
     merged[WORKDIR] = asdict(written)
     return merged
 
@@ -238,7 +242,7 @@ def _place(src: Path, dest: Path) -> None:
                                                    or file_sha256(src) == file_sha256(dest)):
         return
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.parent / f".{dest.name}.{secrets.token_hex(4)}"
+    tmp = dest.parent / part_name(dest.name)
     try:
         os.link(src, tmp)
     except OSError:

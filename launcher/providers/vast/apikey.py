@@ -37,9 +37,13 @@ def ddpctl_key_file() -> Path:
 
 
 def load_api_key() -> str:
-    """The key from VAST_API_KEY, else vastai's key file, else ddpctl's; ApiKeyMissing if none has one."""
-    env = os.environ.get(KEY_ENV, "").strip()
-    if env:
+    """The key from VAST_API_KEY, else vastai's key file, else ddpctl's (an empty file is passed over);
+    ApiKeyMissing if none has one, or if VAST_API_KEY is set but empty (an empty key is never sent)."""
+    if KEY_ENV in os.environ:
+        env = os.environ[KEY_ENV].strip()
+        if not env:
+            raise ApiKeyMissing(f"{KEY_ENV} is set but empty: set it to your Vast.ai API key, or unset it to use "
+                                "the key `ddpctl vast login` saved")
         return env
     for path in (vastai_key_file(), ddpctl_key_file()):
         try:

@@ -9,8 +9,6 @@ import json as jsonlib
 import logging
 import os
 import random
-import re
-import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -26,29 +24,20 @@ from launcher.providers.vast.errors import (
     VastRateLimited,
     VastUnavailable,
 )
+from launcher.providers.vast.pacing import DEFAULT_INTERVAL_S, ENDPOINT_INTERVALS_S, Pacer, endpoint_of, retry_after_s
 
 log = logging.getLogger(__name__)
 
 DEFAULT_URL = "https://console.vast.ai"
 URL_ENV = "DDPCTL_VAST_URL"
-_RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
-# Vast refuses a second request to one endpoint sooner than its threshold (seconds, per caller): the
-# `x-rate-limit` values of the official OpenAPI files (infra/vast_api/*.yaml). Endpoints without one get
-# DEFAULT_INTERVAL_S. Keeping to them up front costs seconds; a 429 costs a backoff of seconds too.
-ENDPOINT_INTERVALS_S: dict[tuple[str, str], float] = {
-    ("PUT", "/api/v0/asks/{id}/"): 4.5, ("DELETE", "/api/v0/instances/{id}/"): 3.0,
-    ("GET", "/api/v0/instances/{id}/"): 2.0, ("GET", "/api/v1/instances/"): 1.0,
-    ("PUT", "/api/v0/instances/{id}/"): 1.0, ("POST", "/api/v0/ssh/"): 1.0,
-    ("POST", "/api/v0/auth/apikeys/"): 2.0, ("DELETE", "/api/v0/auth/apikeys/{id}/"): 2.0,
-    ("GET", "/api/v0/auth/apikeys/"): 1.0, ("GET", "/api/v0/users/current/"): 2.0,  # their x-rateLimit
-}
-DEFAULT_INTERVAL_S = 0.5
-_THRESHOLD = re.compile(r"threshold\s*=\s*([0-9]+(?:\.[0-9]+)?)")
+# Gateway errors usually clear within a second: Vast's own client (vast-cli, vastai/api/client.py,
+# https://github.com/vast-ai/vast-cli) makes 3 tries, pausing 0.15 s and then 1.5 times longer. ddpctl does the
+# same for requests that may be repeated; never for a create (a 5xx might have rented: provision checks by label).
+GATEWAY_STATUSES = frozenset({502, 503, 504})
+GATEWAY_TRIES = 3
+GATEWAY_PAUSE_S = 0.15
 
-
-def endpoint_of(method: str, path: str) -> tuple[str, str]:
-    """The endpoint a request goes to, as Vast's limiter counts it: ids in the path do not matter."""
-    return method, re.sub(r"/\d+(?=/|$)", "/{id}", path)
+__all__ = ["VastClient", "endpoint_of", "ENDPOINT_INTERVALS_S", "DEFAULT_INTERVAL_S", "DEFAULT_URL", "URL_ENV"]
 
 
 class _Secret:
@@ -71,8 +60,9 @@ class _Secret:
 class VastClient:
     """Calls the Vast.ai API with retries (exponential backoff with jitter, bounded in count and time).
 
-    `backoff_base` seconds is the first pause; each retry doubles it up to `backoff_max`. Vast sends no
-    Retry-After, so the pauses are ours.
+    `backoff_base` seconds is the first pause; each retry doubles it up to `backoff_max`. A 429 with Retry-After
+    waits that long (or fails at once, in one line, when that is past the retry budget); gateway errors
+    (502/503/504) get vast-cli's 3 quick tries. `clock` (monotonic seconds) and `sleep` are injectable.
     """
 
     def __init__(
@@ -88,6 +78,7 @@ class VastClient:
         session: requests.Session | None = None,
         sleep: Callable[[float], None] = time.sleep,
         pace: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not api_key or any(c.isspace() for c in api_key):
             raise VastAuthError("the Vast.ai API key is empty or contains whitespace; set it again with "
@@ -101,11 +92,10 @@ class VastClient:
         self.retry_budget_s = retry_budget_s
         self._session = session or requests.Session()
         self._sleep = sleep
-        # `pace` scales every endpoint's minimum interval (0: none; tests run Vast's limits faster)
+        self._clock = clock
+        # `pace` scales every endpoint's minimum interval and window (0: none; tests run Vast's limits faster)
         self.pace = pace
-        self._intervals = {ep: s * pace for ep, s in ENDPOINT_INTERVALS_S.items()}
-        self._last_sent: dict[tuple[str, str], float] = {}
-        self._pace_lock = threading.Lock()
+        self._pacer = Pacer(pace, clock, sleep)
         self.rate_limited = 0  # 429 answers received (each one retried after a pause)
 
     def __repr__(self) -> str:
@@ -227,68 +217,54 @@ class VastClient:
 
         A request that creates something (idempotent=False) is retried only when it surely did nothing:
         429 (refused before acting) or no connection at all; a 5xx or a dropped connection might have
-        rented a machine, and renting it twice would bill twice.
+        rented a machine, and renting it twice would bill twice. A 500 is not retried (vast-cli does not either:
+        the same request fails the same way).
         """
-        deadline = time.monotonic() + self.retry_budget_s
+        deadline = self._clock() + self.retry_budget_s
         what = f"Vast.ai {method} {path}"
         endpoint = endpoint_of(method, path)
+        gateway_tries = 0
         for attempt in range(self.max_retries + 1):
             last_try = attempt == self.max_retries
-            self._keep_pace(endpoint)
+            self._pacer.wait_turn(endpoint)
             try:
                 resp = self._session.request(
                     method, self.base_url + path, json=json, params=params, timeout=self.timeout,
                     headers={"Authorization": f"Bearer {self._key.reveal()}", "Accept": "application/json"},
                 )
             except requests.RequestException as exc:
-                self._answered(endpoint)
+                self._pacer.answered(endpoint)
                 surely_unsent = _never_sent(exc)
                 error: VastError = VastUnavailable(f"{what}: no answer from {self.base_url} "
                                                    f"({type(exc).__name__})")
                 if (idempotent or surely_unsent) and not last_try and self._pause(attempt, deadline, error):
                     continue
                 raise error from None  # requests' exception holds the prepared request (headers): drop it
-            self._answered(endpoint)
+            self._pacer.answered(endpoint)
             status = resp.status_code
             if status < 400:
                 return self._decode(resp, what)
+            if status == 429:
+                self.rate_limited += 1
+                asked = retry_after_s(resp.headers)
+                error = self._error(resp, what, asked)
+                floor = asked if asked is not None else self._pacer.refused(endpoint, resp.text)
+                if not last_try and self._pause(attempt, deadline, error, floor):
+                    continue
+                raise error
             error = self._error(resp, what)
-            floor = self._learn_threshold(endpoint, resp) if status == 429 else 0.0
-            retryable = status == 429 or (idempotent and status in _RETRY_STATUSES)
-            if retryable and not last_try and self._pause(attempt, deadline, error, floor):
-                continue
+            if status in GATEWAY_STATUSES and idempotent:
+                gateway_tries += 1
+                if gateway_tries < GATEWAY_TRIES and not last_try:
+                    self._sleep(GATEWAY_PAUSE_S * 1.5 ** (gateway_tries - 1))
+                    continue
             raise error
         raise AssertionError("unreachable")  # the loop returns or raises
-
-    def _keep_pace(self, endpoint: tuple[str, str]) -> None:
-        """Wait until `endpoint`'s minimum interval since our last request to it has passed."""
-        interval = self._intervals.get(endpoint, DEFAULT_INTERVAL_S * self.pace)
-        with self._pace_lock:
-            last = self._last_sent.get(endpoint)
-            wait = 0.0 if last is None else last + interval - time.monotonic()
-        if wait > 0:
-            self._sleep(wait)
-
-    def _answered(self, endpoint: tuple[str, str]) -> None:
-        """Count the interval from the answer: the server saw the request somewhere before it."""
-        with self._pace_lock:
-            self._last_sent[endpoint] = time.monotonic()
-
-    def _learn_threshold(self, endpoint: tuple[str, str], resp: requests.Response) -> float:
-        """A 429: count it, and when the body (JSON `detail` or plain text) names the endpoint's threshold,
-        keep to it from now on; returns the least pause before the retry."""
-        self.rate_limited += 1
-        found = _THRESHOLD.search(resp.text or "")
-        if not found:
-            return 0.0
-        threshold = float(found.group(1))
-        self._intervals[endpoint] = max(self._intervals.get(endpoint, 0.0), threshold)
-        return threshold
 
     def _pause(self, attempt: int, deadline: float, error: VastError, floor: float = 0.0) -> bool:
         """Sleep before the next try (at least `floor` s); False when that would pass the retry budget."""
         delay = max(floor, min(self.backoff_max, self.backoff_base * 2**attempt) * random.uniform(0.5, 1.0))
-        if time.monotonic() + delay > deadline:
+        if self._clock() + delay > deadline:
             return False
         log.info("%s; retrying in %.2fs", error, delay)
         self._sleep(delay)
@@ -302,12 +278,13 @@ class VastClient:
         except ValueError:
             raise VastError(f"{what}: answer is not JSON (HTTP {resp.status_code})", resp.status_code) from None
         if isinstance(body, dict) and body.get("success") is False:
-            raise VastError(f"{what} failed: {self._clean(body.get('msg') or body.get('error'))}",
-                            resp.status_code, body.get("error"))
+            reason = body.get("msg") or body.get("message") or body.get("error")
+            raise VastError(f"{what} failed: {self._clean(reason)}", resp.status_code, body.get("error"))
         return body
 
-    def _error(self, resp: requests.Response, what: str) -> VastError:
-        """Turn a documented error body ({success, error, msg} or {detail}) into one VastError."""
+    def _error(self, resp: requests.Response, what: str, retry_after: float | None = None) -> VastError:
+        """Turn a documented error body into one VastError: {success, error, msg}, or only `msg` or `message`
+        (docs.vast.ai/api-reference/rate-limits-and-errors), or {detail}, or plain text."""
         status = resp.status_code
         try:
             body = resp.json()
@@ -316,7 +293,7 @@ class VastClient:
         if not isinstance(body, dict):
             body = {"detail": body} if isinstance(body, str) else {}
         code = body.get("error")
-        detail = self._clean(body.get("msg") or body.get("detail") or code or resp.reason or "")
+        detail = self._clean(body.get("msg") or body.get("message") or body.get("detail") or code or resp.reason or "")
         text = f"{what}: HTTP {status}" + (f" {code}" if code else "") + (f": {detail}" if detail else "")
         if status == 401 or (status == 404 and "invalid user key" in detail.lower()):
             return VastAuthError(f"Vast.ai rejected the API key (HTTP {status}); set a valid one with "
@@ -326,6 +303,9 @@ class VastClient:
         if status == 410:
             return VastGone(text, status, code)
         if status == 429:
+            if retry_after is not None:
+                return VastRateLimited(f"{text} (rate limited; Vast.ai asks to wait {retry_after:.0f} s before "
+                                       "the next request: try again then)", status, code)
             return VastRateLimited(text + " (rate limited; try again in a minute)", status, code)
         if status >= 500:
             return VastUnavailable(text, status, code)

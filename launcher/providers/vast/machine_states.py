@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.errors import DdpctlError
 from launcher.providers.vast.ledger import Ledger, live
-from launcher.providers.vast.models import InstanceState
+from launcher.providers.vast.models import InstanceState, is_frozen, is_halted
 
 if TYPE_CHECKING:
     from launcher.providers.vast.client import VastClient
@@ -23,13 +23,12 @@ if TYPE_CHECKING:
 START_TIMEOUT_S = 900.0
 
 
-def _is_stopped(obj: dict[str, Any]) -> bool:
-    return obj.get("actual_status") == "stopped" or obj.get("intended_status") == "stopped"
 
 
 def refresh(client: VastClient, ledger: Ledger, clock: Callable[[], float] = time.time) -> dict[int, dict[str, Any]]:
-    """Bring the ledger's live instances up to date with the API: stopped or running again. Returns the listed
-    instances by id (an instance not listed is left as recorded: only `down` verifies an instance gone)."""
+    """Bring the ledger's live instances up to date with the API: stopped (or frozen: halted too, but its GPU
+    bills, so no `stops` entry) or running again. Returns the listed instances by id (an instance not listed is
+    left as recorded: only `down` verifies an instance gone)."""
     listed = {int(i["id"]): i for i in client.list_instances(label=ledger.run_dir.run_id)}
     now = clock()
     changed = False
@@ -38,15 +37,19 @@ def refresh(client: VastClient, ledger: Ledger, clock: Callable[[], float] = tim
         if obj is None or inst["state"] not in ("rented", "stopped"):
             continue
         stops = inst.setdefault("stops", [])
-        if _is_stopped(obj) and inst["state"] == "rented":
+        if is_halted(obj) and inst["state"] == "rented":
+            inst["state"], changed = "stopped", True
+            if is_frozen(obj):
+                inst["frozen"] = True
+                continue
             # first seen stopped now; the node's own watchdog knows the exact time (read after the restart)
             stops.append([now, None])
-            inst["state"], changed = "stopped", True
             if obj.get("storage_total_cost") is not None:
                 inst["storage_dph"] = float(obj["storage_total_cost"])
-        elif not _is_stopped(obj) and inst["state"] == "stopped":
+        elif not is_halted(obj) and inst["state"] == "stopped":
             if stops and stops[-1][1] is None:
                 stops[-1][1] = now
+            inst.pop("frozen", None)
             inst["state"], changed = "rented", True
     if changed:
         ledger.run_dir.event("vast.states", states={str(i["instance_id"]): i["state"] for i in live(ledger.instances)})
@@ -74,6 +77,7 @@ def start_stopped(client: VastClient, ledger: Ledger, *, timeout: float = START_
             if state is not None and state.running and state.ssh_address is not None:
                 inst["ssh_host"], inst["ssh_port"] = state.ssh_address
                 inst["state"] = "rented"
+                inst.pop("frozen", None)
                 if inst.get("stops") and inst["stops"][-1][1] is None:
                     inst["stops"][-1][1] = clock()
                 del waiting[iid]

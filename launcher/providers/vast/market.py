@@ -13,8 +13,8 @@ if TYPE_CHECKING:
     from launcher.providers.vast.client import VastClient
     from launcher.providers.vast.image_labels import ImageNeeds
     from launcher.providers.vast.models import Offer, RentedInstance
-    from launcher.providers.vast.request import VastRequest
     from launcher.spec.run_spec import RunSpec
+    from launcher.spec.vast_request import VastRequest
 
 DATA_GB = 1.0  # data moved each way per machine that --max-cost keeps back (code, data set, results)
 

@@ -8,6 +8,31 @@ from typing import Any
 
 HOURS_PER_MONTH = 30 * 24  # Vast prices storage per GB-month; storage_total_cost = storage_cost * GB / 720
 
+# Vast's instance states, as its docs list them ("show instance", https://docs.vast.ai/cli/reference/show-instance):
+# actual_status null "being provisioned", loading, running, stopped ("disk charges continue; no GPU charges"),
+# frozen ("paused with memory preserved. GPU charges apply"), exited, rebooting "(transient)", unknown ("no recent
+# heartbeat from the host"), offline ("host machine disconnected"); cur_state running, stopped or unloaded
+# ("released on destroy").
+HALTED_STATES = frozenset({"stopped", "frozen"})  # not running, and SSH cannot reach it: started again to pull
+# What counts as gone once Vast has accepted our destroy (the docs' `unloaded`, and what vast-cli and the issue
+# tracker show destroyed machines as): the instance no longer holds its machine, so it no longer bills.
+GONE_STATES = frozenset({"unloaded", "destroyed", "terminated", "offline"})
+
+
+def is_halted(obj: Mapping[str, Any]) -> bool:
+    """Whether a shown instance is stopped or frozen (or asked to be): it does not answer SSH until started."""
+    return obj.get("actual_status") in HALTED_STATES or obj.get("intended_status") in HALTED_STATES
+
+
+def is_frozen(obj: Mapping[str, Any]) -> bool:
+    """Whether a shown instance is frozen: halted, but its GPU still bills."""
+    return obj.get("actual_status") == "frozen" or obj.get("intended_status") == "frozen"
+
+
+def gone_after_destroy(obj: Mapping[str, Any]) -> bool:
+    """Whether an instance shown after an accepted destroy is already released (see GONE_STATES)."""
+    return obj.get("cur_state") in GONE_STATES or obj.get("actual_status") in GONE_STATES
+
 
 def _num(value: Any, default: float = 0.0) -> float:
     try:

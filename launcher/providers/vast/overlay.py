@@ -6,6 +6,7 @@ since neither Vast's images nor the PyTorch base image have iproute2's `ip`."""
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
 import re
@@ -44,9 +45,19 @@ print(json.dumps(found))
 """
 
 
+OVERLAY_NAME = re.compile(r"[a-z0-9-]+")  # what vast-cli accepts for `-n NAME` (github.com/vast-ai/vast-cli)
+_SLUG_MAX = 40
+
+
 def overlay_name(label: str) -> str:
-    """The overlay network's name for the run labelled `label` (Vast names: letters, digits, - and _)."""
-    return (re.sub(r"[^A-Za-z0-9_-]", "-", label) + "-net")[:60]
+    """The overlay network's name for the run labelled `label`: only lower-case letters, digits and `-`, at most
+    53 characters, and one per label. A label already of that form becomes LABEL-net; any other (capitals, `_`,
+    `.`, or too long) is folded to that form and given 8 hex digits of its sha256, so that `My_Run` and `my-run`
+    (two runs) get two networks."""
+    if OVERLAY_NAME.fullmatch(label) and len(label) <= _SLUG_MAX + 9:
+        return f"{label}-net"
+    slug = re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")[:_SLUG_MAX].strip("-") or "run"
+    return f"{slug}-{hashlib.sha256(label.encode()).hexdigest()[:8]}-net"
 
 
 def network_flag(name: str) -> str:

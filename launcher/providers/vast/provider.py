@@ -16,14 +16,14 @@ the same key and refuses a changed one. A key already in ~/.ssh/known_hosts for 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
-from launcher.errors import AuthenticationFailed, DdpctlError, HostsFailed, Interrupted, SpecError
-from launcher.execute.interruption import last_cause
-from launcher.execute.on_hosts import RunStopRequested, pull_run
+from launcher.errors import AuthenticationFailed, DdpctlError, HostsFailed, Interrupted, RunStopRequested, SpecError
 from launcher.planning.plan import NodeHost, plan_remote
-from launcher.providers.base import AcquiredHosts
+from launcher.providers.base import AcquiredHosts, ExecutorCalls
+from launcher.providers.vast.apikey import vast_client
 from launcher.providers.vast.autostop import arm_autostop
 from launcher.providers.vast.image_labels import ImageNeeds, image_needs_for
 from launcher.providers.vast.ledger import Ledger, destroy_all, live, say, write_summary_cost
@@ -32,16 +32,15 @@ from launcher.providers.vast.models import Offer, RentedInstance
 from launcher.providers.vast.overlay import overlay_hosts
 from launcher.providers.vast.provision import provision
 from launcher.providers.vast.registry_login import registry_login
-from launcher.providers.vast.release import vast_client
-from launcher.providers.vast.request import VastRequest
 from launcher.providers.vast.sshkey import ensure_vast_ssh_key
 from launcher.results.rundir import RunDir
 from launcher.spec.run_spec import RunSpec
+from launcher.spec.vast_request import VastRequest
 from launcher.transport.hostsession import HostSession
 from launcher.transport.ssh import SSHTarget
 
 if TYPE_CHECKING:
-    from launcher.execute.request import UpOptions, UpResult
+    from launcher.planning.request import UpOptions, UpResult
     from launcher.providers.vast.client import VastClient
 
 AUTH_WAIT_S = 90.0  # a key attached to an instance may take a little while to reach its authorized_keys
@@ -70,7 +69,8 @@ class VastProvider:
     """Rents `nodes` machines and hands them to the executor (native runtime: our image is the machine); destroys
     them with --down, at --max-cost, or on any failure (see launcher.providers.base.HostProvider)."""
 
-    def __init__(self, options: UpOptions) -> None:
+    def __init__(self, options: UpOptions, calls: ExecutorCalls) -> None:
+        self.calls = calls
         self.req: VastRequest = options.vast or VastRequest()
         if not options.image:
             raise SpecError("--provider vast needs --image REF: the image Vast.ai starts on each machine (a registry "
@@ -117,7 +117,8 @@ class VastProvider:
                                                                   "image_needs": self.image_needs.to_json()
                                                                   if self.image_needs else None}})
         ledger = self._ledger = Ledger(run_dir)
-        rented = _provision(client, offers, spec, options, req, ledger, public_key, login)  # cleans up after itself
+        rented = _provision(client, offers, spec, options, req, ledger, public_key, login,  # cleans up after itself
+                             self.calls.stop_cause)
         try:  # from here on, whatever goes wrong destroys what this `up` rented (or says why it cannot)
             _report_rented(ledger, rented)
             targets = [SSHTarget(label=f"vast:{r.instance_id}", hostname=r.ssh_host, port=r.ssh_port,
@@ -140,7 +141,7 @@ class VastProvider:
         """Destroy exactly what this `up` rented, unless it holds results that could not be pulled."""
         if self._client is None or self._ledger is None:
             return  # nothing was rented
-        _after_failure(self._client, self._session, self._ledger, error)
+        _after_failure(self._client, self._session, self._ledger, error, self.calls)
 
     def close(self) -> None:
         """Close the SSH connections and the API client."""
@@ -151,7 +152,7 @@ class VastProvider:
 
 
 def _dry_run(spec: RunSpec, offers: list[Offer], req: VastRequest) -> UpResult:
-    from launcher.execute.request import UpResult
+    from launcher.planning.request import UpResult
 
     picked = first_machines(offers, req.nodes)
     hosts = [NodeHost(f"vast offer {o.id} ({o.num_gpus}x {o.gpu_name}, ${o.hourly_price(req.disk):.3f}/h"
@@ -162,7 +163,8 @@ def _dry_run(spec: RunSpec, offers: list[Offer], req: VastRequest) -> UpResult:
 
 
 def _provision(client: VastClient, offers: list[Offer], spec: RunSpec, options: UpOptions, req: VastRequest,
-               ledger: Ledger, public_key: str, login: str | None) -> list[RentedInstance]:
+               ledger: Ledger, public_key: str, login: str | None, stop_cause: Callable[[], str]
+               ) -> list[RentedInstance]:
     run_dir = ledger.run_dir
     run_dir.event("vast.provisioning", nodes=req.nodes, image=options.image, candidates=[o.id for o in offers[:20]])
     say(f"renting {req.nodes} Vast.ai machine(s) for run {spec.run_id} (image {options.image})")
@@ -179,7 +181,7 @@ def _provision(client: VastClient, offers: list[Offer], spec: RunSpec, options: 
                 else f"; the {len(ledger.instances)} instance(s) it created were destroyed" if ledger.instances
                 else "; nothing was rented")
         if isinstance(exc, KeyboardInterrupt):
-            raise Interrupted(f"stopped by {last_cause()} while renting{note}") from None
+            raise Interrupted(f"stopped by {stop_cause()} while renting{note}") from None
         if isinstance(exc, DdpctlError):
             raise DdpctlError(f"{exc}{note}") from None
         raise
@@ -236,7 +238,8 @@ def _refused_our_key(exc: DdpctlError) -> bool:
     return any(isinstance(error, AuthenticationFailed) for error in errors)
 
 
-def _after_failure(client: VastClient, session: HostSession | None, ledger: Ledger, exc: BaseException) -> None:
+def _after_failure(client: VastClient, session: HostSession | None, ledger: Ledger, exc: BaseException,
+                   calls: ExecutorCalls) -> None:
     """A failure after provisioning: destroy exactly what this `up` created, and say what happened. Results
     that training wrote but that could not be pulled and verified keep their machines (they hold the only copy)."""
     run_dir = ledger.run_dir
@@ -246,7 +249,7 @@ def _after_failure(client: VastClient, session: HostSession | None, ledger: Ledg
     run_dir.event("vast.up_failed", reason=reason, error=str(exc) or type(exc).__name__)
     started = any(e.get("event") == "started" for e in run_dir.events())
     if session is not None and started and not (stopped or interrupted):  # those two pulled before raising
-        problem = _final_pull(session, run_dir)
+        problem = _final_pull(calls, session, run_dir)
         if problem:
             run_dir.event("vast.kept_for_results", error=problem)
             raise DdpctlError(f"{exc}\nthe results could not be pulled and verified ({problem}), so the "
@@ -265,7 +268,8 @@ def _after_failure(client: VastClient, session: HostSession | None, ledger: Ledg
         raise DdpctlError(f"stopped: {exc}{'' if started else ' (before training started)'}; {done}") from None
     if interrupted:
         before_start = isinstance(exc, Interrupted) and not started  # its line says nothing ran (before_start.py)
-        said = str(exc) if before_start else f"stopped by {last_cause()}; what the nodes wrote is in {run_dir.path}"
+        said = (str(exc) if before_start
+                else f"stopped by {calls.stop_cause()}; what the nodes wrote is in {run_dir.path}")
         raise Interrupted(f"{said}; {done}") from None
     if isinstance(exc, DdpctlError):
         raise DdpctlError(f"{exc}\n{done}") from None
@@ -277,9 +281,9 @@ def not_pulled_after_stop(run_dir: RunDir) -> bool:
     return bool(outcomes) and outcomes[-1].get("pulled") is False
 
 
-def _final_pull(session: HostSession, run_dir: RunDir) -> str | None:
+def _final_pull(calls: ExecutorCalls, session: HostSession, run_dir: RunDir) -> str | None:
     try:
-        pull_run(session, run_dir)
+        calls.pull_run(session, run_dir)
     except DdpctlError as exc:
         return str(exc).splitlines()[0]
     except KeyboardInterrupt:

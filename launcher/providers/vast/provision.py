@@ -14,7 +14,7 @@ from typing import Any
 
 from launcher.providers.vast.client import VastClient
 from launcher.providers.vast.errors import ProvisionError, VastAuthError, VastError, VastNotFound, VastUnavailable
-from launcher.providers.vast.models import HOURS_PER_MONTH, InstanceState, Offer, RentedInstance
+from launcher.providers.vast.models import HALTED_STATES, HOURS_PER_MONTH, InstanceState, Offer, RentedInstance
 from launcher.providers.vast.offers import OfferError
 from launcher.providers.vast.overlay import create_overlay, network_flag, overlay_name, wait_for_subnet
 from launcher.providers.vast.start_failures import (
@@ -46,7 +46,7 @@ ONSTART = ("touch ~/.no_auto_tmux; { grep -vE '^(" + EXPORTED_ENV + ")=' /etc/en
 # A machine that fails to start is replaced by the next offer; after this many such failures in one run the
 # market (or the offers' filters) is the problem, not the machine: stop and say so.
 MAX_MACHINE_FAILURES = 3
-# "unknown" (or no actual_status at all) means the host has not reported lately: wait this long before giving up.
+# An instance not listed yet, or listed with no actual_status (being provisioned): wait this long before giving up.
 TRANSIENT_GRACE_S = 180.0
 Event = Callable[[dict[str, Any]], None]
 
@@ -70,7 +70,7 @@ class _Pending:
     instance_id: int
     created_at: float
     answered_at: float  # when the create returned: the ready timeout counts from here (creates are paced)
-    unsure_since: float | None = None  # when it was last seen with no state, or "unknown", or not listed
+    unsure_since: float | None = None  # when it was last seen with no state, or not listed
 
 
 def provision(
@@ -236,8 +236,10 @@ class _Starter:
         if failure is not None:
             return failure
         if state.actual_status in FAILED_STATES:
-            return StartFailure(f"actual_status {state.actual_status}")
-        if state.intended_status in {"stopped"} | FAILED_STATES:
+            why = " (no heartbeat from its host: Vast says such an instance never starts)" \
+                if state.actual_status == "unknown" else ""
+            return StartFailure(f"actual_status {state.actual_status}{why}")
+        if state.intended_status in HALTED_STATES | FAILED_STATES:
             return StartFailure(f"intended_status {state.intended_status}")
         if state.running and state.ssh_address is not None:
             if slot.instance_id not in self.attached:

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from launcher.providers.vast.client import VastClient
 from launcher.providers.vast.errors import VastError, VastNotFound
-from launcher.providers.vast.models import RentedInstance, TeardownResult
+from launcher.providers.vast.models import RentedInstance, TeardownResult, gone_after_destroy
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +23,8 @@ def destroy_verified(
     clock: Callable[[], float] = time.time,
     sleep: Callable[[float], None] = time.sleep,
 ) -> TeardownResult:
-    """Destroy one instance and wait until show_instance no longer finds it (the client retries 429/5xx).
+    """Destroy one instance and wait until show_instance no longer finds it, or shows it released (cur_state
+    `unloaded` and the like, models.GONE_STATES: a destroyed machine can stay listed for a while).
 
     Never raises for API errors: the result says whether the instance is verified gone.
     """
@@ -35,7 +36,8 @@ def destroy_verified(
                 destroy_calls += 1
                 with contextlib.suppress(VastNotFound):  # already gone: verified below
                     client.destroy_instance(instance_id)
-            if client.show_instance(instance_id) is None:
+            shown = client.show_instance(instance_id)
+            if shown is None or gone_after_destroy(shown):
                 return TeardownResult(instance_id, True, clock())
             if clock() >= deadline:
                 return TeardownResult(instance_id, False, None,

@@ -24,6 +24,7 @@ from launcher.results.peer_loss import lost_a_peer
 from launcher.results.progress import console, progress_record
 from launcher.results.rundir import RunDir
 from launcher.runtimes.native import NodeState
+from launcher.transport.connection import HostConnection
 
 HANG_FACTOR = 5.0
 HANG_FLOOR_SECONDS = 60.0
@@ -88,15 +89,11 @@ class HangRule:
         return not self.done and self.idle(now) > self.threshold()
 
 
-class Runner(Protocol):
-    def run(self, argv: list[str], *, timeout: float | None = None, stdin: bytes | None = None) -> Any: ...
-
-
 class Session(Protocol):
     @property
     def labels(self) -> list[str]: ...
 
-    def conn(self, index: int) -> Runner: ...
+    def conn(self, index: int) -> HostConnection: ...
 
 
 class RunWatch:
@@ -222,7 +219,7 @@ def _free_bytes(path: Path) -> int | None:
 def _report(text: str) -> Report:
     try:
         value = json.loads(text.strip().splitlines()[-1]) if text.strip() else {}
-    except ValueError:
+    except (ValueError, RecursionError):
         return {}
     return value if isinstance(value, dict) else {}
 

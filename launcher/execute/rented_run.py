@@ -1,5 +1,5 @@
-"""A rented run's provider after `up`, rebuilt from its run.json: `status`, `logs`, `pull` and `down` of a Vast.ai
-run (down: stop its nodes, pull and verify what they wrote, then destroy its machines)."""
+"""A rented run after `up`, rebuilt from its run.json (launcher/execute/recorded.py): `status`, `logs`, `pull` and
+`down` of a Vast.ai run (down: stop its nodes, pull and verify what they wrote, then destroy its machines)."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ from launcher.providers.vast.watchdog_state import add_watchdog_states, parse_wa
 from launcher.results.rundir import RunDir
 
 if TYPE_CHECKING:
-    from launcher.execute.request import UpOptions
+    from launcher.planning.request import UpOptions
 
 
 class RentedRun:
-    """A Vast.ai run's machines, as its run.json records them (see launcher.providers.base.RunProvider)."""
+    """A Vast.ai run's machines, as its run.json records them (see launcher.execute.recorded.RecordedRun)."""
 
     def status_rows(self, run_dir: RunDir, options: UpOptions) -> list[dict[str, Any]]:
         """Asked of the machines while they are rented and reached; else from what was recorded and pulled (a
@@ -32,7 +32,8 @@ class RentedRun:
                 return stopped
             rows = host_status_rows(run_dir, options)
             if record.get("autostop"):  # each node's watchdog, and a warning for one that will not stop its machine
-                add_watchdog_states(rows, _on_nodes(run_dir, options, watchdog_command), run_dir.run_id)
+                add_watchdog_states(rows, _on_nodes(run_dir, options, watchdog_command), run_dir.run_id,
+                                    record["autostop"].get("keys"))
             return rows
         return offline_rows(run_dir)
 
@@ -97,7 +98,8 @@ def _stopped_rows(run_dir: RunDir) -> list[dict[str, Any]] | None:
         return None
     rows = []
     for inst in sorted(live(ledger.instances), key=lambda i: i.get("node") or 0):
-        state = (f"machine stopped (storage ${hourly(inst):.4f}/hour)" if inst["state"] == "stopped"
+        state = (f"machine frozen (its GPU bills: ${hourly(inst):.4f}/hour)" if inst.get("frozen")
+                 else f"machine stopped (storage ${hourly(inst):.4f}/hour)" if inst["state"] == "stopped"
                  else f"machine {inst['state']}")
         rows.append({"node": inst.get("node"), "host": f"vast:{inst['instance_id']}", "state": state,
                      "exit_code": None, "epoch": None, "epochs": None, "dph": hourly(inst)})

@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from launcher.planning.plan import RunPlan
-    from launcher.providers.vast.request import VastRequest
     from launcher.spec.hosts import HostSpec
+    from launcher.spec.slurm_request import SlurmRequest
+    from launcher.spec.vast_request import VastRequest
 
 
 @dataclass(frozen=True)
@@ -41,8 +42,9 @@ class UpOptions:
     allow_public_rendezvous: bool = False
     # Hosts: stop every node and pull when training has not moved for this many seconds (0: only say so).
     stall_timeout: float = 0.0
-    provider: str = ""  # "local", "ssh" or "vast"; empty: ssh when hosts are given, else local
+    provider: str = ""  # "local", "ssh", "vast" or "slurm"; empty: ssh when hosts are given, else local
     vast: VastRequest | None = None  # what to rent, with provider "vast"
+    slurm: SlurmRequest | None = None  # what to allocate, with provider "slurm" (hosts: the login node)
     # Fields the command layer adds to run.json: the resolved options (`options`) and `from_run` (`up --from`).
     record: dict[str, Any] = field(default_factory=dict)
 

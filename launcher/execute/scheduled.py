@@ -1,0 +1,265 @@
+"""`up` through a batch scheduler (launcher/schedulers/): the executor hands the run to the scheduler instead of
+starting torchrun on each host. Login node over SSH (host key verified) -> read-only probe and the exact request
+(`submit_dryrun`; `--dry-run` prints it) -> the run directory -> the code shipped once to the shared file system
+(incremental, verified) -> the request's script written there -> `schedule` -> follow the job (pending with its
+reason, running with the trainer's progress) -> pull every node's folder (verified) -> the end state, cost and
+failure (first failing rank) recorded."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from launcher.errors import DdpctlError, HostError, Interrupted
+from launcher.execute import interruption
+from launcher.execute.failure_cause import attribute, record_failure
+from launcher.execute.on_hosts import PULLED, TOP_LEVEL_FILES, _cache_key, trainer_source_dir
+from launcher.execute.pull_record import pull_lock, write_pull_record
+from launcher.planning.request import UpOptions, UpResult
+from launcher.results.progress import console
+from launcher.results.run_records import finish_records
+from launcher.results.rundir import RunDir, primary_node_out, read_json, write_bytes_atomic, write_json_atomic
+from launcher.schedulers.base import PENDING, RUNNING, JobStatus
+from launcher.schedulers.slurm.scheduler import SlurmScheduler, SlurmSubmit
+from launcher.spec.run_spec import RunSpec
+from launcher.transport import outputs
+from launcher.transport.hostsession import HostSession, target_to_json
+from launcher.transport.pull import pull_tree
+from launcher.transport.ssh import Connection
+from launcher.transport.sync import ship_tree
+
+POLL_SECONDS = 2.0
+REQUEST_FILE = "plan.json"  # as on hosts: what was carried out, as `up --dry-run --json` prints it
+# The progress records of every node in one answer: `NODE <k>` then its progress.json.
+PROGRESS_SCRIPT = 'for f in "$1"/nodes/*/out/progress.json; do [ -f "$f" ] && echo "NODE $f" && cat "$f" && echo; ' \
+                  "done; true"
+
+
+def scheduler_for(options: UpOptions) -> SlurmScheduler:
+    assert options.slurm is not None and options.hosts
+    return SlurmScheduler(options.slurm, options.hosts[0].label)
+
+
+def run_scheduled(spec: RunSpec, options: UpOptions) -> UpResult:
+    """Submit the run to the scheduler and (unless --detach) follow it to its end state, then pull."""
+    scheduler = scheduler_for(options)
+    if options.dry_run and not options.probe:
+        _print_request(scheduler.submit_dryrun(spec, None), options)
+        return UpResult(None, 0, None)
+    with HostSession.open(options) as session:
+        conn = session.conn(0)
+        request = scheduler.submit_dryrun(spec, conn)  # refusals (one line) come before anything is written
+        if options.dry_run:
+            _print_request(request, options)
+            return UpResult(None, 0, None)
+        fields = {**options.record, "provider": "slurm", "hosts": [target_to_json(t) for t in session.targets],
+                  "ssh": session.settings_json(), "slurm": {"login": request.login, "remote_dir": request.remote_dir}}
+        run_dir = RunDir.create(options.runs_dir, spec, fields)
+        write_json_atomic(run_dir.path / REQUEST_FILE, request.to_json())
+        with interruption_before_submit(run_dir):
+            ship_code(conn, spec, request, run_dir)
+            write_script(conn, request, run_dir)
+            interruption.defer_signals()  # a job is never submitted without its id being recorded
+            job_id = scheduler.schedule(conn, request)
+            run_dir.update_record(slurm={**run_dir.record()["slurm"], "job_id": job_id})
+            run_dir.event("submitted", job_id=job_id, sbatch=request.argv)
+        console.print(f"submitted job {job_id} ({spec.nnodes} node(s) x {spec.nproc_per_node}) from {request.login}; "
+                      f"its folder: {request.remote_dir}", markup=False, highlight=False)
+        if options.detach:
+            console.print(f"the job runs on without this terminal. Follow with `ddpctl status {spec.run_id}`; "
+                          f"fetch with `ddpctl pull {spec.run_id}`", markup=False, highlight=False)
+            return UpResult(run_dir.path, 0, None)
+        try:
+            interruption.act_on_deferred()
+            status = follow_job(scheduler, conn, run_dir, job_id, show_progress=options.show_progress)
+        except BaseException as stop:
+            if not interruption.interrupted_by(stop):
+                raise
+            outcome = interruption.stop_and_pull(run_dir, lambda: cancel_and_wait(scheduler, conn, job_id),
+                                                 lambda: pull_job(conn, run_dir))
+            raise Interrupted(outcome.text) from None
+        interruption.pull_after_run(run_dir, lambda: pull_job(conn, run_dir))
+        code = finish_job(run_dir, status)
+        return UpResult(run_dir.path, code, read_json(run_dir.path / "summary.json"))
+
+
+class interruption_before_submit:
+    """Ctrl-C before the job is submitted: nothing runs on the cluster; the run directory is removed."""
+
+    def __init__(self, run_dir: RunDir) -> None:
+        self.run_dir = run_dir
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if exc is not None and "job_id" not in self.run_dir.record().get("slurm", {}):
+            import shutil
+
+            shutil.rmtree(self.run_dir.path, ignore_errors=True)
+            if interruption.interrupted_by(exc):
+                raise Interrupted(f"interrupted by {interruption.last_cause()} before the job was submitted: "
+                                  "nothing was submitted") from None
+
+
+def _print_request(request: SlurmSubmit, options: UpOptions) -> None:
+    print(json.dumps(request.to_json(), indent=2) if not options.show_progress else request.describe(), end="")
+    if not options.show_progress:
+        print()
+
+
+def ship_code(conn: Connection, spec: RunSpec, request: SlurmSubmit, run_dir: RunDir) -> None:
+    """The trainer (or the user's directory) to a cache in the workdir, sending only what changed, then copied into
+    the run's folder, so every node reads the code the job was submitted with."""
+    if spec.user_command:
+        source, dest = Path.cwd(), ""
+        manifest, left_out = outputs.record_shipped(run_dir.path, source)
+        console.print(outputs.shipping_note(source, manifest, left_out), markup=False, highlight=False, soft_wrap=True)
+    else:
+        source, dest = trainer_source_dir(), "/trainer"
+    cache = f"{request.workdir}/code/{_cache_key(source)}"
+    stats = ship_tree(conn, source, cache, python=spec.python)
+    copied = conn.run(["sh", "-c", 'mkdir -p "$1/code$3" && rm -rf "$1/code$3" && cp -R "$2" "$1/code$3"',
+                       "ddpctl-copy", request.remote_dir, cache, dest], timeout=300)
+    if not copied.ok:
+        raise HostError(conn.label, f"could not copy the code into {request.remote_dir}: {copied.stderr.strip()[:200]}")
+    run_dir.event("shipped", node=0, **asdict(stats))
+
+
+def write_script(conn: Connection, request: SlurmSubmit, run_dir: RunDir) -> None:
+    """The batch script on the shared file system (a temporary name, then renamed) and in the run directory."""
+    path = request.job.script_path
+    tmp = f"{path}.part"
+    try:
+        with conn.sftp.open(tmp, "wb") as f:
+            f.write(request.script.encode())
+        conn.sftp.posix_rename(tmp, path)
+    except OSError as e:
+        raise HostError(conn.label, f"could not write {path}: {e}") from e
+    write_bytes_atomic(run_dir.path / "job.sbatch", request.script.encode())
+
+
+def follow_job(scheduler: SlurmScheduler, conn: Connection, run_dir: RunDir, job_id: str,
+               show_progress: bool = True) -> JobStatus:
+    """Poll until the job ends: say when it waits (Slurm's reason, time waited), starts, and how training goes."""
+    submitted, said, last_said_at = time.time(), "", 0.0
+    remote_dir = run_dir.record()["slurm"]["remote_dir"]
+    while True:
+        status = scheduler.describe(conn, job_id)
+        if status.finished and status.state != "UNKNOWN":
+            return status
+        if status.state == PENDING:
+            line = f"job {job_id} pending: {status.reason if status.reason not in ('', 'None') else 'waiting'}"
+        elif status.state == RUNNING:
+            line = f"job {job_id} running on {status.nodes}" + _progress_text(conn, remote_dir)
+        else:
+            line = f"job {job_id} {status.state.lower()}"
+        now = time.time()
+        if line != said or now - last_said_at > 30:
+            if line.split(":")[0] != said.split(":")[0]:
+                run_dir.event("job_state", state=status.state, reason=status.reason, nodes=status.nodes)
+            if show_progress:
+                waited = f" (waited {now - submitted:.0f} s)" if status.state == PENDING else ""
+                console.print(line + waited, markup=False, highlight=False)
+            said, last_said_at = line, now
+        time.sleep(POLL_SECONDS)
+
+
+def _progress_text(conn: Connection, remote_dir: str) -> str:
+    """`: epoch E/N, step S/M` from the newest progress record of any node (rank 0's node writes one)."""
+    result = conn.run(["sh", "-c", PROGRESS_SCRIPT, "ddpctl-progress", remote_dir], timeout=30)
+    records = []
+    for chunk in result.stdout.split("NODE ")[1:]:
+        try:
+            records.append(json.loads(chunk.split("\n", 1)[1]))
+        except (ValueError, IndexError):
+            continue
+    if not records:
+        return ""
+    p = max(records, key=lambda r: r.get("time") or 0)
+    return f": epoch {p.get('epoch')}/{p.get('epochs')}, step {p.get('step')}/{p.get('steps_per_epoch')}"
+
+
+def cancel_and_wait(scheduler: SlurmScheduler, conn: Connection, job_id: str, timeout: float = 120) -> None:
+    """scancel (SIGTERM first, SIGKILL after the cluster's KillWait), then wait until Slurm says it ended."""
+    scheduler.cancel(conn, job_id)
+    deadline = time.monotonic() + timeout
+    while not scheduler.describe(conn, job_id).finished:
+        if time.monotonic() > deadline:
+            raise DdpctlError(f"job {job_id} did not end within {timeout:.0f} s of scancel")
+        time.sleep(1)
+
+
+def pull_job(conn: Connection, run_dir: RunDir) -> list[dict[str, Any]]:
+    """Every node's folder (out/, logs/, torchrun.out, exit_code) into nodes/<k>/ and the job's own output to
+    the top, each file verified; then rank 0's node's records to the top, as after a host run."""
+    spec, record = run_dir.spec(), run_dir.record()
+    remote_dir = record["slurm"]["remote_dir"]
+    shipped, patterns = outputs.load_shipped(run_dir.path), outputs.recorded_outputs(record)
+    stats: list[dict[str, Any]] = []
+    with pull_lock(run_dir.path, run_dir.run_id):
+        for node in range(spec.nnodes):
+            workspace = f"{remote_dir}/nodes/{node}"
+            local = run_dir.path / "nodes" / str(node)
+            pulled = pull_tree(conn, workspace, local, include=PULLED, missing_ok=True, python=spec.python)
+            merged = asdict(pulled)
+            if shipped is not None:
+                written = outputs.pull_workdir(conn, workspace, local, shipped, patterns, spec.python)
+                merged = outputs.merged_stats(pulled, written)
+            stats.append(merged)
+            run_dir.event("pulled", node=node, **merged)
+        write_pull_record(run_dir.path, [f"node {k}" for k in range(spec.nnodes)], list(stats), [None] * len(stats))
+        pull_tree(conn, remote_dir, run_dir.path, include=["/slurm-*.out"], missing_ok=True, python=spec.python)
+        primary = primary_node_out(run_dir.path, spec.nnodes)
+        for name in TOP_LEVEL_FILES:
+            if primary and (primary / name).is_file():
+                write_bytes_atomic(run_dir.path / name, (primary / name).read_bytes())
+        if shipped is not None:
+            outputs.mirror_rank0(run_dir.path, outputs.rank0_node(record, primary))
+    return stats
+
+
+def finish_job(run_dir: RunDir, status: JobStatus) -> int:
+    """Record the end state (one line), the allocation's cost and the failure; the run's exit code."""
+    queued = _span(status.submit_time, status.start_time)
+    ran = _span(status.start_time, status.end_time)
+    cost = {"queued_seconds": queued, "run_seconds": ran,
+            "cpu_hours": round(status.cpus * ran / 3600, 4) if status.cpus and ran is not None else None,
+            "gpu_hours": round(status.gpus * ran / 3600, 4) if status.gpus and ran is not None else None}
+    line = end_line(status, queued, ran)
+    run_dir.update_record(slurm={**run_dir.record()["slurm"], "status": status.to_json(), "end": line, **cost})
+    run_dir.event("job_ended", state=status.state, exit_code=status.exit_code, line=line)
+    finish_records(run_dir)
+    console.print(line, markup=False, highlight=False)
+    if status.state == "COMPLETED":
+        return 0
+    labels = [f"node {k}" for k in range(run_dir.spec().nnodes)]
+    copies = [run_dir.path / "nodes" / str(k) for k in range(len(labels))]
+    from launcher.execute import attribution
+
+    reports = [attribution.node_report(str(c.resolve())) if (c / "torchrun.out").is_file() else None for c in copies]
+    ranks = attribute(reports, labels, python=run_dir.spec().python)
+    if status.state == "FAILED" and ranks is not None:  # the first failing rank, as on hosts
+        record_failure(run_dir, ranks)
+    else:  # Slurm ended it (time limit, cancel, a lost node...): that is the cause; the nodes' outcomes follow
+        record_failure(run_dir, {"summary": line, "node": None, "rank": None, "slurm_state": status.state,
+                                 "nodes": (ranks or {}).get("nodes", [])})
+    return 1
+
+
+def end_line(status: JobStatus, queued: float | None, ran: float | None) -> str:
+    """`job 12 COMPLETED (exit 0:0) after 41 s running, 2 s queued` and the like, one line per end state."""
+    times = ", ".join(t for t in (f"{ran:.0f} s running" if ran is not None else "",
+                                  f"{queued:.0f} s queued" if queued is not None else "") if t)
+    how = {"TIMEOUT": "hit its time limit", "NODE_FAIL": "lost a node", "OUT_OF_MEMORY": "ran out of memory",
+           "PREEMPTED": "was preempted", "CANCELLED": "was cancelled"}.get(status.state, "")
+    by = f" ({status.reason})" if status.state == "CANCELLED" and status.reason not in ("", "None") else ""
+    return (f"job {status.job_id} {status.state}" + (f": {how}{by}" if how else "") +
+            f" (exit {status.exit_code or '?'})" + (f" after {times}" if times else ""))
+
+
+def _span(start: float | None, end: float | None) -> float | None:
+    return round(end - start, 1) if start is not None and end is not None and end >= start else None

@@ -1,0 +1,32 @@
+"""Writing a file at a path the user gave, by the rules of launcher/spec/user_paths.py (a regular file or nothing;
+a symbolic link written through; anything else refused in one line)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from launcher.spec.user_paths import file_target
+
+# How the files of `report --out DIR` are named when one is in the way.
+REPORT_FILE = "cannot write the report:"
+REPORT_FIX = "move it away or give another directory with --out"
+
+def write_user_file(path: Path, data: bytes, option: str, mode: int = 0o644, **fix: str) -> Path:
+    """Write `data` at the user's `path` by file_target's rules, atomically (a temporary file beside the target,
+    renamed over it); return the file written."""
+    target = file_target(path, option, **fix)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name[:200]}.", dir=target.parent)
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target

@@ -1,0 +1,123 @@
+"""The batch script of a run, built from the plan by pure functions and tested as text (like torchrun's argv).
+
+One task per node: `srun` starts torchrun once on every allocated node; the allocation's first node (the first
+of `scontrol show hostnames "$SLURM_JOB_NODELIST"`) hosts the c10d store, the rendezvous id is the job id and the
+port is derived from it, so two jobs sharing a node never share a port (unless their ids differ by a multiple
+of PORT_SPAN). Every node works in `nodes/$SLURM_NODEID/` of the run's folder on the shared file system, laid
+out as a host's workspace (out/, logs/, torchrun.out), so pulling it gives the run directory of a host run.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from launcher.spec import strategies
+from launcher.spec.run_spec import RunSpec
+from launcher.spec.slurm_request import SlurmRequest
+from launcher.spec.torchrun import NodeRole, trainer_argv
+from launcher.spec.user_command import node_command
+
+SCRIPT_NAME = "job.sbatch"
+PORT_BASE, PORT_SPAN = 20000, 20000
+# GPU requests as the cluster understands them: cons_tres clusters take --gpus-per-node, others only --gres.
+GPUS_PER_NODE, GRES = "--gpus-per-node", "--gres"
+# In the node script, where the shell gives values only known once the job runs.
+_RDZV_ENDPOINT, _JOB_ID = '"$DDPCTL_RDZV_ENDPOINT"', '"$SLURM_JOB_ID"'
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """Everything the batch script says: the run, the allocation and where the run's folder is on the cluster."""
+
+    spec: RunSpec
+    request: SlurmRequest
+    remote_dir: str  # the run's folder on the shared file system (absolute)
+    gpu_flag: str | None  # GPUS_PER_NODE or GRES; None: the nodes' CPUs run --gpus processes each
+    cpus_per_task: int | None = None
+
+    @property
+    def script_path(self) -> str:
+        return f"{self.remote_dir}/{SCRIPT_NAME}"
+
+    @property
+    def output_path(self) -> str:
+        """The batch script's own output (sbatch's %j is the job id)."""
+        return f"{self.remote_dir}/slurm-%j.out"
+
+
+def sbatch_argv(job: SlurmJob) -> list[str]:
+    """The submission: every option is in the script, so what runs is the script's text and nothing else."""
+    return ["sbatch", "--parsable", job.script_path]
+
+
+def sbatch_directives(job: SlurmJob) -> list[str]:
+    """The #SBATCH options, in a fixed order."""
+    spec, request = job.spec, job.request
+    options = [f"--job-name=ddpctl-{spec.run_id}", f"--nodes={spec.nnodes}", "--ntasks-per-node=1"]
+    if job.cpus_per_task is not None:
+        options.append(f"--cpus-per-task={job.cpus_per_task}")
+    if job.gpu_flag == GPUS_PER_NODE:
+        options.append(f"--gpus-per-node={spec.nproc_per_node}")
+    elif job.gpu_flag == GRES:
+        options.append(f"--gres=gpu:{spec.nproc_per_node}")
+    for flag, value in (("--time", request.time), ("--partition", request.partition), ("--account", request.account),
+                        ("--qos", request.qos), ("--constraint", request.constraint)):
+        if value is not None:
+            options.append(f"{flag}={value}")
+    options += [f"--chdir={job.remote_dir}", f"--output={job.output_path}", "--open-mode=append", "--no-requeue"]
+    return options + list(request.sbatch_options)
+
+
+def node_torchrun_line(spec: RunSpec) -> str:
+    """The shell line a node runs: torchrun joining the job's rendezvous, then our trainer or the user's command."""
+    words = [shlex.quote(w) for w in (spec.python, "-m", "torch.distributed.run", "--nnodes", str(spec.nnodes),
+                                      "--rdzv-backend", "c10d", "--rdzv-endpoint")]
+    words += [_RDZV_ENDPOINT, "--rdzv-id", _JOB_ID]
+    logs = "../logs" if spec.user_command else "logs"
+    rest = ["--nproc-per-node", str(strategies.torchrun_workers(spec.strategy, spec.nproc_per_node)),
+            "--max-restarts", str(spec.max_restarts), "--log-dir", logs, "--redirects", "3"]
+    if spec.user_command:
+        rest += ["--no-python", *node_command(spec.user_command, spec.python)]
+    else:
+        rest += trainer_argv(spec, NodeRole(node_rank=0, out_dir="out", log_dir="logs", snapshot_dir="out/snapshots"))
+    return " ".join(words + [shlex.quote(w) for w in rest])
+
+
+def node_script(spec: RunSpec) -> str:
+    """What `srun` runs on each node (bash -c): make the node's workspace, run torchrun in it, keep its status."""
+    lines = ['ws="$PWD/nodes/$SLURM_NODEID"', 'mkdir -p "$ws/out" "$ws/logs"']
+    if spec.user_command:  # the script writes beside itself: each node its own copy, as on hosts
+        lines += ['rm -rf "$ws/code" && cp -R code "$ws/code"', 'export DDPCTL_OUTPUT_DIR="$ws/out"',
+                  'export PYTHONPATH="$ws/code${PYTHONPATH:+:$PYTHONPATH}"', 'cd "$ws/code"']
+    else:
+        lines += ['export PYTHONPATH="$PWD/code${PYTHONPATH:+:$PYTHONPATH}"', 'cd "$ws"']
+    # The exit status is kept beside the output, as on a host, for the failure attribution after the pull.
+    lines += [f'{node_torchrun_line(spec)} > "$ws/torchrun.out" 2>&1 < /dev/null', "code=$?",
+              'echo "$code" > "$ws/exit_code.tmp" && mv "$ws/exit_code.tmp" "$ws/exit_code"', 'exit "$code"']
+    return "\n".join(lines)
+
+
+def batch_script(job: SlurmJob) -> str:
+    """The whole batch script, byte for byte what is written to the cluster and submitted."""
+    spec = job.spec
+    env = sorted({"PYTHONUNBUFFERED": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}.items())
+    lines = [
+        "#!/bin/bash",
+        f"# ddpctl run {spec.run_id}: {spec.nnodes} node(s) x {spec.nproc_per_node} process(es); "
+        "submitted as written here",
+        *(f"#SBATCH {option}" for option in sbatch_directives(job)),
+        *(["# --prelude: the cluster's own set-up (module load, conda activate)", *job.request.prelude]
+          if job.request.prelude else []),
+        "set -e",
+        "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env),
+        "# The allocation's first node hosts the c10d store, on a port derived from the job id.",
+        'rdzv_host=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        f'export DDPCTL_RDZV_ENDPOINT="$rdzv_host:$(({PORT_BASE} + SLURM_JOB_ID % {PORT_SPAN}))"',
+        'echo "ddpctl: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, rendezvous at $DDPCTL_RDZV_ENDPOINT"',
+        "read -r -d '' node_script <<'NODE' || true",
+        node_script(spec),
+        "NODE",
+        f'srun --nodes={spec.nnodes} --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c "$node_script"',
+    ]
+    return "\n".join(lines) + "\n"

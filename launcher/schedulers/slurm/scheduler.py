@@ -1,0 +1,167 @@
+"""Slurm as a Scheduler (launcher/schedulers/base.py): sbatch, scontrol and scancel on the login node over SSH.
+
+`submit_dryrun` probes the cluster read-only (partition, GPUs, MaxTime, workdir, torch; then `sbatch --test-only`
+with the very script) and builds the SlurmSubmit whose script `--dry-run` prints; `schedule` submits that file
+(written to the shared file system beforehand, byte for byte the same) with the same sbatch line."""
+
+from __future__ import annotations
+
+import shlex
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from launcher.errors import DdpctlError, HostError, SpecError
+from launcher.schedulers.base import JobStatus
+from launcher.schedulers.slurm import cluster
+from launcher.schedulers.slurm.batch_script import GPUS_PER_NODE, GRES, SlurmJob, batch_script, sbatch_argv
+from launcher.spec.run_spec import RunSpec
+from launcher.spec.slurm_request import SlurmRequest
+from launcher.transport.ssh import Connection
+
+# Without a cluster to ask (--dry-run --no-probe): the run folder's place as the plan names it.
+UNPROBED_WORKDIR = "$HOME/.ddpctl/slurm"
+
+
+@dataclass(frozen=True)
+class SlurmSubmit:
+    """What is submitted: the batch script (its text is the file written to the cluster) and the sbatch line."""
+
+    job: SlurmJob
+    script: str
+    workdir: str  # the user's workdir on the cluster (absolute): runs/ and code/ live under it
+    login: str
+    unknown: tuple[str, ...] = ()  # what a dry run could not learn (no probe): such a request never runs
+
+    @property
+    def remote_dir(self) -> str:
+        return self.job.remote_dir
+
+    @property
+    def argv(self) -> list[str]:
+        return sbatch_argv(self.job)
+
+    def describe(self) -> str:
+        head = [f"# Slurm job on {self.login}: {self.job.spec.nnodes} node(s) x {self.job.spec.nproc_per_node} "
+                f"process(es), run folder {self.remote_dir}",
+                f"# sbatch line: {shlex.join(self.argv)}",
+                *(f"# unknown: {u}" for u in self.unknown),
+                f"# {self.job.script_path}:"]
+        return "\n".join(head) + "\n" + self.script
+
+    def to_json(self) -> dict[str, Any]:
+        return {"scheduler": "slurm", "login": self.login, "remote_dir": self.remote_dir, "workdir": self.workdir,
+                "sbatch": self.argv, "script": self.script, "gpu_flag": self.job.gpu_flag,
+                "cpus_per_task": self.job.cpus_per_task, "unknown": list(self.unknown),
+                "partition": self.job.request.partition, "time": self.job.request.time}
+
+
+class SlurmScheduler:
+    """Slurm reached through a login node."""
+
+    name = "slurm"
+
+    def __init__(self, request: SlurmRequest, login: str) -> None:
+        self.request = request
+        self.login = login
+
+    def submit_dryrun(self, spec: RunSpec, conn: Connection | None) -> SlurmSubmit:
+        """The exact submission (conn None: without asking the cluster, its facts named as unknown)."""
+        if spec.extra_env:
+            raise SpecError("--env is not passed to Slurm jobs yet (its values would be written to the batch script "
+                            "on the shared file system): set them with --prelude 'export NAME=...' if they are not "
+                            "secret, or drop --env")
+        if conn is None:
+            job = SlurmJob(spec, self.request, f"{UNPROBED_WORKDIR}/runs/{spec.run_id}", gpu_flag=None)
+            unknown = ("the partition, its GPUs and MaxTime, the workdir and torch (not probed: --no-probe)",)
+            return SlurmSubmit(job, batch_script(job), UNPROBED_WORKDIR, self.login, unknown)
+        facts = cluster.read_facts(conn, spec, self.request)
+        has_gpus = any(facts.partition.gpus_per_node)
+        gpu_flag = (GPUS_PER_NODE if facts.select_type.endswith("cons_tres") else GRES) if has_gpus else None
+        request = self.request if self.request.partition else _with_partition(self.request, facts.partition.name)
+        job = SlurmJob(spec, request, f"{facts.workdir}/runs/{spec.run_id}", gpu_flag=gpu_flag,
+                       cpus_per_task=None if has_gpus else spec.nproc_per_node)
+        submit = SlurmSubmit(job, batch_script(job), facts.workdir, self.login)
+        _test_only(conn, submit)
+        return submit
+
+    def schedule(self, conn: Connection, request: SlurmSubmit) -> str:
+        """Submit the script already written at its path; the job id."""
+        result = conn.run(request.argv, timeout=cluster.QUERY_TIMEOUT)
+        if not result.ok:
+            raise HostError(conn.label, f"sbatch refused the job: {_last_line(result.stderr or result.stdout)}")
+        job_id = result.stdout.strip().split(";")[0]
+        if not job_id.isdigit():
+            raise HostError(conn.label, f"sbatch answered {result.stdout.strip()[:80]!r}, not a job id")
+        return job_id
+
+    def describe(self, conn: Connection, job_id: str) -> JobStatus:
+        """scontrol while Slurm remembers the job (MinJobAge), else sacct (accounting), else UNKNOWN."""
+        result = conn.run(["scontrol", "show", "job", "-o", job_id], timeout=cluster.QUERY_TIMEOUT)
+        if result.ok and result.stdout.strip():
+            return status_from_scontrol(job_id, result.stdout.strip().splitlines()[0])
+        acct = conn.run(["sacct", "-j", job_id, "-X", "-n", "-P", "-o",
+                         "State,ExitCode,Submit,Start,End,NodeList,AllocCPUS,Reason"], timeout=cluster.QUERY_TIMEOUT)
+        if acct.ok and acct.stdout.strip():
+            return status_from_sacct(job_id, acct.stdout.strip().splitlines()[0])
+        return JobStatus(job_id, "UNKNOWN", reason=_last_line(result.stderr or acct.stderr))
+
+    def cancel(self, conn: Connection, job_id: str) -> None:
+        """scancel: Slurm sends SIGTERM to every task, then SIGKILL after the cluster's KillWait."""
+        result = conn.run(["scancel", job_id], timeout=cluster.QUERY_TIMEOUT)
+        if not result.ok:
+            raise HostError(conn.label, f"scancel {job_id} failed: {_last_line(result.stderr)}")
+
+
+def _with_partition(request: SlurmRequest, partition: str) -> SlurmRequest:
+    from dataclasses import replace
+
+    return replace(request, partition=partition)
+
+
+def _test_only(conn: Connection, submit: SlurmSubmit) -> None:
+    """`sbatch --test-only` with the very script: Slurm's own word on the account, QoS and options, submitting
+    nothing. Its answer ("Job N to start at ...") goes to stderr, as do its refusals."""
+    result = conn.run(["sbatch", "--test-only"], stdin=submit.script.encode(), timeout=cluster.QUERY_TIMEOUT)
+    if not result.ok:
+        raise DdpctlError(f"Slurm refuses the job (sbatch --test-only): {_last_line(result.stderr or result.stdout)}")
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1].removeprefix("sbatch: error: ") if lines else "no output"
+
+
+def _clock(text: str) -> float | None:
+    """Slurm's local timestamps (2026-11-25T15:29:27); None for Unknown/None/N/A."""
+    try:
+        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+
+
+def status_from_scontrol(job_id: str, line: str) -> JobStatus:
+    """A JobStatus from `scontrol show job -o` (one line of Key=Value)."""
+    kv = cluster.key_values(line)
+    tres = dict(item.split("=", 1) for item in kv.get("TRES", "").split(",") if "=" in item)
+    return JobStatus(job_id=job_id, state=kv.get("JobState", "UNKNOWN"), reason=kv.get("Reason", ""),
+                     submit_time=_clock(kv.get("SubmitTime", "")), start_time=_clock(kv.get("StartTime", "")),
+                     end_time=_clock(kv.get("EndTime", "")), exit_code=kv.get("ExitCode", ""),
+                     nodes=kv.get("NodeList", ""), cpus=_int(kv.get("NumCPUs")), gpus=_int(tres.get("gres/gpu")),
+                     restarts=_int(kv.get("Restarts")) or 0)
+
+
+def status_from_sacct(job_id: str, line: str) -> JobStatus:
+    """A JobStatus from `sacct -X -n -P -o State,ExitCode,Submit,Start,End,NodeList,AllocCPUS,Reason`."""
+    fields = (line.split("|") + [""] * 8)[:8]
+    state, _, by = fields[0].partition(" ")  # "CANCELLED by 1001"
+    return JobStatus(job_id=job_id, state=state or "UNKNOWN", reason=by or fields[7], submit_time=_clock(fields[2]),
+                     start_time=_clock(fields[3]), end_time=_clock(fields[4]), exit_code=fields[1], nodes=fields[5],
+                     cpus=_int(fields[6]))
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None

@@ -1,0 +1,74 @@
+"""What the user asks of a Slurm cluster (`up --provider slurm ...`), validated on construction."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from launcher.errors import SpecError
+
+# Slurm's time formats: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
+_TIME_RE = re.compile(r"^(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+)(?::(\d+))?)?)$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.+-]+$")  # partitions, accounts, QoS names
+_CONSTRAINT_RE = re.compile(r"^[A-Za-z0-9_.+\-&|,\[\]*:()!]+$")
+
+
+@dataclass(frozen=True)
+class SlurmRequest:
+    """The allocation: nodes and time on a partition, with the accounting and extra sbatch options."""
+
+    nodes: int = 1
+    partition: str | None = None  # None: the cluster's default partition
+    time: str | None = None  # Slurm's format; None: the partition's default
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    workdir: str | None = None  # on the shared file system; None: ~/.ddpctl/slurm
+    sbatch_options: tuple[str, ...] = ()
+    prelude: tuple[str, ...] = ()  # shell lines run before torchrun (module load, conda activate)
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1:
+            raise SpecError(f"--nodes {self.nodes}: give 1 or more")
+        if self.time is not None:
+            time_minutes(self.time)
+        for flag, value in (("--partition", self.partition), ("--account", self.account), ("--qos", self.qos)):
+            if value is not None and not _NAME_RE.match(value):
+                raise SpecError(f"{flag} {value!r}: a Slurm name is letters, digits and . _ + -")
+        if self.constraint is not None and not _CONSTRAINT_RE.match(self.constraint):
+            raise SpecError(f"--constraint {self.constraint!r}: features joined with & | , (no spaces)")
+        if self.workdir is not None and (not self.workdir.strip() or any(c.isspace() for c in self.workdir)):
+            raise SpecError(f"--workdir {self.workdir!r}: give a folder path without spaces (sbatch's #SBATCH lines "
+                            "cannot hold one)")
+        for option in self.sbatch_options:
+            if not option.startswith("--") or "\n" in option or "\r" in option or "#" in option:
+                raise SpecError(f"--sbatch-option {option!r}: give one long sbatch option, e.g. '--mem=64G'")
+            if option.split("=", 1)[0] in OWN_OPTIONS:
+                raise SpecError(f"--sbatch-option {option!r}: ddpctl sets {option.split('=', 1)[0]} itself; use "
+                                "its own flag (see `ddpctl up --help`, panel Slurm)")
+        for line in self.prelude:
+            if "\n" in line or "\r" in line or not line.strip():
+                raise SpecError(f"--prelude {line!r}: give one shell line per --prelude (repeat it for more)")
+
+
+# Options the batch script sets from the request and the plan: a second value would contradict the plan.
+OWN_OPTIONS = ("--nodes", "--ntasks-per-node", "--ntasks", "--partition", "--time", "--account", "--qos",
+               "--constraint", "--chdir", "--output", "--error", "--job-name", "--gpus-per-node", "--gres",
+               "--open-mode", "--requeue", "--no-requeue")
+
+
+def time_minutes(text: str) -> float:
+    """A Slurm time limit in minutes (SpecError when it is not one of Slurm's formats)."""
+    m = _TIME_RE.match(text)
+    if not m:
+        raise SpecError(f"--time {text!r}: give minutes, HH:MM:SS or D-HH:MM:SS (Slurm's formats)")
+    if m.group(1) is not None:  # D-HH[:MM[:SS]]
+        days, hours, minutes, seconds = (int(g or 0) for g in m.group(1, 2, 3, 4))
+    else:  # MM, MM:SS or HH:MM:SS
+        parts = [int(g) for g in m.group(5, 6, 7) if g is not None]
+        days, hours = 0, parts[0] if len(parts) == 3 else 0
+        minutes, seconds = (parts[-2], parts[-1]) if len(parts) >= 2 else (parts[0], 0)
+    total = days * 1440 + hours * 60 + minutes + seconds / 60
+    if total <= 0:
+        raise SpecError(f"--time {text!r}: give a limit above zero")
+    return total

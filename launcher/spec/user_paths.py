@@ -1,0 +1,56 @@
+"""Files ddpctl writes at a path the user gave (`--save-config FILE`, the files of `report --out DIR`) and folders
+it writes under (`--runs-dir`, `report --out`): what such a path may be.
+
+- A file path must name a regular file (replaced whole, atomically) or nothing yet (created). A device, a FIFO,
+  a socket or a directory there is refused in one line: never replaced, never written into, never waited on.
+- A symbolic link is written through: the link stays, the file it points to is created or replaced, by the same
+  rules (a link to a device is refused like the device). This is what a shell's `>` and editors do.
+- A folder path must name a directory (a link to one is followed) or nothing yet (created).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from launcher.errors import SpecError
+
+WHAT_IT_IS = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+              (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"))
+
+
+def kind_of(mode: int) -> str:
+    """What a non-regular file is, in words."""
+    return next((words for test, words in WHAT_IT_IS if test(mode)), "not a regular file")
+
+
+def file_target(path: Path, option: str, fix: str = "give the path of a file to write (it is created, or replaced "
+                                                    "whole)") -> Path:
+    """The file to write for the user's `path`: the path itself, or what its symbolic link points to; SpecError
+    (one line) when that is there and is not a regular file."""
+    target = Path(os.path.realpath(path)) if path.is_symlink() else path
+    via = f" (the link leads to {target})" if target != path else ""
+    try:
+        mode = os.stat(target).st_mode
+    except (FileNotFoundError, NotADirectoryError):  # nothing there (what cannot be made is named when writing)
+        return target
+    except OSError as e:
+        raise SpecError(f"{option} {path}: cannot use it ({e.strerror or e}){via}") from None
+    if not stat.S_ISREG(mode):
+        raise SpecError(f"{option} {path} is {kind_of(mode)}{via}, not a regular file: {fix}")
+    return target
+
+
+def folder_target(path: Path, option: str, purpose: str = "a directory") -> Path:
+    """`path` unless it is there and is not a directory (a link to one is followed); SpecError (one line)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return path
+    except OSError as e:
+        raise SpecError(f"{option} {path}: cannot use it ({e.strerror or e})") from None
+    if not stat.S_ISDIR(mode):
+        what = "a file" if stat.S_ISREG(mode) else kind_of(mode)
+        raise SpecError(f"{option} {path} is {what}, not a directory: give {purpose} (it is created if missing)")
+    return path

@@ -1,0 +1,147 @@
+"""Slurm's batch script and sbatch line as text (pure, like torchrun's argv), the request's validation, the
+preflight refusals drawn from what a cluster reports, and the job states read from scontrol and sacct."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher.errors import SpecError
+from launcher.schedulers.slurm.batch_script import GPUS_PER_NODE, GRES, SlurmJob, batch_script, sbatch_argv
+from launcher.schedulers.slurm.cluster import ClusterFacts, Partition, gpu_count, key_values, preflight_refusal
+from launcher.schedulers.slurm.scheduler import status_from_sacct, status_from_scontrol
+from launcher.spec.run_spec import RunSpec
+from launcher.spec.slurm_request import SlurmRequest, time_minutes
+
+RUN = "/scratch/u/ddpctl/runs/r1"
+SPEC = RunSpec(run_id="r1", nnodes=2, nproc_per_node=4, python="python3", epochs=2)
+TRAINER_LINE = (
+    "python3 -m torch.distributed.run --nnodes 2 --rdzv-backend c10d --rdzv-endpoint \"$DDPCTL_RDZV_ENDPOINT\" "
+    "--rdzv-id \"$SLURM_JOB_ID\" --nproc-per-node 4 --max-restarts 0 --log-dir logs --redirects 3 -m trainer "
+    "--model mnist-cnn --dataset synthetic --epochs 2 --batch-size 32 --lr 0.01 --save-every 1 --seed 0 "
+    "--backend auto --out-dir out --snapshot-dir out/snapshots > \"$ws/torchrun.out\" 2>&1 < /dev/null"
+)
+
+
+def test_batch_script_of_a_two_node_gpu_run_is_exactly_this_text() -> None:
+    request = SlurmRequest(nodes=2, partition="gpu", time="2:00:00", account="acc", qos="normal", constraint="a100",
+                           sbatch_options=("--mem=64G",), prelude=("module load cuda/12.4",))
+    job = SlurmJob(SPEC, request, RUN, gpu_flag=GPUS_PER_NODE)
+    assert batch_script(job) == f"""#!/bin/bash
+# ddpctl run r1: 2 node(s) x 4 process(es); submitted as written here
+#SBATCH --job-name=ddpctl-r1
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=4
+#SBATCH --time=2:00:00
+#SBATCH --partition=gpu
+#SBATCH --account=acc
+#SBATCH --qos=normal
+#SBATCH --constraint=a100
+#SBATCH --chdir={RUN}
+#SBATCH --output={RUN}/slurm-%j.out
+#SBATCH --open-mode=append
+#SBATCH --no-requeue
+#SBATCH --mem=64G
+# --prelude: the cluster's own set-up (module load, conda activate)
+module load cuda/12.4
+set -e
+export PYTHONUNBUFFERED=1 TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+# The allocation's first node hosts the c10d store, on a port derived from the job id.
+rdzv_host=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+export DDPCTL_RDZV_ENDPOINT="$rdzv_host:$((20000 + SLURM_JOB_ID % 20000))"
+echo "ddpctl: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, rendezvous at $DDPCTL_RDZV_ENDPOINT"
+read -r -d '' node_script <<'NODE' || true
+ws="$PWD/nodes/$SLURM_NODEID"
+mkdir -p "$ws/out" "$ws/logs"
+export PYTHONPATH="$PWD/code${{PYTHONPATH:+:$PYTHONPATH}}"
+cd "$ws"
+{TRAINER_LINE}
+code=$?
+echo "$code" > "$ws/exit_code.tmp" && mv "$ws/exit_code.tmp" "$ws/exit_code"
+exit "$code"
+NODE
+srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c "$node_script"
+"""
+    assert sbatch_argv(job) == ["sbatch", "--parsable", f"{RUN}/job.sbatch"]
+
+
+def test_gpus_as_gres_on_clusters_without_cons_tres_and_cpus_per_task_on_cpu_nodes() -> None:
+    gres = batch_script(SlurmJob(SPEC, SlurmRequest(nodes=2), RUN, gpu_flag=GRES))
+    assert "#SBATCH --gres=gpu:4\n" in gres and "--gpus-per-node" not in gres
+    cpu = batch_script(SlurmJob(SPEC, SlurmRequest(nodes=2), RUN, gpu_flag=None, cpus_per_task=4))
+    assert "#SBATCH --cpus-per-task=4\n" in cpu and "gpu" not in cpu.split("set -e")[0]
+    assert "#SBATCH --partition" not in cpu and "#SBATCH --time" not in cpu  # the cluster's defaults
+
+
+def test_a_user_command_runs_in_each_nodes_own_copy_with_quoted_arguments() -> None:
+    spec = RunSpec(run_id="r2", nnodes=2, nproc_per_node=1, python="/opt/venv/bin/python",
+                   user_command=("python", "train.py", "--note", "it's $HOME; rm -rf /"))
+    script = batch_script(SlurmJob(spec, SlurmRequest(nodes=2), RUN, gpu_flag=None))
+    assert 'rm -rf "$ws/code" && cp -R code "$ws/code"\nexport DDPCTL_OUTPUT_DIR="$ws/out"\n' in script
+    assert 'cd "$ws/code"\n' in script
+    assert ("--log-dir ../logs --redirects 3 --no-python /opt/venv/bin/python train.py --note "
+            "'it'\"'\"'s $HOME; rm -rf /' > \"$ws/torchrun.out\"") in script
+
+
+@pytest.mark.parametrize(("text", "minutes"), [("30", 30), ("10:30", 10.5), ("2:00:00", 120), ("1-2", 1560),
+                                               ("1-2:30", 1590), ("0-0:0:30", 0.5)])
+def test_slurm_time_formats(text: str, minutes: float) -> None:
+    assert time_minutes(text) == minutes
+
+
+@pytest.mark.parametrize(("kwargs", "named"), [
+    ({"time": "2h"}, "--time '2h'"), ({"time": "0"}, "above zero"), ({"partition": "gpu debug"}, "--partition"),
+    ({"sbatch_options": ("--mem=1G\n#SBATCH --x",)}, "--sbatch-option"), ({"sbatch_options": ("-N 3",)}, "one long"),
+    ({"sbatch_options": ("--nodes=3",)}, "sets --nodes itself"), ({"prelude": ("a\nb",)}, "one shell line"),
+    ({"workdir": "/my scratch"}, "without spaces"), ({"nodes": 0}, "--nodes 0"),
+])
+def test_bad_requests_are_refused_in_one_line(kwargs: dict[str, object], named: str) -> None:
+    with pytest.raises(SpecError, match=None) as e:
+        SlurmRequest(**kwargs)  # type: ignore[arg-type]
+    assert named in str(e.value) and "\n" not in str(e.value)
+
+
+def _facts(**partition: object) -> ClusterFacts:
+    base = {"name": "gpu", "state": "UP", "max_minutes": 60.0, "total_nodes": 4, "gpus_per_node": [4, 4, 2, 0],
+            "cpus_per_node": [32] * 4}
+    return ClusterFacts(Partition(**{**base, **partition}), "select/cons_tres", "/w", "python3", "2.4")  # type: ignore
+
+
+OK_LOGIN = {"writable": True, "torch": "2.4"}
+
+
+@pytest.mark.parametrize(("spec_kw", "request_kw", "facts", "login", "named"), [
+    ({}, {}, _facts(state="DOWN"), OK_LOGIN, "partition gpu is DOWN"),
+    ({"nnodes": 5}, {"nodes": 5}, _facts(), OK_LOGIN, "has 4 node(s), not the 5"),
+    ({}, {"time": "2:00:00"}, _facts(), OK_LOGIN, "over partition gpu's MaxTime (01:00:00)"),
+    ({"nnodes": 3}, {"nodes": 3}, _facts(), OK_LOGIN, "has 2 node(s) with 4 GPUs, 3 needed"),
+    ({"nproc_per_node": 64}, {}, _facts(gpus_per_node=[0] * 4), OK_LOGIN, "no GPUs and at most 32 CPUs"),
+    ({}, {}, _facts(), {"writable": False, "why": "Permission denied"}, "not writable"),
+    ({}, {}, _facts(), {"writable": True, "torch_error": "ModuleNotFoundError: torch"}, "cannot import torch"),
+])
+def test_preflight_refusals(spec_kw: dict[str, int], request_kw: dict[str, object], facts: ClusterFacts,
+                            login: dict[str, object], named: str) -> None:
+    spec = RunSpec(run_id="r", **{"nnodes": 2, "nproc_per_node": 4, **spec_kw})  # type: ignore[arg-type]
+    refusal = preflight_refusal(spec, SlurmRequest(**{"nodes": 2, **request_kw}), facts, login)  # type: ignore
+    assert named in refusal and "\n" not in refusal
+
+
+def test_a_run_that_fits_is_not_refused() -> None:
+    spec = RunSpec(run_id="r", nnodes=2, nproc_per_node=4)
+    assert preflight_refusal(spec, SlurmRequest(nodes=2, time="59"), _facts(), OK_LOGIN) == ""
+
+
+def test_scontrol_and_sacct_lines_become_job_states() -> None:
+    line = ("JobId=7 JobName=ddpctl-r1 UserId=u(1001) JobState=PENDING Reason=Resources Dependency=(null) "
+            "Restarts=1 ExitCode=0:0 SubmitTime=2026-11-25T15:29:27 StartTime=Unknown EndTime=Unknown "
+            "NodeList=(null) NumCPUs=8 TRES=cpu=8,node=2,billing=8,gres/gpu=8 Command=/w/job.sbatch")
+    status = status_from_scontrol("7", line)
+    assert (status.state, status.reason, status.cpus, status.gpus, status.restarts) == ("PENDING", "Resources", 8,
+                                                                                        8, 1)
+    assert status.start_time is None and status.submit_time is not None and not status.finished
+    ended = status_from_sacct("7", "CANCELLED by 1001|0:15|2026-11-25T15:29:27|2026-11-25T15:29:30|"
+                                   "2026-11-25T15:30:30|n[1-2]|8|None")
+    assert (ended.state, ended.reason, ended.exit_code, ended.finished) == ("CANCELLED", "by 1001", "0:15", True)
+    assert ended.end_time - ended.start_time == 60  # type: ignore[operator]
+    assert key_values("A=1 B=x y C=") == {"A": "1", "B": "x y", "C": ""}
+    assert [gpu_count(g) for g in ("gpu:4", "gpu:a100:2(S:0-1)", "(null)", "gpu:2,mps:100")] == [4, 2, 0, 2]
