@@ -6,7 +6,7 @@
 #
 # Builds a fresh Debian bookworm root (--ubuntu: Ubuntu 24.04 "noble", from Ubuntu's archive, checked with Ubuntu's
 # archive keyring as Debian trixie packages it, ubuntu-keyring; components main, restricted, universe and
-# multiverse, as an Ubuntu install has them) with mmdebstrap (minimal: python3, git, ca-certificates; no pip, none of
+# multiverse, and apt, as an Ubuntu install has them) with mmdebstrap (minimal: python3, git, ca-certificates; no pip, none of
 # this machine's pip configuration, no local wheel folder), clones this checkout's HEAD into it, and runs the
 # README's two commands there exactly as written, each timed, as root in a chroot. The chroot gets namespaces of
 # its own: network (a veth to this machine, NAT to the internet), so that its Docker engine, test hosts and
@@ -100,7 +100,7 @@ if $ubuntu; then
   (cd "$work/keyring/debs" && apt-get "${apt_opts[@]}" download ubuntu-keyring >/dev/null)
   dpkg-deb -x "$work"/keyring/debs/ubuntu-keyring_*.deb "$work/keyring/root"
   components="main restricted universe multiverse"
-  mmdebstrap --quiet --variant=minbase --include=python3,git,ca-certificates --components="${components// /,}" \
+  mmdebstrap --quiet --variant=minbase --include=apt,python3,git,ca-certificates --components="${components// /,}" \
     --keyring="$work/keyring/root/usr/share/keyrings/ubuntu-archive-keyring.gpg" noble "$root" \
     "deb http://archive.ubuntu.com/ubuntu noble $components" \
     "deb http://archive.ubuntu.com/ubuntu noble-updates $components" \
