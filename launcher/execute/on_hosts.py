@@ -17,7 +17,7 @@ from launcher.execute.before_start import nothing_started_if_interrupted
 from launcher.execute.failure_cause import cause_exit_code, report_failure, shown_state, teardown_outcome
 from launcher.execute.hang_watch import RunWatch
 from launcher.execute.live_output import LiveOutput
-from launcher.execute.outside_stops import outside_stop
+from launcher.execute.outside_stops import lost_contact_limit, lost_contact_line, outside_stop
 from launcher.execute.plain_progress import run_progress
 from launcher.execute.pull_record import pull_lock, write_pull_record
 from launcher.planning.plan import RunPlan
@@ -227,11 +227,12 @@ def host_key_refused(error: BaseException) -> bool:
 
 
 def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
-           lost_contact_seconds: float = 180.0, watch: Callable[[], str] | None = None,
+           lost_contact_seconds: float | None = None, watch: Callable[[], str] | None = None,
            stall_timeout: float = 0.0, show_output: bool = True) -> int:
     """Show progress until every node has ended; return 0, or the first failing node's exit code. With a
     `stall_timeout`, raise RunStopRequested once training has not moved for that many seconds."""
     labels = session.labels
+    lost_contact_seconds = lost_contact_seconds or lost_contact_limit()
     last_seen = [time.monotonic()] * len(labels)
     failed_reported = False
     cause: dict[str, Any] | None = None
@@ -269,9 +270,9 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
                 if state is None:
                     progress.update(index, None, "unreachable")
                     if now - last_seen[index] > lost_contact_seconds:
-                        raise DdpctlError(
-                            f"lost contact with node {index} ({labels[index]}) for {lost_contact_seconds:.0f} s; the "
-                            f"run goes on there: see `ddpctl status {run_dir.run_id}`, `ddpctl pull {run_dir.run_id}`")
+                        run_dir.event("lost_contact", node=index, seconds=round(lost_contact_seconds))
+                        raise DdpctlError(lost_contact_line(run_dir.run_id, index, labels, states,
+                                                            lost_contact_seconds))
                     continue
                 last_seen[index] = now
                 record = freshest.record(index)
