@@ -12,7 +12,7 @@ from typing import Any
 
 from launcher.execute.live_tail import OutputTail
 from launcher.execute.restart_causes import ended_notes, node_labels, restart_cause, restart_line
-from launcher.results.progress import RunProgress, console
+from launcher.results.progress import ProgressDisplay, console
 from launcher.results.rank_layout import rank_layout
 from launcher.results.restarts import attempt_number, newest_attempt_dir, restarts_phrase
 from launcher.results.run_records import logged_restarts, record_restarts, restarts_told
@@ -26,7 +26,7 @@ MAX_BYTES_PER_POLL = 65536
 class LiveOutput:
     """Rank 0's output, the script's progress and the restarts of a run being followed."""
 
-    def __init__(self, run_dir: RunDir, progress: RunProgress, show: bool = True) -> None:
+    def __init__(self, run_dir: RunDir, progress: ProgressDisplay, show: bool = True) -> None:
         self._run_dir = run_dir
         self._progress = progress
         self._show = show
