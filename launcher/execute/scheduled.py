@@ -16,9 +16,10 @@ from typing import Any
 from launcher.errors import DdpctlError, HostError, Interrupted
 from launcher.execute import interruption
 from launcher.execute.failure_cause import attribute, record_failure
-from launcher.execute.on_hosts import PULLED, TOP_LEVEL_FILES, _cache_key, trainer_source_dir
+from launcher.execute.on_hosts import PULLED, TOP_LEVEL_FILES, _cache_key
 from launcher.execute.pull_record import pull_lock, write_pull_record
 from launcher.execute.request import UpOptions, UpResult
+from launcher.execute.shipment import trainer_source_dir
 from launcher.results.progress import console
 from launcher.results.run_records import finish_records
 from launcher.results.rundir import RunDir, primary_node_out, read_json, write_bytes_atomic, write_json_atomic
