@@ -145,3 +145,12 @@ def test_the_readme_gives_the_command_ci_runs() -> None:
     ci = (REPO / ".ci" / "run").read_text().strip().splitlines()[-1]
     assert ci == "bash infra/test.sh" and f"\n{ci}\n" in readme
     assert len(readme.splitlines()) <= 160
+
+
+def test_every_link_of_the_readme_points_to_a_file_of_the_repository() -> None:
+    readme = (REPO / "README.md").read_text()
+    targets = re.findall(r"\]\(([^)#\s]+)", readme)
+    local = [t for t in targets if "://" not in t]
+    assert len(local) >= 10, local
+    missing = [t for t in local if not (REPO / t).exists()]
+    assert not missing, f"README.md links to files that do not exist: {missing}"

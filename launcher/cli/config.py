@@ -9,12 +9,17 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any
 
 from launcher.cli.options import LaunchOption
 from launcher.errors import SpecError
+from launcher.spec.user_paths import kind_of
+
+CONFIG_MAX_BYTES = 1 << 20  # a file of launch options is a few hundred bytes
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -25,6 +30,11 @@ else:  # pragma: no cover - Python 3.10
 def read_config(path: Path, declared: dict[str, LaunchOption]) -> dict[str, Any]:
     """The options of a TOML config file, checked against `declared`; SpecError naming the file otherwise."""
     try:
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):  # a FIFO would wait for ever, /dev/zero never end
+            raise SpecError(f"--config {path} is {kind_of(mode)}, not a regular file: give a TOML file")
+        if os.stat(path).st_size > CONFIG_MAX_BYTES:
+            raise SpecError(f"--config {path} is over {CONFIG_MAX_BYTES // 2**20} MiB: not a file of launch options")
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise SpecError(f"--config {path}: no such file") from None
@@ -32,6 +42,9 @@ def read_config(path: Path, declared: dict[str, LaunchOption]) -> dict[str, Any]
         raise SpecError(f"--config {path}: cannot be read ({getattr(e, 'strerror', None) or e})") from None
     except tomllib.TOMLDecodeError as e:
         raise SpecError(f"--config {path}: not valid TOML: {e}") from None
+    except RecursionError:  # tomllib nests a call per level: thousands of nested arrays or tables
+        raise SpecError(f"--config {path}: nested too deeply to be a file of launch options (options are "
+                        "top-level keys)") from None
     return check_values(data, declared, f"--config {path}")
 
 
@@ -61,6 +74,10 @@ def _typed(option: LaunchOption, value: Any, where: str) -> Any:
         "repeated": isinstance(value, list) and all(isinstance(v, str) for v in value),
         "choice": isinstance(value, str) and value in option.choices,
     }[kind]
+    texts = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+    if ok and any("\x00" in text for text in texts):
+        raise SpecError(f"{where} holds a NUL byte (\\0), which no path, argument or environment value can carry: "
+                        "remove it")
     if not ok:
         want = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
                 "path": "a path (a non-empty string)", "repeated": 'a list of strings, e.g. ["a", "b"]',

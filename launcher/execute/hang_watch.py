@@ -219,7 +219,7 @@ def _free_bytes(path: Path) -> int | None:
 def _report(text: str) -> Report:
     try:
         value = json.loads(text.strip().splitlines()[-1]) if text.strip() else {}
-    except ValueError:
+    except (ValueError, RecursionError):
         return {}
     return value if isinstance(value, dict) else {}
 

@@ -50,6 +50,10 @@ def recorded_run(record: RunRecord) -> RecordedRun:
     """What answers for the run: its rented machines when it rented some, its SSH hosts when it ran on hosts,
     else this machine (records written before `provider` was recorded read the same)."""
     provider = record.extra.get("provider", "local")
+    if provider == "slurm":  # a job on a cluster, reached through its login node
+        from launcher.execute.scheduled_reattach import SlurmRun
+
+        return SlurmRun()
     if provider == "vast":
         from launcher.execute.rented_run import RentedRun
 

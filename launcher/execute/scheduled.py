@@ -18,8 +18,8 @@ from launcher.execute import interruption
 from launcher.execute.failure_cause import attribute, record_failure
 from launcher.execute.on_hosts import PULLED, TOP_LEVEL_FILES, _cache_key
 from launcher.execute.pull_record import pull_lock, write_pull_record
-from launcher.execute.request import UpOptions, UpResult
 from launcher.execute.shipment import trainer_source_dir
+from launcher.planning.request import UpOptions, UpResult
 from launcher.results.progress import console
 from launcher.results.run_records import finish_records
 from launcher.results.rundir import RunDir, primary_node_out, read_json, write_bytes_atomic, write_json_atomic
@@ -242,8 +242,12 @@ def finish_job(run_dir: RunDir, status: JobStatus) -> int:
     from launcher.execute import attribution
 
     reports = [attribution.node_report(str(c.resolve())) if (c / "torchrun.out").is_file() else None for c in copies]
-    failure = attribute(reports, labels, python=run_dir.spec().python)
-    record_failure(run_dir, failure or {"summary": line, "node": None, "rank": None})
+    ranks = attribute(reports, labels, python=run_dir.spec().python)
+    if status.state == "FAILED" and ranks is not None:  # the first failing rank, as on hosts
+        record_failure(run_dir, ranks)
+    else:  # Slurm ended it (time limit, cancel, a lost node...): that is the cause; the nodes' outcomes follow
+        record_failure(run_dir, {"summary": line, "node": None, "rank": None, "slurm_state": status.state,
+                                 "nodes": (ranks or {}).get("nodes", [])})
     return 1
 
 

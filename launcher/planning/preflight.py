@@ -81,7 +81,7 @@ def probe_host(conn: HostConnection, python: str, label: str, timeout: float = 6
                         "install python3 there or pass --python PATH")
     try:
         return HostFacts.from_probe(label, json.loads(result.stdout.strip().splitlines()[-1]))
-    except (ValueError, IndexError, KeyError, TypeError, AttributeError) as e:
+    except (ValueError, IndexError, KeyError, TypeError, AttributeError, RecursionError) as e:
         raise HostError(label, f"unexpected preflight answer: {result.stdout[:200]!r}") from e
 
 

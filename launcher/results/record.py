@@ -113,6 +113,8 @@ def load_json_file(path: Path) -> Any:
         raise RecordError(f"{path}: empty (a write was cut short?)")
     try:
         return json.loads(text)
+    except RecursionError:
+        raise RecordError(f"{path}: nested too deeply to be a run record") from None
     except json.JSONDecodeError as e:
         truncated = " (truncated?)" if text.rstrip()[-1:] not in ("}", "]") else ""
         raise RecordError(f"{path}: not valid JSON{truncated}: {e.msg} (line {e.lineno}, column {e.colno})") from None

@@ -7,6 +7,7 @@ present, run.json. Compose runs (no run.json) and runs pulled from hosts (nodes/
 from __future__ import annotations
 
 import statistics
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 from launcher.errors import RunDirError
 from launcher.results.record import load_run_record
 from launcher.results.rundir import RUN_FILE, primary_node_out, read_json, read_jsonl
+from launcher.results.script_progress import FIELD_RANGES, out_of_range
 from launcher.spec.presets import ReferenceFigures
 
 TIMING_FILE = "timing.jsonl"
@@ -110,12 +112,22 @@ def find_result_file(path: Path, name: str) -> Path | None:
 
 
 def epoch_records(timing: Path | None) -> tuple[dict[str, Any], ...]:
-    """The timing records, one per finished epoch in order."""
+    """The timing records, one per finished epoch in order. A record holding a number no figure or plot can use
+    (inf, nan, 1e308 seconds: script_progress.FIELD_RANGES) is left out, and one line on stderr says so."""
     # After a restart an epoch may be recorded twice; the later record is the one that counted.
     by_epoch: dict[int, dict[str, Any]] = {}
+    left_out: list[str] = []
     for record in read_jsonl(timing) if timing else []:
         if isinstance(record, dict) and isinstance(record.get("epoch"), int) and "seconds" in record:
+            problems = [why for name, value in record.items() if name in FIELD_RANGES
+                        and (why := out_of_range(name, value))]
+            if problems:
+                left_out.append(", ".join(problems))
+                continue
             by_epoch[record["epoch"]] = record
+    if left_out:
+        print(f"warning: {timing}: {len(left_out)} record(s) left out of the report ({'; '.join(left_out[:3])})",
+              file=sys.stderr)
     return tuple(by_epoch[e] for e in sorted(by_epoch))
 
 
@@ -146,8 +158,9 @@ def load_run(path: Path) -> RunFigures:
     # figures come from what the script reported (the progress protocol's records, its summary) or stay unknown.
     trainer_spec = {} if spec.get("user_command") else spec
     last = records[-1]
-    world_size = int(last.get("world_size") or summary.get("world_size") or
-                     int(spec.get("nnodes", 1)) * int(spec.get("nproc_per_node", 1)))
+    world_size = int(next((v for v in (last.get("world_size"), summary.get("world_size"))
+                           if v and not out_of_range("world_size", v)), 0)
+                     or int(spec.get("nnodes", 1)) * int(spec.get("nproc_per_node", 1)))
     started = run.get("created") or records[0].get("time") or path.stat().st_mtime
     return RunFigures(
         path=path,

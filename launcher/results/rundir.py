@@ -48,7 +48,7 @@ def read_json(path: Path) -> dict[str, Any] | None:
     """A JSON object from `path`; None when the file is missing, unreadable, or not an object."""
     try:
         data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: nested too deeply to be one of our records
         return None
     return data if isinstance(data, dict) else None
 
@@ -63,7 +63,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
             continue
         try:
             records.append(json.loads(line))
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             continue
     return records
 

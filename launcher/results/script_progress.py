@@ -31,10 +31,34 @@ _PROGRESS_FIELDS = {"epoch": "epoch", "epochs": "epochs", "step": "step", "steps
 _EPOCH_FIELDS = ("epochs", "steps", "samples", "train_loss", "train_acc", "val_loss", "val_acc", "val_seconds")
 
 
-def _number(value: object) -> float | None:
+# The range of each number a script may report (larger, smaller, inf or nan: left out, as if not given), so that
+# no figure, plot or progress bar is fed a value it cannot draw (1e308 seconds, an epoch of 10**300).
+COUNT_MAX = 10**12
+FIELD_RANGES: dict[str, tuple[float, float]] = {
+    **{name: (0, COUNT_MAX) for name in ("epoch", "epochs", "step", "steps", "samples", "world_size")},
+    "seconds": (0, 1e8), "val_seconds": (0, 1e8), "samples_per_s": (0, 1e12),
+    **{name: (-1e12, 1e12) for name in ("loss", "train_loss", "val_loss")},
+    **{name: (0, 100) for name in ("train_acc", "val_acc")},
+}
+
+
+def out_of_range(name: str, value: object) -> str | None:
+    """Why `value` cannot be field `name` of a record (not a number, not finite, outside FIELD_RANGES); None when
+    it can (fields without a range need only be finite numbers)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"{name}={value!r} is not a number"
+    if not math.isfinite(value):
+        return f"{name}={value!r} is not finite"
+    low, high = FIELD_RANGES.get(name, (-math.inf, math.inf))
+    if not low <= value <= high:
+        return f"{name}={value:g} is outside {low:g}..{high:g}"
+    return None
+
+
+def _number(value: object, name: str = "") -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or out_of_range(name, value):
         return None
-    return float(value) if math.isfinite(value) else None
+    return float(value)
 
 
 def protocol_message(line: str) -> dict[str, Any] | None:
@@ -44,7 +68,7 @@ def protocol_message(line: str) -> dict[str, Any] | None:
         return None
     try:
         message = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested thousands deep
         return None
     if not isinstance(message, dict) or message.get(PROTOCOL_KEY) not in ("progress", "epoch"):
         return None
@@ -55,7 +79,7 @@ def progress_from_protocol(message: dict[str, Any]) -> dict[str, Any]:
     """A progress record (progress.json's fields) from a protocol message of either kind."""
     record: dict[str, Any] = {}
     for name, field in _PROGRESS_FIELDS.items():
-        number = _number(message.get(name))
+        number = _number(message.get(name), name)
         if number is None or (number < 0 and field != "loss"):
             continue
         record[field] = number if field in ("loss", "samples_per_s") else int(number)
@@ -72,17 +96,17 @@ def progress_from_protocol(message: dict[str, Any]) -> dict[str, Any]:
 def timing_from_protocol(message: dict[str, Any]) -> dict[str, Any] | None:
     """A timing.jsonl record from an `epoch` message (None for any other message, or one without a whole
     `epoch` >= 1 and finite `seconds` >= 0)."""
-    epoch, seconds = _number(message.get("epoch")), _number(message.get("seconds"))
+    epoch, seconds = _number(message.get("epoch"), "epoch"), _number(message.get("seconds"), "seconds")
     if message.get(PROTOCOL_KEY) != "epoch" or epoch is None or seconds is None:
         return None
     if epoch < 1 or epoch != int(epoch) or seconds < 0:
         return None
     record: dict[str, Any] = {"epoch": int(epoch), "seconds": seconds}
     for name in _EPOCH_FIELDS:
-        number = _number(message.get(name))
+        number = _number(message.get(name), name)
         if number is not None:
             record[name] = int(number) if name in ("epochs", "steps", "samples") else number
-    if "samples" in record and seconds > 0:
+    if "samples" in record and seconds > 0 and _number(record["samples"] / seconds, "samples_per_s") is not None:
         record["samples_per_s"] = record["samples"] / seconds
     return record
 
@@ -93,6 +117,8 @@ def progress_from_printed(line: str) -> dict[str, Any] | None:
     epoch, step = _EPOCH.search(line), _STEP.search(line)
     if epoch is None and step is None:
         return None
+    if any(len(m.group(g) or "") > 12 for m in (epoch, step) if m is not None for g in (1, 2)):
+        return None  # a number beyond COUNT_MAX is not a count of epochs or steps
     record: dict[str, Any] = {}
     if epoch is not None:
         record["epoch"] = int(epoch.group(1))

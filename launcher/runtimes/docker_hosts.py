@@ -67,7 +67,7 @@ def host_docker_info(conn: HostConnection, image: str) -> DockerHostInfo:
         return DockerHostInfo(False, problem=problem)
     try:
         runtimes = json.loads(fields["engine"]) or {}
-    except ValueError:
+    except (ValueError, RecursionError):
         runtimes = {}
     return DockerHostInfo(True, nvidia_runtime="nvidia" in runtimes, image_id=fields.get("image", "").strip() or None,
                           repo_digests=tuple(fields.get("digests", "").split()))

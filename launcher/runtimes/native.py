@@ -236,7 +236,7 @@ def read_state(conn: HostConnection, workspace: str, output: OutputRequest | Non
     if len(lines) > 1 and "\n".join(lines[1:]).strip():
         try:
             progress = json.loads("\n".join(lines[1:]))
-        except ValueError:
+        except (ValueError, RecursionError):
             progress = None
     return NodeState(
         pid=int(pid_s) if pid_s.isdigit() else None,

@@ -165,7 +165,7 @@ def remote_manifest(conn: Connection, remote_dir: str, python: str = "python3") 
                                int(e.get("mode", 0o644)), str(e.get("reason", "")),
                                bytes.fromhex(e["raw"]) if e.get("raw") else None) for e in data["entries"]]
         return bool(data["exists"]), entries
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, RecursionError) as e:
         raise HostError(conn.label, f"malformed manifest of {remote_dir}: {e}") from e
 
 

@@ -1,0 +1,108 @@
+"""Following a Slurm job on the real test cluster: a job that waits shows Slurm's reason and runs once the nodes
+come back; a detached job is followed with `status`, `logs -f` and `pull` from another directory; `down` of a
+running job cancels it, pulls what it wrote and states how it ended."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from infra.slurm_cluster import SlurmCluster
+from tests.slurm_fixtures import needs_slurm
+from tests.testbed_fixtures import REPO, run_ddpctl
+
+pytestmark = [pytest.mark.e2e, needs_slurm]
+SMALL = ("--synthetic-train-size", "512", "--synthetic-test-size", "128")
+
+
+def up_argv(cluster: SlurmCluster, *args: str) -> list[str]:
+    return ["up", "--provider", "slurm", "--host", cluster.login.spec, "--nodes", "2", "--gpus", "1", *SMALL, *args]
+
+
+def only_run(runs: Path) -> Path:
+    [run] = list(runs.iterdir())
+    return run
+
+
+def test_a_job_waiting_for_busy_nodes_shows_slurms_reason_then_runs(slurm_cluster: SlurmCluster,
+                                                                    tmp_path: Path) -> None:
+    blocker = slurm_cluster.slurm("sbatch", "--parsable", "--nodes=2", "--exclusive", "--chdir=/tmp",
+                                  "--output=/dev/null", "--wrap", "sleep 600").stdout.strip()
+    env = {**os.environ, "DDPCTL_KNOWN_HOSTS": str(slurm_cluster.bed.known_hosts_path), "PYTHONPATH": str(REPO)}
+    argv = [sys.executable, "-m", "launcher", "up", "-i", slurm_cluster.bed.client_key_path,
+            *up_argv(slurm_cluster, "--epochs", "1")[1:]]
+    err = tmp_path / "up.err"
+    try:
+        with open(err, "w") as f:
+            up = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=f)
+        deadline = time.monotonic() + 60
+        while "pending: " not in err.read_text():
+            assert up.poll() is None and time.monotonic() < deadline, err.read_text()
+            time.sleep(0.5)
+    finally:
+        slurm_cluster.slurm("scancel", blocker)
+    try:
+        assert up.wait(timeout=240) == 0, err.read_text()
+    finally:
+        if up.poll() is None:  # a failed check leaves no ddpctl behind
+            up.kill()
+            up.wait()
+    shown = err.read_text()
+    pending = next(line for line in shown.splitlines() if "pending: " in line)
+    assert "pending: Resources" in pending or "pending: Priority" in pending, pending
+    assert "(waited " in pending and " COMPLETED (exit 0:0)" in shown
+    states = [e["state"] for e in map(json.loads, (only_run(tmp_path / "runs") / "events.jsonl").read_text()
+                                      .splitlines()) if e["event"] == "job_state"]
+    assert states[:2] == ["PENDING", "RUNNING"]
+
+
+def test_detached_job_is_followed_from_another_directory(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    here, elsewhere = tmp_path / "here", tmp_path / "elsewhere"
+    here.mkdir()
+    elsewhere.mkdir()
+    up = run_ddpctl(slurm_cluster.bed, *up_argv(slurm_cluster, "--epochs", "2", "--detach"), cwd=here)
+    assert up.returncode == 0, up.stderr
+    run = only_run(here / "runs")
+    job = json.loads((run / "run.json").read_text())["slurm"]["job_id"]
+    assert "runs on without this terminal" in up.stderr and not (run / "summary.json").exists()
+    status = run_ddpctl(slurm_cluster.bed, "status", str(run), "--json", cwd=elsewhere)
+    assert status.returncode == 0, status.stderr
+    rows = json.loads(status.stdout)["nodes"]
+    assert len(rows) == 2 and rows[0]["state"].split()[0] in ("PENDING", "RUNNING", "COMPLETED")
+    logs = run_ddpctl(slurm_cluster.bed, "logs", str(run), "-f", cwd=elsewhere, timeout=240)  # returns at the end
+    assert logs.returncode == 0, logs.stderr
+    assert "SignalException" not in logs.stdout
+    ended = run_ddpctl(slurm_cluster.bed, "status", str(run), "--json", cwd=elsewhere)
+    rows = json.loads(ended.stdout)["nodes"]
+    assert [r["state"] for r in rows] == ["COMPLETED (exit 0:0)"] * 2 and [r["exit_code"] for r in rows] == [0, 0]
+    pulled = run_ddpctl(slurm_cluster.bed, "pull", str(run), cwd=elsewhere)
+    assert pulled.returncode == 0 and "all files verified" in pulled.stderr, pulled.stderr
+    assert json.loads((run / "summary.json").read_text())["epochs"] == 2
+    record = json.loads((run / "run.json").read_text())
+    assert record["slurm"]["end"].startswith(f"job {job} COMPLETED") and "failure" not in record
+    assert not (elsewhere / "runs").exists()
+
+
+def test_down_of_a_running_job_cancels_pulls_and_states_it(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    up = run_ddpctl(slurm_cluster.bed, *up_argv(slurm_cluster, "--epochs", "200", "--detach"), cwd=tmp_path)
+    assert up.returncode == 0, up.stderr
+    run = only_run(tmp_path / "runs")
+    job = json.loads((run / "run.json").read_text())["slurm"]["job_id"]
+    deadline = time.monotonic() + 120  # until training has written a snapshot on the shared file system
+    while not list(Path(slurm_cluster.login.home).glob(f".ddpctl/slurm/runs/{run.name}/nodes/*/out/snapshots/*.pt")):
+        assert time.monotonic() < deadline, slurm_cluster.slurm("scontrol", "show", "job", job).stdout
+        time.sleep(1)
+    down = run_ddpctl(slurm_cluster.bed, "down", str(run), cwd=tmp_path, timeout=180)
+    assert down.returncode == 0, down.stderr
+    assert f"cancelled job {job} (it was running); what it wrote was pulled to {run}" in down.stderr
+    assert f"job {job} CANCELLED" in down.stderr
+    assert "JobState=CANCELLED" in slurm_cluster.slurm("scontrol", "show", "job", job).stdout
+    assert list(run.glob("nodes/*/out/snapshots/snapshot-epoch-*.pt"))  # what it wrote came back
+    failure = json.loads((run / "run.json").read_text())["failure"]
+    assert failure["slurm_state"] == "CANCELLED" and failure["summary"].startswith(f"job {job} CANCELLED")
