@@ -106,6 +106,7 @@ def getting_started_commands() -> list[str]:
 
 
 @pytest.mark.integration
+@pytest.mark.timeout(1200)  # a run and a two-layout sweep: about a minute idle, minutes on a busy machine
 def test_every_getting_started_command_runs(tmp_path: Path) -> None:
     commands = getting_started_commands()
     assert any(c.startswith("ddpctl up ") for c in commands) and any(c.startswith("ddpctl sweep ") for c in commands)
