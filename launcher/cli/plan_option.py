@@ -15,8 +15,8 @@ from launcher.planning.request import UpOptions, UpResult
 from launcher.spec.validate import check_seconds
 
 # What may be given with --plan: how to reach the hosts, how to follow and show the run, what to pull.
-WITH_PLAN = ("plan", "runs_dir", "json_out", "quiet", "identity_file", "accept_new_host_keys", "connect_timeout",
-             "allow_public_rendezvous", "stall_timeout", "detach", "outputs")
+WITH_PLAN = ("plan", "runs_dir", "json_out", "quiet", "progress", "identity_file", "accept_new_host_keys",
+             "connect_timeout", "allow_public_rendezvous", "stall_timeout", "detach", "outputs")
 
 
 def up_saved_plan(values: dict[str, Any], given: list[str], command: list[str] | None) -> UpResult:

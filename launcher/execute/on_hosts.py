@@ -16,10 +16,11 @@ from launcher.execute.failure_cause import cause_exit_code, report_failure, show
 from launcher.execute.hang_watch import RunWatch
 from launcher.execute.live_output import LiveOutput
 from launcher.execute.outside_stops import lost_contact_limit, lost_contact_line, outside_stop
+from launcher.execute.plain_progress import run_progress
 from launcher.execute.pull_record import pull_lock, write_pull_record
 from launcher.execute.shipment import check_unchanged
 from launcher.planning.plan import RunPlan
-from launcher.results.progress import FreshestProgress, RunProgress, console, stall_note
+from launcher.results.progress import FreshestProgress, console, stall_note
 from launcher.results.run_records import finish_records, world_exit_code
 from launcher.results.rundir import RunDir, primary_node_out, read_json, write_bytes_atomic, write_json_atomic
 from launcher.runtimes.docker_hosts import ensure_image, local_image_id, registry_digest
@@ -235,7 +236,7 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
     stall_reported = False
     freshest = FreshestProgress(len(labels))
     node_watch = RunWatch.on_hosts(session, run_dir)  # hangs, low disk, the first rank failure: told unasked
-    with RunProgress(labels, enabled=show_progress) as progress:
+    with run_progress(labels, enabled=show_progress) as progress:
         live = LiveOutput(run_dir, progress, show_output)  # rank 0's output, a script's progress, restarts
         while True:
             key_changes: dict[int, str] = {}

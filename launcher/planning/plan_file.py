@@ -9,16 +9,16 @@ from pathlib import Path
 
 from launcher.errors import PlanError, SpecError
 from launcher.planning.plan import LOCAL, RunPlan
-from launcher.results.rundir import write_bytes_atomic
+from launcher.results.user_files import write_user_file
 from launcher.spec.hosts import parse_hosts
 
 MAKE_ONE = "save one with `ddpctl up --dry-run --save-plan FILE` (add the options of the run)"
 
 
-def save_plan(path: Path, plan: RunPlan) -> None:
-    """Write the plan (all of it or nothing)."""
+def save_plan(path: Path, plan: RunPlan) -> Path:
+    """Write the plan (all of it or nothing; a link is followed to its file); returns the file written."""
     try:
-        write_bytes_atomic(path, (json.dumps(plan.to_json(), indent=2) + "\n").encode())
+        return write_user_file(path, (json.dumps(plan.to_json(), indent=2) + "\n").encode(), "--save-plan")
     except OSError as e:
         raise PlanError(f"--save-plan {path}: cannot write it ({e.strerror or e})") from None
 
