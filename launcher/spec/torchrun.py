@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from launcher.spec import strategies
-from launcher.spec.launchers import SPAWN_SCRIPT
+from launcher.spec.launchers import MPI_PEER_SCRIPT, MPIRUN_SCRIPT, SPAWN_SCRIPT
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.user_command import node_command
 
@@ -101,7 +101,18 @@ def node_argv(spec: RunSpec, role: NodeRole) -> list[str]:
     """What a node runs for the spec's --launcher: torchrun (torchrun_argv) or the script itself (spawn)."""
     if spec.launcher == "spawn":
         return spawn_argv(spec, role, node_command(spec.user_command, spec.python))
+    if spec.launcher == "mpirun":
+        n = str(spec.nproc_per_node)
+        if spec.nnodes > 1:  # node 0's mpirun is planned from the hosts' facts (planning/mpi_plan.py)
+            return ["sh", "-c", MPI_PEER_SCRIPT, "ddpctl-mpi-node", str(role.node_rank), n]
+        return mpirun_argv(role.log_dir, ["-np", n, "--host", f"localhost:{n}", "--bind-to", "none",
+                                          *node_command(spec.user_command, spec.python)])
     return torchrun_argv(spec, role)
+
+
+def mpirun_argv(log_dir: str, mpirun_args: list[str]) -> list[str]:
+    """Node 0's command for --launcher mpirun: launchers.MPIRUN_SCRIPT around `mpirun MPIRUN_ARGS`."""
+    return ["sh", "-c", MPIRUN_SCRIPT, "ddpctl-mpirun", log_dir, "mpirun", *mpirun_args]
 
 
 def spawn_argv(spec: RunSpec, role: NodeRole, command: tuple[str, ...]) -> list[str]:
