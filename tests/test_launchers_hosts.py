@@ -118,7 +118,7 @@ def test_an_mpi4py_script_is_one_mpi_world_across_both_hosts_and_the_runs_key_is
     run = the_run(tmp_path / "runs")
     records = joins(run)
     assert sorted((j["kind"], j["rank"], j["world_size"], j["node"]) for j in records) == [
-        ("mpi", 0, 4, "0"), ("mpi", 1, 4, "0"), ("mpi", 2, 4, 1), ("mpi", 3, 4, 1)]
+        ("mpi", 0, 4, "0"), ("mpi", 1, 4, "0"), ("mpi", 2, 4, "1"), ("mpi", 3, 4, "1")]
     log = (run / "nodes" / "0" / "logs" / "mpirun" / "attempt_0" / "0" / "stdout.log").read_text()
     assert all(f"rank {r}/4 epoch 3/3 loss" in log for r in range(4)), log
     events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
