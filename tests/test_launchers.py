@@ -201,7 +201,8 @@ def test_an_mpi4py_script_runs_as_one_mpi_world_with_launcher_mpirun(tmp_path: P
     pytest.importorskip("mpi4py", reason="mpi4py (infra/setup.sh --test installs it)")
     project = write_scripts(tmp_path / "project")
     dry = ddpctl(project, "up", "--launcher", "mpirun", "--gpus", "2", "--dry-run", "--", "python", "parallel_sgd.py")
-    assert dry.returncode == 0 and "mpirun -np 2 --host localhost:2 --bind-to none" in dry.stdout, dry.stderr
+    assert dry.returncode == 0 and "mpirun -np 2 --host localhost:2 --bind-to none " in dry.stdout
+    assert " -m mpi4py parallel_sgd.py" in dry.stdout, dry.stderr
     result = ddpctl(project, "up", "--launcher", "mpirun", "--gpus", "2", "--runs-dir", "runs", "--json",
                     "--", "python", "parallel_sgd.py")
     assert result.returncode == 0, result.stderr

@@ -21,8 +21,7 @@ from launcher.spec.launchers import (
     NODE_RANK_ENV,
     NPROC_ENV,
 )
-from launcher.spec.torchrun import mpirun_argv
-from launcher.spec.user_command import node_command
+from launcher.spec.torchrun import mpi_command, mpirun_argv
 
 if TYPE_CHECKING:
     from launcher.planning.facts import HostFacts
@@ -58,7 +57,7 @@ def mpi_nodes(spec: RunSpec, nodes: tuple[NodePlan, ...], facts: tuple[HostFacts
     # Every rank gets the user's --env (values from mpirun's own environment: never on a command line).
     for name in ["PYTHONUNBUFFERED", NNODES_ENV, NPROC_ENV, *(k for k, _ in spec.extra_env)]:
         args += ["-x", name]
-    command = node_command(spec.user_command, spec.python)
+    command = mpi_command(spec)
     for node, name, home in zip(nodes, mpi_host_names(nodes), homes, strict=True):
         ws = f"{home}/{node.workspace}"
         if node.index:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass
 
 from launcher.spec import strategies
@@ -106,8 +108,18 @@ def node_argv(spec: RunSpec, role: NodeRole) -> list[str]:
         if spec.nnodes > 1:  # node 0's mpirun is planned from the hosts' facts (planning/mpi_plan.py)
             return ["sh", "-c", MPI_PEER_SCRIPT, "ddpctl-mpi-node", str(role.node_rank), n]
         return mpirun_argv(role.log_dir, ["-np", n, "--host", f"localhost:{n}", "--bind-to", "none",
-                                          *node_command(spec.user_command, spec.python)])
+                                          *mpi_command(spec)])
     return torchrun_argv(spec, role)
+
+
+def mpi_command(spec: RunSpec) -> tuple[str, ...]:
+    """What each MPI rank runs: `python script.py ARGS` as `python -m mpi4py script.py ARGS`, mpi4py's runner, which
+    aborts the whole job when a rank raises (otherwise the others wait for it in their next collective forever)."""
+    command = node_command(spec.user_command, spec.python)
+    python = os.path.basename(command[0]) if command else ""
+    if re.fullmatch(r"python[0-9.]*", python) and len(command) > 1 and command[1].endswith(".py"):
+        return (command[0], "-m", "mpi4py", *command[1:])
+    return command
 
 
 def mpirun_argv(log_dir: str, mpirun_args: list[str]) -> list[str]:
