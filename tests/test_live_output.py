@@ -19,6 +19,7 @@ import pytest
 
 from infra.testbed import Testbed, cleanup_stale
 from launcher.results.run_figures import load_run, scaling_table
+from tests.plain_lines import unstamped
 from tests.testbed_fixtures import REPO, TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE
 
 EPOCHS = 5
@@ -104,7 +105,7 @@ def run_tutorial(tmp: Path, up_args: list[str], env: dict[str, str], key_args: l
     try:
         for line in up.stderr:
             lines.append(line.rstrip("\n"))
-            if follower is None and re.match(r"rank 0.*: \[GPU0\] Epoch 0 ", line):
+            if follower is None and re.match(r"rank 0.*: \[GPU0\] Epoch 0 ", unstamped(line)):
                 live = up.poll() is None
                 (run_dir,) = [p for p in runs.iterdir() if p.is_dir()]
                 follower = subprocess.Popen([sys.executable, "-m", "launcher", "logs", *key_args, str(run_dir),

@@ -1,7 +1,8 @@
 """A followed run ended from outside `up`, on the test bed (one host, a tiny long run each): `ddpctl down` from a
 second terminal makes `up` say the run was stopped by down; a workspace deleted on its host ends `up` with a line
 that says so (not "not started" for ever); a host key that changes mid-run is named HOST KEY CHANGED by `up` and
-by `status`. Each asserts the user's line and, where ddpctl can know them, that no run process is left."""
+by `status`; a ship that fails leaves no run directory and says nothing was started. Each asserts the user's line
+and, where ddpctl can know them, that no run process is left."""
 
 from __future__ import annotations
 
@@ -91,3 +92,48 @@ def test_a_host_key_changed_mid_run_is_named_by_up_and_status(bed: Testbed, tmp_
     assert "HOST KEY CHANGED" in status.stdout + status.stderr
     for pid in [int(line.split()[0]) for line in running_processes(bed.hosts[0]).splitlines()]:
         os.kill(pid, signal.SIGKILL)  # ddpctl rightly refuses to talk to the host now: ended here, by pid
+
+
+def test_lost_contact_says_what_is_unknown_and_how_to_stop_every_node(bed: Testbed, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DDPCTL_LOST_CONTACT", "5")  # instead of 180 s
+    host = bed.hosts[0]
+    up = Up(bed, bed.hosts, tmp_path / "runs", *LONG)
+    training(up)
+    host.link_down()
+    try:
+        code, err = up.finish(timeout=150)
+    finally:
+        host.link_up()
+    assert code == 1, err
+    run = up.run.name
+    assert last_line(err) == (f"error: lost contact with node 0 ({host.spec}) for 5 s: whether it still runs is "
+                              f"unknown (it may have ended); see `ddpctl status {run}`, fetch what was written with "
+                              f"`ddpctl pull {run}`, or stop every node with `ddpctl down {run}`"), err
+    down = ddpctl(bed, "down", str(up.run))  # what the line says to do
+    assert down.returncode == 0, down.stderr
+    assert_nothing_left_running(bed.hosts)
+
+
+def test_a_ship_that_fails_leaves_no_run_directory_and_says_nothing_started(bed: Testbed, tmp_path: Path) -> None:
+    host = bed.hosts[0]
+    code_cache = Path(host.home, ".ddpctl", "code")
+    moved = code_cache.with_name("code.kept")
+    if code_cache.exists():
+        code_cache.rename(moved)
+    made_top = not code_cache.parent.exists()
+    code_cache.mkdir(mode=0o555, parents=True)  # root's, not writable by the login: the host cannot take the code
+    try:
+        up = Up(bed, bed.hosts, tmp_path / "runs", *TINY, "--epochs", "1")
+        code, err = up.finish(timeout=120)
+    finally:
+        code_cache.rmdir()
+        if made_top:
+            shutil.rmtree(code_cache.parent)
+        if moved.exists():
+            moved.rename(code_cache)
+    assert code == 1, err
+    assert last_line(err) == ("shipping the code to the hosts failed: nothing was started on any host; no run "
+                              "directory kept (it held only the plan)"), err
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == []  # `status`, `logs -f` have no run to wait on
+    assert_nothing_left_running(bed.hosts)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.execute.live_tail import OutputTail
-from launcher.results.progress import RunProgress
+from launcher.results.progress import ProgressDisplay
 from launcher.results.rank_layout import rank_layout
 from launcher.results.restarts import attempt_number, newest_attempt_dir, restarts_phrase
 from launcher.results.run_records import logged_restarts, record_restarts
@@ -25,7 +25,7 @@ MAX_BYTES_PER_POLL = 65536
 class LiveOutput:
     """Rank 0's output, the script's progress and the restarts of a run being followed."""
 
-    def __init__(self, run_dir: RunDir, progress: RunProgress, show: bool = True) -> None:
+    def __init__(self, run_dir: RunDir, progress: ProgressDisplay, show: bool = True) -> None:
         self._run_dir = run_dir
         self._progress = progress
         self._show = show

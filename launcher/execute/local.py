@@ -14,10 +14,10 @@ from launcher.execute import interruption
 from launcher.execute.hang_watch import RunWatch
 from launcher.execute.live_output import LiveOutput
 from launcher.execute.local_checks import FirstStepWatch, check_cpu_processes, check_local_rendezvous
+from launcher.execute.plain_progress import run_progress
 from launcher.planning.mpi_check import check_local_mpi
 from launcher.planning.plan import RunPlan, plan_local
 from launcher.planning.preflight import check_local_disk
-from launcher.results.progress import RunProgress
 from launcher.results.rundir import RunDir, read_json
 from launcher.runtimes.join_files import write_local_hook
 from launcher.runtimes.proctree import start_time, stop_tree
@@ -144,7 +144,7 @@ def run_local(plan: RunPlan, run_dir: RunDir, show_progress: bool = True, show_o
         progress_file = run_dir.path / "progress.json"
         first_step = FirstStepWatch(out_path)
         node_watch = RunWatch.here(run_dir, node.host.label)  # hangs, low disk, the first rank failure
-        with RunProgress([node.host.label], enabled=show_progress) as progress:
+        with run_progress([node.host.label], enabled=show_progress) as progress:
             live = LiveOutput(run_dir, progress, show_output)  # rank 0's output, a script's progress, restarts
             while proc.poll() is None:
                 record = live.local_record(read_json(progress_file))

@@ -18,10 +18,11 @@ from launcher.execute.failure_cause import cause_exit_code, report_failure, show
 from launcher.execute.hang_watch import RunWatch
 from launcher.execute.live_output import LiveOutput
 from launcher.execute.mpi_access import MpiAccess
-from launcher.execute.outside_stops import outside_stop
+from launcher.execute.outside_stops import lost_contact_limit, lost_contact_line, outside_stop
+from launcher.execute.plain_progress import run_progress
 from launcher.execute.pull_record import pull_lock, write_pull_record
 from launcher.planning.plan import RunPlan
-from launcher.results.progress import FreshestProgress, RunProgress, console, stall_note
+from launcher.results.progress import FreshestProgress, console, stall_note
 from launcher.results.run_records import finish_records, world_exit_code
 from launcher.results.rundir import RunDir, primary_node_out, read_json, write_bytes_atomic, write_json_atomic
 from launcher.runtimes.docker_hosts import ensure_image, registry_digest
@@ -84,7 +85,7 @@ def run_remote_up(plan: RunPlan, options: UpOptions, session: HostSession, recor
     write_json_atomic(run_dir.path / PLAN_FILE, plan.to_json())
     run_dir.event("planned", nodes=[n.shell_line() for n in plan.nodes])
     shipping = "shipping the image and the code to the hosts" if plan.image else "shipping the code to the hosts"
-    with nothing_started_if_interrupted(shipping, run_dir, keep_run_dir=not made_here,
+    with nothing_started_if_interrupted(shipping, run_dir, keep_run_dir=not made_here, failures_too=True,
                                         kept_because="it records the machines the provider acquired"):
         ship_image(session, plan, run_dir, options.show_progress)
         ship_code(session, plan, run_dir)
@@ -234,18 +235,19 @@ def host_key_refused(error: BaseException) -> bool:
 
 
 def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
-           lost_contact_seconds: float = 180.0, watch: Callable[[], str] | None = None,
+           lost_contact_seconds: float | None = None, watch: Callable[[], str] | None = None,
            stall_timeout: float = 0.0, show_output: bool = True) -> int:
     """Show progress until every node has ended; return 0, or the first failing node's exit code. With a
     `stall_timeout`, raise RunStopRequested once training has not moved for that many seconds."""
     labels = session.labels
+    lost_contact_seconds = lost_contact_seconds or lost_contact_limit()
     last_seen = [time.monotonic()] * len(labels)
     failed_reported = False
     cause: dict[str, Any] | None = None
     stall_reported = False
     freshest = FreshestProgress(len(labels))
     node_watch = RunWatch.on_hosts(session, run_dir)  # hangs, low disk, the first rank failure: told unasked
-    with RunProgress(labels, enabled=show_progress) as progress:
+    with run_progress(labels, enabled=show_progress) as progress:
         live = LiveOutput(run_dir, progress, show_output)  # rank 0's output, a script's progress, restarts
         while True:
             key_changes: dict[int, str] = {}
@@ -276,9 +278,9 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
                 if state is None:
                     progress.update(index, None, "unreachable")
                     if now - last_seen[index] > lost_contact_seconds:
-                        raise DdpctlError(
-                            f"lost contact with node {index} ({labels[index]}) for {lost_contact_seconds:.0f} s; the "
-                            f"run goes on there: see `ddpctl status {run_dir.run_id}`, `ddpctl pull {run_dir.run_id}`")
+                        run_dir.event("lost_contact", node=index, seconds=round(lost_contact_seconds))
+                        raise DdpctlError(lost_contact_line(run_dir.run_id, index, labels, states,
+                                                            lost_contact_seconds))
                     continue
                 last_seen[index] = now
                 record = freshest.record(index)
