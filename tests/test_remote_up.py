@@ -91,6 +91,19 @@ def test_the_dry_run_plan_is_the_plan_that_runs(bed: Testbed, tmp_path: Path, ru
     assert json.loads(ran.stdout)["summary"]["world_size"] == 4
 
 
+def test_a_saved_plan_runs_exactly_on_the_hosts(bed: Testbed, tmp_path: Path) -> None:
+    """`up --dry-run --save-plan` on two hosts, then `up --plan`: the hosts are probed again and give the same plan,
+    and the run's plan.json is the saved file, byte for byte as JSON (hosts' facts included)."""
+    saved = tmp_path / "two-hosts.json"
+    dry = up(bed, bed.hosts[:2], tmp_path / "runs", "--dry-run", "--save-plan", str(saved))
+    assert dry.returncode == 0, dry.stderr
+    assert not (tmp_path / "runs").exists()
+    ran = ddpctl(bed, "up", "--plan", str(saved), "--runs-dir", str(tmp_path / "runs"), "--json")
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads((the_run(tmp_path / "runs") / "plan.json").read_text()) == json.loads(saved.read_text())
+    assert json.loads(ran.stdout)["summary"]["world_size"] == 4
+
+
 def test_a_dry_run_verifies_host_keys_and_records_none(bed: Testbed, tmp_path: Path) -> None:
     """An unknown host key is refused as a run would refuse it (the plan is still shown, its unknowns named);
     with --accept-new-host-keys the hosts are probed, and the key is still not written anywhere."""

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
-import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -21,11 +19,12 @@ from launcher.execute.mpi_access import MpiAccess
 from launcher.execute.outside_stops import lost_contact_limit, lost_contact_line, outside_stop
 from launcher.execute.plain_progress import run_progress
 from launcher.execute.pull_record import pull_lock, write_pull_record
+from launcher.execute.shipment import check_unchanged
 from launcher.planning.plan import RunPlan
 from launcher.results.progress import FreshestProgress, console, stall_note
 from launcher.results.run_records import finish_records, world_exit_code
 from launcher.results.rundir import RunDir, primary_node_out, read_json, write_bytes_atomic, write_json_atomic
-from launcher.runtimes.docker_hosts import ensure_image, registry_digest
+from launcher.runtimes.docker_hosts import ensure_image, local_image_id, registry_digest
 from launcher.runtimes.native import NodeState, OutputRequest, read_state, stop_node
 from launcher.runtimes.start import runtime_of, start_node
 from launcher.transport import outputs
@@ -47,14 +46,6 @@ SHIP_ATTEMPTS = 3
 PLAN_FILE = "plan.json"
 # What comes back from a node's workspace (gitignore patterns): everything but the shipped code.
 PULLED = ("/out/", "/logs/", "/torchrun.out", "/exit_code", "/pid")
-
-
-def trainer_source_dir() -> Path:
-    """Where the trainer package lives locally (found without importing it: it imports torch)."""
-    found = importlib.util.find_spec("trainer")
-    if found is None or not found.submodule_search_locations:
-        raise DdpctlError("the trainer package is not installed here: run `pip install .` in the ddpctl checkout")
-    return Path(next(iter(found.submodule_search_locations)))
 
 
 def run_remote_up(plan: RunPlan, options: UpOptions, session: HostSession, record_extra: dict[str, Any] | None = None,
@@ -138,6 +129,10 @@ def ship_image(session: HostSession, plan: RunPlan, run_dir: RunDir, show_progre
     from launcher.runtimes.image import docker_client
 
     engine = None if plan.pull_image else docker_client()
+    planned = plan.ship.image_id if plan.ship else None
+    if engine is not None and planned is not None and (now := local_image_id(engine, image)) != planned:
+        raise DdpctlError(f"the local image {image} is {now[:19]}... now, not the {planned[:19]}... the plan ships "
+                          "(it was built again since): make the plan again")
     outcomes = ensure_image([session.conn(n.index) for n in plan.nodes], image, engine,
                             pull=plan.pull_image, show_progress=show_progress)
     results = raise_for_errors(outcomes, "image")
@@ -155,14 +150,16 @@ def _cache_key(path: Path) -> str:
 
 
 def ship_code(session: HostSession, plan: RunPlan, run_dir: RunDir) -> None:
-    """Send the trainer (or the user's directory) to a per-host cache incrementally, then copy it into the
-    run's workspace, so a relaunch moves only changed files and each run keeps the code it ran."""
+    """Send what the plan ships (the trainer, or the user's directory: plan.ship, refused when its files changed
+    since) to a per-host cache incrementally, then copy it into the run's workspace, so a relaunch moves only
+    changed files and each run keeps the code it ran."""
+    if plan.ship is None:
+        raise ValueError("a plan on hosts says what it ships (launcher/execute/shipment.py)")
+    check_unchanged(plan.ship)
+    source, dest = Path(plan.ship.source), plan.ship.dest
     if plan.spec.user_command:
-        source, dest = Path(os.getcwd()), ""
         manifest, left_out = outputs.record_shipped(run_dir.path, source)  # what is not an output, for pull_run
         console.print(outputs.shipping_note(source, manifest, left_out), markup=False, highlight=False, soft_wrap=True)
-    else:
-        source, dest = trainer_source_dir(), "/trainer"
     cache = f"{CODE_CACHE}/{_cache_key(source)}"
 
     def ship(index: int) -> dict[str, Any]:
