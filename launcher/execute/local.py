@@ -15,6 +15,7 @@ from launcher.execute.hang_watch import RunWatch
 from launcher.execute.live_output import LiveOutput
 from launcher.execute.local_checks import FirstStepWatch, check_cpu_processes, check_local_rendezvous
 from launcher.execute.plain_progress import run_progress
+from launcher.planning.mpi_check import check_local_mpi
 from launcher.planning.plan import RunPlan, plan_local
 from launcher.planning.preflight import check_local_disk
 from launcher.results.rundir import RunDir, read_json
@@ -103,6 +104,8 @@ def check_local_run(spec: RunSpec, run_path: Path | None = None) -> RunPlan:
     the `-- CMD` program) that can start. Returns the run's plan (for a run directory at run_path)."""
     if not spec.user_command:
         check_local_data(spec.dataset, spec.data_dir)
+    if spec.launcher == "mpirun":
+        check_local_mpi(spec)
     check_local_gpus(spec.nproc_per_node)
     check_cpu_processes(processes_per_node(spec.strategy, spec.nproc_per_node), local_gpu_count())
     check_gpus(spec.strategy, spec.devices, spec.nproc_per_node, local_gpu_count(), "this machine")

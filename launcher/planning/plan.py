@@ -294,11 +294,14 @@ def native_node_plan(spec: RunSpec, index: int, host: NodeHost, rdzv_addr: str, 
 def shown_launch(spec: RunSpec, node: NodePlan) -> NodePlan:
     """A spawn node as --dry-run shows it: the script's own command line, not the wrapper around it (node.command
     keeps the whole argv, as --json shows it)."""
-    if spec.launcher != "spawn":
-        return node
-    script = node_command(spec.user_command, spec.python)
-    line = replace(node, command=script).shell_line()
-    return replace(node, display=f"{line}   # once on this node (--launcher spawn); output in logs/spawn/attempt_0/0/")
+    if spec.launcher == "spawn":
+        line = replace(node, command=node_command(spec.user_command, spec.python)).shell_line()
+        return replace(node, display=f"{line}   # once on this node (--launcher spawn); output in "
+                                     "logs/spawn/attempt_0/0/")
+    if spec.launcher == "mpirun" and spec.nnodes == 1:  # MPIRUN_SCRIPT's arguments from "mpirun" on
+        line = replace(node, command=node.command[node.command.index("mpirun"):]).shell_line()
+        return replace(node, display=f"{line}   # --launcher mpirun; output in logs/mpirun/attempt_0/0/")
+    return node
 
 
 def script_env(spec: RunSpec, node_rank: int, master_addr: str | None, output_dir: str) -> dict[str, str]:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.spec import attempt_logs, strategies
-from launcher.spec.launchers import SPAWN_SCRIPT
+from launcher.spec.launchers import MPI_PEER_SCRIPT, MPIRUN_SCRIPT, SPAWN_SCRIPT
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.user_command import node_command
 
@@ -120,7 +122,28 @@ def node_argv(spec: RunSpec, role: NodeRole) -> list[str]:
     """What a node runs for the spec's --launcher: torchrun (torchrun_argv) or the script itself (spawn)."""
     if spec.launcher == "spawn":
         return spawn_argv(spec, role, node_command(spec.user_command, spec.python))
+    if spec.launcher == "mpirun":
+        n = str(spec.nproc_per_node)
+        if spec.nnodes > 1:  # node 0's mpirun is planned from the hosts' facts (planning/mpi_plan.py)
+            return ["sh", "-c", MPI_PEER_SCRIPT, "ddpctl-mpi-node", str(role.node_rank), n]
+        return mpirun_argv(role.log_dir, ["-np", n, "--host", f"localhost:{n}", "--bind-to", "none",
+                                          *mpi_command(spec)])
     return torchrun_argv(spec, role)
+
+
+def mpi_command(spec: RunSpec) -> tuple[str, ...]:
+    """What each MPI rank runs: `python script.py ARGS` as `python -m mpi4py script.py ARGS`, mpi4py's runner, which
+    aborts the whole job when a rank raises (otherwise the others wait for it in their next collective forever)."""
+    command = node_command(spec.user_command, spec.python)
+    python = os.path.basename(command[0]) if command else ""
+    if re.fullmatch(r"python[0-9.]*", python) and len(command) > 1 and command[1].endswith(".py"):
+        return (command[0], "-m", "mpi4py", *command[1:])
+    return command
+
+
+def mpirun_argv(log_dir: str, mpirun_args: list[str]) -> list[str]:
+    """Node 0's command for --launcher mpirun: launchers.MPIRUN_SCRIPT around `mpirun MPIRUN_ARGS`."""
+    return ["sh", "-c", MPIRUN_SCRIPT, "ddpctl-mpirun", log_dir, "mpirun", *mpirun_args]
 
 
 def spawn_argv(spec: RunSpec, role: NodeRole, command: tuple[str, ...]) -> list[str]:
