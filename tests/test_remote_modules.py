@@ -4,6 +4,10 @@ hosts carry the module's own text (no second copy); the daemon helper is tried h
 from __future__ import annotations
 
 import ast
+import importlib.metadata
+import os
+import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -12,9 +16,11 @@ from pathlib import Path
 import pytest
 
 import launcher.remote
+from launcher.planning.preflight import PROBE_SCRIPT, probe_host
 from launcher.planning.rdzv_reservation import RELEASE_SCRIPT, RESERVE_SCRIPT
 from launcher.providers.vast.autostop import WATCHDOG
-from launcher.remote import daemon, source_of
+from launcher.remote import daemon, host_probe, source_of
+from launcher.transport.ssh import CommandResult
 
 REMOTE = Path(launcher.remote.__file__).parent
 
@@ -62,3 +68,30 @@ def test_detach_answers_then_goes_on_in_a_session_of_its_own(tmp_path: Path) -> 
         time.sleep(0.1)
     sid, pid = (int(word) for word in done.read_text().split())
     assert sid == pid  # the session leader of a session of its own
+
+
+class ThisMachine:
+    """A connection that runs the argv here, as sshd would run it on a host."""
+
+    label = "this machine"
+
+    def run(self, argv: list[str], *, timeout: float | None = None, stdin: bytes | None = None) -> CommandResult:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        return CommandResult(done.returncode, done.stdout, done.stderr)
+
+
+def test_the_probe_sent_to_the_hosts_is_the_modules_text() -> None:
+    assert source_of(host_probe) == PROBE_SCRIPT
+
+
+@pytest.mark.integration
+def test_the_host_probe_describes_this_machine_through_the_launchers_own_reading() -> None:
+    """The probe run here as the launcher runs it on a host (`python -c SOURCE`), read by probe_host: what it
+    says of this machine is what this machine is."""
+    facts = probe_host(ThisMachine(), sys.executable, "this machine")
+    assert facts.python == platform.python_version() and facts.executable == sys.executable
+    assert facts.cpus == os.cpu_count() and facts.home == os.path.expanduser("~")
+    assert facts.torch == importlib.metadata.version("torch").split("+")[0] and facts.torch_error is None
+    assert facts.docker == (shutil.which("docker") is not None)
+    assert facts.disk_free > 0 and any(a.addr == "127.0.0.1" for a in facts.addrs)
+    assert host_probe.host_facts()["cpus"] == facts.cpus  # the module is importable and callable here too
