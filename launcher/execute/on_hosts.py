@@ -15,13 +15,15 @@ from launcher.execute.before_start import nothing_started_if_interrupted
 from launcher.execute.failure_cause import cause_exit_code, report_failure, shown_state, teardown_outcome
 from launcher.execute.hang_watch import RunWatch
 from launcher.execute.live_output import LiveOutput
+from launcher.execute.mpi_access import MpiAccess
 from launcher.execute.outside_stops import lost_contact_limit, lost_contact_line, outside_stop
 from launcher.execute.plain_progress import run_progress
 from launcher.execute.pull_record import pull_lock, write_pull_record
+from launcher.execute.restart_causes import finish_run_records
 from launcher.execute.shipment import check_unchanged
 from launcher.planning.plan import RunPlan
 from launcher.results.progress import FreshestProgress, console, stall_note
-from launcher.results.run_records import finish_records, world_exit_code
+from launcher.results.run_records import world_exit_code
 from launcher.results.rundir import RunDir, primary_node_out, read_json, write_bytes_atomic, write_json_atomic
 from launcher.runtimes.docker_hosts import ensure_image, local_image_id, registry_digest
 from launcher.runtimes.native import NodeState, OutputRequest, read_state, stop_node
@@ -80,36 +82,43 @@ def run_remote_up(plan: RunPlan, options: UpOptions, session: HostSession, recor
         ship_image(session, plan, run_dir, options.show_progress)
         ship_code(session, plan, run_dir)
     interruption.defer_signals()  # nodes are never left half-started: an interruption waits for the start
-    start_nodes(session, plan, run_dir)
-    if options.detach:
-        console.print(f"started run {spec.run_id} on {len(plan.nodes)} node(s); it runs on without this "
-                      f"terminal. Follow with `ddpctl status {spec.run_id}`, `ddpctl logs {spec.run_id} -f`; "
-                      f"fetch with `ddpctl pull {spec.run_id}`; stop with `ddpctl down {spec.run_id}`.")
-        return UpResult(run_dir.path, 0, None, plan)
-    try:
-        interruption.act_on_deferred()
-        code = follow(session, run_dir, show_progress=options.show_progress, watch=watch,
-                      stall_timeout=options.stall_timeout, show_output=options.show_output)
-    except BaseException as stop:
-        # Ctrl-C, SIGTERM, SIGHUP mean stop (a run to keep going without this terminal is what --detach is for),
-        # and so does a RunStopRequested; launcher/execute/interruption.py says how it ended, in one line.
-        requested = stop if isinstance(stop, RunStopRequested) else None
-        if requested is None and not interruption.interrupted_by(stop):
-            raise
-        if requested is not None:
-            run_dir.event("stop_requested", reason=str(stop))
-        outcome = interruption.stop_and_pull(run_dir, lambda: stop_all(session, run_dir), lambda: pull_run(
-            session, run_dir), cause=str(requested) if requested else None)
-        if requested is not None:
-            done = outcome.stopped and outcome.pulled
-            raise RunStopRequested(f"{stop}; " + (f"every node was stopped and what it wrote pulled to {run_dir.path}"
-                                                  if done else outcome.text), requested.reason) from None
-        raise Interrupted(outcome.text) from None
-    interruption.pull_after_run(run_dir, lambda: pull_run(session, run_dir))
-    code = teardown_outcome(run_dir, code, len(plan.nodes))
-    code = world_exit_code(finish_records(run_dir), code)
-    summary = read_json(run_dir.path / "summary.json")
-    return UpResult(run_dir.path, code, summary, plan)
+    access = MpiAccess(session, plan, run_dir) if spec.launcher == "mpirun" and spec.nnodes > 1 else None
+    try:  # node 0's SSH access to the others (an MPI job): for the run only, removed however it ends
+        if access is not None:
+            access.set_up()
+        start_nodes(session, plan, run_dir)
+        if options.detach:
+            console.print(f"started run {spec.run_id} on {len(plan.nodes)} node(s); it runs on without this "
+                          f"terminal. Follow with `ddpctl status {spec.run_id}`, `ddpctl logs {spec.run_id} -f`; "
+                          f"fetch with `ddpctl pull {spec.run_id}`; stop with `ddpctl down {spec.run_id}`.")
+            return UpResult(run_dir.path, 0, None, plan)
+        try:
+            interruption.act_on_deferred()
+            code = follow(session, run_dir, show_progress=options.show_progress, watch=watch,
+                          stall_timeout=options.stall_timeout, show_output=options.show_output)
+        except BaseException as stop:
+            # Ctrl-C, SIGTERM, SIGHUP mean stop (a run to keep going without this terminal is what --detach is for),
+            # and so does a RunStopRequested; launcher/execute/interruption.py says how it ended, in one line.
+            requested = stop if isinstance(stop, RunStopRequested) else None
+            if requested is None and not interruption.interrupted_by(stop):
+                raise
+            if requested is not None:
+                run_dir.event("stop_requested", reason=str(stop))
+            outcome = interruption.stop_and_pull(run_dir, lambda: stop_all(session, run_dir), lambda: pull_run(
+                session, run_dir), cause=str(requested) if requested else None)
+            if requested is not None:
+                done = outcome.stopped and outcome.pulled
+                stopped = f"every node was stopped and what it wrote pulled to {run_dir.path}"
+                raise RunStopRequested(f"{stop}; " + (stopped if done else outcome.text), requested.reason) from None
+            raise Interrupted(outcome.text) from None
+        interruption.pull_after_run(run_dir, lambda: pull_run(session, run_dir))
+        code = teardown_outcome(run_dir, code, len(plan.nodes))
+        code = world_exit_code(finish_run_records(run_dir), code)
+        summary = read_json(run_dir.path / "summary.json")
+        return UpResult(run_dir.path, code, summary, plan)
+    finally:
+        if access is not None:
+            access.remove()
 
 
 def ship_image(session: HostSession, plan: RunPlan, run_dir: RunDir, show_progress: bool) -> None:

@@ -22,7 +22,7 @@ from launcher.spec.launchers import (
     NPROC_ENV,
 )
 from launcher.spec.run_spec import MASKED, RunSpec
-from launcher.spec.torchrun import NodeRole, node_argv
+from launcher.spec.torchrun import NodeRole, node_argv, shown_command
 from launcher.spec.user_command import node_command
 
 LOCAL = "local"
@@ -72,7 +72,7 @@ class NodePlan:
             return self.display
         env = self.shown_env()
         cd = f"cd {shlex.quote(self.cwd)} && " if self.cwd else ""
-        return f"{cd}{'env ' + env + ' ' if env else ''}{shlex.join(self.command)}"
+        return f"{cd}{'env ' + env + ' ' if env else ''}{shown_command(self.command)}"
 
 
 @dataclass(frozen=True)
@@ -294,11 +294,14 @@ def native_node_plan(spec: RunSpec, index: int, host: NodeHost, rdzv_addr: str, 
 def shown_launch(spec: RunSpec, node: NodePlan) -> NodePlan:
     """A spawn node as --dry-run shows it: the script's own command line, not the wrapper around it (node.command
     keeps the whole argv, as --json shows it)."""
-    if spec.launcher != "spawn":
-        return node
-    script = node_command(spec.user_command, spec.python)
-    line = replace(node, command=script).shell_line()
-    return replace(node, display=f"{line}   # once on this node (--launcher spawn); output in logs/spawn/attempt_0/0/")
+    if spec.launcher == "spawn":
+        line = replace(node, command=node_command(spec.user_command, spec.python)).shell_line()
+        return replace(node, display=f"{line}   # once on this node (--launcher spawn); output in "
+                                     "logs/spawn/attempt_0/0/")
+    if spec.launcher == "mpirun" and spec.nnodes == 1:  # MPIRUN_SCRIPT's arguments from "mpirun" on
+        line = replace(node, command=node.command[node.command.index("mpirun"):]).shell_line()
+        return replace(node, display=f"{line}   # --launcher mpirun; output in logs/mpirun/attempt_0/0/")
+    return node
 
 
 def script_env(spec: RunSpec, node_rank: int, master_addr: str | None, output_dir: str) -> dict[str, str]:
