@@ -24,6 +24,7 @@ from launcher.runtimes.proctree import start_time, stop_tree
 from launcher.spec.datasets import check_local_data
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.strategies import check_gpus, processes_per_node
+from launcher.spec.torchrun import shown_argv
 from launcher.spec.user_command import node_command
 
 POLL_SECONDS = 0.5
@@ -140,7 +141,7 @@ def run_local(plan: RunPlan, run_dir: RunDir, show_progress: bool = True, show_o
                               f"{run_dir.path}") from None
     try:  # from here on, a Ctrl-C stops torchrun: it runs in a session of its own and would live on
         run_dir.update_record(local_pid=proc.pid, local_pid_start=start_time(proc.pid))  # start: its identity
-        run_dir.event("started", node=0, pid=proc.pid, command=list(node.command))
+        run_dir.event("started", node=0, pid=proc.pid, command=shown_argv(node.command))
         progress_file = run_dir.path / "progress.json"
         first_step = FirstStepWatch(out_path)
         node_watch = RunWatch.here(run_dir, node.host.label)  # hangs, low disk, the first rank failure

@@ -19,10 +19,11 @@ from launcher.execute.mpi_access import MpiAccess
 from launcher.execute.outside_stops import lost_contact_limit, lost_contact_line, outside_stop
 from launcher.execute.plain_progress import run_progress
 from launcher.execute.pull_record import pull_lock, write_pull_record
+from launcher.execute.restart_causes import finish_run_records
 from launcher.execute.shipment import check_unchanged
 from launcher.planning.plan import RunPlan
 from launcher.results.progress import FreshestProgress, console, stall_note
-from launcher.results.run_records import finish_records, world_exit_code
+from launcher.results.run_records import world_exit_code
 from launcher.results.rundir import RunDir, primary_node_out, read_json, write_bytes_atomic, write_json_atomic
 from launcher.runtimes.docker_hosts import ensure_image, local_image_id, registry_digest
 from launcher.runtimes.native import NodeState, OutputRequest, read_state, stop_node
@@ -112,7 +113,7 @@ def run_remote_up(plan: RunPlan, options: UpOptions, session: HostSession, recor
             raise Interrupted(outcome.text) from None
         interruption.pull_after_run(run_dir, lambda: pull_run(session, run_dir))
         code = teardown_outcome(run_dir, code, len(plan.nodes))
-        code = world_exit_code(finish_records(run_dir), code)
+        code = world_exit_code(finish_run_records(run_dir), code)
         summary = read_json(run_dir.path / "summary.json")
         return UpResult(run_dir.path, code, summary, plan)
     finally:

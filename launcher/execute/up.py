@@ -13,12 +13,13 @@ from launcher.execute.failure_cause import local_failure, teardown_outcome
 from launcher.execute.local import check_local_run, run_local
 from launcher.execute.local_disk import full_disk_named, raise_if_disk_full
 from launcher.execute.local_outputs import LocalOutputs
+from launcher.execute.restart_causes import finish_run_records
 from launcher.execute.saved_plan import options_for_saved, same_plan
 from launcher.execute.shipment import with_shipment
 from launcher.planning.request import UpOptions, UpResult
 from launcher.providers.base import ExecutorCalls
 from launcher.results.rank_layout import PLAN_FILE
-from launcher.results.run_records import finish_records, world_exit_code
+from launcher.results.run_records import world_exit_code
 from launcher.results.rundir import RunDir, read_json, write_json_atomic
 from launcher.spec.run_spec import RunSpec
 
@@ -123,5 +124,5 @@ def _run_here(acquired: AcquiredHosts, saved: RunPlan | None) -> UpResult:
         raise_if_disk_full(run_path, code)
         local_failure(run_dir, code, spec.python)  # the first failure across ranks, in run.json and events.jsonl
         code = teardown_outcome(run_dir, code)
-        code = world_exit_code(finish_records(run_dir), code)
+        code = world_exit_code(finish_run_records(run_dir), code)
     return UpResult(run_dir.path, code, read_json(run_dir.path / "summary.json"), plan)

@@ -22,7 +22,7 @@ from launcher.spec.launchers import (
     NPROC_ENV,
 )
 from launcher.spec.run_spec import MASKED, RunSpec
-from launcher.spec.torchrun import NodeRole, node_argv
+from launcher.spec.torchrun import NodeRole, node_argv, shown_command
 from launcher.spec.user_command import node_command
 
 LOCAL = "local"
@@ -72,7 +72,7 @@ class NodePlan:
             return self.display
         env = self.shown_env()
         cd = f"cd {shlex.quote(self.cwd)} && " if self.cwd else ""
-        return f"{cd}{'env ' + env + ' ' if env else ''}{shlex.join(self.command)}"
+        return f"{cd}{'env ' + env + ' ' if env else ''}{shown_command(self.command)}"
 
 
 @dataclass(frozen=True)

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
-from launcher.spec import strategies
+from launcher.spec import attempt_logs, strategies
 from launcher.spec.launchers import MPI_PEER_SCRIPT, MPIRUN_SCRIPT, SPAWN_SCRIPT
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.user_command import node_command
+
+# What runs torchrun on a node (`python -c` it): torch.distributed.run with every attempt's worker logs kept.
+TORCHRUN_SOURCE = Path(attempt_logs.__file__).read_text()
+TORCHRUN_SHOWN = '"$(cat launcher/spec/attempt_logs.py)"'
 
 
 @dataclass(frozen=True)
@@ -69,8 +76,9 @@ def strategy_argv(spec: RunSpec) -> list[str]:
 
 
 def torchrun_argv(spec: RunSpec, role: NodeRole) -> list[str]:
-    """The whole command a node runs: `PYTHON -m torch.distributed.run OPTIONS (-m trainer ... | --no-python CMD)`."""
-    argv = [spec.python, "-m", "torch.distributed.run"]
+    """The whole command a node runs: `PYTHON -c TORCHRUN_SOURCE OPTIONS (-m trainer ... | --no-python CMD)`,
+    torch.distributed.run keeping each attempt's logs (launcher/spec/attempt_logs.py)."""
+    argv = [spec.python, "-c", TORCHRUN_SOURCE]
     if spec.nnodes == 1 and role.rdzv_addr is None:
         argv += ["--standalone", "--nnodes", "1"]
     else:
@@ -97,6 +105,17 @@ def torchrun_argv(spec: RunSpec, role: NodeRole) -> list[str]:
     if spec.user_command:
         return argv + ["--no-python", *node_command(spec.user_command, spec.python)]
     return argv + trainer_argv(spec, role)
+
+
+def shown_command(argv: Sequence[str]) -> str:
+    """A command as one quoted shell line for people (--dry-run, events): torchrun's wrapper source is shown as
+    the file it comes from, `"$(cat launcher/spec/attempt_logs.py)"`."""
+    return " ".join(TORCHRUN_SHOWN if arg == TORCHRUN_SOURCE else shlex.quote(arg) for arg in argv)
+
+
+def shown_argv(argv: Sequence[str]) -> list[str]:
+    """A command's arguments for records people read (events.jsonl): torchrun's wrapper source as its file."""
+    return [TORCHRUN_SHOWN if arg == TORCHRUN_SOURCE else arg for arg in argv]
 
 
 def node_argv(spec: RunSpec, role: NodeRole) -> list[str]:
