@@ -106,3 +106,36 @@ def test_down_of_a_running_job_cancels_pulls_and_states_it(slurm_cluster: SlurmC
     assert list(run.glob("nodes/*/out/snapshots/snapshot-epoch-*.pt"))  # what it wrote came back
     failure = json.loads((run / "run.json").read_text())["failure"]
     assert failure["slurm_state"] == "CANCELLED" and failure["summary"].startswith(f"job {job} CANCELLED")
+
+
+def test_a_slurmd_killed_mid_run_ends_the_job_as_node_fail_with_what_was_pulled(slurm_cluster: SlurmCluster,
+                                                                                 tmp_path: Path) -> None:
+    env = {**os.environ, "DDPCTL_KNOWN_HOSTS": str(slurm_cluster.bed.known_hosts_path), "PYTHONPATH": str(REPO)}
+    argv = [sys.executable, "-m", "launcher", "up", "-i", slurm_cluster.bed.client_key_path,
+            *up_argv(slurm_cluster, "--epochs", "200")[1:]]
+    err = tmp_path / "up.err"
+    lost = slurm_cluster.node_names[1]
+    with open(err, "w") as f:
+        up = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=f)
+    try:
+        deadline = time.monotonic() + 120
+        home = Path(slurm_cluster.login.home)  # until this run's training wrote a snapshot on the shared disk
+        while not (tmp_path / "runs").is_dir() or not list(home.glob(
+                f".ddpctl/slurm/runs/{only_run(tmp_path / 'runs').name}/nodes/*/out/snapshots/*.pt")):
+            assert up.poll() is None and time.monotonic() < deadline, err.read_text()
+            time.sleep(1)
+        slurm_cluster.kill_slurmd(lost)
+        assert up.wait(timeout=180) == 1, err.read_text()
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+        slurm_cluster.start_slurmd(lost)
+    shown = err.read_text()
+    run = only_run(tmp_path / "runs")
+    record = json.loads((run / "run.json").read_text())
+    job = record["slurm"]["job_id"]
+    assert f"job {job} NODE_FAIL: lost a node" in shown, shown
+    assert shown.strip().splitlines()[-1].startswith(f"error: training failed: job {job} NODE_FAIL")
+    assert record["failure"]["slurm_state"] == "NODE_FAIL"
+    assert (run / "nodes" / "0" / "torchrun.out").is_file() and list(run.glob("nodes/*/out/snapshots/*.pt"))
