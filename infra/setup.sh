@@ -38,7 +38,7 @@ apt_install() {
 if $with_tests; then
   missing=()
   for pkg in openssh-server openssh-client iproute2 iptables procps docker.io docker-compose mmdebstrap docker-registry \
-             slurmctld slurmd slurm-client munge; do
+             slurmctld slurmd slurm-client munge openmpi-bin libopenmpi-dev; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
   done
   if [ ${#missing[@]} -gt 0 ]; then
@@ -46,7 +46,7 @@ if $with_tests; then
     apt_install "${missing[@]}"
   fi
   as_root bash infra/compose_v2.sh  # `docker compose` (v2) beside Debian's docker-compose 1.29
-  extras="train,dev"
+  extras="train,dev,mpi"  # mpi: mpi4py, built against the OpenMPI above (--launcher mpirun's tests)
 else
   extras="train"
 fi

@@ -106,6 +106,7 @@ def getting_started_commands() -> list[str]:
 
 
 @pytest.mark.integration
+@pytest.mark.timeout(1200)  # a run and a two-layout sweep: about a minute idle, minutes on a busy machine
 def test_every_getting_started_command_runs(tmp_path: Path) -> None:
     commands = getting_started_commands()
     assert any(c.startswith("ddpctl up ") for c in commands) and any(c.startswith("ddpctl sweep ") for c in commands)
@@ -145,3 +146,12 @@ def test_the_readme_gives_the_command_ci_runs() -> None:
     ci = (REPO / ".ci" / "run").read_text().strip().splitlines()[-1]
     assert ci == "bash infra/test.sh" and f"\n{ci}\n" in readme
     assert len(readme.splitlines()) <= 160
+
+
+def test_every_link_of_the_readme_points_to_a_file_of_the_repository() -> None:
+    readme = (REPO / "README.md").read_text()
+    targets = re.findall(r"\]\(([^)#\s]+)", readme)
+    local = [t for t in targets if "://" not in t]
+    assert len(local) >= 10, local
+    missing = [t for t in local if not (REPO / t).exists()]
+    assert not missing, f"README.md links to files that do not exist: {missing}"

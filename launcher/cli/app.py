@@ -130,6 +130,8 @@ def finish_up(result: Any, json_out: bool) -> None:
         incomplete = incomplete_pull_line(result.run_dir, read_json(result.run_dir / "run.json") or {})
         if incomplete:
             console.print(incomplete, markup=False, highlight=False, soft_wrap=True)
+    if result.summary and result.summary.get("world_warning") and not result.summary.get("world_failed"):
+        print(f"warning: {result.summary['world_warning']}", file=sys.stderr)
     if result.exit_code == 130:
         from launcher.execute.interruption import recorded_outcome
 
@@ -142,6 +144,8 @@ def _failure_message(result: Any) -> str:
     from launcher.execute.failure_cause import cause_of
     from launcher.execute.failure_log import failure_tail, without_control_chars
 
+    if result.summary and result.summary.get("world_failed") and result.summary.get("world_warning"):
+        return str(result.summary["world_warning"])
     failure = cause_of(result.run_dir)
     if failure is not None:  # the first failure across nodes (launcher/execute/failure_cause.py)
         return failure

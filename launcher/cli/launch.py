@@ -16,7 +16,9 @@ from launcher.cli.options import LaunchOption, flag_of
 from launcher.errors import SpecError
 from launcher.planning.request import UpOptions
 from launcher.spec.hosts import HostSpec, parse_hosts
+from launcher.spec.launchers import check_script
 from launcher.spec.run_spec import DEFAULT_RDZV_PORT, RunSpec, check_port, new_run_id
+from launcher.spec.script_look import look
 from launcher.spec.user_command import TRAINER_ONLY, check_user_command
 from launcher.spec.validate import check_runs_dir, check_seconds
 
@@ -31,7 +33,8 @@ NOT_SLURM = ("runtime", "image", "registry", "rdzv_addr", "rdzv_port", "allow_pu
              "outputs", "env")
 # The strategy options (RunSpec validates them; None: the spec's default).
 STRATEGY_SPEC_OPTIONS = ("strategy", "devices", "threads_per_process", "average_every", "precision")
-SPEC_OPTIONS = ("model", "dataset", "data_dir", "epochs", "batch_size", "lr", "save_every", "seed", "max_restarts")
+SPEC_OPTIONS = ("model", "dataset", "data_dir", "epochs", "batch_size", "lr", "save_every", "seed", "max_restarts",
+                "launcher")
 
 
 def resolve_values(ctx: typer.Context, values: dict[str, Any], declared: dict[str, LaunchOption],
@@ -128,7 +131,7 @@ def up_spec(values: dict[str, Any], where: UpOptions, given: tuple[str, ...] | l
         if values[name] is not None:
             trainer_args += [flag_of(name), str(values[name])]
     gpus = values["gpus"]
-    return RunSpec(
+    spec = RunSpec(
         run_id=new_run_id(values["name"], values["model"], values["dataset"], values["command"] or ()),
         **{name: values[name] for name in SPEC_OPTIONS},
         nproc_per_node=gpus if gpus is not None else (1 if where.hosts or where.vast else default_local_procs()),
@@ -139,6 +142,21 @@ def up_spec(values: dict[str, Any], where: UpOptions, given: tuple[str, ...] | l
         extra_env=parse_env(values["env"]),
         **{name: values[name] for name in STRATEGY_SPEC_OPTIONS if values.get(name) is not None},
     )  # fmt: skip
+    if spec.user_command:
+        check_launch_fits(spec, where, explicit="launcher" in given)
+    return spec
+
+
+def check_launch_fits(spec: RunSpec, where: UpOptions, *, explicit: bool) -> None:
+    """Refuse what the launcher cannot run (its runtime, what the script itself does: launcher/spec/script_look.py);
+    print the warnings of a launcher the user chose outright."""
+    if spec.launcher != "torchrun" and where.runtime == "docker":
+        raise SpecError(f"--launcher {spec.launcher} runs on the hosts' own Python: drop --runtime docker (docker "
+                        "nodes run torchrun)")
+    findings = look(spec.user_command, Path.cwd())
+    for warning in check_script(findings, spec.launcher, explicit=explicit, nnodes=spec.nnodes,
+                                nproc_per_node=spec.nproc_per_node):
+        typer.echo(f"warning: {warning}", err=True)
 
 
 def _flags(names: tuple[str, ...]) -> set[str]:

@@ -14,6 +14,7 @@ from typing import Any
 
 import typer
 
+from launcher.spec.launchers import LAUNCHERS
 from launcher.spec.strategies import PRECISIONS, STRATEGIES
 
 # `up --help` groups its ~40 options into these panels.
@@ -136,6 +137,9 @@ RUN_OPTIONS = (
     opt("lr", float, 0.01, "SGD learning rate.", RUN),
     opt("save_every", int, 1, "Snapshot every N epochs.", RUN),
     opt("seed", int, 0, "Seed for data order, initial weights and synthetic data.", RUN),
+    opt("launcher", str, "torchrun", "How `-- CMD` starts on each node: torchrun (one worker per --gpus), spawn "
+        "(the script starts its own processes: run once per node, told its place by DDPCTL_* variables) or mpirun "
+        "(an MPI job across the nodes).", RUN, choices=LAUNCHERS),
     opt("max_restarts", int, 0, "torchrun restarts after a worker fails (resume from snapshots).", RUN),
     opt("name", str, None, "Run name (letters, digits, . _ -); an id is derived from it.", RUN, optional=True),
     opt("synthetic_train_size", int, None, "Synthetic data set: training samples.", RUN, optional=True),

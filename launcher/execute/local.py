@@ -18,6 +18,7 @@ from launcher.planning.plan import RunPlan, plan_local
 from launcher.planning.preflight import check_local_disk
 from launcher.results.progress import RunProgress
 from launcher.results.rundir import RunDir, read_json
+from launcher.runtimes.join_files import write_local_hook
 from launcher.runtimes.proctree import start_time, stop_tree
 from launcher.spec.datasets import check_local_data
 from launcher.spec.run_spec import RunSpec
@@ -115,6 +116,9 @@ def run_local(plan: RunPlan, run_dir: RunDir, show_progress: bool = True, show_o
     """Start torchrun, follow its progress until it ends, and return its exit code (130 after Ctrl-C)."""
     node = plan.nodes[0]
     env = {**os.environ, **dict(node.env)}
+    if plan.spec.user_command:  # the join hook first on the script's path: the world it forms is measured
+        hook = str(write_local_hook(run_dir.path))
+        env["PYTHONPATH"] = hook + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     out_path = run_dir.path / "torchrun.out"
     previous = interruption.catch_stop_signals()  # SIGTERM, SIGHUP too: torchrun's own session would outlive us
     with open(out_path, "wb") as out:

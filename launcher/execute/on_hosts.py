@@ -20,7 +20,7 @@ from launcher.execute.live_output import LiveOutput
 from launcher.execute.pull_record import pull_lock, write_pull_record
 from launcher.planning.plan import RunPlan
 from launcher.results.progress import FreshestProgress, RunProgress, console, stall_note
-from launcher.results.run_records import finish_records
+from launcher.results.run_records import finish_records, world_exit_code
 from launcher.results.rundir import RunDir, primary_node_out, read_json, write_bytes_atomic, write_json_atomic
 from launcher.runtimes.docker_hosts import ensure_image, registry_digest
 from launcher.runtimes.native import NodeState, OutputRequest, read_state, stop_node
@@ -114,7 +114,7 @@ def run_remote_up(plan: RunPlan, options: UpOptions, session: HostSession, recor
         raise Interrupted(outcome.text) from None
     interruption.pull_after_run(run_dir, lambda: pull_run(session, run_dir))
     code = teardown_outcome(run_dir, code, len(plan.nodes))
-    finish_records(run_dir)
+    code = world_exit_code(finish_records(run_dir), code)
     summary = read_json(run_dir.path / "summary.json")
     return UpResult(run_dir.path, code, summary, plan)
 

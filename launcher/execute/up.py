@@ -13,7 +13,7 @@ from launcher.execute.local_disk import full_disk_named, raise_if_disk_full
 from launcher.execute.local_outputs import LocalOutputs
 from launcher.planning.request import UpOptions, UpResult
 from launcher.providers.base import ExecutorCalls
-from launcher.results.run_records import finish_records
+from launcher.results.run_records import finish_records, world_exit_code
 from launcher.results.rundir import RunDir, read_json
 from launcher.spec.run_spec import RunSpec
 
@@ -101,5 +101,5 @@ def _run_here(acquired: AcquiredHosts) -> UpResult:
         raise_if_disk_full(run_path, code)
         local_failure(run_dir, code, spec.python)  # the first failure across ranks, in run.json and events.jsonl
         code = teardown_outcome(run_dir, code)
-        finish_records(run_dir)
+        code = world_exit_code(finish_records(run_dir), code)
     return UpResult(run_dir.path, code, read_json(run_dir.path / "summary.json"), plan)

@@ -6,12 +6,22 @@
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from launcher.errors import SpecError
+from launcher.spec.launchers import (
+    JOIN_DIR_ENV,
+    JOINED_DIR,
+    MASTER_ADDR_ENV,
+    MASTER_PORT_ENV,
+    NNODES_ENV,
+    NODE_RANK_ENV,
+    NPROC_ENV,
+)
 from launcher.spec.run_spec import MASKED, RunSpec
-from launcher.spec.torchrun import NodeRole, torchrun_argv
+from launcher.spec.torchrun import NodeRole, node_argv
+from launcher.spec.user_command import node_command
 
 if TYPE_CHECKING:
     from launcher.planning.facts import HostFacts
@@ -85,7 +95,7 @@ class RunPlan:
         multi = self.spec.nnodes > 1
         return {
             "run_id": self.spec.run_id, "nnodes": self.spec.nnodes, "nproc_per_node": self.spec.nproc_per_node,
-            "runtime": self.runtime, "image": self.image, "pull_image": self.pull_image,
+            "runtime": self.runtime, "launcher": self.spec.launcher, "image": self.image, "pull_image": self.pull_image,
             "rdzv_port": self.spec.rdzv_port if multi else None, "unknown": list(self.unknown),
             "node_facts": [f.to_json() for f in self.node_facts],
             "nodes": [{"index": n.index, "host": n.host.label, "address": n.host.address, "runtime": n.runtime,
@@ -97,7 +107,7 @@ class RunPlan:
         """The plan for people: one header, then each node's command; then what is not known, if anything."""
         port = f", rendezvous port {self.spec.rdzv_port}" if self.spec.nnodes > 1 else ""
         lines = [f"run {self.spec.run_id}: {self.spec.nnodes} node(s) x {self.spec.nproc_per_node} process(es), "
-                 f"runtime {self.runtime}{port}"]
+                 f"runtime {self.runtime}, launcher {self.spec.launcher}{port}"]
         for node, facts in zip(self.nodes, self.node_facts or [None] * len(self.nodes), strict=True):
             lines.append(f"node {node.index} [{node.host.label}, {node.runtime}]:")
             if facts is not None:
@@ -156,12 +166,13 @@ def plan_local(spec: RunSpec, run_dir: str, cwd: str) -> RunPlan:
         host=NodeHost(LOCAL),
         runtime="native",
         workspace=run_dir,
-        command=tuple(torchrun_argv(spec, role)),
-        env=node_env(spec, None, **({"DDPCTL_OUTPUT_DIR": f"{run_dir}/out"} if spec.user_command else {})),
+        command=tuple(node_argv(spec, role)),
+        env=node_env(spec, None, **({**script_env(spec, 0, None, f"{run_dir}/out"),
+                                      JOIN_DIR_ENV: f"{run_dir}/logs/{JOINED_DIR}"} if spec.user_command else {})),
         cwd=cwd,
         secret_names=secret_names(spec),
     )
-    return RunPlan(spec, (node,))
+    return RunPlan(spec, (shown_launch(spec, node),))
 
 
 def remote_workspace(run_id: str) -> str:
@@ -194,12 +205,40 @@ def native_node_plan(spec: RunSpec, index: int, host: NodeHost, rdzv_addr: str, 
         snapshot_dir="out/snapshots",
     )
     cwd = f"{workspace}/code" if spec.user_command else workspace
-    env = node_env(spec, host.iface)
+    env = node_env(spec, host.iface, **(launcher_env(spec, index, rdzv_addr) if spec.user_command else {}))
     if spec.user_command:
         # The user's command runs in its shipped directory; outputs are still collected from the workspace.
         role = NodeRole(node_rank=role.node_rank, out_dir="../out", log_dir="../logs",
                         rdzv_addr=role.rdzv_addr, local_addr=role.local_addr, snapshot_dir="../out/snapshots")
-    return NodePlan(index, host, "native", workspace, tuple(torchrun_argv(spec, role)), env, cwd, secret_names(spec))
+    node = NodePlan(index, host, "native", workspace, tuple(node_argv(spec, role)), env, cwd, secret_names(spec))
+    return shown_launch(spec, node)
+
+
+def shown_launch(spec: RunSpec, node: NodePlan) -> NodePlan:
+    """A spawn node as --dry-run shows it: the script's own command line, not the wrapper around it (node.command
+    keeps the whole argv, as --json shows it)."""
+    if spec.launcher != "spawn":
+        return node
+    script = node_command(spec.user_command, spec.python)
+    line = replace(node, command=script).shell_line()
+    return replace(node, display=f"{line}   # once on this node (--launcher spawn); output in logs/spawn/attempt_0/0/")
+
+
+def script_env(spec: RunSpec, node_rank: int, master_addr: str | None, output_dir: str) -> dict[str, str]:
+    """What a `-- CMD` node's script is told beyond torchrun's variables: where its outputs go and the launcher's
+    DDPCTL_* variables (launcher/spec/launchers.py)."""
+    return {"DDPCTL_OUTPUT_DIR": output_dir, **launcher_env(spec, node_rank, master_addr)}
+
+
+def launcher_env(spec: RunSpec, node_rank: int, master_addr: str | None) -> dict[str, str]:
+    """The DDPCTL_* variables a `-- CMD` node gets: its rank and the node count for any launcher; for spawn also
+    the processes per node and, on several nodes, node 0's address and port (one node: SPAWN_SCRIPT picks them)."""
+    env = {NODE_RANK_ENV: str(node_rank), NNODES_ENV: str(spec.nnodes)}
+    if spec.launcher == "spawn":
+        env[NPROC_ENV] = str(spec.nproc_per_node)
+        if spec.nnodes > 1 and master_addr:
+            env.update({MASTER_ADDR_ENV: master_addr, MASTER_PORT_ENV: str(spec.rdzv_port)})
+    return env
 
 
 def node_env(spec: RunSpec, iface: str | None, **base: str) -> tuple[tuple[str, str], ...]:

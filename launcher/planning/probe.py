@@ -73,7 +73,9 @@ def probe_hosts(session: HostSession, spec: RunSpec, options: UpOptions, choose_
                             lambda i: probe_host(session.conn(i), spec.python, session.labels[i]),
                             timeout=options.connect_timeout + 90, label=session.label_of)
     facts = tuple(raise_for_errors(outcomes, "preflight"))
-    runtime, engine_gpus = choose_runtime(options, session)
+    # Only torchrun runs in a container: another --launcher makes `auto` native (`docker` was refused).
+    chosen = options if spec.launcher == "torchrun" else replace(options, runtime="native")
+    runtime, engine_gpus = choose_runtime(chosen, session)
     procs = procs_per_node(spec, options, facts)
     problems = check_requirements(list(facts), procs, runs_host_torch=runtime.runs_host_torch, spec=spec)
     problems += strategy_problems(spec, procs, facts)
@@ -121,7 +123,7 @@ def plan_unprobed(spec: RunSpec, options: UpOptions, runtime: NodeRuntime,
     if spec.nnodes > 1 and options.rdzv_addr:  # judged without connecting; the nodes' own when probed
         check_public_rendezvous(options.rdzv_addr, [], options.allow_public_rendezvous)
     unknown = []
-    if options.runtime == "auto":
+    if options.runtime == "auto" and spec.launcher == "torchrun":
         unknown.append("runtime: auto is docker when every host has a working Docker engine, else native "
                        "(shown as native)")
     if options.auto_gpus:

@@ -214,8 +214,10 @@ def summary_table(summary: Mapping[str, Any], title: str) -> Table:
     table = Table(title=title, show_header=False, min_width=len(title) + 4)
     table.add_column("what", style="bold", no_wrap=True)
     table.add_column("value", no_wrap=True)
+    unknown = "unknown" if summary.get("world_measured") is False else None  # a script run that showed no world
     rows = [
-        ("world size", summary.get("world_size")),
+        ("world size", summary.get("world_size") if summary.get("world_size") is not None else unknown),
+        *([("processes", summary.get("processes") or unknown)] if "world_measured" in summary else []),
         ("epochs", summary.get("epochs")),
         ("training time", _seconds(summary.get("train_seconds"))),
         ("wall time", _seconds(summary.get("wall_seconds"))),

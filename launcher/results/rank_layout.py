@@ -66,4 +66,6 @@ def rank_layout(run_dir: RunDir) -> RankLayout:
         if workers and workers.isdigit():
             return RankLayout(int(workers), order_by_address([_option(c, "--local-addr") for c in commands]))
     spec = run_dir.spec()
+    if spec.launcher != "torchrun":  # the script runs once per node: its output is that node's one "worker"
+        return RankLayout(1, tuple(range(spec.nnodes)))
     return RankLayout(torchrun_workers(spec.strategy, spec.nproc_per_node), tuple(range(spec.nnodes)))

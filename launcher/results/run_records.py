@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from launcher.results.joined_worlds import measure, world_verdict
 from launcher.results.rank_layout import rank_layout
 from launcher.results.restarts import attempt_number, restarts_in
 from launcher.results.rundir import RunDir, read_json, write_bytes_atomic, write_json_atomic
@@ -66,23 +67,37 @@ def finish_records(run_dir: RunDir) -> dict[str, Any] | None:
     logs = node_logs_dirs(run_dir)[node] if node < len(counts) else run_dir.path / "logs"
     attempts = sorted((d for d in logs.glob("*/attempt_*") if attempt_number(d.name) is not None),
                       key=lambda d: attempt_number(d.name) or 0)
+    measured = measure(node_logs_dirs(run_dir))
+    planned_world = spec.world_size if spec.launcher == "torchrun" else None  # spawn: the script picks its own
+    world, warning, failed = world_verdict(measured, spec.nnodes, planned_world)
     for attempt_dir in attempts:
         seen = len(script.timing)
         try:
             script.feed((attempt_dir / str(local_rank) / "stdout.log").read_text(errors="replace") + "\n")
         except OSError:
             continue
-        timing += [{**r, "world_size": layout.world_size, "restart_count": attempt_number(attempt_dir.name)}
+        timing += [{**r, "world_size": world["world_size"], "restart_count": attempt_number(attempt_dir.name)}
                    for r in script.timing[seen:]]
     if timing:
         text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in timing)
         write_bytes_atomic(run_dir.path / "timing.jsonl", text.encode())
     summary = {"written_by": WRITTEN_BY, "command": list(spec.user_command), "model": _script_name(spec.user_command),
-               "dataset": "-", "world_size": layout.world_size, "nnodes": len(layout.node_of_group),
+               "dataset": "-", **world, "nnodes": len(layout.node_of_group), "launcher": spec.launcher,
                "restarts": max(counts, default=0), "wall_seconds": _elapsed(run_dir),
                **script_summary(timing, script.record)}  # fmt: skip
+    if warning is not None:
+        summary.update(world_warning=warning, world_failed=failed)
+    if not any(e.get("event") == "world_measured" for e in run_dir.events()):
+        run_dir.event("world_measured", **{k: v for k, v in world.items() if k != "world_measured"},
+                      measured=world["world_measured"], warning=warning, failed=failed)
     write_json_atomic(summary_path, summary)
     return summary
+
+
+def world_exit_code(summary: dict[str, Any] | None, code: int) -> int:
+    """A run that ended well but did not train as one world across its nodes fails (exit 1): never a silent
+    success with the wrong world."""
+    return 1 if code == 0 and summary is not None and summary.get("world_failed") else code
 
 
 def _script_name(command: tuple[str, ...] | list[str]) -> str:

@@ -27,8 +27,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from launcher.errors import SpecError
-from launcher.planning.plan import NodeHost, NodePlan, node_env, secret_names
+from launcher.planning.plan import NodeHost, NodePlan, node_env, script_env, secret_names
 from launcher.runtimes.base import NODE_STOP_GRACE_SECONDS, STOP_GRACE_SECONDS
+from launcher.spec.launchers import HOOK_DIR, JOIN_DIR_ENV, JOINED_DIR
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.torchrun import NodeRole, torchrun_argv
 
@@ -103,8 +104,11 @@ def docker_node_plan(spec: RunSpec, index: int, host: NodeHost, rdzv_addr: str, 
         snapshot_dir=f"{ws}/out/snapshots",
     )
     argv = torchrun_argv(replace(spec, python=IMAGE_PYTHON), role)
-    env = node_env(spec, host.iface, HOME="/tmp", PYTHONPATH=f"{ws}/code",
-                   **({"DDPCTL_OUTPUT_DIR": f"{ws}/out"} if spec.user_command else {}))
+    # A `-- CMD` node: ddpctl's variables, and the join hook first on its path (the world it forms is measured).
+    script = {**script_env(spec, index, rdzv_addr if multi else None, f"{ws}/out"),
+              JOIN_DIR_ENV: f"{ws}/logs/{JOINED_DIR}", "PYTHONPATH": f"{ws}/{HOOK_DIR}:{ws}/code"}
+    env = node_env(spec, host.iface, **{"HOME": "/tmp", "PYTHONPATH": f"{ws}/code", **(script if spec.user_command
+                                                                                          else {})})
     broken = [key for key, value in env if "\n" in value or "\r" in value]
     if broken:
         raise SpecError(f"--env {', '.join(broken)}: a value with a line break cannot reach a container (docker's "

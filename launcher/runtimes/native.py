@@ -75,7 +75,7 @@ setsid sh -c '
     done < "$ws/$envfile"
     rm -f "$ws/$envfile"
   fi
-  export PYTHONPATH="$ws/code${PYTHONPATH:+:$PYTHONPATH}"
+  export PYTHONPATH="$ws/hook:$ws/code${PYTHONPATH:+:$PYTHONPATH}" DDPCTL_JOIN_DIR="$ws/logs/joined"
   cd "$HOME" && cd "$cwd" && "$@"
   echo $? > "$ws/exit_code.tmp" && mv "$ws/exit_code.tmp" "$ws/exit_code"
 ' ddpctl-node "$ws" "$cwd" "$envfile" "$@" > torchrun.out 2>&1 < /dev/null &

@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING
 from launcher.errors import HostError
 from launcher.results.record import RecordError
 from launcher.runtimes.docker import DockerRuntime
+from launcher.runtimes.join_files import write_remote_hook
 from launcher.runtimes.native import DETACH_SCRIPT, NativeRuntime
+from launcher.spec.launchers import NODE_RANK_ENV
 from launcher.transport.connection import HostConnection
 
 if TYPE_CHECKING:
@@ -65,6 +67,8 @@ def start_node(conn: HostConnection, node: NodePlan, label: str) -> int:
     """Write the node's environment file, then start its command detached; return its pid."""
     try:
         write_env_file(conn, node)
+        if NODE_RANK_ENV in dict(node.env):  # a `-- CMD` node: the world its processes join is measured
+            write_remote_hook(conn.sftp, node.workspace)
     except OSError as e:
         raise HostError(label, f"could not write the node's environment into {node.workspace}: {e}") from e
     result = conn.run(start_argv(node), timeout=30)

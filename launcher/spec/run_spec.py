@@ -14,6 +14,7 @@ from typing import Any
 
 from launcher.errors import SpecError
 from launcher.spec import strategies
+from launcher.spec.launchers import check_launcher
 from launcher.spec.trainer_bounds import check_trainer_args, check_trainer_value
 
 MODELS = ("mnist-cnn", "mnist-cnn-small", "resnet18")
@@ -114,6 +115,8 @@ class RunSpec:
     threads_per_process: int | None = None
     average_every: str | None = None
     precision: str = "fp32"
+    # How `-- CMD` starts on each node (launcher/spec/launchers.py): torchrun, spawn or mpirun.
+    launcher: str = "torchrun"
 
     def __post_init__(self) -> None:
         check_name(self.run_id, "run id")
@@ -137,6 +140,7 @@ class RunSpec:
         strategies.check_strategy(self.strategy, devices=self.devices, average_every=self.average_every,
                                   user_command=bool(self.user_command), nnodes=self.nnodes,
                                   nproc_per_node=self.nproc_per_node)
+        check_launcher(self.launcher, user_command=bool(self.user_command), max_restarts=self.max_restarts)
         if self.threads_per_process is not None:
             check_trainer_value("--threads-per-process", self.threads_per_process)
         if self.precision not in strategies.PRECISIONS:

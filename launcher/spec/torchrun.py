@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from launcher.spec import strategies
+from launcher.spec.launchers import SPAWN_SCRIPT
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.user_command import node_command
 
@@ -94,6 +95,18 @@ def torchrun_argv(spec: RunSpec, role: NodeRole) -> list[str]:
     if spec.user_command:
         return argv + ["--no-python", *node_command(spec.user_command, spec.python)]
     return argv + trainer_argv(spec, role)
+
+
+def node_argv(spec: RunSpec, role: NodeRole) -> list[str]:
+    """What a node runs for the spec's --launcher: torchrun (torchrun_argv) or the script itself (spawn)."""
+    if spec.launcher == "spawn":
+        return spawn_argv(spec, role, node_command(spec.user_command, spec.python))
+    return torchrun_argv(spec, role)
+
+
+def spawn_argv(spec: RunSpec, role: NodeRole, command: tuple[str, ...]) -> list[str]:
+    """A spawn node's command: launchers.SPAWN_SCRIPT running `command` once, its output into role.log_dir."""
+    return ["sh", "-c", SPAWN_SCRIPT, "ddpctl-spawn", role.log_dir, spec.python, *command]
 
 
 def _bracket(addr: str) -> str:

@@ -7,6 +7,7 @@ import os
 import re
 
 from launcher.errors import SpecError
+from launcher.spec.launchers import MPI_INSTEAD
 
 # The options that only reach our trainer's argv (spec/torchrun.py: trainer_argv and strategy_argv, and the
 # synthetic data set's sizes, passed as trainer_args): with `-- CMD` nothing reads them. --strategy is not here:
@@ -21,6 +22,9 @@ INTERPRETER_WORDS = ("python", "python3")
 # Python modules that are launchers: `python -m X` would start a second launcher inside ddpctl's torchrun.
 LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch", "accelerate", "deepspeed")
 LAUNCHER_PROGRAMS = ("torchrun", "accelerate", "accelerate-launch", "deepspeed")
+# MPI's launchers: ddpctl starts the MPI job itself with --launcher mpirun.
+MPI_PROGRAMS = ("mpiexec", "mpirun", "orterun", "mpiexec.hydra", "mpiexec.openmpi", "mpirun.openmpi",
+                "mpiexec.mpich", "mpirun.mpich")
 
 INSTEAD = ("ddpctl is the launcher (it runs torchrun on every node): give your script itself, e.g. "
            "`-- python train.py ARGS`, and set the launch with `ddpctl up` options: --gpus (processes per node), "
@@ -36,7 +40,7 @@ def launcher_in(command: tuple[str, ...]) -> str | None:
     if not command:
         return None
     program = os.path.basename(command[0])
-    if program in LAUNCHER_PROGRAMS:
+    if program in LAUNCHER_PROGRAMS or program in MPI_PROGRAMS:
         return " ".join([program, *command[1:2]]) if program == "accelerate" else program
     if _is_python(program):
         for i, word in enumerate(command[1:], start=1):
@@ -58,6 +62,9 @@ def check_user_command(command: tuple[str, ...], trainer_flags: list[str]) -> No
     """Refuse a `-- CMD` that starts another launcher, and our trainer's options given with it (`trainer_flags`:
     the command-line spelling of those the user gave)."""
     launcher = launcher_in(command)
+    if launcher in MPI_PROGRAMS:
+        raise SpecError(f"`-- {launcher} ...` would start a whole MPI job inside each of ddpctl's workers: "
+                        f"{MPI_INSTEAD}")
     if launcher is not None:
         raise SpecError(f"`-- {launcher} ...` would start a second launcher inside ddpctl's torchrun: {INSTEAD}")
     if trainer_flags:

@@ -1,0 +1,127 @@
+"""The `sitecustomize` a `-- CMD` run's nodes get (copied as HOOK_DIR/sitecustomize.py, HOOK_DIR first on their
+PYTHONPATH): every Python process of the run that joins a torch.distributed process group or an MPI world writes
+one record of it — kind, rank, world size, pid, node, host, attempt — as a JSON file into $DDPCTL_JOIN_DIR. The
+processes a script starts itself (`mp.spawn`: a fresh interpreter inherits the environment) record theirs too. So
+the world size a summary shows is what ran (launcher/results/joined_worlds.py reads them), never what was planned.
+
+Standard library only, importable without torch; it patches nothing until torch or mpi4py is imported, and then
+only wraps `init_process_group` (after it returns) or reads MPI's COMM_WORLD once MPI is initialised. Any error in
+it is swallowed: measuring must never break the user's script. Another sitecustomize on the path still runs.
+"""
+
+import contextlib
+import functools
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import json
+import os
+import sys
+import time
+
+JOIN_DIR_ENV = "DDPCTL_JOIN_DIR"
+_TORCH = "torch.distributed.distributed_c10d"
+_MPI = "mpi4py.MPI"
+
+
+def _record(kind, rank, world_size, where=None):
+    folder = os.environ.get(JOIN_DIR_ENV)
+    if not folder:
+        return
+    try:
+        os.makedirs(folder, exist_ok=True)
+        record = {"kind": kind, "rank": int(rank), "world_size": int(world_size), "pid": os.getpid(),
+                  "node": os.environ.get("DDPCTL_NODE_RANK"), "host": os.uname().nodename,
+                  "attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0), "where": where,
+                  "time": time.time()}
+        name = f"{kind}-{os.getpid()}-{time.monotonic_ns()}.json"
+        with open(os.path.join(folder, f".{name}.tmp"), "w") as f:
+            json.dump(record, f)
+        os.replace(os.path.join(folder, f".{name}.tmp"), os.path.join(folder, name))
+    except Exception:  # noqa: BLE001, S110 - measuring must never break the script
+        pass
+
+
+def _torch_where(args, kwargs):
+    init = kwargs.get("init_method") or (args[1] if len(args) > 1 else None)
+    if isinstance(init, str) and init != "env://":
+        return init
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    return f"{addr}:{port}" if addr else None
+
+
+def _patch_torch(module):
+    original = getattr(module, "init_process_group", None)
+    if original is None or getattr(original, "_ddpctl_joins", False):
+        return
+
+    def init_process_group(*args, **kwargs):
+        result = original(*args, **kwargs)
+        with contextlib.suppress(Exception):
+            _record("torch", module.get_rank(), module.get_world_size(), _torch_where(args, kwargs))
+        return result
+
+    functools.update_wrapper(init_process_group, original)
+    init_process_group.__dict__["_ddpctl_joins"] = True
+    module.init_process_group = init_process_group
+
+
+def _record_mpi(module):
+    try:
+        if module.Is_initialized() and not module.Is_finalized():
+            world = module.COMM_WORLD
+            _record("mpi", world.Get_rank(), world.Get_size(), module.Get_processor_name())
+    except Exception:  # noqa: BLE001, S110 - measuring must never break the script
+        pass
+
+
+_AFTER_LOAD = {_TORCH: _patch_torch, _MPI: _record_mpi}
+
+
+class _JoinFinder(importlib.abc.MetaPathFinder):
+    """Finds the two modules as the other finders do, then runs our step after the module's own code."""
+
+    def find_spec(self, name, path, target=None):
+        after = _AFTER_LOAD.get(name)
+        if after is None:
+            return None
+        spec = None
+        for finder in [f for f in sys.meta_path if f is not self]:  # those after us (mpi4py adds its own)
+            find = getattr(finder, "find_spec", None)
+            spec = find(name, path, target) if find is not None else None
+            if spec is not None:
+                break
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        load = loader.exec_module
+
+        def exec_module(module):
+            load(module)
+            after(module)
+
+        loader.exec_module = exec_module
+        return spec
+
+
+def _chain_next_sitecustomize():
+    """Run the sitecustomize that ours hides (the one later on sys.path), as Python would have."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    ours = sys.modules.get("sitecustomize")
+    rest = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None:
+        return
+    try:
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except Exception:  # noqa: BLE001, S110 - as site.py does: a failing sitecustomize does not stop Python
+        pass
+    finally:
+        if ours is not None:
+            sys.modules["sitecustomize"] = ours
+
+
+if os.environ.get(JOIN_DIR_ENV):
+    sys.meta_path.insert(0, _JoinFinder())
+_chain_next_sitecustomize()

@@ -1,0 +1,87 @@
+"""How a `-- CMD` is started on each node (`--launcher`): torchrun (the default: one worker per --gpus), `spawn`
+(the script starts its own processes, e.g. with `torch.multiprocessing.spawn`: ddpctl runs it once per node and
+tells it where it sits through the DDPCTL_* variables below) or `mpirun` (an MPI job). Pure functions of the spec.
+"""
+
+from __future__ import annotations
+
+from launcher.errors import SpecError
+from launcher.spec.script_look import Finding, first
+
+LAUNCHERS = ("torchrun", "spawn")
+# What to do with an MPI script (its own refusals: `-- mpiexec ...`, an mpi4py script under torchrun or spawn).
+MPI_INSTEAD = "ddpctl does not start MPI jobs yet: run it with mpiexec on the hosts yourself"
+
+# What a `--launcher spawn` script is told (docs/guides/launchers.md). Every launcher's node gets NODE_RANK and
+# NNODES; spawn's also the processes per node and node 0's address and port for its process group.
+NODE_RANK_ENV = "DDPCTL_NODE_RANK"
+NNODES_ENV = "DDPCTL_NNODES"
+NPROC_ENV = "DDPCTL_NPROC_PER_NODE"
+MASTER_ADDR_ENV = "DDPCTL_MASTER_ADDR"
+MASTER_PORT_ENV = "DDPCTL_MASTER_PORT"
+
+# The join records every `-- CMD` run's processes write (launcher/runtimes/join_hook.py, read back by
+# launcher/results/joined_worlds.py): the hook's folder in a node's workspace (first on PYTHONPATH), the variable
+# naming the records' folder, and that folder under the node's logs/.
+HOOK_DIR = "hook"
+JOIN_DIR_ENV = "DDPCTL_JOIN_DIR"
+JOINED_DIR = "joined"
+
+# Where a spawn node's output goes, laid out as torchrun's --log-dir is (logs/<group>/attempt_<N>/<local rank>/),
+# so following, pulling, `ddpctl logs` and failure attribution read it the same way: one "worker" per node.
+SPAWN_LOG_GROUP = "spawn"
+
+# Runs the script once, its output into the log layout above. One node: MASTER_ADDR/MASTER_PORT too (a free
+# local port unless the user's --env set one), which a write-up's script that reads them finds. Arguments: the
+# log dir, the node's python (to pick the port), then the command. A fixed script: values arrive as arguments.
+SPAWN_SCRIPT = r"""
+logs=$1; py=$2; shift 2
+FREE_PORT='import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+out="$logs/spawn/attempt_0/0"
+mkdir -p "$out" || exit 3
+if [ "${DDPCTL_NNODES:-1}" = 1 ]; then
+  [ -n "$MASTER_ADDR" ] || MASTER_ADDR=127.0.0.1
+  [ -n "$MASTER_PORT" ] || MASTER_PORT=$("$py" -c "$FREE_PORT") || exit 3
+  DDPCTL_MASTER_ADDR=$MASTER_ADDR; DDPCTL_MASTER_PORT=$MASTER_PORT
+  export MASTER_ADDR MASTER_PORT DDPCTL_MASTER_ADDR DDPCTL_MASTER_PORT
+fi
+exec "$@" > "$out/stdout.log" 2> "$out/stderr.log"
+"""
+
+
+def check_launcher(launcher: str, *, user_command: bool, max_restarts: int) -> None:
+    """Raise SpecError (one line) when `--launcher` cannot run this spec."""
+    if launcher not in LAUNCHERS:
+        raise SpecError(f"--launcher {launcher!r}: choose one of {', '.join(LAUNCHERS)}")
+    if launcher == "torchrun":
+        return
+    if not user_command:
+        raise SpecError(f"--launcher {launcher} starts your own script (`-- python train.py`); our trainer runs "
+                        "under torchrun (its --strategy spawn starts its own processes): drop --launcher")
+    if max_restarts:
+        raise SpecError(f"--max-restarts is torchrun's (it restarts its workers); --launcher {launcher} starts "
+                        "the script once: drop --max-restarts, or rerun the run (`ddpctl up --from RUN`)")
+
+
+def check_script(findings: list[Finding], launcher: str, *, explicit: bool, nnodes: int, nproc_per_node: int
+                 ) -> list[str]:
+    """Refuse (SpecError, one line: the line found and the option to use) a script the launcher would run as
+    something other than planned; return warnings where the user chose the launcher outright (`--launcher
+    torchrun` given: they may know better)."""
+    problems = []
+    spawns, mpi, pinned = first(findings, "spawns"), first(findings, "mpi"), first(findings, "localhost")
+    if launcher == "torchrun" and spawns is not None:
+        problems.append(f"{spawns.where} starts its own processes: under torchrun each of the {nproc_per_node} "
+                        "worker(s) per node would start them again (clashing ports, worlds nobody planned); run it "
+                        "with --launcher spawn (ddpctl then runs it once per node)")
+    if launcher in ("torchrun", "spawn") and mpi is not None:
+        problems.append(f"{mpi.where}: an MPI script; under {launcher} each process would be an MPI world of its own "
+                        f"({MPI_INSTEAD})")
+    if launcher == "spawn" and nnodes > 1 and pinned is not None:
+        raise SpecError(f"{pinned.where} pins the process group to this machine: on {nnodes} nodes each would train "
+                        f"alone, in a world of its own; take node 0's address and port from ${MASTER_ADDR_ENV} and "
+                        f"${MASTER_PORT_ENV}, and the global rank from ${NODE_RANK_ENV} x ${NPROC_ENV} + the local "
+                        f"rank (world size ${NNODES_ENV} x ${NPROC_ENV})")
+    if problems and not (explicit and launcher == "torchrun"):
+        raise SpecError(problems[0])
+    return problems

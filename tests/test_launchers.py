@@ -1,0 +1,190 @@
+"""`--launcher` on this machine: spawn scripts run once and train with their own processes, the summary's world
+size is the one that ran (measured from the processes' joins), and scripts that would start processes or MPI
+worlds ddpctl did not plan are refused before the run or caught after it (tests/launcher_scripts.py: the shapes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher.errors import SpecError
+from launcher.results.joined_worlds import JoinRecord, MeasuredWorlds, world_verdict
+from launcher.spec.launchers import check_script
+from launcher.spec.script_look import look
+from tests.launcher_scripts import write_scripts
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def ddpctl(project: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True, cwd=project,
+                          timeout=timeout, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def only_run(runs: Path) -> Path:
+    (run,) = [p for p in runs.iterdir() if p.is_dir()]
+    return run
+
+
+def joins(run: Path) -> list[dict[str, object]]:
+    return [json.loads(p.read_text()) for p in sorted((run / "logs" / "joined").glob("*.json"))]
+
+
+@pytest.mark.integration
+def test_a_spawn_script_runs_once_and_its_own_processes_train(tmp_path: Path) -> None:
+    """Write-ups 2 and 4 as written (localhost:12355, world_size = 2 in the script), with --gpus 1: the summary
+    says world size 2 and 2 processes, what ran (before, torchrun's layout said 1)."""
+    project = write_scripts(tmp_path / "project")
+    result = ddpctl(project, "up", "--launcher", "spawn", "--gpus", "1", "--runs-dir", "runs", "--json",
+                    "--", "python", "spawn_localhost.py")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["summary"]["world_size"] == 2 and out["summary"]["processes"] == 2
+    assert out["summary"]["world_measured"] is True and out["summary"]["launcher"] == "spawn"
+    run = only_run(project / "runs")
+    log = (run / "logs" / "spawn" / "attempt_0" / "0" / "stdout.log").read_text()
+    for rank in (0, 1):  # both spawned processes trained, in one world of 2
+        assert f"rank {rank}/2 step 19 loss" in log and f"rank {rank} done" in log
+    assert sorted((j["rank"], j["world_size"], j["where"]) for j in joins(run)) == [
+        (0, 2, "localhost:12355"), (1, 2, "localhost:12355")]
+    assert (run / "out" / "model.pt").stat().st_size > 0
+    plan = run.joinpath("run.json").read_text()
+    assert '"launcher": "spawn"' in plan
+
+
+@pytest.mark.integration
+def test_a_spawn_script_is_told_its_place_by_ddpctls_variables(tmp_path: Path) -> None:
+    """The multi-node shape on one node: DDPCTL_NODE_RANK 0, NNODES 1, NPROC_PER_NODE from --gpus, and node 0's
+    address and a free port (MASTER_ADDR/MASTER_PORT too); shown by --dry-run."""
+    project = write_scripts(tmp_path / "project")
+    dry = ddpctl(project, "up", "--launcher", "spawn", "--gpus", "3", "--dry-run", "--", "python", "spawn_ddpctl.py")
+    assert dry.returncode == 0, dry.stderr
+    assert "launcher spawn" in dry.stdout and "DDPCTL_NPROC_PER_NODE=3" in dry.stdout
+    assert "torch.distributed.run" not in dry.stdout and "once on this node (--launcher spawn)" in dry.stdout
+    result = ddpctl(project, "up", "--launcher", "spawn", "--gpus", "3", "--runs-dir", "runs", "--json",
+                    "--", "python", "spawn_ddpctl.py")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["summary"]["world_size"] == 3
+    records = joins(only_run(project / "runs"))
+    assert sorted(j["rank"] for j in records) == [0, 1, 2] and {j["node"] for j in records} == {"0"}
+    where = {j["where"] for j in records}
+    assert len(where) == 1 and where.pop().startswith("127.0.0.1:")  # the port ddpctl picked, not 29400
+
+
+@pytest.mark.integration
+def test_a_spawn_script_under_torchrun_is_refused_naming_the_line_and_the_launcher(tmp_path: Path) -> None:
+    project = write_scripts(tmp_path / "project")
+    result = ddpctl(project, "up", "--runs-dir", "runs", "--", "python", "spawn_localhost.py")
+    assert result.returncode == 1 and result.stdout == ""
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: spawn_localhost.py:") and "mp.spawn(main" in line and "--launcher spawn" in line
+    assert not (project / "runs").exists()
+
+
+@pytest.mark.integration
+def test_chosen_torchrun_with_a_spawn_script_warns_before_and_after_with_the_measured_world(tmp_path: Path) -> None:
+    """The issue's `--gpus 1` case, with torchrun chosen outright: a warning first, then the world that ran (2
+    processes, not the planned 1) in a warning with the measured numbers; never a silent "world size 1"."""
+    project = write_scripts(tmp_path / "project")
+    result = ddpctl(project, "up", "--launcher", "torchrun", "--gpus", "1", "--runs-dir", "runs",
+                    "--", "python", "spawn_localhost.py")
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 2, result.stderr
+    assert "starts its own processes" in warnings[0] and "--launcher spawn" in warnings[0]
+    assert "has 2 processes, not the planned 1" in warnings[1]
+    summary = json.loads((only_run(project / "runs") / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["processes"] == 2
+
+
+@pytest.mark.integration
+def test_an_mpi_script_as_torchrun_workers_fails_as_separate_worlds(tmp_path: Path) -> None:
+    """`-- python parallel_sgd.py` under torchrun (chosen outright): each worker is an MPI world of one; the run
+    exits 1 naming the separate worlds, never 0 with "world size 2"."""
+    pytest.importorskip("mpi4py", reason="mpi4py (infra/setup.sh --test installs it)")
+    project = write_scripts(tmp_path / "project")
+    result = ddpctl(project, "up", "--launcher", "torchrun", "--gpus", "2", "--runs-dir", "runs",
+                    "--", "python", "parallel_sgd.py")
+    assert result.returncode == 1, result.stderr
+    assert "an MPI script" in result.stderr.splitlines()[0]
+    summary = json.loads((only_run(project / "runs") / "summary.json").read_text())
+    # Two MPI singletons started at once sometimes abort in OpenMPI's start-up ("Local abort before MPI_INIT"):
+    # then the run fails on its own; when both ran, the measured worlds fail it.
+    if (only_run(project / "runs") / "logs" / "joined").is_dir():
+        last = result.stderr.strip().splitlines()[-1]
+        assert last.startswith("error: the run did not train as one world: 2 process(es) in 2 separate worlds"), last
+        assert summary["world_size"] is None and summary["worlds"] == 2 and summary["world_failed"] is True
+    assert summary["world_size"] != 2
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("command", [["mpiexec", "-np", "2", "python", "parallel_sgd.py"],
+                                     ["mpirun", "--allow-run-as-root", "-n", "2", "python3", "parallel_sgd.py"],
+                                     ["/usr/bin/mpiexec.openmpi", "python", "parallel_sgd.py"]])
+def test_mpi_launchers_after_the_dash_dash_are_refused(tmp_path: Path, command: list[str]) -> None:
+    project = write_scripts(tmp_path / "project")
+    result = ddpctl(project, "up", "--runs-dir", "runs", "--", *command)
+    assert result.returncode == 1
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: `-- {Path(command[0]).name} ...` would start a whole MPI job"), line
+    assert not (project / "runs").exists()
+
+
+@pytest.mark.integration
+def test_an_mpi_script_is_refused_under_torchrun_and_spawn(tmp_path: Path) -> None:
+    project = write_scripts(tmp_path / "project")
+    for launcher in ("torchrun", "spawn"):
+        result = ddpctl(project, "up", "--dry-run", *(["--launcher", launcher] if launcher == "spawn" else []),
+                        "--", "python", "parallel_sgd.py")
+        assert result.returncode == 1
+        assert "parallel_sgd.py:3: `from mpi4py import MPI`: an MPI script" in result.stderr
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("args", "message"), [
+    (["--launcher", "spawn"], "--launcher spawn starts your own script"),
+    (["--launcher", "spawn", "--max-restarts", "1", "--", "python", "x.py"], "--max-restarts is torchrun's"),
+    (["--launcher", "mpi", "--", "python", "x.py"], "--launcher 'mpi': choose one of torchrun, spawn"),
+])
+def test_launcher_bad_input_is_one_line(tmp_path: Path, args: list[str], message: str) -> None:
+    project = write_scripts(tmp_path / "project")
+    result = ddpctl(project, "up", "--runs-dir", "runs", *args)
+    assert result.returncode != 0 and message in result.stderr
+    assert not (project / "runs").exists()
+
+
+def test_the_static_look_finds_spawn_mpi_and_a_pinned_localhost(tmp_path: Path) -> None:
+    project = write_scripts(tmp_path / "project")
+    kinds = {f.kind: f.line_number for f in look(("python", "spawn_localhost.py"), project)}
+    assert set(kinds) == {"spawns", "localhost"}
+    assert {f.kind for f in look(("python3", "-u", "parallel_sgd.py", "--x"), project)} == {"mpi"}
+    assert look(("python", "-m", "pkg.train"), project) == []  # nothing to read: no claim either way
+    assert {f.kind for f in look(("python", "spawn_hidden.py"), project)} == {"spawns"}  # its import is not read
+    with pytest.raises(SpecError, match=r"spawn_localhost.py:\d+: `os.environ\[\"MASTER_ADDR\"\] = \"localhost\"` "
+                                        r"pins the process group to this machine: on 2 nodes"):
+        check_script(look(("python", "spawn_localhost.py"), project), "spawn", explicit=True, nnodes=2,
+                     nproc_per_node=2)
+    assert check_script(look(("python", "spawn_ddpctl.py"), project), "spawn", explicit=True, nnodes=2,
+                        nproc_per_node=2) == []
+
+
+def _record(rank: int, size: int, node: int) -> JoinRecord:
+    return JoinRecord("torch", rank, size, node, "h", 0, "localhost:12355")
+
+
+def test_the_verdict_fails_separate_worlds_and_a_world_short_of_the_nodes() -> None:
+    two = MeasuredWorlds(tuple(_record(r, 2, n) for n in (0, 1) for r in (0, 1)))
+    fields, warning, failed = world_verdict(two, planned_nodes=2, planned_world=2)
+    assert failed and fields["world_size"] is None and fields["processes"] == 4 and fields["worlds"] == 2
+    assert warning is not None and "4 process(es) in 2 separate worlds (world size 2) on nodes 0, 1" in warning
+    one_node = MeasuredWorlds((_record(0, 2, 0), _record(1, 2, 0)))
+    assert world_verdict(one_node, planned_nodes=2, planned_world=None)[2] is True
+    assert world_verdict(one_node, planned_nodes=1, planned_world=2) == (
+        {"world_size": 2, "processes": 2, "worlds": 1, "world_measured": True}, None, False)
+    assert world_verdict(None, planned_nodes=1, planned_world=2) == (
+        {"world_size": None, "processes": None, "world_measured": False}, None, False)
