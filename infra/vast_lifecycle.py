@@ -8,6 +8,7 @@ keys (create/delete api-key, permissions with `constraints`). Called by infra/va
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from collections import deque
@@ -55,6 +56,11 @@ class Switches:
     message_only_errors: bool = False  # error bodies hold only {"message": ...} (no success, error or msg)
     proxy_host: str | None = None  # show ssh_host as this proxy (the direct address stays public_ipaddr)
     manage_permission: str = "api.instance.manage"  # the permission name scoped keys need for manage instance
+    # Every instance gets its own key (the create answer's `instance_api_key`), injected into the container as
+    # CONTAINER_API_KEY; it "can only start, stop, or destroy that specific instance" (Vast's docs, Hello World).
+    # Here it reaches the instance's SSH sessions (a test-bed host's ~/.ssh/environment); False: instances without
+    # it (the fallback to scoped keys).
+    container_keys: bool = True
 
 
 class Lifecycle:
@@ -66,6 +72,7 @@ class Lifecycle:
         self.rate_limited: list[tuple[str, str]] = []  # every 429 the limiter sent
         self.stops: dict[int, list[list[float | None]]] = {}  # instance id -> [[stopped_at, started_at|None]]
         self.frozen: set[int] = set()  # instances paused with memory kept (their GPU still bills; a start resumes)
+        self.container_keys: dict[str, int] = {}  # each instance's own key -> its instance id
         self.started: dict[int, float] = {}  # instance id -> when it was last started again
         self.manage_calls: list[tuple[int, str, str]] = []  # (instance id, state, "owner" | key name)
         self._last: dict[tuple[str, str], float] = {}
@@ -123,6 +130,33 @@ class Lifecycle:
                 body: Any) -> tuple[int, Any] | None:
         """None when the key may make this request, else Vast's refusal (see vast_scoped_keys)."""
         return self.key_store.refusal(key, op_name, method, path_id, body, self.switches.manage_permission)
+
+    # -- the instance's own key (CONTAINER_API_KEY) ------------------------------------------------------------
+
+    def new_container_key(self, iid: int, host: Any) -> str:
+        """Make instance `iid`'s own key and put it into the instance (when the switch says so)."""
+        key = "vck-" + secrets.token_hex(16)
+        self.container_keys[key] = iid
+        if self.switches.container_keys and hasattr(host, "update_ssh_environment"):
+            host.update_ssh_environment({"CONTAINER_API_KEY": key})
+        return key
+
+    def container_instance(self, bearer: str | None) -> int | None:
+        """The instance whose own key this Authorization header carries, if any."""
+        return self.container_keys.get((bearer or "").removeprefix("Bearer "))
+
+    @staticmethod
+    def container_refusal(iid: int, live: bool, op_name: str, path_id: str | None, body: Any) -> tuple[int, Any] | None:
+        """None when an instance's own key may make this request (start, stop or destroy that instance), else the
+        refusal: 401 once the instance is gone (its key went with it), 403 for anything else."""
+        if not live:
+            return 401, {"success": False, "error": "auth_error", "msg": "Invalid user key"}
+        own = path_id == str(iid)
+        if own and op_name == "destroy_instance":
+            return None
+        if own and op_name == "manage_instance" and isinstance(body, dict) and set(body) <= {"state"}:
+            return None
+        return 403, {"success": False, "error": "forbidden", "msg": "instance key may only manage its own instance"}
 
     # -- stop / start ----------------------------------------------------------------------------------------
 

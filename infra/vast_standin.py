@@ -204,7 +204,15 @@ class VastStandIn:
         if limited is not None:
             return limited
         scoped = self.lifecycle.scoped(headers.get("authorization"))
-        if scoped is not None:
+        container = self.lifecycle.container_instance(headers.get("authorization"))
+        if container is not None:
+            record["container_key"] = container
+            inst = self.instances.get(container)
+            refused = self.lifecycle.container_refusal(container, inst is not None and inst.destroyed_at is None,
+                                                       op.name, path_id, body)
+            if refused is not None:
+                return refused
+        elif scoped is not None:
             record["scoped_key"] = scoped.name
             refused = self.lifecycle.refusal(scoped, op.name, method, path_id, body)
             if refused is not None:
@@ -259,11 +267,12 @@ class VastStandIn:
         inst.address = (inst.host.address, int(inst.host.port))
         inst.user = inst.host.user
         inst.start_error = vast_market.on_created(self, inst)
+        instance_key = self.lifecycle.new_container_key(iid, inst.host)
         for key in self.account_keys:
             self._add_key(inst, key)
         if self._creates in self.faults.lost_create_answers:
             return 500, {"detail": "Internal Server Error"}
-        return 200, example("create_instance.put.200", new_contract=iid)
+        return 200, example("create_instance.put.200", new_contract=iid, instance_api_key=instance_key)
 
     def _show_instance_get(self, iid: int, _body: Any, _query: Any) -> tuple[int, Any]:
         inst = self.instances.get(iid)
@@ -301,7 +310,9 @@ class VastStandIn:
         if inst is None or inst.destroyed_at is not None:
             return 404, {"success": False, "error": "no_such_instance", "msg": "Instance not found"}
         if "state" in body:
-            self.lifecycle.manage(iid, body["state"], self.requests[-1].get("scoped_key") or "owner")
+            record = self.requests[-1]
+            who = f"container:{record['container_key']}" if "container_key" in record else None
+            self.lifecycle.manage(iid, body["state"], who or record.get("scoped_key") or "owner")
         return 200, {"success": True}
 
     def _create_api_key_post(self, _id: Any, body: dict[str, Any], _query: Any) -> tuple[int, Any]:

@@ -198,6 +198,8 @@ def test_detached_run_is_autostopped_then_down_starts_pulls_verifies_and_destroy
             VastStandIn(api_key=KEY, offers=[make_offer(1, 301, dph_base=0.40, storage_cost=0.20)],
                         host_factory=lambda _iid: bed.add_host(22), host_remover=bed.remove_host, boot_delay_s=0.2,
                         bind=bed.state.bridge_address) as standin:
+        # an instance without CONTAINER_API_KEY: the fallback, a scoped key (the instance's own: test_vast_autostop_e2e)
+        standin.lifecycle.switches.container_keys = False
         runs = tmp_path / "runs"
         up = _ddpctl(standin, tmp_path, "up", "--provider", "vast", "--image", "docker.io/ddpctl/trainer:1",
                      "--disk", str(DISK), "--gpus", "1", "--runs-dir", str(runs), "--epochs", "1",
@@ -216,6 +218,9 @@ def test_detached_run_is_autostopped_then_down_starts_pulls_verifies_and_destroy
         record = json.loads((run / "run.json").read_text())
         assert record["autostop"]["key_shapes"] == ["documented"]
         assert record["instances"][0]["autostop_key_shape"] == "documented"
+        [used] = record["autostop"]["keys"]  # which key, and why, recorded
+        assert used["key"] == "scoped" and used["key_id"] == key.id and "no CONTAINER_API_KEY" in used["why"]
+        assert "stop-only account key made for node(s) [0] (no CONTAINER_API_KEY there)" in up.stderr
         assert [r["path"] for r in standin.requests if r.get("scoped_key") and r["method"] == "GET"] == [
             "/api/v0/users/current/", f"/api/v0/instances/{iid}/"]
 
@@ -255,6 +260,7 @@ def test_detached_run_is_autostopped_then_down_starts_pulls_verifies_and_destroy
             time.sleep(0.2)
         watching = _ddpctl(standin, tmp_path, "status", run.name, "--json", "--runs-dir", str(runs))
         assert watching.returncode == 0 and json.loads(watching.stdout)["nodes"][0]["autostop"] == "watching"
+        assert json.loads(watching.stdout)["nodes"][0]["autostop_key"] == "scoped"
         assert "autostop" not in watching.stderr
         standin.lifecycle.switches.manage_permission = "api.instance.change_state"
         standin.faults.burst.clear()

@@ -6,6 +6,9 @@ And each node's watchdog state as `status` reads it (launcher/providers/vast/wat
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+from types import SimpleNamespace
 
 import pytest
 
@@ -89,6 +92,18 @@ def test_a_key_refused_with_401_counts_as_refused(standin):
     assert getattr(made, "shape", None) == DOCUMENTED and rejected == []
 
 
+class _ThisMachine:
+    """A one-node session whose node is this machine: commands run here, without CONTAINER_API_KEY."""
+
+    def conn(self, _index: int) -> _ThisMachine:
+        return self
+
+    def run(self, argv: list[str], timeout: float) -> SimpleNamespace:
+        env = {k: v for k, v in os.environ.items() if k != "CONTAINER_API_KEY"}
+        out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+        return SimpleNamespace(exit_code=out.returncode, stdout=out.stdout, stderr=out.stderr)
+
+
 def test_arm_autostop_without_a_proven_key_says_autostop_is_off_in_one_line(standin, tmp_path, capsys):
     from launcher.providers.vast.autostop import arm_autostop
     from launcher.providers.vast.ledger import Ledger
@@ -98,7 +113,8 @@ def test_arm_autostop_without_a_proven_key_says_autostop_is_off_in_one_line(stan
     standin.lifecycle.key_store.switches.shape = "something_else"  # refuses both forms
     run_dir = RunDir.create(tmp_path, RunSpec(run_id="vast-key"), {
         "nodes": [{"workspace": "/ws"}], "instances": [{"instance_id": IID, "state": "rented", "node": 0}]})
-    arm_autostop(_client(standin), session=None, ledger=Ledger(run_dir), minutes=5)  # type: ignore[arg-type]
+    # the node is this machine, asked for its CONTAINER_API_KEY for real: it has none, so a scoped key is tried
+    arm_autostop(_client(standin), session=_ThisMachine(), ledger=Ledger(run_dir), minutes=5)  # type: ignore[arg-type]
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("autostop is off: no stop-only API key passed its proof")
     assert "bill in full until `ddpctl down`" in err

@@ -73,7 +73,7 @@ def status(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, json_out: bool 
         epoch = f"{row['epoch']}/{row['epochs']}" if row["epoch"] else "-"
         exit_code = "-" if row["exit_code"] is None else str(row["exit_code"])
         table.add_row(str(row["node"]), str(row["host"]), str(row["state"]), exit_code, epoch,
-                      str(row.get("restarts", "-")), *([str(row.get("autostop", "-"))] if watchdogs else []))
+                      str(row.get("restarts", "-")), *([_autostop_cell(row)] if watchdogs else []))
     console.print(table)
     if isinstance(record.get("failure"), dict) and record["failure"].get("summary"):  # what `up` named as the cause
         console.print(f"failure: {record['failure']['summary']}", markup=False, highlight=False)
@@ -82,6 +82,12 @@ def status(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, json_out: bool 
         say(f"{len(still)} Vast.ai machine(s) of run(s) {', '.join(sorted({r['run'] for r in still}))} are still "
             "rented and billing: see `ddpctl status --rented`; stop them with `ddpctl down RUN`", style="yellow")
 
+
+
+def _autostop_cell(row: dict[str, object]) -> str:
+    """A node's watchdog state and the key it stops its machine with (Vast.ai: the instance's own or a scoped one)."""
+    key = {"container": "CONTAINER_API_KEY", "scoped": "scoped key"}.get(str(row.get("autostop_key")))
+    return str(row.get("autostop", "-")) + (f" ({key})" if key else "")
 
 def logs(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR,
          node: int | None = typer.Option(None, "--node", help="Show this node's torchrun output (default 0)."),

@@ -17,6 +17,7 @@ from launcher.execute.before_start import nothing_started_if_interrupted
 from launcher.execute.failure_cause import cause_exit_code, report_failure, shown_state, teardown_outcome
 from launcher.execute.hang_watch import RunWatch
 from launcher.execute.live_output import LiveOutput
+from launcher.execute.outside_stops import outside_stop
 from launcher.execute.pull_record import pull_lock, write_pull_record
 from launcher.planning.plan import RunPlan
 from launcher.results.progress import FreshestProgress, RunProgress, console, stall_note
@@ -82,7 +83,7 @@ def run_remote_up(plan: RunPlan, options: UpOptions, session: HostSession, recor
     write_json_atomic(run_dir.path / PLAN_FILE, plan.to_json())
     run_dir.event("planned", nodes=[n.shell_line() for n in plan.nodes])
     shipping = "shipping the image and the code to the hosts" if plan.image else "shipping the code to the hosts"
-    with nothing_started_if_interrupted(shipping, run_dir, keep_run_dir=not made_here,
+    with nothing_started_if_interrupted(shipping, run_dir, keep_run_dir=not made_here, failures_too=True,
                                         kept_because="it records the machines the provider acquired"):
         ship_image(session, plan, run_dir, options.show_progress)
         ship_code(session, plan, run_dir)
@@ -199,9 +200,10 @@ def node_workspaces(run_dir: RunDir) -> list[str]:
     return [n["workspace"] for n in run_dir.record()["nodes"]]
 
 
-def poll_states(session: HostSession, run_dir: RunDir,
-                outputs: list[OutputRequest | None] | None = None) -> list[NodeState | None]:
-    """Every node's state (with `outputs`, a worker's new output too); None for a node that cannot be reached."""
+def poll_states(session: HostSession, run_dir: RunDir, outputs: list[OutputRequest | None] | None = None,
+                key_changes: dict[int, str] | None = None) -> list[NodeState | None]:
+    """Every node's state (with `outputs`, a worker's new output too); None for a node that cannot be reached.
+    `key_changes` gets, by node, the refusal of a host whose key is not the one pinned (HOST KEY CHANGED)."""
     workspaces = node_workspaces(run_dir)
     wanted = outputs or [None] * len(workspaces)
     outcomes = run_on_hosts(list(range(len(workspaces))),
@@ -211,8 +213,16 @@ def poll_states(session: HostSession, run_dir: RunDir,
     for index, outcome in enumerate(outcomes):
         if outcome.error is not None:
             session.drop(index)  # reconnect on the next poll
+            if key_changes is not None and host_key_refused(outcome.error):
+                key_changes[index] = " ".join(str(outcome.error).split())
         states.append(outcome.value if outcome.error is None else None)
     return states
+
+
+def host_key_refused(error: BaseException) -> bool:
+    """Whether a host was refused for the key it presented (changed, of another type, revoked)."""
+    return isinstance(error, DdpctlError) and any(
+        words in str(error) for words in ("HOST KEY CHANGED", "HOST KEY TYPE CHANGED", "REVOKED HOST KEY"))
 
 
 def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
@@ -230,7 +240,17 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
     with RunProgress(labels, enabled=show_progress) as progress:
         live = LiveOutput(run_dir, progress, show_output)  # rank 0's output, a script's progress, restarts
         while True:
-            states = live.observe(poll_states(session, run_dir, live.requests(len(labels))))
+            key_changes: dict[int, str] = {}
+            states = live.observe(poll_states(session, run_dir, live.requests(len(labels)), key_changes))
+            for index, refusal in key_changes.items():  # every retry would meet the same key: said at once
+                progress.update(index, None, "HOST KEY CHANGED")
+                run_dir.event("host_key_refused", node=index, error=refusal)
+                raise DdpctlError(f"{refusal}; ddpctl no longer talks to node {index}, so the run goes on there "
+                                  f"unseen: check the host, then `ddpctl status {run_dir.run_id}`, "
+                                  f"`ddpctl down {run_dir.run_id}`")
+            stopped_outside = outside_stop(run_dir, states, labels)  # `ddpctl down`, a deleted workspace
+            if stopped_outside is not None:
+                raise RunStopRequested(*stopped_outside)
             extra = watch() if watch else ""  # e.g. the live cost of rented machines, on node 0's line
             now = time.monotonic()
             for index, state in enumerate(states):

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.errors import DdpctlError
 from launcher.execute.failure_cause import failure_from_pulled
+from launcher.execute.outside_stops import DOWN_EVENT
 from launcher.results.progress import progress_record
 from launcher.results.run_records import finish_records, node_restarts
 from launcher.results.rundir import RunDir
@@ -26,14 +27,16 @@ def host_status_rows(run_dir: RunDir, options: UpOptions) -> list[dict[str, Any]
     """One row per node of a run on hosts: its process state and progress, asked of its host."""
     from launcher.execute.on_hosts import poll_states, reattach
 
+    key_changes: dict[int, str] = {}
     with reattach(run_dir, options) as session:
-        states = poll_states(session, run_dir)
+        states = poll_states(session, run_dir, key_changes=key_changes)
     rows = []
     pulled = node_restarts(run_dir)  # for a node that cannot be asked: what its pulled logs say
     for index, state in enumerate(states):
         progress = (progress_record(state.progress) or {}) if state else {}
         rows.append({"node": index, "host": session.labels[index],
-                     "state": state.label if state else "unreachable",
+                     "state": state.label if state else ("HOST KEY CHANGED" if index in key_changes
+                                                         else "unreachable"),
                      "exit_code": state.exit_code if state else None,
                      "epoch": progress.get("epoch"), "epochs": progress.get("epochs"),
                      "restarts": pulled[index] if state is None or state.attempt is None else state.attempt})
@@ -67,6 +70,7 @@ def stop_and_pull_hosts(run_dir: RunDir, options: UpOptions) -> None:
     from launcher.planning.rdzv_reservation import release_on_node0
 
     with reattach(run_dir, options) as session:
+        run_dir.event(DOWN_EVENT)  # an `up` following the run says it was stopped by down, not that it failed
         stop_all(session, run_dir)
         release_on_node0(session, run_dir.spec().python, run_dir.run_id)  # a detached run's rendezvous port
         pull_run(session, run_dir)

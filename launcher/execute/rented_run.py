@@ -32,7 +32,8 @@ class RentedRun:
                 return stopped
             rows = host_status_rows(run_dir, options)
             if record.get("autostop"):  # each node's watchdog, and a warning for one that will not stop its machine
-                add_watchdog_states(rows, _on_nodes(run_dir, options, watchdog_command), run_dir.run_id)
+                add_watchdog_states(rows, _on_nodes(run_dir, options, watchdog_command), run_dir.run_id,
+                                    record["autostop"].get("keys"))
             return rows
         return offline_rows(run_dir)
 

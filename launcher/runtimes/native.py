@@ -198,6 +198,7 @@ class NodeState:
     output_from: int | None = None
     output_to: int | None = None
     output_attempt: int | None = None  # the attempt those bytes belong to (the one before `attempt` until read)
+    workspace_gone: bool = False  # the host has no such workspace (deleted since the start)
 
     @property
     def finished(self) -> bool:
@@ -210,6 +211,8 @@ class NodeState:
             return "finished" if self.exit_code == 0 else f"failed (exit {self.exit_code})"
         if self.alive:
             return "running"
+        if self.workspace_gone:
+            return "workspace gone"
         return "not started" if self.pid is None else "lost"
 
 
@@ -242,6 +245,7 @@ def read_state(conn: HostConnection, workspace: str, output: OutputRequest | Non
         pid=int(pid_s) if pid_s.isdigit() else None,
         exit_code=int(ec_s) if ec_s.strip().lstrip("-").isdigit() else None,
         alive=alive_s == "1",
+        workspace_gone=alive_s == "gone",
         progress=progress,
         disk_free=int(fields[3]) * 1024 if len(fields) > 3 and fields[3].strip().isdigit() else None,
         attempt=_int(attempt_s),

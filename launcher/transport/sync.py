@@ -6,6 +6,7 @@ symlinks reported, never followed; what it cannot read is listed as unreadable, 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -190,6 +191,8 @@ def ship_tree(conn: Connection, local_dir: Path, remote_dir: str, *, python: str
             sftp.chmod(tmp, local[rel][2])
             sftp.posix_rename(tmp, final)
         except OSError as e:
+            with contextlib.suppress(OSError, EOFError):  # a partial upload is not left in the cache (when the
+                sftp.remove(tmp)  # connection is gone, the next ship prunes it: it is in no local manifest)
             raise HostError(conn.label, f"sending {rel} to {remote_dir} failed: {e}") from e
         sent_bytes += local[rel][0]
     if to_delete:

@@ -2,19 +2,26 @@
 machines stop (not destroyed: the results stay on their disks, and only storage bills) until `ddpctl pull` or
 `ddpctl down` starts them again.
 
-Who may stop what. Vast.ai's API has scoped API keys (POST /api/v0/auth/apikeys/, permissions as
-{"api": {CATEGORY: {ENDPOINT: {"constraints": {PARAM: {eq|lte|gte: VALUE}}}}}}, docs: api-reference/permissions).
-Every node runs its own small watchdog holding its own key, created for this run and limited to one request:
-manage instance (instance_write) with `id` eq its own instance and `state` eq "stopped". That key can stop its
-own machine and nothing else: not start, destroy, rent, read, or touch another instance. It is kept 0600 in the
-node's workspace and deleted from the account at `down` (with the machines). Vast also puts an instance key of
-its own into every container (CONTAINER_API_KEY); its scope is not documented, so it is not used.
+Which key stops a machine. Every node runs its own small watchdog, and it stops its machine with, in this order:
+
+1. the instance's own key, CONTAINER_API_KEY. Vast creates it with the instance (the create answer's
+   `instance_api_key`) and injects it into the container; "it can only start, stop, or destroy that specific
+   instance" (Vast's docs, "Hello World", https://docs.vast.ai/api-reference/hello-world). The watchdog reads it on
+   the node when it stops the machine: from its own environment, else from the environment of the container's
+   process 1 (Vast's SSH sessions do not see the container's variables). Nothing is created, sent or deleted, and
+   the key never leaves the node. Used whenever the node has it (asked before arming, without printing it).
+2. only when a node has no CONTAINER_API_KEY: a scoped account key made for that node (POST /api/v0/auth/apikeys/,
+   permissions as {"api": {CATEGORY: {ENDPOINT: {"constraints": {PARAM: {eq|lte|gte: VALUE}}}}}}, docs:
+   api-reference/permissions), limited to manage instance with `id` eq its own instance and `state` eq "stopped".
+   The permission name "api.instance.manage" and the `state` constraint are not in Vast's docs, so each key is
+   read back and proven before it goes to the node (scoped_key.py). Kept 0600 in the node's workspace and
+   deleted from the account at `down` (with the machines).
+
+Which one each node uses, and why, is in run.json (`autostop.keys`), the `vast.autostop_armed` event, the ledger
+(`autostop_key`) and `ddpctl status` (the autostop column).
 
 One watchdog per node rather than one on node 0 holding keys for all: a node then holds no power over another,
 and every node's own exit_code (written when its torchrun ends) says when its part of training is over.
-The endpoint's permission name "api.instance.manage" follows the documented pattern ("api.instance.request_logs"
-for request logs). The permission's shape is not trusted: each key is read back and proven before it goes to a node
-(scoped_key.py), and the shape that passed is recorded.
 """
 
 from __future__ import annotations
@@ -36,14 +43,39 @@ if TYPE_CHECKING:
 
 DEFAULT_MINUTES = 30.0
 STATE_DIR = ".autostop"  # inside the node's workspace: key (0600), pulled (touched by `ddpctl pull`), state.json
+CONTAINER_ENVIRON = "/proc/1/environ"  # the container's first process: where Vast's CONTAINER_API_KEY lives
+CONTAINER, SCOPED = "container", "scoped"  # which key a node's watchdog stops its machine with
+
+# Runs on the node (stdlib only): where its CONTAINER_API_KEY is ("environment", "process 1"), or "absent".
+# Prints where, never the key.
+CONTAINER_KEY_PROBE = r"""
+import os, sys
+def found():
+    if os.environ.get("CONTAINER_API_KEY", "").strip():
+        return "environment"
+    try:
+        with open(sys.argv[1], "rb") as f:
+            items = f.read().split(b"\0")
+    except OSError:
+        return "absent"
+    for item in items:
+        if item.startswith(b"CONTAINER_API_KEY=") and item[len(b"CONTAINER_API_KEY="):].strip():
+            return "process 1"
+    return "absent"
+print(found())
+"""
 
 # Runs on the node with its own python (stdlib only). Forks away from the SSH session and then checks every
-# `poll` seconds; the key is read from its file only when it is used, and never printed.
+# `poll` seconds; the key (argv 6: "container": CONTAINER_API_KEY, from the environment or from argv 7's environ
+# file; "scoped": the key file) is read only when it is used, and never printed.
 WATCHDOG = r"""
 import json, os, sys, time, urllib.error, urllib.request
 ws, url, iid = sys.argv[1], sys.argv[2].rstrip("/"), int(sys.argv[3])
 idle, poll = float(sys.argv[4]), float(sys.argv[5])
+source = sys.argv[6] if len(sys.argv) > 6 else "scoped"
+environ = sys.argv[7] if len(sys.argv) > 7 else "/proc/1/environ"
 d = os.path.join(ws, ".autostop")
+os.makedirs(d, mode=0o700, exist_ok=True)  # a node using its container key has no key file there
 state = os.path.join(d, "state.json")
 def write(**kw):
     tmp = state + ".tmp"
@@ -66,8 +98,24 @@ while True:
     marks = [os.path.getmtime(p) for p in (code, os.path.join(d, "pulled")) if os.path.exists(p)]
     if time.time() - max(marks) < idle:
         continue
-    with open(os.path.join(d, "key")) as f:
-        key = f.read().strip()
+    key = ""
+    if source == "container":
+        key = os.environ.get("CONTAINER_API_KEY", "").strip()
+        if not key:
+            try:
+                with open(environ, "rb") as f:
+                    items = f.read().split(b"\0")
+            except OSError:
+                items = []
+            for item in items:
+                if item.startswith(b"CONTAINER_API_KEY="):
+                    key = item.split(b"=", 1)[1].decode().strip()
+        if not key:
+            write(state="failed", error="CONTAINER_API_KEY is gone from the instance")
+            sys.exit(1)
+    else:
+        with open(os.path.join(d, "key")) as f:
+            key = f.read().strip()
     req = urllib.request.Request("%s/api/v0/instances/%d/" % (url, iid), data=b'{"state": "stopped"}',
                                  method="PUT", headers={"Authorization": "Bearer " + key,
                                                         "Content-Type": "application/json"})
@@ -101,21 +149,36 @@ def arm_autostop(client: VastClient, session: HostSession, ledger: Ledger, minut
         ledger.run_dir.event("vast.autostop_failed", error=str(exc))
         say(f"autostop is off: {exc}; the machines bill in full until `ddpctl down`", style="bold yellow")
         return
-    say(f"autostop: each machine stops {minutes:g} min after its training ended and nothing pulled; then only "
-        "its storage bills until `ddpctl pull` or `ddpctl down` starts it again")
+    keys = (ledger.run_dir.record().get("autostop") or {}).get("keys") or []
+    scoped = [k["node"] for k in keys if k.get("key") == SCOPED]
+    how = ("with its instance's own CONTAINER_API_KEY" if not scoped else
+           f"with a stop-only account key made for node(s) {scoped} (no CONTAINER_API_KEY there)"
+           + (", the others with their own CONTAINER_API_KEY" if len(scoped) < len(keys) else ""))
+    say(f"autostop: each machine stops {minutes:g} min after its training ended and nothing pulled ({how}); then "
+        "only its storage bills until `ddpctl pull` or `ddpctl down` starts it again")
 
 
 def start_autostop(client: VastClient, session: HostSession, ledger: Ledger, minutes: float) -> None:
-    """Create each node's stop-only key, put it on the node (0600) and start the node's watchdog. A failure
-    deletes the keys made so far and raises: the run goes on, without autostop, and the caller says so."""
+    """Arm every node's watchdog with the instance's own CONTAINER_API_KEY where the node has it, else with a
+    stop-only scoped key made for it (put on the node, 0600), and start the watchdogs. A failure deletes the keys
+    made so far and raises: the run goes on, without autostop, and the caller says so."""
     run_dir = ledger.run_dir
     nodes = run_dir.record().get("nodes") or []
     by_node = {int(i["node"]): i for i in ledger.instances if i.get("state") == "rented" and i.get("node") is not None}
     made: list[int] = []
-    shapes: list[str] = []  # the permission shape each node's key was proven with
+    shapes: list[str] = []  # the permission shape each scoped key was proven with
+    keys: list[dict[str, Any]] = []  # per node: which key stops its machine, and why
     try:
+        found = container_keys(session, len(nodes), python=run_dir.spec().python)
         for index, node in enumerate(nodes):
             inst = by_node[index]
+            if found.get(index):
+                inst["autostop_key"] = CONTAINER
+                keys.append({"node": index, "key": CONTAINER,
+                             "why": f"the instance has CONTAINER_API_KEY ({found[index]}): Vast's own key, which "
+                                    "can only start, stop or destroy this instance; nothing was created"})
+                ledger.save()
+                continue
             # the shape proven on the first node is tried first on the others (each key is proven all the same)
             order = [*shapes[:1], *(s for s in SHAPES if s not in shapes[:1])]
             stop_key = make_stop_key(client, f"ddpctl-autostop-{run_dir.run_id}-{inst['instance_id']}"[:255],
@@ -124,19 +187,42 @@ def start_autostop(client: VastClient, session: HostSession, ledger: Ledger, min
             shapes.append(stop_key.shape)
             # the id only: the key itself goes to the node and nowhere else
             inst["autostop_key_id"], inst["autostop_key_shape"] = stop_key.key_id, stop_key.shape
+            inst["autostop_key"] = SCOPED
+            keys.append({"node": index, "key": SCOPED, "key_id": stop_key.key_id,
+                         "why": "the instance has no CONTAINER_API_KEY (neither in its SSH session nor in its first "
+                                "process's environment): a stop-only account key was made for it, proven, and is "
+                                "deleted at `down`"})
             ledger.save()
             _install(session, index, node["workspace"], stop_key.key)
-        run_dir.update_record(autostop={"minutes": minutes, "api_url": client.base_url, "key_shapes": shapes})
+        run_dir.update_record(autostop={"minutes": minutes, "api_url": client.base_url, "key_shapes": shapes,
+                                        "keys": keys})
         start_watchdogs(session, run_dir, list(range(len(nodes))))
     except (DdpctlError, KeyError) as exc:
         delete_keys(client, made)
         for inst in ledger.instances:
-            inst.pop("autostop_key_id", None)
-            inst.pop("autostop_key_shape", None)
+            for field in ("autostop_key_id", "autostop_key_shape", "autostop_key"):
+                inst.pop(field, None)
         ledger.save()
         run_dir.update_record(autostop=None)
         raise DdpctlError(str(exc).splitlines()[0]) from None
-    run_dir.event("vast.autostop_armed", minutes=minutes, keys=made, key_shapes=shapes)
+    run_dir.event("vast.autostop_armed", minutes=minutes, keys=made, key_shapes=shapes, key_sources=keys)
+
+
+def container_keys(session: HostSession, count: int, python: str) -> dict[int, str | None]:
+    """Where each node's CONTAINER_API_KEY is ("environment" or "process 1"), None where it has none (or could not
+    be asked: that node falls back to a scoped key). The key itself is never printed nor read here."""
+    def ask(index: int) -> str | None:
+        out = session.conn(index).run([python, "-c", CONTAINER_KEY_PROBE, CONTAINER_ENVIRON], timeout=30)
+        where = out.stdout.strip().splitlines()[-1:] if out.exit_code == 0 else []
+        return where[0] if where and where[0] in ("environment", "process 1") else None
+
+    found: dict[int, str | None] = {}
+    for index in range(count):
+        try:
+            found[index] = ask(index)
+        except DdpctlError:
+            found[index] = None
+    return found
 
 
 def _rejected_event(run_dir: RunDir, index: int) -> Callable[[str, str, Any], None]:
@@ -156,8 +242,10 @@ def start_watchdogs(session: HostSession, run_dir: RunDir, indexes: list[int]) -
     poll = max(0.5, min(30.0, minutes * 60 / 6))
 
     def start(index: int) -> None:
-        ws, iid = nodes[index]["workspace"], by_node[index]["instance_id"]
-        argv = [python, "-c", WATCHDOG, ws, settings["api_url"], str(iid), f"{minutes * 60:g}", f"{poll:g}"]
+        ws, inst = nodes[index]["workspace"], by_node[index]
+        source = inst.get("autostop_key") or SCOPED  # runs armed before the container key: scoped keys
+        argv = [python, "-c", WATCHDOG, ws, settings["api_url"], str(inst["instance_id"]), f"{minutes * 60:g}",
+                f"{poll:g}", source, CONTAINER_ENVIRON]
         out = session.conn(index).run(argv, timeout=30)
         if out.exit_code != 0 or "watching" not in out.stdout:
             raise HostError(session.label_of(index), f"the autostop watchdog did not start: "

@@ -5,8 +5,10 @@ rented_list.py.
 run.json `instances`: one object per instance the run ever created, in creation order: `instance_id`, `node`,
 `dph` ($/hour, disk included), `created_at`, `state` (starting | failed | rented | destroyed | destroy_failed),
 `destroyed_at`, plus RentedInstance.to_json() once it ran; `storage_dph` ($/hour of its disk alone), `stops`
-([[stopped_at, started_at or null], ...]: while stopped only the storage bills) and `autostop_key_id` (the id of
-its stop-only API key, see autostop.py) when they apply. `cost_usd` at the top is the spend so far (final once
+([[stopped_at, started_at or null], ...]: while stopped only the storage bills), `frozen` (true while Vast shows
+it frozen: halted like a stopped one, but its GPU bills on), `autostop_key` (which key its
+autostop uses: "container", the instance's own CONTAINER_API_KEY, or "scoped") and `autostop_key_id` (the id of a
+scoped stop-only API key, see autostop.py) when they apply. `cost_usd` at the top is the spend so far (final once
 `released_at` is set).
 """
 

@@ -28,8 +28,10 @@ MACHINE_PATTERNS = (
     "tls handshake timeout", "connection reset by peer", "unexpected eof", "error pulling image configuration",
     "error response from daemon",
 )
-# actual_status values that never become running: exited, offline, and unknown ("no recent heartbeat from the host";
-# Vast's docs say such an instance will not reach running and is to be destroyed): the next machine is tried at once.
+# actual_status values that never become running: exited, offline, and unknown ("no recent heartbeat from the host").
+# Vast's docs: "If actual_status becomes exited, unknown or offline, it will never reach running ... Destroy the
+# instance and retry with a different offer" (Hello World, https://docs.vast.ai/api-reference/hello-world): the
+# next machine is tried at once.
 # The states the docs call transitional (null "being provisioned", loading, rebooting) are waited for.
 FAILED_STATES = frozenset({"exited", "offline", "unknown"})
 TRANSIENT_STATES = frozenset({None})  # not reported yet: waited for a bounded time (provision's transient_grace)

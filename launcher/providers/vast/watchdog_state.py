@@ -72,11 +72,16 @@ def parse_watchdog(text: str) -> WatchdogState:
     return WatchdogState(state if isinstance(state, str) else None, str(error) if error else None, alive)
 
 
-def add_watchdog_states(rows: list[dict[str, Any]], outputs: dict[int, str], run_id: str) -> None:
-    """Put each node's watchdog state in its status row (`autostop`), and warn in one line for each that will not
-    stop its machine. `outputs`: node -> watchdog_command's output (absent: the node could not be asked)."""
+def add_watchdog_states(rows: list[dict[str, Any]], outputs: dict[int, str], run_id: str,
+                        keys: list[dict[str, Any]] | None = None) -> None:
+    """Put each node's watchdog state in its status row (`autostop`) and the key it stops its machine with
+    (`autostop_key`: "container" or "scoped", from run.json's autostop.keys), and warn in one line for each that
+    will not stop its machine. `outputs`: node -> watchdog_command's output (absent: the node could not be asked)."""
+    key_of = {k.get("node"): k.get("key") for k in keys or [] if isinstance(k, dict)}
     for row in rows:
         node = row.get("node")
+        if key_of.get(node):
+            row["autostop_key"] = key_of[node]
         if not isinstance(node, int) or node not in outputs:
             row["autostop"] = "unknown (node not reached)"
             continue

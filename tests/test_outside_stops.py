@@ -1,0 +1,118 @@
+"""A followed run ended from outside `up`, on the test bed (one host, a tiny long run each): `ddpctl down` from a
+second terminal makes `up` say the run was stopped by down; a workspace deleted on its host ends `up` with a line
+that says so (not "not started" for ever); a host key that changes mid-run is named HOST KEY CHANGED by `up` and
+by `status`; a ship that fails leaves no run directory and says nothing was started. Each asserts the user's line
+and, where ddpctl can know them, that no run process is left."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from infra.testbed import Testbed, cleanup_stale
+from tests.faults.fault_support import (
+    TINY,
+    Up,
+    assert_nothing_left_running,
+    ddpctl,
+    last_line,
+    running_processes,
+    wait_for,
+)
+from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE
+
+pytestmark = pytest.mark.skipif(TESTBED_UNAVAILABLE, reason=TESTBED_SKIP_REASON)
+LONG = [*TINY, "--epochs", "500"]
+
+
+@pytest.fixture(scope="module")
+def bed() -> Iterator[Testbed]:
+    cleanup_stale("ddpext")
+    testbed = Testbed("ddpext", n_hosts=1, host_python=True)
+    try:
+        yield testbed
+    finally:
+        testbed.stop()
+
+
+def training(up: Up) -> None:
+    wait_for("training to start", lambda: (up.workspace(0) / "out" / "progress.json").exists(), timeout=120)
+
+
+def test_down_from_another_terminal_is_named_by_up(bed: Testbed, tmp_path: Path) -> None:
+    up = Up(bed, bed.hosts, tmp_path / "runs", *LONG)
+    training(up)
+    down = ddpctl(bed, "down", str(up.run))
+    assert down.returncode == 0, down.stderr
+    code, err = up.finish(timeout=120)
+    assert code == 1, err
+    assert last_line(err).startswith(f"error: run {up.run.name} was stopped by `ddpctl down` (from another "
+                                     "terminal); every node was stopped and what it wrote pulled to"), err
+    assert "training failed" not in err and "SIGTERM" not in err
+    assert_nothing_left_running(bed.hosts)
+
+
+def test_a_workspace_deleted_mid_run_ends_up_with_a_stated_outcome(bed: Testbed, tmp_path: Path) -> None:
+    up = Up(bed, bed.hosts, tmp_path / "runs", *LONG)
+    training(up)
+    left = []
+    try:
+        shutil.rmtree(up.workspace(0))
+        code, err = up.finish(timeout=60)
+        assert code == 1, err
+        assert f"the workspace of node 0 ({bed.hosts[0].spec}) is gone from its host" in last_line(err), err
+        assert "check `ps` on the host" in last_line(err)
+        status = ddpctl(bed, "status", str(up.run))
+        assert "workspace gone" in status.stdout + status.stderr
+    finally:  # the node's torchrun lost its pid file with the workspace: ended here, by pid
+        left = [int(line.split()[0]) for line in running_processes(bed.hosts[0]).splitlines()]
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+    assert_nothing_left_running(bed.hosts)
+
+
+def test_a_host_key_changed_mid_run_is_named_by_up_and_status(bed: Testbed, tmp_path: Path) -> None:
+    up = Up(bed, bed.hosts, tmp_path / "runs", *LONG)
+    training(up)
+    host = bed.hosts[0]
+    host.regenerate_host_key()  # sshd restarted with a new key (the machine reinstalled, or another one)
+    sessions = subprocess.run(["pgrep", "-u", host.user, "-f", "^sshd: "], capture_output=True, text=True).stdout
+    for pid in sessions.split():  # the connections to the old sshd end with it: `up` connects again
+        os.kill(int(pid), signal.SIGTERM)
+    code, err = up.finish(timeout=120)
+    assert code == 1, err
+    assert "HOST KEY CHANGED" in last_line(err) and "the run goes on there unseen" in last_line(err), err
+    status = ddpctl(bed, "status", str(up.run))
+    assert "HOST KEY CHANGED" in status.stdout + status.stderr
+    for pid in [int(line.split()[0]) for line in running_processes(bed.hosts[0]).splitlines()]:
+        os.kill(pid, signal.SIGKILL)  # ddpctl rightly refuses to talk to the host now: ended here, by pid
+
+
+def test_a_ship_that_fails_leaves_no_run_directory_and_says_nothing_started(bed: Testbed, tmp_path: Path) -> None:
+    host = bed.hosts[0]
+    code_cache = Path(host.home, ".ddpctl", "code")
+    moved = code_cache.with_name("code.kept")
+    if code_cache.exists():
+        code_cache.rename(moved)
+    made_top = not code_cache.parent.exists()
+    code_cache.mkdir(mode=0o555, parents=True)  # root's, not writable by the login: the host cannot take the code
+    try:
+        up = Up(bed, bed.hosts, tmp_path / "runs", *TINY, "--epochs", "1")
+        code, err = up.finish(timeout=120)
+    finally:
+        code_cache.rmdir()
+        if made_top:
+            shutil.rmtree(code_cache.parent)
+        if moved.exists():
+            moved.rename(code_cache)
+    assert code == 1, err
+    assert last_line(err) == ("shipping the code to the hosts failed: nothing was started on any host; no run "
+                              "directory kept (it held only the plan)"), err
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == []  # `status`, `logs -f` have no run to wait on
+    assert_nothing_left_running(bed.hosts)
