@@ -141,3 +141,30 @@ def test_a_slurmd_killed_mid_run_ends_the_job_as_node_fail_with_what_was_pulled(
     assert shown.strip().splitlines()[-1].startswith(f"error: training failed: job {job} NODE_FAIL")
     assert record["failure"]["slurm_state"] == "NODE_FAIL"
     assert (run / "nodes" / "0" / "torchrun.out").is_file() and list(run.glob("nodes/*/out/snapshots/*.pt"))
+
+
+def test_sigterm_while_following_cancels_the_job_and_pulls_what_it_wrote(slurm_cluster: SlurmCluster,
+                                                                        tmp_path: Path) -> None:
+    env = {**os.environ, "DDPCTL_KNOWN_HOSTS": str(slurm_cluster.bed.known_hosts_path), "PYTHONPATH": str(REPO)}
+    argv = [sys.executable, "-m", "launcher", "up", "-i", slurm_cluster.bed.client_key_path,
+            *up_argv(slurm_cluster, "--epochs", "200")[1:]]
+    err = tmp_path / "up.err"
+    with open(err, "w") as f:
+        up = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=f)
+    try:
+        deadline = time.monotonic() + 120
+        while ": epoch " not in err.read_text():  # training is under way
+            assert up.poll() is None and time.monotonic() < deadline, err.read_text()
+            time.sleep(0.5)
+        up.terminate()  # SIGTERM: what Ctrl-C does, for a process without a terminal
+        assert up.wait(timeout=180) == 130, err.read_text()
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+    run = only_run(tmp_path / "runs")
+    job = json.loads((run / "run.json").read_text())["slurm"]["job_id"]
+    last = err.read_text().strip().splitlines()[-1]
+    assert last == f"error: interrupted by SIGTERM: stopped every node and pulled what they wrote to {run}", last
+    assert "JobState=CANCELLED" in slurm_cluster.slurm("scontrol", "show", "job", job).stdout
+    assert (run / "nodes" / "0" / "torchrun.out").is_file() and (run / "nodes" / "1" / "torchrun.out").is_file()
