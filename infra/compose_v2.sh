@@ -10,6 +10,12 @@ set -euo pipefail
 if docker compose version >/dev/null 2>&1; then
   exit 0
 fi
+# Ubuntu (24.04 and later) packages Compose v2 itself.
+if apt-cache policy docker-compose-v2 2>/dev/null | grep -q 'Candidate: [0-9]'; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends docker-compose-v2 >/dev/null
+  echo "Compose v2 installed: $(docker compose version)"
+  exit 0
+fi
 plugin_dir=/usr/libexec/docker/cli-plugins
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

@@ -2,9 +2,11 @@
 # The README's two commands on a machine that has never seen this project, run by hand (not in CI: it needs
 # Debian's archive and the package index, and takes a while).
 #
-#   sudo bash infra/fresh_check.sh [--no-host-ca] [--pytorch-index-standin] [--keep]
+#   sudo bash infra/fresh_check.sh [--ubuntu] [--no-host-ca] [--pytorch-index-standin] [--keep]
 #
-# Builds a fresh Debian bookworm root with mmdebstrap (minimal: python3, git, ca-certificates; no pip, none of
+# Builds a fresh Debian bookworm root (--ubuntu: Ubuntu 24.04 "noble", from Ubuntu's archive, checked with Ubuntu's
+# archive keyring as Debian trixie packages it, ubuntu-keyring; components main, restricted, universe and
+# multiverse, and apt, as an Ubuntu install has them) with mmdebstrap (minimal: python3, git, ca-certificates; no pip, none of
 # this machine's pip configuration, no local wheel folder), clones this checkout's HEAD into it, and runs the
 # README's two commands there exactly as written, each timed, as root in a chroot. The chroot gets namespaces of
 # its own: network (a veth to this machine, NAT to the internet), so that its Docker engine, test hosts and
@@ -26,13 +28,15 @@ set -euo pipefail
 host_ca=true
 standin=false
 keep=false
+ubuntu=false
 for arg in "$@"; do
   case "$arg" in
+    --ubuntu) ubuntu=true ;;
     --host-ca) host_ca=true ;;
     --no-host-ca) host_ca=false ;;
     --pytorch-index-standin) standin=true ;;
     --keep) keep=true ;;
-    *) echo "unknown option '$arg'; usage: bash infra/fresh_check.sh [--no-host-ca] [--pytorch-index-standin] [--keep]" >&2
+    *) echo "unknown option '$arg'; usage: bash infra/fresh_check.sh [--ubuntu] [--no-host-ca] [--pytorch-index-standin] [--keep]" >&2
        exit 2 ;;
   esac
 done
@@ -86,8 +90,26 @@ say "checkout $(git -C "$repo" rev-parse --short HEAD) ($(git -C "$repo" log -1 
 say "work folder $work"
 
 start=$SECONDS
-mmdebstrap --quiet --variant=minbase --include=python3,git,ca-certificates bookworm "$root"
-say "built the Debian bookworm root in $((SECONDS - start)) s ($(du -sm "$root" | cut -f1) MB)"
+if $ubuntu; then
+  # Ubuntu's archive keyring, from Debian trixie's signed package (apt checks Debian's signature), unpacked here.
+  mkdir -p "$work/keyring/lists/partial" "$work/keyring/debs" "$work/keyring/root"
+  echo "deb http://deb.debian.org/debian trixie main" >"$work/keyring/sources.list"
+  apt_opts=(-q -o "Dir::Etc::SourceList=$work/keyring/sources.list" -o Dir::Etc::SourceParts=/dev/null
+            -o "Dir::State::Lists=$work/keyring/lists" -o APT::Sandbox::User=root)
+  apt-get "${apt_opts[@]}" update >/dev/null
+  (cd "$work/keyring/debs" && apt-get "${apt_opts[@]}" download ubuntu-keyring >/dev/null)
+  dpkg-deb -x "$work"/keyring/debs/ubuntu-keyring_*.deb "$work/keyring/root"
+  components="main restricted universe multiverse"
+  mmdebstrap --quiet --variant=minbase --include=apt,python3,git,ca-certificates --components="${components// /,}" \
+    --keyring="$work/keyring/root/usr/share/keyrings/ubuntu-archive-keyring.gpg" noble "$root" \
+    "deb http://archive.ubuntu.com/ubuntu noble $components" \
+    "deb http://archive.ubuntu.com/ubuntu noble-updates $components" \
+    "deb http://security.ubuntu.com/ubuntu noble-security $components"
+  say "built the Ubuntu 24.04 (noble) root in $((SECONDS - start)) s ($(du -sm "$root" | cut -f1) MB)"
+else
+  mmdebstrap --quiet --variant=minbase --include=python3,git,ca-certificates bookworm "$root"
+  say "built the Debian bookworm root in $((SECONDS - start)) s ($(du -sm "$root" | cut -f1) MB)"
+fi
 
 # What a Debian installer leaves and mmdebstrap does not: the host's name resolution and /etc/hosts.
 cp /etc/resolv.conf "$root/etc/resolv.conf"

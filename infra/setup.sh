@@ -5,7 +5,8 @@
 # python3-venv and to link ddpctl into /usr/local/bin.
 # `infra/setup.sh --test` also installs what the test suite needs: OpenSSH (test hosts),
 # iproute2/iptables (network namespaces), Docker's engine, docker-compose 1.29 and Compose v2 (infra/compose_v2.sh),
-# mmdebstrap (offline base image) and the wheels that image gets (infra/base_image.sh --wheels-only),
+# mmdebstrap and Debian's archive keyring (the offline base image, also on Ubuntu) and the wheels that image gets
+# (infra/base_image.sh --wheels-only),
 # docker-registry (a local registry for `ddpctl image push` tests), slurmctld, slurmd, slurm-client and munge (a
 # real Slurm cluster in the test bed: infra/slurm_cluster.py).
 set -euo pipefail
@@ -37,8 +38,8 @@ apt_install() {
 
 if $with_tests; then
   missing=()
-  for pkg in openssh-server openssh-client iproute2 iptables procps docker.io docker-compose mmdebstrap docker-registry \
-             slurmctld slurmd slurm-client munge openmpi-bin libopenmpi-dev; do
+  for pkg in openssh-server openssh-client iproute2 iptables procps docker.io docker-compose mmdebstrap debian-archive-keyring \
+             docker-registry slurmctld slurmd slurm-client munge openmpi-bin libopenmpi-dev; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
   done
   if [ ${#missing[@]} -gt 0 ]; then

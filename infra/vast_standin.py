@@ -8,66 +8,24 @@ root and it sends no such field; test-bed hosts each have their own user)."""
 from __future__ import annotations
 
 import base64
-import contextlib
 import itertools
 import json
 import re
-import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from infra import vast_market
 from infra.vast_contract import example, find_operation, validate_request
+from infra.vast_hosts import BannerHost, install_key
 from infra.vast_lifecycle import Lifecycle, PlainText
 
 HostFactory = Callable[[int], Any]  # instance id -> object with .address, .port, .user (e.g. Testbed.add_host)
 HostRemover = Callable[[Any], None]  # e.g. Testbed.remove_host
-
-
-class BannerHost:
-    """The least an instance can be: a TCP port on 127.0.0.1 that greets like sshd and closes."""
-
-    def __init__(self, instance_id: int) -> None:
-        self.instance_id = instance_id
-        self.user = "root"
-        self.address = "127.0.0.1"
-        self._sock = socket.create_server((self.address, 0))
-        self.port = self._sock.getsockname()[1]
-        self.authorized: list[str] = []
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            with conn:
-                conn.sendall(b"SSH-2.0-VastStandIn\r\n")
-
-    def authorize_key(self, public_key: str) -> None:
-        self.authorized.append(public_key)
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_RDWR)  # wakes the accept() (close alone does not, on Linux)
-        self._sock.close()
-
-
-def _authorize(host: Any, public_key: str) -> None:
-    """Install a key the way Vast does: into the login user's authorized_keys."""
-    if hasattr(host, "authorize_key"):
-        host.authorize_key(public_key)
-    elif getattr(host, "home", None):
-        keys = Path(host.home) / ".ssh" / "authorized_keys"
-        with keys.open("a") as fh:
-            fh.write(public_key.strip() + "\n")
 
 
 def make_offer(offer_id: int, machine_id: int, **fields: Any) -> dict[str, Any]:
@@ -203,25 +161,9 @@ class VastStandIn:
         limited = self.lifecycle.limited(method, op.template)
         if limited is not None:
             return limited
-        scoped = self.lifecycle.scoped(headers.get("authorization"))
-        container = self.lifecycle.container_instance(headers.get("authorization"))
-        if container is not None:
-            record["container_key"] = container
-            inst = self.instances.get(container)
-            refused = self.lifecycle.container_refusal(container, inst is not None and inst.destroyed_at is None,
-                                                       op.name, path_id, body)
-            if refused is not None:
-                return refused
-        elif scoped is not None:
-            record["scoped_key"] = scoped.name
-            refused = self.lifecycle.refusal(scoped, op.name, method, path_id, body)
-            if refused is not None:
-                return refused
-        elif headers.get("authorization") != f"Bearer {self.api_key}":
-            record["auth_failed"] = True
-            if op.name == "search_offers":  # documented: search answers a bad key with 404
-                return 404, example("search_offers.post.404")
-            return 401, example("show_instance.get.401")
+        refused = self._authorize(op.name, method, path_id, body, headers.get("authorization"), record)
+        if refused is not None:
+            return refused
         if self.faults.burst and path.startswith(self.faults.burst_paths):
             status = self.faults.burst.pop(0)
             fallback = {"detail": "API requests too frequent" if status == 429 else "Service Unavailable"}
@@ -234,6 +176,27 @@ class VastStandIn:
             return 400, example("destroy_instance.delete.400")
         handler = getattr(self, f"_{op.name}_{method.lower()}")
         return handler(int(path_id) if path_id else None, body, query)
+
+    def _authorize(self, op_name: str, method: str, path_id: str | None, body: Any, bearer: str | None,
+                   record: dict[str, Any]) -> tuple[int, Any] | None:
+        """None when this key may make this request: an instance's own key (its documented scope), a scoped key
+        (its permissions), or the account's key; else Vast's refusal."""
+        container = self.lifecycle.container_instance(bearer)
+        scoped = self.lifecycle.scoped(bearer)
+        if container is not None:
+            record["container_key"] = container
+            inst = self.instances.get(container)
+            live = inst is not None and inst.destroyed_at is None
+            return self.lifecycle.container_refusal(container, live, op_name, path_id, body)
+        if scoped is not None:
+            record["scoped_key"] = scoped.name
+            return self.lifecycle.refusal(scoped, op_name, method, path_id, body)
+        if bearer != f"Bearer {self.api_key}":
+            record["auth_failed"] = True
+            if op_name == "search_offers":  # documented: search answers a bad key with 404
+                return 404, example("search_offers.post.404")
+            return 401, example("show_instance.get.401")
+        return None
 
     # -- endpoints -------------------------------------------------------------------------------------
 
@@ -427,7 +390,7 @@ class VastStandIn:
     def _add_key(self, inst: Instance, key: str) -> None:
         inst.keys.append(key)
         if inst.host is not None:
-            _authorize(inst.host, key)
+            install_key(inst.host, key)
 
     def _remove_host(self, inst: Instance) -> None:
         if inst.host is not None:

@@ -94,6 +94,27 @@ def test_a_host_key_changed_mid_run_is_named_by_up_and_status(bed: Testbed, tmp_
         os.kill(pid, signal.SIGKILL)  # ddpctl rightly refuses to talk to the host now: ended here, by pid
 
 
+def test_lost_contact_says_what_is_unknown_and_how_to_stop_every_node(bed: Testbed, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DDPCTL_LOST_CONTACT", "5")  # instead of 180 s
+    host = bed.hosts[0]
+    up = Up(bed, bed.hosts, tmp_path / "runs", *LONG)
+    training(up)
+    host.link_down()
+    try:
+        code, err = up.finish(timeout=150)
+    finally:
+        host.link_up()
+    assert code == 1, err
+    run = up.run.name
+    assert last_line(err) == (f"error: lost contact with node 0 ({host.spec}) for 5 s: whether it still runs is "
+                              f"unknown (it may have ended); see `ddpctl status {run}`, fetch what was written with "
+                              f"`ddpctl pull {run}`, or stop every node with `ddpctl down {run}`"), err
+    down = ddpctl(bed, "down", str(up.run))  # what the line says to do
+    assert down.returncode == 0, down.stderr
+    assert_nothing_left_running(bed.hosts)
+
+
 def test_a_ship_that_fails_leaves_no_run_directory_and_says_nothing_started(bed: Testbed, tmp_path: Path) -> None:
     host = bed.hosts[0]
     code_cache = Path(host.home, ".ddpctl", "code")

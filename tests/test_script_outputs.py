@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from infra.testbed import Testbed, TestHost, cleanup_stale
+from tests.plain_lines import unstamped
 from tests.testbed_fixtures import REPO, TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, connect, run_ddpctl
 
 TUTORIAL = r'''
@@ -260,7 +261,7 @@ def test_a_symlink_the_script_made_is_named_not_followed(tutorial: TutorialRun) 
 
 
 def test_the_shipping_note_names_the_ignored_data_folder_once(tutorial: TutorialRun) -> None:
-    lines = [line for line in tutorial.result.stderr.splitlines() if line.startswith("shipping ")]
+    lines = [line for line in unstamped(tutorial.result.stderr).splitlines() if line.startswith("shipping ")]
     assert len(lines) == 1, tutorial.result.stderr  # once per run, not per node
     shipped_bytes = sum((tutorial.project / rel).stat().st_size for rel in SHIPPED)
     assert lines[0].startswith(f"shipping 4 files ({shipped_bytes / 1e3:.1f} kB) of {tutorial.project} to each node")

@@ -33,7 +33,9 @@ from launcher.cli.options import (
     declared_options,
     takes_options,
 )
+from launcher.cli.plan_option import save_plan_if_asked, up_saved_plan
 from launcher.errors import DdpctlError, Interrupted, SpecError
+from launcher.execute.plain_progress import output_style, unstamped
 from launcher.results.progress import console, summary_table
 
 app = typer.Typer(
@@ -79,8 +81,14 @@ def up(
                                      else ({}, None, []))
     values, given = resolve_values(ctx, {**values, "command": command or recorded.pop("command", None)}, declared,
                                    recorded)
+    if values["plan"] is not None:
+        with output_style(values["progress"]):
+            finish_up(up_saved_plan(values, given, command), values["json_out"])
+        return
     if from_run:
         check_from_env(env_names, values["env"], from_run)
+    if values["save_plan"] is not None and not values["dry_run"]:
+        raise SpecError("--save-plan writes the plan of a run that is not started: add --dry-run")
     if values["save_config"] is not None and not values["dry_run"]:
         raise SpecError("--save-config writes the options of a run that is not started: add --dry-run")
     where = where_options(values, given, show_progress=not values["json_out"], dry_run=values["dry_run"])
@@ -91,10 +99,12 @@ def up(
                                                            else {})}
     record = {"options": options, **({"from_run": from_run} if from_run else {})}
     catch_stop_signals()  # SIGTERM and SIGHUP (the terminal closing) stop the run as Ctrl-C does, with an outcome
-    result = run_up(spec, replace(where, record=record))
-    if values["save_config"] is not None:
-        save_config(values["save_config"], values, declared)
-    finish_up(result, values["json_out"])
+    with output_style(values["progress"]):  # plain time-stamped lines where stderr is not a terminal
+        result = run_up(spec, replace(where, record=record))
+        if values["save_config"] is not None:
+            save_config(values["save_config"], values, declared)
+        save_plan_if_asked(values, result)
+        finish_up(result, values["json_out"])
 
 
 def save_config(path: Path, values: dict[str, Any], declared: dict[str, Any]) -> None:
@@ -121,7 +131,8 @@ def finish_up(result: Any, json_out: bool) -> None:
         print(json.dumps({"run_dir": str(result.run_dir), "exit_code": result.exit_code,
                           "summary": result.summary}, indent=2, sort_keys=True))
     elif result.summary:
-        console.print(summary_table(result.summary, f"run {result.run_dir.name}"))
+        with unstamped():  # the same table as on a terminal
+            console.print(summary_table(result.summary, f"run {result.run_dir.name}"))
         console.print(f"results in {result.run_dir}")
     if result.run_dir is not None:  # the run's outcome is its training's; a pull that missed files is said beside
         from launcher.execute.pull_record import incomplete_pull_line

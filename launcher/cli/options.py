@@ -173,6 +173,9 @@ UP_WHERE_OPTIONS = (
 UP_OUTPUT_OPTIONS = (
     opt("runs_dir", Path, Path("runs"), "Where run directories live.", OUTPUT, in_config=False),
     opt("json_out", bool, False, "Print the final summary as JSON on stdout.", OUTPUT, in_config=False),
+    opt("progress", str, "auto", "How the run is shown as it goes: live (a display redrawn in place), plain "
+        "(time-stamped lines as things happen, for a log file, a pipe or CI), or auto: live on a terminal, plain "
+        "otherwise.", OUTPUT, choices=("auto", "live", "plain"), in_config=False),
     opt("quiet", bool, False, "Hide the live tail of global rank 0's output under the progress display.", OUTPUT,
         in_config=False),
     opt("dry_run", bool, False, "Print what each node would run (hosts are probed, read-only); change nothing.",
@@ -185,6 +188,10 @@ UP_OUTPUT_OPTIONS = (
         "(--env values are not written: names only).", OUTPUT, optional=True, in_config=False),
     opt("from_run", Path, None, "Start a new run like this one (runs/<id> or its run.json); options given here "
         "override the recorded ones.", OUTPUT, optional=True, in_config=False),
+    opt("save_plan", Path, None, "With --dry-run: write the plan it prints to a JSON file, for --plan.", OUTPUT,
+        optional=True, in_config=False),
+    opt("plan", Path, None, "Run exactly the plan saved with --dry-run --save-plan (its spec, hosts, runtime and "
+        "code), once the hosts are found to give it still.", OUTPUT, optional=True, in_config=False),
 )
 
 # Every block a launching command may take; config keys are the names in these.

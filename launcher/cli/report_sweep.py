@@ -28,6 +28,7 @@ from launcher.cli.options import (
 )
 from launcher.errors import Interrupted, SpecError
 from launcher.execute.local import default_python
+from launcher.execute.plain_progress import output_style, plain_output, stamp
 from launcher.results.sweep import (
     SCALE_LR_MODES,
     Execute,
@@ -167,8 +168,11 @@ def sweep_command(
     synthetic_test_size: int | None = typer.Option(None, "--synthetic-test-size", rich_help_panel=RUN),
     runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="The sweep directory goes under here.",
                                   rich_help_panel=OUTPUT),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show each run's progress.",
-                                  rich_help_panel=OUTPUT),
+    progress: str = typer.Option("auto", "--progress", help="How each run is shown as it goes: live (a display "
+                                 "redrawn in place), plain (time-stamped lines, for a log file, a pipe or CI), or "
+                                 "auto: live on a terminal, plain otherwise.", rich_help_panel=OUTPUT),
+    no_progress: bool = typer.Option(False, "--no-progress", help="Show no run's progress, only the sweep's lines "
+                                     "and the report.", rich_help_panel=OUTPUT),
     # Issue 14: strategy options (the help texts are `up`'s, from launcher/cli/options.py).
     strategy: str | None = typer.Option(None, "--strategy", help="Strategies to compare, e.g. ddp,hogwild,local-sgd "
                                         "(default: the preset's, else ddp).", rich_help_panel=STRATEGY),
@@ -185,26 +189,33 @@ def sweep_command(
     if resume is not None:
         # Everything about the experiment and where it runs is in the manifest; only the display (and the --env
         # values, which it does not keep) may be given again.
-        given = [flag_of(k) for k in typed if k not in ("resume", "runs_dir", "progress", "env")]
+        given = [flag_of(k) for k in typed if k not in ("resume", "runs_dir", "progress", "no_progress", "env")]
         if given:
             raise SpecError(f"--resume continues the sweep as its sweep.json records it; leave out {', '.join(given)}")
-        sweep_dir = resume
-        launch = load_manifest(sweep_dir).get("launch", {})
-    else:
-        sweep_dir, launch = _start_sweep(options, [k for k in typed if k in launch_options])
-    try:
-        run_sweep(sweep_dir, up_executor(launch, options["env"], progress), _announce)
-    except KeyboardInterrupt:
-        # A message that says how to go on is worth more than the bare exit status of Ctrl-C.
-        raise Interrupted(f"sweep interrupted; continue it with `ddpctl sweep --resume {sweep_dir}`") from None
-    report, files = finish_sweep(sweep_dir)
-    _print_table(report.rows)
-    typer.echo(f"report: {files[0]}")
+    with output_style(progress):  # plain time-stamped lines where stderr is not a terminal
+        if resume is not None:
+            sweep_dir = resume
+            launch = load_manifest(sweep_dir).get("launch", {})
+        else:
+            sweep_dir, launch = _start_sweep(options, [k for k in typed if k in launch_options])
+        try:
+            run_sweep(sweep_dir, up_executor(launch, options["env"], not no_progress), _announce)
+        except KeyboardInterrupt:
+            # A message that says how to go on is worth more than the bare exit status of Ctrl-C.
+            raise Interrupted(f"sweep interrupted; continue it with `ddpctl sweep --resume {sweep_dir}`") from None
+        report, files = finish_sweep(sweep_dir)
+        _print_table(report.rows)
+        typer.echo(f"report: {files[0]}")
 
 
 def _announce(entry: dict[str, Any], spec: RunSpec) -> None:
-    typer.echo(f"{spec.strategy}: layout {spec.nnodes}x{spec.nproc_per_node} (world size {spec.world_size}, "
-               f"lr {spec.lr:g}): run {spec.run_id}")
+    _say(f"{spec.strategy}: layout {spec.nnodes}x{spec.nproc_per_node} (world size {spec.world_size}, "
+         f"lr {spec.lr:g}): run {spec.run_id}")
+
+
+def _say(line: str) -> None:
+    """One line of the sweep's own on stdout, time-stamped where the output is plain lines."""
+    typer.echo(f"{stamp()} {line}" if plain_output() else line)
 
 
 def typed_here(ctx: typer.Context, names: list[str]) -> list[str]:
@@ -254,9 +265,9 @@ def _start_sweep(o: dict[str, Any], given: list[str]) -> tuple[Path, dict[str, A
     sweep_dir = new_sweep(base, layouts, o["runs_dir"], mode, o["preset"], launch, strategies, strategy_options,
                           skipped)
     if skipped:
-        typer.echo(f"left out {', '.join(skipped)}: local-sgd needs at least 2 processes (with one it is plain "
-                   "SGD, as ddp on one process is)")
-    typer.echo(f"sweep {sweep_dir}: " + ", ".join(f"{lay.label} (world size {lay.world_size})" for lay in layouts))
+        _say(f"left out {', '.join(skipped)}: local-sgd needs at least 2 processes (with one it is plain "
+             "SGD, as ddp on one process is)")
+    _say(f"sweep {sweep_dir}: " + ", ".join(f"{lay.label} (world size {lay.world_size})" for lay in layouts))
     return sweep_dir, launch
 
 

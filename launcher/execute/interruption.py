@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.errors import DdpctlError
+from launcher.execute.plain_progress import plain_output, stamp
 from launcher.results.rundir import RunDir
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -57,6 +58,8 @@ _state = _SignalState()
 def _say(text: str) -> None:
     """One line on stderr, safe inside a signal handler and when the terminal is gone (SIGHUP): os.write, no
     buffered stream to re-enter, and a closed terminal is not an error here (the event is the record)."""
+    if plain_output():  # a log's lines carry the time
+        text = f"{stamp()} {text}"
     with contextlib.suppress(OSError):
         os.write(2, (text + "\n").encode(errors="replace"))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from rich.console import Console, RenderableType
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
@@ -46,6 +46,14 @@ def _finite(value: object) -> float | None:
     except ValueError:
         return None
     return number if math.isfinite(number) else None
+
+
+class ProgressDisplay(Protocol):
+    """What follows a run: RunProgress (a terminal) or launcher.execute.plain_progress.PlainProgress (a log)."""
+
+    def show_output(self, title: str, lines: list[str], stream: list[str]) -> None: ...
+
+    def update(self, node: int, record: object, state: str | None = None, extra: str = "") -> None: ...
 
 
 class _ProgressWithOutput(Progress):

@@ -10,6 +10,7 @@ import platform
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -166,13 +167,29 @@ class RunDir:
         write_json_atomic(self.path / RUN_FILE, data)
 
     def event(self, kind: str, **fields: Any) -> None:
-        """Append one launcher event with its time to events.jsonl."""
-        line = json.dumps({"time": time.time(), "event": kind, **fields}, sort_keys=True)
+        """Append one launcher event with its time to events.jsonl (and tell the listeners)."""
+        record = {"time": time.time(), "event": kind, **fields}
+        line = json.dumps(record, sort_keys=True)
         with open(self.path / EVENTS_FILE, "a") as f:
             f.write(line + "\n")
+        for listener in list(_event_listeners):
+            listener(record)
 
     def events(self) -> list[dict[str, Any]]:
         return read_jsonl(self.path / EVENTS_FILE)
+
+
+# Told every event as it is recorded: the plain progress lines (launcher.execute.plain_progress) list them.
+_event_listeners: list[Callable[[dict[str, Any]], None]] = []
+
+
+def add_event_listener(listener: Callable[[dict[str, Any]], None]) -> None:
+    _event_listeners.append(listener)
+
+
+def remove_event_listener(listener: Callable[[dict[str, Any]], None]) -> None:
+    if listener in _event_listeners:
+        _event_listeners.remove(listener)
 
 
 def find_run(runs_dir: Path, run: str | None) -> RunDir:

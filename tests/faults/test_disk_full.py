@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from infra.testbed import Testbed, TestHost, cleanup_stale
+from tests.plain_lines import unstamped
 from tests.testbed_fixtures import REPO, TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, run_ddpctl
 
 MIB = 1 << 20
@@ -160,10 +161,11 @@ def test_a_host_disk_filling_up_mid_run(bed: Testbed, host1_disk: SmallDisk, tmp
     assert "error" not in filled, filled
     assert result.returncode != 0, result.stderr
     (run,) = [p for p in runs.iterdir() if p.is_dir()]
-    told = [line for line in result.stderr.splitlines() if re.match(r"node 1 \(.*\): rank \d+: .*No space left", line)]
+    shown = unstamped(result.stderr)  # the lines as a terminal shows them, without a log's time stamps
+    told = [line for line in shown.splitlines() if re.match(r"node 1 \(.*\): rank \d+: .*No space left", line)]
     assert len(told) == 1, result.stderr
     assert any(line.startswith("node 1 (") and "free in its run directory" in line
-               for line in result.stderr.splitlines()), result.stderr  # fmt: skip
+               for line in shown.splitlines()), result.stderr  # fmt: skip
     kinds = [str(e["event"]) for e in events(run)]
     assert kinds.index("low_disk") < kinds.index("rank_failed") < kinds.index("finished")
     # every rank left within seconds of the failure: the run was over (both nodes ended) soon after the disk filled

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from infra.testbed import Testbed, TestHost, cleanup_stale
+from tests.plain_lines import unstamped
 from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, run_ddpctl
 
 HANG_FLOOR = 8  # seconds (DDPCTL_HANG_FLOOR): the default 60 s floor would only make the test slower
@@ -57,7 +58,8 @@ def events(run: Path) -> list[dict[str, Any]]:
 
 def test_up_names_every_node_that_stopped_moving(hung_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
     result, run = hung_run
-    told = [line for line in result.stderr.splitlines() if line.startswith("node ") and "no training step" in line]
+    told = [line for line in unstamped(result.stderr).splitlines()
+            if line.startswith("node ") and "no training step" in line]
     assert [line.split(" (")[0] for line in told] == ["node 0", "node 1"], result.stderr
     for line in told:  # one line each: how long, and the last thing the node logged
         assert re.search(r"no training step for \d+ s \(.*\): it may be hung; last logged: \S", line), line
