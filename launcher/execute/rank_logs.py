@@ -50,7 +50,7 @@ def print_rank_log(run_dir: RunDir, rank: int, lines: int, follow: bool, options
         if follow:
             raise DdpctlError("--rank with -f is not available for Slurm runs: follow a node's output with "
                               "`ddpctl logs RUN --node K -f`")
-        _print_pulled(run_dir.path / "nodes" / str(node) / "logs", local_rank, rank, lines, "a Slurm job")
+        _print_pulled(run_dir.path / "nodes" / str(node) / "logs", local_rank, rank, lines, "a Slurm job", attempt)
         return
     if not run_dir.record().get("nodes"):  # this machine's run
         from launcher.execute.reattach import _local_run_ended
