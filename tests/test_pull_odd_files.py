@@ -24,6 +24,7 @@ from launcher.execute.pull_record import PULL_LOCK, PULL_RECORD, incomplete_pull
 from launcher.transport.pull import CHANGED, pull_tree
 from launcher.transport.sync import NAME_MAX, PART_MARK, part_name
 from tests.faults.fault_support import wait_for
+from tests.plain_lines import unstamped
 from tests.testbed_fixtures import REPO, TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, connect, run_ddpctl
 
 pytestmark = pytest.mark.skipif(TESTBED_UNAVAILABLE, reason=TESTBED_SKIP_REASON)
@@ -85,7 +86,7 @@ def odd_run(bed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> OddRun:
 def test_unreadable_files_are_named_and_everything_else_comes_back_verified(odd_run: OddRun) -> None:
     result, run, host_out = odd_run.result, odd_run.run, odd_run.out_on_host
     assert result.returncode == 0, result.stderr  # the training's outcome: it succeeded
-    (line,) = [line for line in result.stderr.splitlines() if line.startswith("pull incomplete")]
+    (line,) = [line for line in unstamped(result.stderr).splitlines() if line.startswith("pull incomplete")]
     assert line.startswith("pull incomplete, 2 files not pulled: ")
     assert "node 0 'out/locked': the host cannot list the folder: Permission denied" in line
     assert "node 0 'out/secret.bin': the host cannot read it: Permission denied" in line
