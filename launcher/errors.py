@@ -44,6 +44,10 @@ class RunDirError(DdpctlError):
     """A run directory is missing, unwritable or not a ddpctl run."""
 
 
+class PlanError(DdpctlError):
+    """A saved plan (`up --plan FILE`) cannot be used: missing, malformed, made by a newer ddpctl, or unfit to run."""
+
+
 class RunStopRequested(DdpctlError):
     """Raised by a provider's `watch` hook (e.g. --max-cost) or by `follow` (--stall-timeout): every node is stopped
     and pulled, then it propagates. `reason` names the trigger in events and teardown records."""

@@ -102,7 +102,7 @@ def test_dry_run_shows_the_docker_run_line() -> None:
                                '-v "$HOME/.ddpctl/runs/r3:/workspace" -v "/srv/data:/data" '
                                '--env-file "$HOME/.ddpctl/runs/r3/docker.env" --init ')
     assert "# docker.env: HOME=/tmp PYTHONPATH=/workspace/code PYTHONUNBUFFERED=1 " in lines[2]
-    assert " img:2 python3 -m torch.distributed.run --nnodes 2 --node-rank 0 " in lines[2]
+    assert ' img:2 python3 -c "$(cat launcher/spec/attempt_logs.py)" --nnodes 2 --node-rank 0 ' in lines[2]
     assert "--gpus all" in lines[4] and "--gpus" not in lines[2]
     assert RUN_SCRIPT not in plan.describe()
 

@@ -9,12 +9,14 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from launcher.errors import SpecError
 from launcher.results.joined_worlds import JoinRecord, MeasuredWorlds, world_verdict
 from launcher.spec.launchers import check_script
+from launcher.spec.run_spec import RunSpec
 from launcher.spec.script_look import look
 from tests.launcher_scripts import write_scripts
 
@@ -132,6 +134,7 @@ def test_mpi_launchers_after_the_dash_dash_are_refused(tmp_path: Path, command: 
     assert result.returncode == 1
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith(f"error: `-- {Path(command[0]).name} ...` would start a whole MPI job"), line
+    assert "--launcher mpirun" in line
     assert not (project / "runs").exists()
 
 
@@ -143,13 +146,14 @@ def test_an_mpi_script_is_refused_under_torchrun_and_spawn(tmp_path: Path) -> No
                         "--", "python", "parallel_sgd.py")
         assert result.returncode == 1
         assert "parallel_sgd.py:3: `from mpi4py import MPI`: an MPI script" in result.stderr
+        assert "--launcher mpirun" in result.stderr
 
 
 @pytest.mark.integration
 @pytest.mark.parametrize(("args", "message"), [
     (["--launcher", "spawn"], "--launcher spawn starts your own script"),
     (["--launcher", "spawn", "--max-restarts", "1", "--", "python", "x.py"], "--max-restarts is torchrun's"),
-    (["--launcher", "mpi", "--", "python", "x.py"], "--launcher 'mpi': choose one of torchrun, spawn"),
+    (["--launcher", "mpi", "--", "python", "x.py"], "--launcher 'mpi': choose one of torchrun, spawn, mpirun"),
 ])
 def test_launcher_bad_input_is_one_line(tmp_path: Path, args: list[str], message: str) -> None:
     project = write_scripts(tmp_path / "project")
@@ -188,3 +192,71 @@ def test_the_verdict_fails_separate_worlds_and_a_world_short_of_the_nodes() -> N
         {"world_size": 2, "processes": 2, "worlds": 1, "world_measured": True}, None, False)
     assert world_verdict(None, planned_nodes=1, planned_world=2) == (
         {"world_size": None, "processes": None, "world_measured": False}, None, False)
+
+
+@pytest.mark.integration
+def test_an_mpi4py_script_runs_as_one_mpi_world_with_launcher_mpirun(tmp_path: Path) -> None:
+    """Write-up 5's parallel SGD (bcast/scatter/gather) as one MPI job of --gpus processes; here ddpctl runs as
+    root, which mpirun refuses unless told: ddpctl tells it (--allow-run-as-root), no banner as the outcome."""
+    pytest.importorskip("mpi4py", reason="mpi4py (infra/setup.sh --test installs it)")
+    project = write_scripts(tmp_path / "project")
+    dry = ddpctl(project, "up", "--launcher", "mpirun", "--gpus", "2", "--dry-run", "--", "python", "parallel_sgd.py")
+    assert dry.returncode == 0 and "mpirun -np 2 --host localhost:2 --bind-to none " in dry.stdout
+    assert " -m mpi4py parallel_sgd.py" in dry.stdout, dry.stderr
+    result = ddpctl(project, "up", "--launcher", "mpirun", "--gpus", "2", "--runs-dir", "runs", "--json",
+                    "--", "python", "parallel_sgd.py")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)["summary"]
+    assert summary["world_size"] == 2 and summary["processes"] == 2 and summary["launcher"] == "mpirun"
+    run = only_run(project / "runs")
+    assert sorted((j["kind"], j["rank"], j["world_size"]) for j in joins(run)) == [("mpi", 0, 2), ("mpi", 1, 2)]
+    log = (run / "logs" / "mpirun" / "attempt_0" / "0" / "stdout.log").read_text()
+    assert "rank 0/2 epoch 3/3 loss" in log and "rank 1/2 epoch 3/3 loss" in log and "rank 1 done" in log
+
+
+@pytest.mark.integration
+def test_a_python_without_mpi4py_is_named_in_one_line(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    project = write_scripts(tmp_path / "project")
+    result = ddpctl(project, "up", "--launcher", "mpirun", "--python", str(venv / "bin" / "python"), "--runs-dir",
+                    "runs", "--", "python", "parallel_sgd.py")
+    assert result.returncode == 1
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: this machine: --launcher mpirun needs mpi4py (") and "pip install mpi4py" in line
+    assert not (project / "runs").exists()
+
+
+class _PinnedKey:
+    def get_name(self) -> str:
+        return "ssh-ed25519"
+
+    def get_base64(self) -> str:
+        return "AAAAC3NzaC1lZDI1NTE5AAAAIPinnedKeyOfNodeOne"
+
+
+class _Session:
+    """The two things MpiAccess reads of a session for its files: each host's target and verified key."""
+
+    targets = [SimpleNamespace(hostname="10.9.0.2", port=22, user="alice"),
+               SimpleNamespace(hostname="gpu2.example", port=2222, user="bob")]
+
+    def conn(self, index: int) -> SimpleNamespace:
+        return SimpleNamespace(transport=SimpleNamespace(get_remote_server_key=_PinnedKey))
+
+
+def test_node_0s_ssh_files_pin_the_verified_host_key_and_trust_nothing_new(tmp_path: Path) -> None:
+    from launcher.execute.mpi_access import MpiAccess
+    from launcher.planning.plan import NodeHost, NodePlan, RunPlan
+
+    spec = RunSpec(run_id="mpi-1", nnodes=2, nproc_per_node=2, user_command=("python3", "x.py"), launcher="mpirun")
+    nodes = tuple(NodePlan(i, NodeHost(f"h{i}", f"10.9.0.{i + 2}", "eth0"), "native", ".ddpctl/runs/mpi-1", (), (),
+                           "") for i in range(2))
+    access = MpiAccess(_Session(), RunPlan(spec, nodes), run_dir=None)  # type: ignore[arg-type]
+    config = access._ssh_config("/home/alice/.ddpctl/runs/mpi-1/mpi")
+    assert "Host ddpctl-node-1\n  HostName 10.9.0.3\n  Port 2222\n  User bob\n" in config
+    assert "  HostKeyAlias ddpctl-node-1\n  StrictHostKeyChecking yes\n  BatchMode yes\n" in config
+    known = "/home/alice/.ddpctl/runs/mpi-1/mpi/known_hosts"
+    assert f"UserKnownHostsFile {known}\n  GlobalKnownHostsFile /dev/null" in config
+    assert "StrictHostKeyChecking no" not in config and "accept-new" not in config
+    assert access._known_hosts() == "ddpctl-node-1 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPinnedKeyOfNodeOne\n"

@@ -150,7 +150,22 @@ def check_live_run(run: LiveRun) -> None:
     status = ddpctl("status", *run.key_args, str(run.run_dir), "--json", env=run.env, cwd=run.cwd)
     assert status.returncode == 0, status.stderr
     counts = [row["restarts"] for row in json.loads(status.stdout)["nodes"]]
-    assert max(counts) == 1 and sum(counts) == len(restarted)  # each node's torchrun counts its own
+    assert counts == [1] * len(counts) and sum(counts) == len(restarted)  # every node's workers restarted
+    # Which rank on which node ended, and how (issue 22): said once under `up`, in each event, in status.
+    (node,) = {e["cause"]["node"] for e in restarted}
+    said = re.findall(r"torchrun restarted the workers \(attempt 1\): (rank 1 on node \d \(.+\) was killed by SIGKILL)",
+                      shown)
+    assert len(said) == 1 and {e["cause"]["summary"] for e in restarted} == set(said), shown[-3000:]
+    assert [r["cause"]["summary"] for r in json.loads(status.stdout)["restarts"]] == said
+    # Each attempt's output is kept: rank 1's first attempt (to its kill in epoch 2), then its second.
+    first = ddpctl("logs", *run.key_args, str(run.run_dir), "--rank", "1", "--attempt", "0", env=run.env, cwd=run.cwd)
+    assert "[GPU1] Epoch 2 |" in first.stdout and "Resuming" not in first.stdout, first.stdout + first.stderr
+    second = ddpctl("logs", *run.key_args, str(run.run_dir), "--rank", "1", "--attempt", "1", env=run.env, cwd=run.cwd)
+    assert "Resuming training from snapshot at Epoch 3" in second.stdout, second.stdout + second.stderr
+    for logs in sorted(run.run_dir.glob("nodes/*/logs")) or [run.run_dir / "logs"]:  # pulled, or this machine's
+        first_attempt = list(logs.glob("*/attempt_0/0/stdout.log"))
+        assert len(first_attempt) == 1, sorted(str(p.relative_to(logs)) for p in logs.rglob("*"))
+        assert "Epoch 0 |" in first_attempt[0].read_text(), logs
     # The protocol's epoch records: timing.jsonl, one row of `ddpctl report`'s table (its plots are not needed).
     (row,) = scaling_table([load_run(run.run_dir)])
     assert row.epochs == EPOCHS and row.steps_per_epoch == 8 and row.samples_per_s > 0 and row.model == "train.py"

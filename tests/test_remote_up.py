@@ -91,6 +91,19 @@ def test_the_dry_run_plan_is_the_plan_that_runs(bed: Testbed, tmp_path: Path, ru
     assert json.loads(ran.stdout)["summary"]["world_size"] == 4
 
 
+def test_a_saved_plan_runs_exactly_on_the_hosts(bed: Testbed, tmp_path: Path) -> None:
+    """`up --dry-run --save-plan` on two hosts, then `up --plan`: the hosts are probed again and give the same plan,
+    and the run's plan.json is the saved file, byte for byte as JSON (hosts' facts included)."""
+    saved = tmp_path / "two-hosts.json"
+    dry = up(bed, bed.hosts[:2], tmp_path / "runs", "--dry-run", "--save-plan", str(saved))
+    assert dry.returncode == 0, dry.stderr
+    assert not (tmp_path / "runs").exists()
+    ran = ddpctl(bed, "up", "--plan", str(saved), "--runs-dir", str(tmp_path / "runs"), "--json")
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads((the_run(tmp_path / "runs") / "plan.json").read_text()) == json.loads(saved.read_text())
+    assert json.loads(ran.stdout)["summary"]["world_size"] == 4
+
+
 def test_a_dry_run_verifies_host_keys_and_records_none(bed: Testbed, tmp_path: Path) -> None:
     """An unknown host key is refused as a run would refuse it (the plan is still shown, its unknowns named);
     with --accept-new-host-keys the hosts are probed, and the key is still not written anywhere."""
@@ -222,6 +235,30 @@ def test_worker_killed_on_node1_recovers_from_snapshots(bed: Testbed, tmp_path: 
     assert summary["restarts"] == 1 and summary["epochs"] == 3
     run = Path(json.loads(result.stdout)["run_dir"])
     assert [json.loads(x)["epoch"] for x in (run / "timing.jsonl").read_text().splitlines()] == [1, 2, 3]
+    # The restart is told (issue 22): which rank on which node ended, and how; live, in events.jsonl, in status.
+    told = f"torchrun restarted the workers (attempt 1): rank 2 on node 1 ({bed.hosts[1].spec}) was killed by SIGKILL"
+    assert result.stderr.count(told) == 1, result.stderr
+    events = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]
+    restarted = sorted((e["node"], e["attempt"], e["cause"]["rank"], e["cause"]["node"], e["cause"]["signal"])
+                       for e in events if e["event"] == "restarted")
+    assert restarted == [(0, 1, 2, 1, "SIGKILL"), (1, 1, 2, 1, "SIGKILL")]  # both nodes' workers restarted
+    status = ddpctl(bed, "status", str(run), "--json")
+    shown = json.loads(status.stdout)
+    assert [n["restarts"] for n in shown["nodes"]] == [1, 1], status.stdout  # node 0 restarted too
+    assert [r["cause"]["summary"] for r in shown["restarts"]] == [told.split(": ", 1)[1]]
+    said = ddpctl(bed, "status", str(run))
+    assert f"restart 1: rank 2 on node 1 ({bed.hosts[1].spec}) was killed by SIGKILL" in said.stdout + said.stderr
+    # No attempt overwrote another: attempt 0's rank logs are still there on every node's host, and came back.
+    nodes = json.loads((run / "run.json").read_text())["nodes"]
+    for k, host in enumerate(bed.hosts[:2]):
+        listed = host.run_as_user(["sh", "-c", f'cd && ls {nodes[k]["workspace"]}/logs/*/attempt_*/0/stdout.log'])
+        out = listed.stdout.decode() if isinstance(listed.stdout, bytes) else listed.stdout
+        assert [line.split("/logs/", 1)[1].split("/", 1)[1] for line in out.split()] == [
+            "attempt_0/0/stdout.log", "attempt_1/0/stdout.log"], out
+        for attempt in (0, 1):  # and came back
+            assert len(list((run / "nodes" / str(k) / "logs").glob(f"*/attempt_{attempt}/0/stdout.log"))) == 1
+    missing = ddpctl(bed, "logs", str(run), "--rank", "0", "--attempt", "5")  # an attempt that never ran
+    assert missing.returncode == 1 and "its attempts are 0 to 1" in missing.stderr, missing.stderr
 
 
 def test_a_hung_rank_is_stopped_by_stall_timeout_and_what_was_written_is_pulled(bed: Testbed, tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from launcher.runtimes.native import STATE_SCRIPT
 from launcher.runtimes.start import env_file, start_argv
 from launcher.spec.hosts import parse_host, parse_hosts
 from launcher.spec.run_spec import RunSpec, check_name, new_run_id
-from launcher.spec.torchrun import NodeRole, torchrun_argv
+from launcher.spec.torchrun import TORCHRUN_SOURCE, NodeRole, torchrun_argv
 
 
 def test_torchrun_argv_multinode_node1() -> None:
@@ -26,7 +26,7 @@ def test_torchrun_argv_multinode_node1() -> None:
     role = NodeRole(node_rank=1, out_dir="out", log_dir="logs", rdzv_addr="10.0.0.5", local_addr="10.0.0.6",
                     snapshot_dir="out/snapshots")
     assert torchrun_argv(spec, role) == [
-        "python3", "-m", "torch.distributed.run",
+        "python3", "-c", TORCHRUN_SOURCE,
         "--nnodes", "2", "--node-rank", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", "10.0.0.5:29400",
         "--rdzv-id", "exp1", "--rdzv-conf", "is_host=0", "--local-addr", "10.0.0.6",
         "--nproc-per-node", "2", "--max-restarts", "1", "--log-dir", "logs", "--redirects", "3",

@@ -117,6 +117,10 @@ def test_dry_run_shows_the_chosen_cluster_and_its_price(two_nodes) -> None:
     plan = two_nodes["plan"]
     assert plan.returncode == 0, plan.stderr
     assert "vast offer 901" in plan.stdout and "vast offer 902" in plan.stdout
+    # what only renting tells is named as unknown, so this plan never runs (`up --plan` refuses it)
+    assert "not known without probing the hosts or renting the machines" in plan.stdout
+    assert "node addresses: each machine's overlay network address" in plan.stdout
+    assert "NODE1_OVERLAY_ADDR" in plan.stdout
     hourly = 0.30 + 0.31 + 2 * 0.15 * 16 / 720
     assert "in cluster 9" in plan.stderr and f"${hourly:.4f}/hour" in plan.stderr and "bandwidth" in plan.stderr
     assert two_nodes["created_by_plan"] == {}

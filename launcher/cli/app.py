@@ -33,6 +33,7 @@ from launcher.cli.options import (
     declared_options,
     takes_options,
 )
+from launcher.cli.plan_option import save_plan_if_asked, up_saved_plan
 from launcher.errors import DdpctlError, Interrupted, SpecError
 from launcher.execute.plain_progress import output_style, unstamped
 from launcher.results.progress import console, summary_table
@@ -80,8 +81,14 @@ def up(
                                      else ({}, None, []))
     values, given = resolve_values(ctx, {**values, "command": command or recorded.pop("command", None)}, declared,
                                    recorded)
+    if values["plan"] is not None:
+        with output_style(values["progress"]):
+            finish_up(up_saved_plan(values, given, command), values["json_out"])
+        return
     if from_run:
         check_from_env(env_names, values["env"], from_run)
+    if values["save_plan"] is not None and not values["dry_run"]:
+        raise SpecError("--save-plan writes the plan of a run that is not started: add --dry-run")
     if values["save_config"] is not None and not values["dry_run"]:
         raise SpecError("--save-config writes the options of a run that is not started: add --dry-run")
     where = where_options(values, given, show_progress=not values["json_out"], dry_run=values["dry_run"])
@@ -96,6 +103,7 @@ def up(
         result = run_up(spec, replace(where, record=record))
         if values["save_config"] is not None:
             save_config(values["save_config"], values, declared)
+        save_plan_if_asked(values, result)
         finish_up(result, values["json_out"])
 
 

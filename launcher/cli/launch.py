@@ -153,6 +153,9 @@ def check_launch_fits(spec: RunSpec, where: UpOptions, *, explicit: bool) -> Non
     if spec.launcher != "torchrun" and where.runtime == "docker":
         raise SpecError(f"--launcher {spec.launcher} runs on the hosts' own Python: drop --runtime docker (docker "
                         "nodes run torchrun)")
+    if spec.launcher == "mpirun" and where.detach and spec.nnodes > 1:
+        raise SpecError("--launcher mpirun across nodes gives node 0 SSH access to the others for the run only, "
+                        "removed when `up` ends: drop --detach (follow the run to its end)")
     findings = look(spec.user_command, Path.cwd())
     for warning in check_script(findings, spec.launcher, explicit=explicit, nnodes=spec.nnodes,
                                 nproc_per_node=spec.nproc_per_node):

@@ -188,6 +188,10 @@ UP_OUTPUT_OPTIONS = (
         "(--env values are not written: names only).", OUTPUT, optional=True, in_config=False),
     opt("from_run", Path, None, "Start a new run like this one (runs/<id> or its run.json); options given here "
         "override the recorded ones.", OUTPUT, optional=True, in_config=False),
+    opt("save_plan", Path, None, "With --dry-run: write the plan it prints to a JSON file, for --plan.", OUTPUT,
+        optional=True, in_config=False),
+    opt("plan", Path, None, "Run exactly the plan saved with --dry-run --save-plan (its spec, hosts, runtime and "
+        "code), once the hosts are found to give it still.", OUTPUT, optional=True, in_config=False),
 )
 
 # Every block a launching command may take; config keys are the names in these.

@@ -13,6 +13,7 @@ from launcher.errors import DdpctlError, SpecError
 from launcher.execute.pull_record import incomplete_pull_line
 from launcher.execute.recorded import recorded_run
 from launcher.results.progress import console
+from launcher.results.run_records import restarts_told
 from launcher.results.rundir import RunDir, find_run
 from launcher.spec.hosts import parse_hosts
 from launcher.spec.run_spec import check_port, check_python
@@ -62,8 +63,10 @@ def status(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, json_out: bool 
     rows = recorded_run(run_dir.typed_record()).status_rows(run_dir, _options(runs_dir, identity_file, False,
                                                                                connect_timeout))
     extra = {k: record[k] for k in ("instances", "cost_usd", "failure") if k in record}
+    told = restarts_told(run_dir)  # each restart: its attempt, the nodes that restarted, what caused it
     if json_out:
-        print(json.dumps({"run": run_dir.run_id, "path": str(run_dir.path), "nodes": rows, **extra}, indent=2))
+        print(json.dumps({"run": run_dir.run_id, "path": str(run_dir.path), "nodes": rows, **extra,
+                          **({"restarts": told} if told else {})}, indent=2))
         return
     table = Table(title=f"run {run_dir.run_id}")
     watchdogs = any("autostop" in row for row in rows)  # a Vast.ai run with autostop: each node's watchdog
@@ -75,6 +78,9 @@ def status(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, json_out: bool 
         table.add_row(str(row["node"]), str(row["host"]), str(row["state"]), exit_code, epoch,
                       str(row.get("restarts", "-")), *([_autostop_cell(row)] if watchdogs else []))
     console.print(table)
+    for entry in told:
+        cause = entry["cause"]["summary"] if entry.get("cause") else "cause not recorded"
+        console.print(f"restart {entry['attempt']}: {cause}", markup=False, highlight=False, soft_wrap=True)
     if isinstance(record.get("failure"), dict) and record["failure"].get("summary"):  # what `up` named as the cause
         console.print(f"failure: {record['failure']['summary']}", markup=False, highlight=False)
     still = rented_rows(runs_dir)
@@ -93,6 +99,8 @@ def logs(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR,
          node: int | None = typer.Option(None, "--node", help="Show this node's torchrun output (default 0)."),
          rank: int | None = typer.Option(None, "--rank", help="Show this global rank's own output instead (its "
                                          "stdout, and its stderr on stderr), from the newest attempt."),
+         attempt: int | None = typer.Option(None, "--attempt", help="With --rank: the output of this attempt "
+                                            "(0 = before the first restart; default: the newest)."),
          follow: bool = typer.Option(False, "--follow", "-f"), lines: int = typer.Option(50, "--lines", "-n"),
          identity_file: Path | None = IDENTITY, connect_timeout: float = TIMEOUT) -> None:
     """Print a node's torchrun output, or with --rank a worker's own output (`-f` to keep following it)."""
@@ -104,12 +112,15 @@ def logs(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR,
                         "from the run's plan) or --node K (that node's torchrun output)")
     if rank is not None and rank < 0:
         raise SpecError(f"--rank {rank}: ranks start at 0")
+    if attempt is not None and (rank is None or follow or attempt < 0):
+        raise SpecError(f"--attempt {attempt}: give it with --rank R and without -f (it reads one attempt's "
+                        "output; -f follows the newest), as a number from 0 (before the first restart)")
     run_dir = _find_run(runs_dir, run)
     options = _options(runs_dir, identity_file, False, connect_timeout)
     if rank is not None:
         from launcher.execute.rank_logs import print_rank_log
 
-        print_rank_log(run_dir, rank, lines, follow, options)
+        print_rank_log(run_dir, rank, lines, follow, options, attempt)
         return
     recorded_run(run_dir.typed_record()).print_log(run_dir, node or 0, lines, follow, options)
 

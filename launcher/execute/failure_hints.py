@@ -11,9 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher.transport.outputs import SHIPPED_FILE
-from launcher.transport.sync import ignore_spec
-
 # What torch (or the script) says when it needs CUDA or NCCL and there is none: the CPU build's missing bindings
 # (`module 'torch._C' has no attribute '_cuda_setDevice'`), no GPU or driver, NCCL asked for (a traceback's code
 # line `init_process_group(backend="nccl")`, or "Distributed package doesn't have NCCL built in").
@@ -56,6 +53,8 @@ class RunHints:
         rel = self._relative(missing[-1])
         if rel is None or not (self.source / rel).exists():
             return None
+        from launcher.transport.sync import ignore_spec  # (paramiko: a local run never ships, never gets here)
+
         spec = ignore_spec(self.source)
         parts = rel.split("/")
         for depth in range(1, len(parts) + 1):  # the outermost folder (or the file) the ignore rules left out
@@ -81,6 +80,8 @@ def run_hints(run_path: Path, record: dict[str, Any]) -> RunHints:
     facts = record.get("node_facts") or []
     gpus = tuple(len(f["gpu_names"]) if isinstance(f, dict) and isinstance(f.get("gpu_names"), list) else None
                  for f in facts)
+    from launcher.transport.outputs import SHIPPED_FILE  # (paramiko: a local run ships nothing, has no file)
+
     source = None
     try:
         named = json.loads((run_path / SHIPPED_FILE).read_text()).get("source")

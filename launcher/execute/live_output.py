@@ -1,5 +1,5 @@
 """While `up` follows a run: global rank 0's output under the progress display, a script's progress read from
-it, and torchrun's restarts as `restarted` events (node, attempt).
+it, and torchrun's restarts as `restarted` events (node, attempt, cause) and one line each on the console.
 
 On hosts the output comes with each node's state poll (launcher.runtimes.native.read_state: the bytes added since
 the last poll, one command per node per poll); on this machine it is read from the run directory's logs/."""
@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from launcher.execute.live_tail import OutputTail
-from launcher.results.progress import ProgressDisplay
+from launcher.execute.restart_causes import ended_notes, node_labels, restart_cause, restart_line
+from launcher.results.progress import ProgressDisplay, console
 from launcher.results.rank_layout import rank_layout
 from launcher.results.restarts import attempt_number, newest_attempt_dir, restarts_phrase
-from launcher.results.run_records import logged_restarts, record_restarts
+from launcher.results.run_records import logged_restarts, record_restarts, restarts_told
 from launcher.results.rundir import RunDir
 from launcher.results.script_progress import ScriptProgress
 from launcher.runtimes.native import NodeState, OutputRequest
@@ -36,6 +37,9 @@ class LiveOutput:
         self._offset = 0
         self._restarts = logged_restarts(run_dir)  # per node: the newest attempt seen (a run followed again
         # is not counted twice)
+        self._labels = node_labels(run_dir)
+        self._notes: list[dict[int, Any]] = [{} for _ in self._labels]  # per node: attempt -> ended.json
+        self._told = {entry["attempt"] for entry in restarts_told(run_dir)}  # attempts whose line was printed
 
     @property
     def restarts(self) -> int:
@@ -51,6 +55,9 @@ class LiveOutput:
         """Take a poll's states: note restarts, show rank 0's new output; a script's progress (from its output)
         becomes the state's progress record where the node has none of its own."""
         for node, state in enumerate(states):
+            if state is not None and node < len(self._notes):
+                self._notes[node].update(state.ended)
+        for node, state in enumerate(states):
             if state is not None:
                 self.note_attempt(node, state.attempt)
         rank0 = states[self.rank0_node] if self.rank0_node < len(states) else None
@@ -63,8 +70,14 @@ class LiveOutput:
                 not s.progress else s for i, s in enumerate(states)]
 
     def note_attempt(self, node: int, attempt: int | None) -> None:
-        """A node's newest attempt: each new one past 0 is a restart, logged once."""
-        record_restarts(self._run_dir, node, attempt, self._restarts)
+        """A node's newest attempt: each new one past 0 is a restart, logged once with its cause; each attempt's
+        restart is told once on the console, whichever node showed it first."""
+        new = record_restarts(self._run_dir, node, attempt, self._restarts,
+                              lambda number: restart_cause(self._notes, number, self._labels))
+        for number, cause in new:
+            if number not in self._told:
+                self._told.add(number)
+                console.print(restart_line(number, cause), markup=False, highlight=False, soft_wrap=True)
 
     def take(self, attempt: int | None, start: int, end: int, text: str) -> None:
         """Bytes start..end of rank 0's stdout.log in `attempt`."""
@@ -85,6 +98,8 @@ class LiveOutput:
         newest = newest_attempt_dir(logs)
         if newest is not None:
             attempt = attempt_number(newest.name)
+            if attempt != self._restarts.get(0, 0):
+                self._notes[0] = ended_notes(logs)
             self.note_attempt(0, attempt)
             previous = self._attempt
             if previous is not None and previous != attempt:  # the rest of the attempt that ended

@@ -15,6 +15,7 @@ from launcher.execute.hang_watch import RunWatch
 from launcher.execute.live_output import LiveOutput
 from launcher.execute.local_checks import FirstStepWatch, check_cpu_processes, check_local_rendezvous
 from launcher.execute.plain_progress import run_progress
+from launcher.planning.mpi_check import check_local_mpi
 from launcher.planning.plan import RunPlan, plan_local
 from launcher.planning.preflight import check_local_disk
 from launcher.results.rundir import RunDir, read_json
@@ -23,6 +24,7 @@ from launcher.runtimes.proctree import start_time, stop_tree
 from launcher.spec.datasets import check_local_data
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.strategies import check_gpus, processes_per_node
+from launcher.spec.torchrun import shown_argv
 from launcher.spec.user_command import node_command
 
 POLL_SECONDS = 0.5
@@ -102,6 +104,8 @@ def check_local_run(spec: RunSpec, run_path: Path | None = None) -> RunPlan:
     the `-- CMD` program) that can start. Returns the run's plan (for a run directory at run_path)."""
     if not spec.user_command:
         check_local_data(spec.dataset, spec.data_dir)
+    if spec.launcher == "mpirun":
+        check_local_mpi(spec)
     check_local_gpus(spec.nproc_per_node)
     check_cpu_processes(processes_per_node(spec.strategy, spec.nproc_per_node), local_gpu_count())
     check_gpus(spec.strategy, spec.devices, spec.nproc_per_node, local_gpu_count(), "this machine")
@@ -137,7 +141,7 @@ def run_local(plan: RunPlan, run_dir: RunDir, show_progress: bool = True, show_o
                               f"{run_dir.path}") from None
     try:  # from here on, a Ctrl-C stops torchrun: it runs in a session of its own and would live on
         run_dir.update_record(local_pid=proc.pid, local_pid_start=start_time(proc.pid))  # start: its identity
-        run_dir.event("started", node=0, pid=proc.pid, command=list(node.command))
+        run_dir.event("started", node=0, pid=proc.pid, command=shown_argv(node.command))
         progress_file = run_dir.path / "progress.json"
         first_step = FirstStepWatch(out_path)
         node_watch = RunWatch.here(run_dir, node.host.label)  # hangs, low disk, the first rank failure

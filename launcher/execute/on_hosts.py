@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
-import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -17,14 +15,17 @@ from launcher.execute.before_start import nothing_started_if_interrupted
 from launcher.execute.failure_cause import cause_exit_code, report_failure, shown_state, teardown_outcome
 from launcher.execute.hang_watch import RunWatch
 from launcher.execute.live_output import LiveOutput
+from launcher.execute.mpi_access import MpiAccess
 from launcher.execute.outside_stops import lost_contact_limit, lost_contact_line, outside_stop
 from launcher.execute.plain_progress import run_progress
 from launcher.execute.pull_record import pull_lock, write_pull_record
+from launcher.execute.restart_causes import finish_run_records
+from launcher.execute.shipment import check_unchanged
 from launcher.planning.plan import RunPlan
 from launcher.results.progress import FreshestProgress, console, stall_note
-from launcher.results.run_records import finish_records, world_exit_code
+from launcher.results.run_records import world_exit_code
 from launcher.results.rundir import RunDir, primary_node_out, read_json, write_bytes_atomic, write_json_atomic
-from launcher.runtimes.docker_hosts import ensure_image, registry_digest
+from launcher.runtimes.docker_hosts import ensure_image, local_image_id, registry_digest
 from launcher.runtimes.native import NodeState, OutputRequest, read_state, stop_node
 from launcher.runtimes.start import runtime_of, start_node
 from launcher.transport import outputs
@@ -46,14 +47,6 @@ SHIP_ATTEMPTS = 3
 PLAN_FILE = "plan.json"
 # What comes back from a node's workspace (gitignore patterns): everything but the shipped code.
 PULLED = ("/out/", "/logs/", "/torchrun.out", "/exit_code", "/pid")
-
-
-def trainer_source_dir() -> Path:
-    """Where the trainer package lives locally (found without importing it: it imports torch)."""
-    found = importlib.util.find_spec("trainer")
-    if found is None or not found.submodule_search_locations:
-        raise DdpctlError("the trainer package is not installed here: run `pip install .` in the ddpctl checkout")
-    return Path(next(iter(found.submodule_search_locations)))
 
 
 def run_remote_up(plan: RunPlan, options: UpOptions, session: HostSession, record_extra: dict[str, Any] | None = None,
@@ -89,36 +82,43 @@ def run_remote_up(plan: RunPlan, options: UpOptions, session: HostSession, recor
         ship_image(session, plan, run_dir, options.show_progress)
         ship_code(session, plan, run_dir)
     interruption.defer_signals()  # nodes are never left half-started: an interruption waits for the start
-    start_nodes(session, plan, run_dir)
-    if options.detach:
-        console.print(f"started run {spec.run_id} on {len(plan.nodes)} node(s); it runs on without this "
-                      f"terminal. Follow with `ddpctl status {spec.run_id}`, `ddpctl logs {spec.run_id} -f`; "
-                      f"fetch with `ddpctl pull {spec.run_id}`; stop with `ddpctl down {spec.run_id}`.")
-        return UpResult(run_dir.path, 0, None, plan)
-    try:
-        interruption.act_on_deferred()
-        code = follow(session, run_dir, show_progress=options.show_progress, watch=watch,
-                      stall_timeout=options.stall_timeout, show_output=options.show_output)
-    except BaseException as stop:
-        # Ctrl-C, SIGTERM, SIGHUP mean stop (a run to keep going without this terminal is what --detach is for),
-        # and so does a RunStopRequested; launcher/execute/interruption.py says how it ended, in one line.
-        requested = stop if isinstance(stop, RunStopRequested) else None
-        if requested is None and not interruption.interrupted_by(stop):
-            raise
-        if requested is not None:
-            run_dir.event("stop_requested", reason=str(stop))
-        outcome = interruption.stop_and_pull(run_dir, lambda: stop_all(session, run_dir), lambda: pull_run(
-            session, run_dir), cause=str(requested) if requested else None)
-        if requested is not None:
-            done = outcome.stopped and outcome.pulled
-            raise RunStopRequested(f"{stop}; " + (f"every node was stopped and what it wrote pulled to {run_dir.path}"
-                                                  if done else outcome.text), requested.reason) from None
-        raise Interrupted(outcome.text) from None
-    interruption.pull_after_run(run_dir, lambda: pull_run(session, run_dir))
-    code = teardown_outcome(run_dir, code, len(plan.nodes))
-    code = world_exit_code(finish_records(run_dir), code)
-    summary = read_json(run_dir.path / "summary.json")
-    return UpResult(run_dir.path, code, summary, plan)
+    access = MpiAccess(session, plan, run_dir) if spec.launcher == "mpirun" and spec.nnodes > 1 else None
+    try:  # node 0's SSH access to the others (an MPI job): for the run only, removed however it ends
+        if access is not None:
+            access.set_up()
+        start_nodes(session, plan, run_dir)
+        if options.detach:
+            console.print(f"started run {spec.run_id} on {len(plan.nodes)} node(s); it runs on without this "
+                          f"terminal. Follow with `ddpctl status {spec.run_id}`, `ddpctl logs {spec.run_id} -f`; "
+                          f"fetch with `ddpctl pull {spec.run_id}`; stop with `ddpctl down {spec.run_id}`.")
+            return UpResult(run_dir.path, 0, None, plan)
+        try:
+            interruption.act_on_deferred()
+            code = follow(session, run_dir, show_progress=options.show_progress, watch=watch,
+                          stall_timeout=options.stall_timeout, show_output=options.show_output)
+        except BaseException as stop:
+            # Ctrl-C, SIGTERM, SIGHUP mean stop (a run to keep going without this terminal is what --detach is for),
+            # and so does a RunStopRequested; launcher/execute/interruption.py says how it ended, in one line.
+            requested = stop if isinstance(stop, RunStopRequested) else None
+            if requested is None and not interruption.interrupted_by(stop):
+                raise
+            if requested is not None:
+                run_dir.event("stop_requested", reason=str(stop))
+            outcome = interruption.stop_and_pull(run_dir, lambda: stop_all(session, run_dir), lambda: pull_run(
+                session, run_dir), cause=str(requested) if requested else None)
+            if requested is not None:
+                done = outcome.stopped and outcome.pulled
+                stopped = f"every node was stopped and what it wrote pulled to {run_dir.path}"
+                raise RunStopRequested(f"{stop}; " + (stopped if done else outcome.text), requested.reason) from None
+            raise Interrupted(outcome.text) from None
+        interruption.pull_after_run(run_dir, lambda: pull_run(session, run_dir))
+        code = teardown_outcome(run_dir, code, len(plan.nodes))
+        code = world_exit_code(finish_run_records(run_dir), code)
+        summary = read_json(run_dir.path / "summary.json")
+        return UpResult(run_dir.path, code, summary, plan)
+    finally:
+        if access is not None:
+            access.remove()
 
 
 def ship_image(session: HostSession, plan: RunPlan, run_dir: RunDir, show_progress: bool) -> None:
@@ -130,6 +130,10 @@ def ship_image(session: HostSession, plan: RunPlan, run_dir: RunDir, show_progre
     from launcher.runtimes.image import docker_client
 
     engine = None if plan.pull_image else docker_client()
+    planned = plan.ship.image_id if plan.ship else None
+    if engine is not None and planned is not None and (now := local_image_id(engine, image)) != planned:
+        raise DdpctlError(f"the local image {image} is {now[:19]}... now, not the {planned[:19]}... the plan ships "
+                          "(it was built again since): make the plan again")
     outcomes = ensure_image([session.conn(n.index) for n in plan.nodes], image, engine,
                             pull=plan.pull_image, show_progress=show_progress)
     results = raise_for_errors(outcomes, "image")
@@ -147,14 +151,16 @@ def _cache_key(path: Path) -> str:
 
 
 def ship_code(session: HostSession, plan: RunPlan, run_dir: RunDir) -> None:
-    """Send the trainer (or the user's directory) to a per-host cache incrementally, then copy it into the
-    run's workspace, so a relaunch moves only changed files and each run keeps the code it ran."""
+    """Send what the plan ships (the trainer, or the user's directory: plan.ship, refused when its files changed
+    since) to a per-host cache incrementally, then copy it into the run's workspace, so a relaunch moves only
+    changed files and each run keeps the code it ran."""
+    if plan.ship is None:
+        raise ValueError("a plan on hosts says what it ships (launcher/execute/shipment.py)")
+    check_unchanged(plan.ship)
+    source, dest = Path(plan.ship.source), plan.ship.dest
     if plan.spec.user_command:
-        source, dest = Path(os.getcwd()), ""
         manifest, left_out = outputs.record_shipped(run_dir.path, source)  # what is not an output, for pull_run
         console.print(outputs.shipping_note(source, manifest, left_out), markup=False, highlight=False, soft_wrap=True)
-    else:
-        source, dest = trainer_source_dir(), "/trainer"
     cache = f"{CODE_CACHE}/{_cache_key(source)}"
 
     def ship(index: int) -> dict[str, Any]:

@@ -1,6 +1,6 @@
-"""`ddpctl logs RUN --rank R [-f]`: one worker's own output (its stdout.log on stdout, its stderr.log on stderr)
-from the newest attempt, read where the run is: on its host (the pulled copy when the host cannot be reached),
-or in a local run's directory; `-f` follows it, across restarts, until the run ends."""
+"""`ddpctl logs RUN --rank R [-f | --attempt K]`: one worker's own output (its stdout.log on stdout, its stderr.log
+on stderr) from the newest attempt (or attempt K), read where the run is: on its host (the pulled copy when the
+host cannot be reached), or in a local run's directory; `-f` follows it, across restarts, until the run ends."""
 
 from __future__ import annotations
 
@@ -41,14 +41,18 @@ class Chunk:
 Reader = Callable[[str, "int | None", int, int], "Chunk | None"]
 
 
-def print_rank_log(run_dir: RunDir, rank: int, lines: int, follow: bool, options: UpOptions) -> None:
-    """Print global rank `rank`'s output (last `lines` of each stream); with `follow`, what it adds until the
-    run ends."""
+def print_rank_log(run_dir: RunDir, rank: int, lines: int, follow: bool, options: UpOptions,
+                   attempt: int | None = None) -> None:
+    """Print global rank `rank`'s output (last `lines` of each stream) of the newest attempt or of `attempt`;
+    with `follow`, what it adds until the run ends."""
     node, local_rank = rank_layout(run_dir).locate(rank)
     if not run_dir.record().get("nodes"):  # this machine's run
         from launcher.execute.reattach import _local_run_ended
 
         logs = run_dir.path / "logs"
+        if attempt is not None:
+            _print_attempt(logs, local_rank, rank, attempt, lines)
+            return
         _print_rank(lambda *a: _read_local(logs, local_rank, *a), lambda: _local_run_ended(run_dir),
                     rank, lines, follow)
         return
@@ -59,14 +63,14 @@ def print_rank_log(run_dir: RunDir, rank: int, lines: int, follow: bool, options
     try:
         session = reattach(run_dir, options)
     except DdpctlError as e:  # e.g. rented machines already given back
-        _print_pulled(pulled, local_rank, rank, lines, str(e))
+        _print_pulled(pulled, local_rank, rank, lines, str(e), attempt)
         return
     conn = session.conn(node)
     try:
         conn.run(["true"], timeout=30)  # connect now: a host that is gone means the pulled copy
     except (DdpctlError, OSError) as e:
         session.close()
-        _print_pulled(pulled, local_rank, rank, lines, f"node {node} cannot be reached: {e}")
+        _print_pulled(pulled, local_rank, rank, lines, f"node {node} cannot be reached: {e}", attempt)
         return
     workspace = node_workspaces(run_dir)[node]
     finished = False
@@ -80,13 +84,54 @@ def print_rank_log(run_dir: RunDir, rank: int, lines: int, follow: bool, options
         return Chunk(state.attempt, state.output_from or 0, state.output_to, state.output)
 
     with session:
-        _print_rank(read, lambda: finished, rank, lines, follow)
+        if attempt is None:
+            _print_rank(read, lambda: finished, rank, lines, follow)
+            return
+        states = {stream: read_state(conn, workspace, OutputRequest(local_rank, attempt, 0, TAIL_BYTES, stream))
+                  for stream in STREAMS}
+        texts = {stream: state.output for stream, state in states.items()
+                 if state.output_to is not None and state.output_attempt == attempt}
+        if not texts:
+            raise DdpctlError(_no_attempt(rank, node, attempt, states["stdout"].attempt))
+        _write_tails(texts, lines)
 
 
-def _print_pulled(pulled: Path, local_rank: int, rank: int, lines: int, why: str) -> None:
+def _print_pulled(pulled: Path, local_rank: int, rank: int, lines: int, why: str, attempt: int | None) -> None:
     """The end of a rank's output as pulled to this machine (a run whose hosts are gone cannot be followed)."""
     print(f"{why}; showing the copy pulled to {pulled}", file=sys.stderr, flush=True)
+    if attempt is not None:
+        _print_attempt(pulled, local_rank, rank, attempt, lines)
+        return
     _print_rank(lambda *a: _read_local(pulled, local_rank, *a), lambda: True, rank, lines, False)
+
+
+def _print_attempt(logs: Path, local_rank: int, rank: int, attempt: int, lines: int) -> None:
+    """The end of each stream of one attempt of a worker, from a --log-dir on this machine."""
+    folders = [d / str(local_rank) for d in logs.glob(f"*/attempt_{attempt}") if (d / str(local_rank)).is_dir()]
+    if not folders:
+        newest = newest_attempt_dir(logs)
+        raise DdpctlError(_no_attempt(rank, None, attempt, attempt_number(newest.name) if newest else None))
+    texts = {}
+    for stream in STREAMS:
+        path = folders[0] / f"{stream}.log"
+        if path.is_file():
+            with open(path, "rb") as f:
+                f.seek(max(0, path.stat().st_size - TAIL_BYTES))
+                texts[stream] = f.read().decode(errors="replace")
+    _write_tails(texts, lines)
+
+
+def _no_attempt(rank: int, node: int | None, attempt: int, newest: int | None) -> str:
+    where = f" on node {node}" if node is not None else ""
+    have = "it has none yet" if newest is None else f"its attempts are 0 to {newest}"
+    return f"--attempt {attempt}: rank {rank}{where} has no output of attempt {attempt} ({have})"
+
+
+def _write_tails(texts: dict[str, str], lines: int) -> None:
+    outputs: dict[str, TextIO] = {"stdout": sys.stdout, "stderr": sys.stderr}
+    for stream, text in texts.items():
+        outputs[stream].write("".join(text.splitlines(keepends=True)[-lines:]))
+        outputs[stream].flush()
 
 
 def _read_local(logs: Path, local_rank: int, stream: str, attempt: int | None, offset: int,

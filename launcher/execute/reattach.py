@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Any
 from launcher.errors import DdpctlError
 from launcher.execute.failure_cause import failure_from_pulled
 from launcher.execute.outside_stops import DOWN_EVENT
+from launcher.execute.restart_causes import finish_run_records
 from launcher.results.progress import progress_record
-from launcher.results.run_records import finish_records, node_restarts
+from launcher.results.run_records import node_restarts
 from launcher.results.rundir import RunDir
 from launcher.runtimes.proctree import alive, start_time
 
@@ -59,7 +60,7 @@ def pull_hosts(run_dir: RunDir, options: UpOptions) -> list[dict[str, Any]]:
 
     with reattach(run_dir, options) as session:
         stats = pull_run(session, run_dir)
-    finish_records(run_dir)  # restarts, and a script's summary, from what was pulled
+    finish_run_records(run_dir)  # restarts, and a script's summary, from what was pulled
     failure_from_pulled(run_dir)  # a detached run that failed: its cause, as `up` would have named it
     return stats
 
@@ -74,7 +75,7 @@ def stop_and_pull_hosts(run_dir: RunDir, options: UpOptions) -> None:
         stop_all(session, run_dir)
         release_on_node0(session, run_dir.spec().python, run_dir.run_id)  # a detached run's rendezvous port
         pull_run(session, run_dir)
-    finish_records(run_dir)
+    finish_run_records(run_dir)
 
 
 def print_host_log(run_dir: RunDir, node: int, lines: int, follow: bool, options: UpOptions) -> None:

@@ -16,8 +16,9 @@ from typing import Any
 from launcher.errors import DdpctlError, HostError, Interrupted
 from launcher.execute import interruption
 from launcher.execute.failure_cause import attribute, record_failure
-from launcher.execute.on_hosts import PULLED, TOP_LEVEL_FILES, _cache_key, trainer_source_dir
+from launcher.execute.on_hosts import PULLED, TOP_LEVEL_FILES, _cache_key
 from launcher.execute.pull_record import pull_lock, write_pull_record
+from launcher.execute.shipment import trainer_source_dir
 from launcher.planning.request import UpOptions, UpResult
 from launcher.results.progress import console
 from launcher.results.run_records import finish_records

@@ -4,6 +4,8 @@ releases them."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from launcher.execute.before_start import nothing_started_if_interrupted
@@ -11,13 +13,18 @@ from launcher.execute.failure_cause import local_failure, teardown_outcome
 from launcher.execute.local import check_local_run, run_local
 from launcher.execute.local_disk import full_disk_named, raise_if_disk_full
 from launcher.execute.local_outputs import LocalOutputs
+from launcher.execute.restart_causes import finish_run_records
+from launcher.execute.saved_plan import options_for_saved, same_plan
+from launcher.execute.shipment import with_shipment
 from launcher.planning.request import UpOptions, UpResult
 from launcher.providers.base import ExecutorCalls
-from launcher.results.run_records import finish_records, world_exit_code
-from launcher.results.rundir import RunDir, read_json
+from launcher.results.rank_layout import PLAN_FILE
+from launcher.results.run_records import world_exit_code
+from launcher.results.rundir import RunDir, read_json, write_json_atomic
 from launcher.spec.run_spec import RunSpec
 
 if TYPE_CHECKING:
+    from launcher.planning.plan import RunPlan
     from launcher.providers.base import AcquiredHosts, HostProvider
 
 
@@ -54,15 +61,27 @@ def executor_calls() -> ExecutorCalls:
                          nothing_started_if_interrupted=nothing_started_if_interrupted)
 
 
-def run_on_provider(provider: HostProvider, spec: RunSpec, options: UpOptions) -> UpResult:
+def run_saved_plan(plan: RunPlan, options: UpOptions) -> UpResult:
+    """`up --plan FILE`: run exactly the saved plan, on its hosts (or here), after refusing one that cannot run
+    and checking that the hosts still give it (launcher/execute/saved_plan.py)."""
+    options = options_for_saved(plan, options)
+    return run_on_provider(provider_for(options), plan.spec, options, saved=plan)
+
+
+def run_on_provider(provider: HostProvider, spec: RunSpec, options: UpOptions, saved: RunPlan | None = None
+                    ) -> UpResult:
     """Provider acquires hosts -> read-only probe -> pure plan -> the executor runs exactly that plan and pulls
-    -> provider releases them (a dry run: the provider's plan, acquiring nothing it would have to give back)."""
+    -> provider releases them (a dry run: the provider's plan, acquiring nothing it would have to give back).
+    With `saved` (up --plan), the plan run is that one, once the hosts are found to give it still."""
     try:
         if options.dry_run:
-            return provider.dry_run(spec, options)
+            result = provider.dry_run(spec, options)
+            if result.plan is None:
+                return result
+            return replace(result, plan=with_shipment(result.plan, Path.cwd(), dry_run=True))
         acquired = provider.acquire(spec, options)
         try:
-            result = _run_on_hosts(acquired) if acquired.session is not None else _run_here(acquired)
+            result = _run_on_hosts(acquired, saved) if acquired.session is not None else _run_here(acquired, saved)
             return provider.release(result)
         except BaseException as exc:
             provider.release_after_failure(exc)
@@ -71,7 +90,7 @@ def run_on_provider(provider: HostProvider, spec: RunSpec, options: UpOptions) -
         provider.close()
 
 
-def _run_on_hosts(acquired: AcquiredHosts) -> UpResult:
+def _run_on_hosts(acquired: AcquiredHosts, saved: RunPlan | None) -> UpResult:
     from launcher.execute.on_hosts import run_remote_up
     from launcher.planning.probe import plan_probed, probe_hosts
     from launcher.planning.rdzv_reservation import reservation_released
@@ -83,17 +102,21 @@ def _run_on_hosts(acquired: AcquiredHosts) -> UpResult:
         probe = probe_hosts(acquired.session, acquired.spec, acquired.options, choose_runtime, acquired.hosts)
     with reservation_released(acquired.session, acquired.spec.python, acquired.spec.run_id):  # node 0's port
         plan = plan_probed(acquired.spec, acquired.options, probe, acquired.hosts)
+        plan = with_shipment(plan, Path.cwd()) if saved is None else same_plan(saved, plan)
         return run_remote_up(plan, acquired.options, acquired.session, record_extra=acquired.record,
                              run_dir=acquired.run_dir, watch=acquired.watch)
 
 
-def _run_here(acquired: AcquiredHosts) -> UpResult:
-    """This machine: the local checks give the plan, then torchrun runs it here, writing into the run directory."""
+def _run_here(acquired: AcquiredHosts, saved: RunPlan | None) -> UpResult:
+    """This machine: the local checks give the plan (or pass the saved one), then torchrun runs it here, writing
+    into the run directory; the plan is kept there as plan.json."""
     spec, options = acquired.spec, acquired.options
     run_path = (options.runs_dir / spec.run_id).resolve()
     plan = check_local_run(spec, run_path)
+    plan = plan if saved is None else saved
     with full_disk_named(run_path):  # a full --runs-dir disk: one line, not a traceback
         run_dir = RunDir.create(options.runs_dir, spec, {**acquired.record, **options.record})
+        write_json_atomic(run_dir.path / PLAN_FILE, plan.to_json())
         written = LocalOutputs.start(run_dir, plan.nodes[0].cwd) if spec.user_command else None
         code = run_local(plan, run_dir, show_progress=options.show_progress, show_output=options.show_output)
         if written is not None:
@@ -101,5 +124,5 @@ def _run_here(acquired: AcquiredHosts) -> UpResult:
         raise_if_disk_full(run_path, code)
         local_failure(run_dir, code, spec.python)  # the first failure across ranks, in run.json and events.jsonl
         code = teardown_outcome(run_dir, code)
-        code = world_exit_code(finish_records(run_dir), code)
+        code = world_exit_code(finish_run_records(run_dir), code)
     return UpResult(run_dir.path, code, read_json(run_dir.path / "summary.json"), plan)

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-from launcher.errors import SpecError
+import launcher
+from launcher.errors import PlanError, SpecError
+from launcher.planning.facts import HostFacts
 from launcher.spec.launchers import (
     JOIN_DIR_ENV,
     JOINED_DIR,
@@ -20,15 +22,14 @@ from launcher.spec.launchers import (
     NPROC_ENV,
 )
 from launcher.spec.run_spec import MASKED, RunSpec
-from launcher.spec.torchrun import NodeRole, node_argv
+from launcher.spec.torchrun import NodeRole, node_argv, shown_command
 from launcher.spec.user_command import node_command
-
-if TYPE_CHECKING:
-    from launcher.planning.facts import HostFacts
 
 LOCAL = "local"
 # Per-run workspace on a host, relative to the login user's home directory.
 REMOTE_RUNS_ROOT = ".ddpctl/runs"
+# plan.json's shape: RunPlan.from_json reads this version and older ones, and refuses a newer one.
+PLAN_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,23 @@ class NodePlan:
             return self.display
         env = self.shown_env()
         cd = f"cd {shlex.quote(self.cwd)} && " if self.cwd else ""
-        return f"{cd}{'env ' + env + ' ' if env else ''}{shlex.join(self.command)}"
+        return f"{cd}{'env ' + env + ' ' if env else ''}{shown_command(self.command)}"
+
+
+@dataclass(frozen=True)
+class Shipment:
+    """What a run on hosts sends every node before it starts, decided with the plan (launcher/execute/shipment.py):
+    the local directory (the trainer package, or the user's directory with `-- CMD`), where it goes in the node's
+    workspace `code` directory, the digest of its files, and for a docker run streaming the local image, that
+    image's ID. The executor sends exactly this, and refuses files or an image changed since."""
+
+    source: str  # absolute local directory
+    dest: str  # "/trainer" (the trainer package) or "" (the user's directory)
+    digest: str  # "sha256:<hex>" over every file sent: path, size, content, mode (launcher.transport.sync)
+    image_id: str | None = None  # the local image's ID when the image is streamed from here; None: none shipped
+
+    def to_json(self) -> dict[str, Any]:
+        return {"source": self.source, "dest": self.dest, "digest": self.digest, "image_id": self.image_id}
 
 
 @dataclass(frozen=True)
@@ -89,19 +106,57 @@ class RunPlan:
     pull_image: bool = False
     unknown: tuple[str, ...] = ()
     node_facts: tuple[HostFacts, ...] = field(default=(), compare=False)
+    rdzv_addr: str | None = None  # node 0's address the others reach its store at (None: one node)
+    ship: Shipment | None = None  # None: nothing is shipped (a run on this machine)
 
     def to_json(self) -> dict[str, Any]:
-        """The plan as `up --dry-run --json` prints it; --env values as ***."""
+        """The plan as `up --dry-run --json` prints it and plan.json keeps it (from_json reads it back); --env
+        values as ***."""
         multi = self.spec.nnodes > 1
         return {
+            "plan_version": PLAN_VERSION, "ddpctl": launcher.__version__,
             "run_id": self.spec.run_id, "nnodes": self.spec.nnodes, "nproc_per_node": self.spec.nproc_per_node,
-            "runtime": self.runtime, "launcher": self.spec.launcher, "image": self.image, "pull_image": self.pull_image,
-            "rdzv_port": self.spec.rdzv_port if multi else None, "unknown": list(self.unknown),
+            "runtime": self.runtime, "launcher": self.spec.launcher, "image": self.image,
+            "pull_image": self.pull_image,
+            "rdzv_port": self.spec.rdzv_port if multi else None, "rdzv_addr": self.rdzv_addr,
+            "unknown": list(self.unknown), "spec": self.spec.to_json(),
+            "ship": self.ship.to_json() if self.ship else None,
             "node_facts": [f.to_json() for f in self.node_facts],
-            "nodes": [{"index": n.index, "host": n.host.label, "address": n.host.address, "runtime": n.runtime,
-                       "workspace": n.workspace, "cwd": n.cwd, "command": list(n.command),
-                       "env": {k: MASKED if k in n.secret_names else v for k, v in n.env}} for n in self.nodes],
+            "nodes": [{"index": n.index, "host": n.host.label, "address": n.host.address, "iface": n.host.iface,
+                       "gpus": n.host.gpus, "runtime": n.runtime, "workspace": n.workspace, "cwd": n.cwd,
+                       "command": list(n.command), "env": {k: MASKED if k in n.secret_names else v for k, v in n.env},
+                       "secret_names": list(n.secret_names), "display": n.display} for n in self.nodes],
         }  # fmt: skip
+
+    @classmethod
+    def from_json(cls, data: Any) -> RunPlan:
+        """The plan to_json wrote (plan.json, `up --dry-run --save-plan`); PlanError saying what is wrong with
+        one that is not a plan, is malformed, or was made by a newer ddpctl. --env values come back as *** and
+        their names as the spec's `withheld_env` (a plan never holds them)."""
+        if not isinstance(data, dict) or not isinstance(data.get("plan_version"), int):
+            raise PlanError("it is not a ddpctl plan (no plan_version): save one with `up --dry-run --save-plan FILE`")
+        if data["plan_version"] > PLAN_VERSION:
+            raise PlanError(f"it was made by a newer ddpctl ({data.get('ddpctl')}, plan version "
+                            f"{data['plan_version']}; this one, {launcher.__version__}, reads up to {PLAN_VERSION}): "
+                            "make it again with this ddpctl's `up --dry-run --save-plan`")
+        try:
+            ship = data["ship"]
+            plan = cls(
+                spec=RunSpec.from_json(_typed(data, "spec", dict)),
+                nodes=tuple(_node_from_json(n) for n in _typed(data, "nodes", list)),
+                runtime=_typed(data, "runtime", str), image=data["image"], pull_image=_typed(data, "pull_image", bool),
+                unknown=tuple(_typed(data, "unknown", list)),
+                node_facts=tuple(HostFacts.from_json(f) for f in _typed(data, "node_facts", list)),
+                rdzv_addr=data["rdzv_addr"],
+                ship=None if ship is None else Shipment(ship["source"], ship["dest"], ship["digest"], ship["image_id"]),
+            )  # fmt: skip
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise PlanError(f"it is malformed ({type(e).__name__}: {e})") from None
+        except SpecError as e:
+            raise PlanError(f"its spec is not valid: {e}") from None
+        if plan.to_json() != {**data, "ddpctl": launcher.__version__}:
+            raise PlanError("it is malformed: it does not read back as written (a field of the wrong type or shape)")
+        return plan
 
     def describe(self) -> str:
         """The plan for people: one header, then each node's command; then what is not known, if anything."""
@@ -114,8 +169,13 @@ class RunPlan:
                 gpus = ", ".join(facts.gpu_names) or "no GPU"
                 lines.append(f"  # python {facts.python}, torch {facts.torch or 'none'}, {facts.cpus} cores, {gpus}")
             lines.append(f"  {node.shell_line()}")
+        if self.ship is not None:
+            lines.append(f"ships {self.ship.source} ({self.ship.digest[:19]}...) to each node's code{self.ship.dest}"
+                         + (f", and image {self.image} ({self.ship.image_id[:19]}...) from here" if self.ship.image_id
+                            else ""))
         if self.unknown:
-            lines.append("not known without probing the hosts (shown with placeholders above):")
+            lines.append("not known without probing the hosts or renting the machines (shown with placeholders "
+                         "above):")
             lines += [f"  {item}" for item in self.unknown]
         return "\n".join(lines)
 
@@ -158,6 +218,22 @@ class NodeRuntime(Protocol):
         ...
 
 
+def _typed(data: dict[str, Any], key: str, kind: type) -> Any:
+    value = data[key]
+    if not isinstance(value, kind):
+        raise TypeError(f"{key} is {type(value).__name__}, not {kind.__name__}")
+    return value
+
+
+def _node_from_json(data: dict[str, Any]) -> NodePlan:
+    host = NodeHost(_typed(data, "host", str), data["address"], data["iface"], _typed(data, "gpus", bool))
+    env = _typed(data, "env", dict)
+    return NodePlan(index=_typed(data, "index", int), host=host, runtime=_typed(data, "runtime", str),
+                    workspace=_typed(data, "workspace", str), command=tuple(_typed(data, "command", list)),
+                    env=tuple(env.items()), cwd=_typed(data, "cwd", str),
+                    secret_names=tuple(_typed(data, "secret_names", list)), display=_typed(data, "display", str))
+
+
 def plan_local(spec: RunSpec, run_dir: str, cwd: str) -> RunPlan:
     """A single-node run on this machine; outputs go straight into the run directory."""
     role = NodeRole(node_rank=0, out_dir=run_dir, log_dir=f"{run_dir}/logs", snapshot_dir=f"{run_dir}/snapshots")
@@ -189,9 +265,10 @@ def plan_remote(spec: RunSpec, hosts: list[NodeHost], rdzv_addr: str | None = No
     workspace = remote_workspace(spec.run_id)
     plan_node = runtime.plan_node if runtime is not None else native_node_plan
     nodes = tuple(plan_node(spec, index, host, addr0, workspace) for index, host in enumerate(hosts))
+    rdzv = addr0 if spec.nnodes > 1 else None
     if runtime is None:
-        return RunPlan(spec, nodes)
-    return RunPlan(spec, nodes, runtime=runtime.name, image=runtime.image)
+        return RunPlan(spec, nodes, rdzv_addr=rdzv)
+    return RunPlan(spec, nodes, runtime=runtime.name, image=runtime.image, rdzv_addr=rdzv)
 
 
 def native_node_plan(spec: RunSpec, index: int, host: NodeHost, rdzv_addr: str, workspace: str) -> NodePlan:
@@ -217,11 +294,14 @@ def native_node_plan(spec: RunSpec, index: int, host: NodeHost, rdzv_addr: str, 
 def shown_launch(spec: RunSpec, node: NodePlan) -> NodePlan:
     """A spawn node as --dry-run shows it: the script's own command line, not the wrapper around it (node.command
     keeps the whole argv, as --json shows it)."""
-    if spec.launcher != "spawn":
-        return node
-    script = node_command(spec.user_command, spec.python)
-    line = replace(node, command=script).shell_line()
-    return replace(node, display=f"{line}   # once on this node (--launcher spawn); output in logs/spawn/attempt_0/0/")
+    if spec.launcher == "spawn":
+        line = replace(node, command=node_command(spec.user_command, spec.python)).shell_line()
+        return replace(node, display=f"{line}   # once on this node (--launcher spawn); output in "
+                                     "logs/spawn/attempt_0/0/")
+    if spec.launcher == "mpirun" and spec.nnodes == 1:  # MPIRUN_SCRIPT's arguments from "mpirun" on
+        line = replace(node, command=node.command[node.command.index("mpirun"):]).shell_line()
+        return replace(node, display=f"{line}   # --launcher mpirun; output in logs/mpirun/attempt_0/0/")
+    return node
 
 
 def script_env(spec: RunSpec, node_rank: int, master_addr: str | None, output_dir: str) -> dict[str, str]:

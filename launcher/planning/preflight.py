@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from launcher.errors import DdpctlError, HostError
 from launcher.planning.facts import HostFacts
 from launcher.planning.rdzv_reservation import release_reservation, reserve_and_listen
+from launcher.remote import host_probe, source_of
 from launcher.transport.connection import HostConnection
 from launcher.transport.parallel import raise_for_errors, run_on_hosts
 
@@ -21,47 +22,8 @@ if TYPE_CHECKING:
 
 MIN_FREE_DISK = 1 << 30  # bytes: snapshots and logs of a small run fit easily
 
-# Runs on the host under the chosen python. Prints one JSON object; never fails on a missing piece.
-PROBE_SCRIPT = r"""
-import json, os, shutil, subprocess, sys
-info = {"python": "%d.%d.%d" % sys.version_info[:3], "executable": sys.executable, "cpus": os.cpu_count(),
-        "home": os.path.expanduser("~"), "torch": None, "gpus": 0, "gpu_names": []}
-# torch's version from its metadata and the GPUs from nvidia-smi: importing torch would cost seconds per host.
-try:
-    from importlib import metadata
-    info["torch"] = metadata.version("torch")  # with its local part (+cu121): the CUDA build
-except Exception as e:
-    info["torch_error"] = (type(e).__name__ + ": " + str(e))[:200]
-if shutil.which("nvidia-smi"):
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20).stdout
-        rows = [line.rsplit(",", 1) for line in out.splitlines() if line.strip()]
-        info["gpu_names"] = [row[0].strip() for row in rows]
-        info["gpus"] = len(rows)
-        info["driver"] = rows[0][-1].strip() if rows else None
-    except Exception:
-        pass
-# Free space where the runs' workspaces go (~/.ddpctl/runs, or the nearest folder of it that exists).
-runs = os.path.join(info["home"], ".ddpctl", "runs")
-while not os.path.isdir(runs) and os.path.dirname(runs) != runs:
-    runs = os.path.dirname(runs)
-info["disk_free"] = shutil.disk_usage(runs).free
-conn = os.environ.get("SSH_CONNECTION", "").split()
-info["ssh_server_addr"] = conn[2] if len(conn) >= 3 else None
-addrs = []
-try:
-    out = subprocess.run(["ip", "-o", "addr", "show"], capture_output=True, text=True, timeout=10).stdout
-    for line in out.splitlines():
-        f = line.split()
-        if len(f) >= 4 and f[2] in ("inet", "inet6"):
-            addrs.append({"iface": f[1], "addr": f[3].split("/")[0]})
-except Exception:
-    pass
-info["addrs"] = addrs
-info["docker"] = shutil.which("docker") is not None
-print(json.dumps(info))
-"""
+# Runs on the host under the chosen python: prints one JSON object, never fails on a missing piece.
+PROBE_SCRIPT = source_of(host_probe)
 
 CONNECT_SCRIPT = r"""
 import socket, sys

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 
 from launcher.errors import DdpctlError, SpecError
 from launcher.planning.facts import HostFacts
+from launcher.planning.mpi_check import mpi_problems
+from launcher.planning.mpi_plan import mpi_nodes
 from launcher.planning.plan import NodeHost, RunPlan, plan_remote
 from launcher.planning.preflight import (
     Problem,
@@ -77,7 +79,10 @@ def probe_hosts(session: HostSession, spec: RunSpec, options: UpOptions, choose_
     chosen = options if spec.launcher == "torchrun" else replace(options, runtime="native")
     runtime, engine_gpus = choose_runtime(chosen, session)
     procs = procs_per_node(spec, options, facts)
-    problems = check_requirements(list(facts), procs, runs_host_torch=runtime.runs_host_torch, spec=spec)
+    # An MPI job's script may need no torch: what it needs is checked by mpi_problems.
+    problems = check_requirements(list(facts), procs, spec=spec,
+                                  runs_host_torch=runtime.runs_host_torch and spec.launcher != "mpirun")
+    problems += mpi_problems(session, spec)
     problems += strategy_problems(spec, procs, facts)
     if problems:
         raise DdpctlError("preflight failed:\n" + "\n".join(f"  {p}" for p in problems))
@@ -110,6 +115,8 @@ def plan_probed(spec: RunSpec, options: UpOptions, probe: HostProbe,
     spec = replace(spec, rdzv_port=probe.rdzv_port)
     hosts, addr0 = node_hosts(options, probe, provider_hosts)
     plan = plan_remote(spec, hosts, addr0, probe.runtime)
+    if spec.launcher == "mpirun" and spec.nnodes > 1:
+        plan = replace(plan, nodes=mpi_nodes(spec, plan.nodes, probe.facts))
     return replace(plan, pull_image=bool(options.registry and plan.image), node_facts=probe.facts)
 
 
@@ -135,4 +142,7 @@ def plan_unprobed(spec: RunSpec, options: UpOptions, runtime: NodeRuntime,
         if not options.rdzv_addr:
             unknown.append("node addresses and network interfaces (shown as the names given)")
     plan = plan_remote(spec, hosts, options.rdzv_addr, runtime)
+    if spec.launcher == "mpirun" and spec.nnodes > 1:
+        plan = replace(plan, nodes=mpi_nodes(spec, plan.nodes, ()))
+        unknown.append("the hosts' home folders, where mpirun starts each node's processes (shown as ~)")
     return replace(plan, pull_image=bool(options.registry and plan.image), unknown=tuple(unknown))

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from launcher.errors import HostError
 from launcher.planning.plan import REMOTE_RUNS_ROOT
+from launcher.remote import daemon, source_of
 from launcher.transport.parallel import run_on_hosts
 
 if TYPE_CHECKING:
@@ -30,8 +31,8 @@ RESERVATION_DIR = "/tmp/ddpctl-rdzv"
 RESERVATION_TTL = 3600
 RELEASE_TIMEOUT = 10.0  # seconds: a node 0 that cannot be reached leaves its reservation to go stale
 
-# Shared by both scripts (standard library only; run on node 0 with the run's python).
-_COMMON = r"""
+# Shared by both scripts (standard library only; run on node 0 with the run's python), after the daemon helper.
+_COMMON = source_of(daemon) + r"""
 import fcntl, json, os, socket, stat, sys, time
 
 def fail(kind, text):
@@ -212,13 +213,7 @@ if writing:
         fail("unsafe", "cannot write a reservation in %s (%s): have it removed (rm -r %s) and rerun" % (path, e, path))
 if fd is not None:
     os.close(fd)  # the lock is released here: the child must not hold it
-sys.stdout.flush()
-if os.fork():
-    print("listening %d" % port); sys.exit(0)
-os.setsid()
-null = os.open(os.devnull, os.O_RDWR)  # let the SSH channel close: the child keeps none of its streams
-for f in (0, 1, 2):
-    os.dup2(null, f)
+detach("listening %d" % port)  # launcher/remote/daemon.py: the SSH channel closes, the child accepts
 deadline = time.time() + seconds
 chosen.settimeout(1.0)
 while expect > 0 and time.time() < deadline:
@@ -257,13 +252,7 @@ def remove():
 
 found = ours() if open_dir(path, False) else []
 if found and wait > 0 and starting(found):
-    sys.stdout.flush()
-    if os.fork():
-        print("waiting"); sys.exit(0)
-    os.setsid()
-    null = os.open(os.devnull, os.O_RDWR)
-    for f in (0, 1, 2):
-        os.dup2(null, f)
+    detach("waiting")
     deadline = time.time() + wait
     while time.time() < deadline and starting(ours()):
         time.sleep(0.5)

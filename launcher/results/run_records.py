@@ -5,6 +5,7 @@ script's global rank 0 printed (launcher.results.script_progress)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +36,33 @@ def logged_restarts(run_dir: RunDir) -> dict[int, int]:
     return logged
 
 
-def record_restarts(run_dir: RunDir, node: int, attempt: int | None, logged: dict[int, int]) -> None:
-    """Log a `restarted` event for each attempt of `node` past those in `logged` (which is updated)."""
+# attempt -> what ended the attempt before it (launcher/execute/restart_causes.py), None when not known.
+CauseOf = Callable[[int], "dict[str, Any] | None"]
+
+
+def record_restarts(run_dir: RunDir, node: int, attempt: int | None, logged: dict[int, int],
+                    cause_of: CauseOf | None = None) -> list[tuple[int, dict[str, Any] | None]]:
+    """Log a `restarted` event (with its `cause` when `cause_of` knows it) for each attempt of `node` past those
+    in `logged` (which is updated); returns the attempts logged now, each with its cause."""
+    new: list[tuple[int, dict[str, Any] | None]] = []
     for number in range(logged.get(node, 0) + 1, (attempt or 0) + 1):
-        run_dir.event("restarted", node=node, attempt=number)
+        cause = cause_of(number) if cause_of else None
+        run_dir.event("restarted", node=node, attempt=number, **({"cause": cause} if cause else {}))
         logged[node] = number
+        new.append((number, cause))
+    return new
+
+
+def restarts_told(run_dir: RunDir) -> list[dict[str, Any]]:
+    """Each restart events.jsonl tells, once per attempt: {attempt, nodes (that restarted), cause (or None)}."""
+    told: dict[int, dict[str, Any]] = {}
+    for event in run_dir.events():
+        if event.get("event") != "restarted" or not isinstance(event.get("attempt"), int):
+            continue
+        entry = told.setdefault(event["attempt"], {"attempt": event["attempt"], "nodes": [], "cause": None})
+        entry["nodes"].append(event.get("node"))
+        entry["cause"] = entry["cause"] or event.get("cause")
+    return [told[k] for k in sorted(told)]
 
 
 def node_restarts(run_dir: RunDir) -> list[int]:
@@ -47,13 +70,13 @@ def node_restarts(run_dir: RunDir) -> list[int]:
     return [restarts_in(d) for d in node_logs_dirs(run_dir)]
 
 
-def finish_records(run_dir: RunDir) -> dict[str, Any] | None:
-    """Record restarts not yet in events.jsonl; for a user's script, write the summary (and timing records
-    when it used the protocol). Returns the summary written, or None."""
+def finish_records(run_dir: RunDir, cause_of: CauseOf | None = None) -> dict[str, Any] | None:
+    """Record restarts not yet in events.jsonl (with their causes, from `cause_of`); for a user's script, write
+    the summary (and timing records when it used the protocol). Returns the summary written, or None."""
     counts = node_restarts(run_dir)
     logged = logged_restarts(run_dir)
     for node, count in enumerate(counts):
-        record_restarts(run_dir, node, count, logged)
+        record_restarts(run_dir, node, count, logged, cause_of)
     spec = run_dir.spec()
     if not spec.user_command:
         return None

@@ -22,7 +22,6 @@ The hosts' engines (what they have, getting the image onto them) are launcher/ru
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -31,7 +30,7 @@ from launcher.planning.plan import NodeHost, NodePlan, node_env, script_env, sec
 from launcher.runtimes.base import NODE_STOP_GRACE_SECONDS, STOP_GRACE_SECONDS
 from launcher.spec.launchers import HOOK_DIR, JOIN_DIR_ENV, JOINED_DIR
 from launcher.spec.run_spec import RunSpec
-from launcher.spec.torchrun import NodeRole, torchrun_argv
+from launcher.spec.torchrun import NodeRole, shown_command, torchrun_argv
 
 CONTAINER_WORKSPACE = "/workspace"
 CONTAINER_DATA = "/data"
@@ -80,7 +79,7 @@ def display_line(node: NodePlan) -> str:
     home = lambda path: path if path.startswith("/") else f"$HOME/{path}"  # noqa: E731
     mounts = f'-v "{home(ws)}:{CONTAINER_WORKSPACE}"' + (f' -v "{home(data)}:{CONTAINER_DATA}"' if data else "")
     return (f'docker run -d --name {name} --user "$(id -u):$(id -g)" {mounts} --env-file "{home(ws)}/{env_file}" '
-            f"{shlex.join(rest)}  # {env_file}: {node.shown_env()}; then follows its output and exits with its "
+            f"{shown_command(rest)}  # {env_file}: {node.shown_env()}; then follows its output and exits with its "
             "exit code")
 
 

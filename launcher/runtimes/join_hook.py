@@ -32,8 +32,11 @@ def _record(kind, rank, world_size, where=None):
         os.makedirs(folder, exist_ok=True)
         record = {"kind": kind, "rank": int(rank), "world_size": int(world_size), "pid": os.getpid(),
                   "node": os.environ.get("DDPCTL_NODE_RANK"), "host": os.uname().nodename,
-                  "attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0), "where": where,
-                  "time": time.time()}
+                  # DDPCTL_ATTEMPT: the same number on every node (launcher/spec/attempt_logs.py); torch's own
+                  # count stays 0 on a node restarted for another node's failure
+                  "attempt": int(os.environ.get("DDPCTL_ATTEMPT") or os.environ.get("TORCHELASTIC_RESTART_COUNT")
+                                 or 0),
+                  "where": where, "time": time.time()}
         name = f"{kind}-{os.getpid()}-{time.monotonic_ns()}.json"
         with open(os.path.join(folder, f".{name}.tmp"), "w") as f:
             json.dump(record, f)

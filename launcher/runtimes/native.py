@@ -7,9 +7,10 @@ file in the (0700) workspace, and the node reads it from there and deletes it.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -85,12 +86,13 @@ echo $!
 """
 
 # Prints `pid|exit_code|alive|free KiB` (free: the workspace's file system, for launcher/execute/hang_watch.py),
-# then `@attempt|N|FROM|TO|M` (N: the newest attempt_<N> folder under logs/, which
-# counts torchrun's restarts; FROM-TO: the byte range of local rank $2's stdout.log in attempt M sent at the end,
-# when $2 is given), then the node's progress record, if any (only global rank 0's node has one), then `@output`
-# and those bytes. Arguments: the workspace, then optionally the local rank to tail, the attempt its offset $4
-# belongs to (another attempt starts at 0), the most bytes to send ($5; older new bytes are skipped), the stream
-# ($6: stdout or stderr).
+# then `@attempt|N|FROM|TO|M` (N: the newest attempt_<N> folder under logs/, which counts torchrun's restarts;
+# FROM-TO: the byte range of local rank $2's stdout.log in attempt M sent at the end, when $2 is given), then
+# `@ended|K|NOTE` for attempts N and N-1 whose workers failed (NOTE: the one-line JSON launcher/spec/attempt_logs.py
+# wrote, which failure ended that attempt), then the node's progress record, if any (only global rank 0's node has
+# one), then `@output` and those bytes. Arguments: the workspace, then optionally the local rank to tail, the
+# attempt its offset $4 belongs to (another attempt starts at 0), the most bytes to send ($5; older new bytes are
+# skipped), the stream ($6: stdout or stderr).
 # Whether the node's process lives is asked before exit_code is read: it writes exit_code and then ends, so
 # read the other way round, a node ending between the two reads showed no exit code and no process ("lost",
 # which `up` took for a failure: issue 12's loaded host declared lost).
@@ -127,6 +129,12 @@ if [ -n "$2" ] && [ -n "$rd" ] && [ -f "$rd/$2/$stream.log" ]; then
   if [ "$from" -gt "$to" ]; then from=0; fi
 fi
 echo "@attempt|$n|$from|$to|$rn"
+if [ -n "$n" ]; then
+  for k in "$n" $((n - 1)); do
+    f="${nd%attempt_*}attempt_$k/ended.json"
+    if [ "$k" -ge 0 ] && [ -f "$f" ]; then printf '@ended|%s|' "$k"; tr -d '\n' < "$f"; echo; fi
+  done
+fi
 cat out/progress.json 2>/dev/null
 echo
 echo "@output"
@@ -198,6 +206,7 @@ class NodeState:
     output_from: int | None = None
     output_to: int | None = None
     output_attempt: int | None = None  # the attempt those bytes belong to (the one before `attempt` until read)
+    ended: dict[int, Any] = field(default_factory=dict)  # attempt -> how its workers failed (attempts N, N-1)
     workspace_gone: bool = False  # the host has no such workspace (deleted since the start)
 
     @property
@@ -235,6 +244,12 @@ def read_state(conn: HostConnection, workspace: str, output: OutputRequest | Non
     if len(lines) > 1 and lines[1].startswith("@attempt|"):
         attempt_s, from_s, to_s, read_s = (lines[1].split("|") + ["", "", "", ""])[1:5]
         lines = lines[1:]
+    ended: dict[int, Any] = {}
+    while len(lines) > 1 and lines[1].startswith("@ended|"):
+        _, number, note = lines[1].split("|", 2)
+        with contextlib.suppress(ValueError):
+            ended[int(number)] = json.loads(note)
+        lines = lines[:1] + lines[2:]
     progress = None
     if len(lines) > 1 and "\n".join(lines[1:]).strip():
         try:
@@ -253,6 +268,7 @@ def read_state(conn: HostConnection, workspace: str, output: OutputRequest | Non
         output_from=_int(from_s),
         output_to=_int(to_s),
         output_attempt=_int(read_s),
+        ended=ended,
     )
 
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 from launcher.errors import SpecError
 from launcher.spec.script_look import Finding, first
 
-LAUNCHERS = ("torchrun", "spawn")
+LAUNCHERS = ("torchrun", "spawn", "mpirun")
 # What to do with an MPI script (its own refusals: `-- mpiexec ...`, an mpi4py script under torchrun or spawn).
-MPI_INSTEAD = "ddpctl does not start MPI jobs yet: run it with mpiexec on the hosts yourself"
+MPI_INSTEAD = ("give the script itself with --launcher mpirun (ddpctl runs one MPI job across the nodes, --gpus "
+               "processes per node), e.g. `ddpctl up --launcher mpirun -- python parallel_sgd.py`")
 
 # What a `--launcher spawn` script is told (docs/guides/launchers.md). Every launcher's node gets NODE_RANK and
 # NNODES; spawn's also the processes per node and node 0's address and port for its process group.
@@ -47,6 +48,24 @@ if [ "${DDPCTL_NNODES:-1}" = 1 ]; then
 fi
 exec "$@" > "$out/stdout.log" 2> "$out/stderr.log"
 """
+
+
+# Runs mpirun on node 0, its output into the log layout above (logs/mpirun/attempt_0/0/). As root (mpirun refuses
+# root without being told), ddpctl says so outright with --allow-run-as-root rather than failing on mpirun's banner.
+# Arguments: the log dir, then mpirun's argv.
+MPIRUN_SCRIPT = r"""
+logs=$1; shift
+out="$logs/mpirun/attempt_0/0"
+mkdir -p "$out" || exit 3
+mpirun=$1; shift
+if [ "$(id -u)" = 0 ]; then set -- --allow-run-as-root "$@"; fi
+exec "$mpirun" "$@" > "$out/stdout.log" 2> "$out/stderr.log"
+"""
+# What node k > 0 of an mpirun run runs itself: nothing (node 0's mpirun starts its ranks over SSH).
+MPI_PEER_SCRIPT = 'echo "node $1: its $2 process(es) are started by node 0\'s mpirun over SSH"'
+# How node 0's ssh config names node k (its host key is pinned under that name: HostKeyAlias).
+MPI_HOST_ALIAS = "ddpctl-node-{}"
+MPI_DIR = "mpi"  # in node 0's workspace: the run's key, ssh config, known_hosts and hostfile
 
 
 def check_launcher(launcher: str, *, user_command: bool, max_restarts: int) -> None:

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import os
+import re
+import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
-from launcher.spec import strategies
-from launcher.spec.launchers import SPAWN_SCRIPT
+from launcher.spec import attempt_logs, strategies
+from launcher.spec.launchers import MPI_PEER_SCRIPT, MPIRUN_SCRIPT, SPAWN_SCRIPT
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.user_command import node_command
+
+# What runs torchrun on a node (`python -c` it): torch.distributed.run with every attempt's worker logs kept.
+TORCHRUN_SOURCE = Path(attempt_logs.__file__).read_text()
+TORCHRUN_SHOWN = '"$(cat launcher/spec/attempt_logs.py)"'
 
 
 @dataclass(frozen=True)
@@ -67,8 +76,9 @@ def strategy_argv(spec: RunSpec) -> list[str]:
 
 
 def torchrun_argv(spec: RunSpec, role: NodeRole) -> list[str]:
-    """The whole command a node runs: `PYTHON -m torch.distributed.run OPTIONS (-m trainer ... | --no-python CMD)`."""
-    argv = [spec.python, "-m", "torch.distributed.run"]
+    """The whole command a node runs: `PYTHON -c TORCHRUN_SOURCE OPTIONS (-m trainer ... | --no-python CMD)`,
+    torch.distributed.run keeping each attempt's logs (launcher/spec/attempt_logs.py)."""
+    argv = [spec.python, "-c", TORCHRUN_SOURCE]
     if spec.nnodes == 1 and role.rdzv_addr is None:
         argv += ["--standalone", "--nnodes", "1"]
     else:
@@ -97,11 +107,43 @@ def torchrun_argv(spec: RunSpec, role: NodeRole) -> list[str]:
     return argv + trainer_argv(spec, role)
 
 
+def shown_command(argv: Sequence[str]) -> str:
+    """A command as one quoted shell line for people (--dry-run, events): torchrun's wrapper source is shown as
+    the file it comes from, `"$(cat launcher/spec/attempt_logs.py)"`."""
+    return " ".join(TORCHRUN_SHOWN if arg == TORCHRUN_SOURCE else shlex.quote(arg) for arg in argv)
+
+
+def shown_argv(argv: Sequence[str]) -> list[str]:
+    """A command's arguments for records people read (events.jsonl): torchrun's wrapper source as its file."""
+    return [TORCHRUN_SHOWN if arg == TORCHRUN_SOURCE else arg for arg in argv]
+
+
 def node_argv(spec: RunSpec, role: NodeRole) -> list[str]:
     """What a node runs for the spec's --launcher: torchrun (torchrun_argv) or the script itself (spawn)."""
     if spec.launcher == "spawn":
         return spawn_argv(spec, role, node_command(spec.user_command, spec.python))
+    if spec.launcher == "mpirun":
+        n = str(spec.nproc_per_node)
+        if spec.nnodes > 1:  # node 0's mpirun is planned from the hosts' facts (planning/mpi_plan.py)
+            return ["sh", "-c", MPI_PEER_SCRIPT, "ddpctl-mpi-node", str(role.node_rank), n]
+        return mpirun_argv(role.log_dir, ["-np", n, "--host", f"localhost:{n}", "--bind-to", "none",
+                                          *mpi_command(spec)])
     return torchrun_argv(spec, role)
+
+
+def mpi_command(spec: RunSpec) -> tuple[str, ...]:
+    """What each MPI rank runs: `python script.py ARGS` as `python -m mpi4py script.py ARGS`, mpi4py's runner, which
+    aborts the whole job when a rank raises (otherwise the others wait for it in their next collective forever)."""
+    command = node_command(spec.user_command, spec.python)
+    python = os.path.basename(command[0]) if command else ""
+    if re.fullmatch(r"python[0-9.]*", python) and len(command) > 1 and command[1].endswith(".py"):
+        return (command[0], "-m", "mpi4py", *command[1:])
+    return command
+
+
+def mpirun_argv(log_dir: str, mpirun_args: list[str]) -> list[str]:
+    """Node 0's command for --launcher mpirun: launchers.MPIRUN_SCRIPT around `mpirun MPIRUN_ARGS`."""
+    return ["sh", "-c", MPIRUN_SCRIPT, "ddpctl-mpirun", log_dir, "mpirun", *mpirun_args]
 
 
 def spawn_argv(spec: RunSpec, role: NodeRole, command: tuple[str, ...]) -> list[str]:

@@ -7,6 +7,7 @@ symlinks reported, never followed; what it cannot read is listed as unreadable, 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import secrets
@@ -147,6 +148,13 @@ def local_manifest(local_dir: Path, spec: pathspec.PathSpec) -> dict[str, tuple[
             st = os.stat(full)
             found[rel] = (st.st_size, file_sha256(Path(full)), st.st_mode & 0o777)
     return found
+
+
+def tree_digest(local_dir: Path) -> str:
+    """"sha256:<hex>" over what ship_tree sends of local_dir: every file's path, size, content and mode."""
+    manifest = local_manifest(local_dir, ignore_spec(local_dir))
+    lines = "".join(f"{rel}\0{size}\0{sha}\0{mode:o}\n" for rel, (size, sha, mode) in sorted(manifest.items()))
+    return "sha256:" + hashlib.sha256(lines.encode()).hexdigest()
 
 
 def remote_manifest(conn: Connection, remote_dir: str, python: str = "python3") -> tuple[bool, list[RemoteEntry]]:

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from launcher.errors import DdpctlError, HostError
 from launcher.providers.vast.apikey import delete_keys
 from launcher.providers.vast.scoped_key import SHAPES, make_stop_key
+from launcher.remote import daemon, source_of
 from launcher.transport.parallel import raise_for_errors, run_on_hosts
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ print(found())
 # Runs on the node with its own python (stdlib only). Forks away from the SSH session and then checks every
 # `poll` seconds; the key (argv 6: "container": CONTAINER_API_KEY, from the environment or from argv 7's environ
 # file; "scoped": the key file) is read only when it is used, and never printed.
-WATCHDOG = r"""
+WATCHDOG = source_of(daemon) + r"""
 import json, os, sys, time, urllib.error, urllib.request
 ws, url, iid = sys.argv[1], sys.argv[2].rstrip("/"), int(sys.argv[3])
 idle, poll = float(sys.argv[4]), float(sys.argv[5])
@@ -82,13 +83,7 @@ def write(**kw):
     with open(tmp, "w") as f:
         json.dump(dict(kw, pid=os.getpid()), f)
     os.replace(tmp, state)
-sys.stdout.flush()
-if os.fork():
-    print("watching"); sys.exit(0)
-os.setsid()
-null = os.open(os.devnull, os.O_RDWR)
-for fd in (0, 1, 2):
-    os.dup2(null, fd)
+detach("watching")  # launcher/remote/daemon.py
 write(state="watching", since=time.time())
 while True:
     time.sleep(poll)

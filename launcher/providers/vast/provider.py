@@ -100,7 +100,7 @@ class VastProvider:
     def dry_run(self, spec: RunSpec, options: UpOptions) -> UpResult:
         """The plan on the offers that would be rented (nothing is rented)."""
         spec, offers = self._offers(spec)
-        return _dry_run(spec, offers, self.req)
+        return _dry_run(spec, offers, self.req, options.auto_gpus)
 
     def acquire(self, spec: RunSpec, options: UpOptions) -> AcquiredHosts:
         """Rent, connect (first host key of each new instance trusted), find overlay addresses; a failure after
@@ -151,7 +151,8 @@ class VastProvider:
             self._client.close()
 
 
-def _dry_run(spec: RunSpec, offers: list[Offer], req: VastRequest) -> UpResult:
+def _dry_run(spec: RunSpec, offers: list[Offer], req: VastRequest, auto_gpus: bool) -> UpResult:
+    """The plan on the offers that fit now, what only renting tells named in its `unknown` (so it never runs)."""
     from launcher.planning.request import UpResult
 
     picked = first_machines(offers, req.nodes)
@@ -159,7 +160,15 @@ def _dry_run(spec: RunSpec, offers: list[Offer], req: VastRequest) -> UpResult:
                       f"{offer_note(o)})", f"NODE{k}_OVERLAY_ADDR" if req.nodes > 1 else None)
              for k, o in enumerate(picked)]
     say(chosen_summary(picked, req))
-    return UpResult(None, 0, None, plan_remote(spec, hosts, hosts[0].address or "127.0.0.1"))
+    unknown = ["machines: the offers shown fit now; `up` rents those still free then (shown as the offers)"]
+    if req.nodes > 1:
+        unknown.append("node addresses: each machine's overlay network address, given once it is rented (shown as "
+                       "NODE<k>_OVERLAY_ADDR)")
+    if auto_gpus:
+        unknown.append(f"processes per node: one per GPU of the machines rented (the offers shown have "
+                       f"{min(o.num_gpus for o in picked)}; shown as {spec.nproc_per_node})")
+    plan = plan_remote(spec, hosts, hosts[0].address or "127.0.0.1")
+    return UpResult(None, 0, None, replace(plan, unknown=tuple(unknown)))
 
 
 def _provision(client: VastClient, offers: list[Offer], spec: RunSpec, options: UpOptions, req: VastRequest,

@@ -1,0 +1,66 @@
+"""`up --plan FILE` and `up --dry-run --save-plan FILE`: a plan saved by one invocation and run by another. The
+plan holds the spec, the hosts, the runtime and what to ship; the only options that go with --plan are how to
+connect and how to show or follow the run."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from launcher.cli.options import flag_of
+from launcher.errors import SpecError
+from launcher.planning.request import UpOptions, UpResult
+from launcher.spec.validate import check_seconds
+
+# What may be given with --plan: how to reach the hosts, how to follow and show the run, what to pull.
+WITH_PLAN = ("plan", "runs_dir", "json_out", "quiet", "progress", "identity_file", "accept_new_host_keys",
+             "connect_timeout", "allow_public_rendezvous", "stall_timeout", "detach", "outputs")
+
+
+def up_saved_plan(values: dict[str, Any], given: list[str], command: list[str] | None) -> UpResult:
+    """Load the plan (refused in one line when it cannot be used) and run it as it is."""
+    from launcher.execute.interruption import catch_stop_signals
+    from launcher.execute.up import run_saved_plan
+    from launcher.planning.plan_file import is_local, load_plan
+
+    extra = [flag_of(name) for name in given if name not in WITH_PLAN] + (["-- CMD"] if command else [])
+    if extra:
+        raise SpecError(f"--plan runs the saved plan as it is (its spec, hosts, runtime and code): drop "
+                        f"{', '.join(extra)}, or make a new plan with them and --dry-run --save-plan FILE")
+    check_seconds(values["connect_timeout"], "--connect-timeout")
+    if values["stall_timeout"] < 0 or not math.isfinite(values["stall_timeout"]):
+        raise SpecError(f"--stall-timeout {values['stall_timeout']:g}: give seconds >= 0 (0 turns it off)")
+    path = Path(values["plan"])
+    plan = load_plan(path)
+    if is_local(plan) and "runs_dir" in given:
+        planned = Path(plan.nodes[0].workspace).parent
+        if Path(values["runs_dir"]).resolve() != planned:
+            raise SpecError(f"--runs-dir {values['runs_dir']}: the plan in {path} writes its run into {planned} (on "
+                            "this machine the run directory is part of the plan): drop --runs-dir")
+    runs_dir = Path(plan.nodes[0].workspace).parent if is_local(plan) else Path(values["runs_dir"])
+    if (runs_dir / plan.spec.run_id).exists():
+        raise SpecError(f"--plan {path}: its run {plan.spec.run_id} has run already ({runs_dir / plan.spec.run_id}): "
+                        "a plan runs once; make a new one with `ddpctl up --dry-run --save-plan FILE`")
+    outputs = [str(p) for p in values.get("outputs") or []]
+    options = UpOptions(
+        runs_dir=Path(values["runs_dir"]), show_progress=not values["json_out"], show_output=not values["quiet"],
+        detach=bool(values.get("detach")), identity_file=values["identity_file"],
+        accept_new_host_keys=values["accept_new_host_keys"], connect_timeout=values["connect_timeout"],
+        allow_public_rendezvous=values["allow_public_rendezvous"], stall_timeout=values["stall_timeout"],
+        record={"options": {"outputs": outputs} if outputs else {}, "from_plan": str(path.resolve())},
+    )  # fmt: skip
+    catch_stop_signals()  # SIGTERM and SIGHUP stop the run as Ctrl-C does, with an outcome
+    return run_saved_plan(plan, options)
+
+
+def save_plan_if_asked(values: dict[str, Any], result: UpResult) -> None:
+    """--save-plan: the plan the dry run printed, written to the file (refused without --dry-run)."""
+    if values["save_plan"] is None or result.plan is None:
+        return
+    from launcher.planning.plan_file import save_plan
+
+    save_plan(values["save_plan"], result.plan)
+    print(f"plan written to {values['save_plan']}; run it with `ddpctl up --plan {values['save_plan']}`",
+          file=sys.stderr)

@@ -1,0 +1,54 @@
+"""Runs on a host under the run's python (standard library only; sent as this file's text, launcher/planning/
+preflight.py): what the host is, as one JSON object on stdout. It never fails on a missing piece: what it cannot
+learn is left out or null. torch's version comes from its metadata and the GPUs from nvidia-smi, because
+importing torch would cost seconds per host."""
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from typing import Any
+
+
+def host_facts() -> "dict[str, Any]":
+    """Python, cores, home, torch (or why not), GPUs and driver, free disk for the runs, addresses, docker."""
+    info: dict[str, Any] = {"python": ".".join(str(n) for n in sys.version_info[:3]), "executable": sys.executable,
+                            "cpus": os.cpu_count(), "home": os.path.expanduser("~"), "torch": None, "gpus": 0,
+                            "gpu_names": []}
+    try:
+        from importlib import metadata
+
+        info["torch"] = metadata.version("torch")  # with its local part (+cu121): the CUDA build
+    except Exception as e:
+        info["torch_error"] = (type(e).__name__ + ": " + str(e))[:200]
+    if shutil.which("nvidia-smi"):
+        with contextlib.suppress(Exception):
+            out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=20).stdout
+            rows = [line.rsplit(",", 1) for line in out.splitlines() if line.strip()]
+            info["gpu_names"] = [row[0].strip() for row in rows]
+            info["gpus"] = len(rows)
+            info["driver"] = rows[0][-1].strip() if rows else None
+    # Free space where the runs' workspaces go (~/.ddpctl/runs, or the nearest folder of it that exists).
+    runs = os.path.join(info["home"], ".ddpctl", "runs")
+    while not os.path.isdir(runs) and os.path.dirname(runs) != runs:
+        runs = os.path.dirname(runs)
+    info["disk_free"] = shutil.disk_usage(runs).free
+    conn = os.environ.get("SSH_CONNECTION", "").split()
+    info["ssh_server_addr"] = conn[2] if len(conn) >= 3 else None
+    addrs = []
+    with contextlib.suppress(Exception):
+        out = subprocess.run(["ip", "-o", "addr", "show"], capture_output=True, text=True, timeout=10).stdout
+        for line in out.splitlines():
+            f = line.split()
+            if len(f) >= 4 and f[2] in ("inet", "inet6"):
+                addrs.append({"iface": f[1], "addr": f[3].split("/")[0]})
+    info["addrs"] = addrs
+    info["docker"] = shutil.which("docker") is not None
+    return info
+
+
+if __name__ == "__main__":  # `python -c SOURCE` on the host
+    print(json.dumps(host_facts()))

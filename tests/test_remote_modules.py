@@ -1,0 +1,97 @@
+"""Code that runs on the hosts is modules of launcher/remote/: standard library only, and the scripts sent to the
+hosts carry the module's own text (no second copy); the daemon helper is tried here, without SSH."""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import launcher.remote
+from launcher.planning.preflight import PROBE_SCRIPT, probe_host
+from launcher.planning.rdzv_reservation import RELEASE_SCRIPT, RESERVE_SCRIPT
+from launcher.providers.vast.autostop import WATCHDOG
+from launcher.remote import daemon, host_probe, source_of
+from launcher.transport.ssh import CommandResult
+
+REMOTE = Path(launcher.remote.__file__).parent
+
+
+def test_remote_modules_need_only_the_standard_library() -> None:
+    """Sent as source to a host that has only its python: no launcher or third-party import, and no
+    `from __future__` (it must open a file, and the source is sent ahead of a script)."""
+    for path in sorted(REMOTE.glob("*.py")):
+        if path.name == "__init__.py":
+            continue  # the launcher's side: reads the modules' text
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                assert name.split(".")[0] in sys.stdlib_module_names and name != "__future__", (path.name, name)
+
+
+def test_every_script_that_detaches_runs_the_daemon_modules_text() -> None:
+    """One helper instead of a copy per script: each script starts with the module's source and forks nowhere
+    else, so changing the module changes what the hosts run."""
+    helper = source_of(daemon)
+    for script in (RESERVE_SCRIPT, RELEASE_SCRIPT, WATCHDOG):
+        assert script.startswith(helper)
+        assert script.count("os.fork()") == helper.count("os.fork()") == 1
+        assert script.count("detach(") == 2  # its definition, then the script's one call
+
+
+@pytest.mark.integration
+def test_detach_answers_then_goes_on_in_a_session_of_its_own(tmp_path: Path) -> None:
+    """The parent's line comes back and the command ends while the child still works (its streams are not the
+    caller's pipe); the child has left the caller's session and finishes what it was doing."""
+    done = tmp_path / "child.txt"
+    script = source_of(daemon) + (
+        "import time\n"
+        f"detach('started')\n"
+        "time.sleep(2)\n"
+        f"open({str(done) + '.tmp'!r}, 'w').write('%d %d' % (os.getsid(0), os.getpid()))\n"
+        f"os.replace({str(done) + '.tmp'!r}, {str(done)!r})\n")
+    began = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0 and result.stdout == "started\n" and result.stderr == ""
+    assert time.monotonic() - began < 2  # the pipe closed before the child's work was done
+    deadline = time.monotonic() + 20
+    while not done.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    sid, pid = (int(word) for word in done.read_text().split())
+    assert sid == pid  # the session leader of a session of its own
+
+
+class ThisMachine:
+    """A connection that runs the argv here, as sshd would run it on a host."""
+
+    label = "this machine"
+
+    def run(self, argv: list[str], *, timeout: float | None = None, stdin: bytes | None = None) -> CommandResult:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        return CommandResult(done.returncode, done.stdout, done.stderr)
+
+
+def test_the_probe_sent_to_the_hosts_is_the_modules_text() -> None:
+    assert source_of(host_probe) == PROBE_SCRIPT
+
+
+@pytest.mark.integration
+def test_the_host_probe_describes_this_machine_through_the_launchers_own_reading() -> None:
+    """The probe run here as the launcher runs it on a host (`python -c SOURCE`), read by probe_host: what it
+    says of this machine is what this machine is."""
+    facts = probe_host(ThisMachine(), sys.executable, "this machine")
+    assert facts.python == platform.python_version() and facts.executable == sys.executable
+    assert facts.cpus == os.cpu_count() and facts.home == os.path.expanduser("~")
+    assert facts.torch == importlib.metadata.version("torch").split("+")[0] and facts.torch_error is None
+    assert facts.docker == (shutil.which("docker") is not None)
+    assert facts.disk_free > 0 and any(a.addr == "127.0.0.1" for a in facts.addrs)
+    assert host_probe.host_facts()["cpus"] == facts.cpus  # the module is importable and callable here too
