@@ -114,6 +114,13 @@ class SlurmCluster:
         if pid and isinstance(pid[0], int):
             kill_and_wait([pid[0]])
 
+    def start_slurmd(self, name: str) -> None:
+        """Start one node's slurmd again (after kill_slurmd) and wait until the node is back to idle."""
+        node = next(h for h in self.nodes if h.name == name)
+        self._spawn_in_node(f"slurmd-{name}", node, [SLURMD, "-D", "-f", str(self.conf_path), "-N", name])
+        self.slurm("scontrol", "update", f"NodeName={name}", "State=RESUME", check=False)
+        _wait_for(self._all_idle, 60, f"{name} did not come back to idle", self.dir / "logs" / "slurmctld.log")
+
     def stop(self) -> None:
         """Stop every daemon the cluster started (slurmds first, then slurmctld, then munged); safe twice."""
         stop_daemons(self.state)

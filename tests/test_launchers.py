@@ -260,3 +260,18 @@ def test_node_0s_ssh_files_pin_the_verified_host_key_and_trust_nothing_new(tmp_p
     assert f"UserKnownHostsFile {known}\n  GlobalKnownHostsFile /dev/null" in config
     assert "StrictHostKeyChecking no" not in config and "accept-new" not in config
     assert access._known_hosts() == "ddpctl-node-1 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPinnedKeyOfNodeOne\n"
+
+
+@pytest.mark.integration
+def test_a_spawn_script_that_raises_fails_with_its_exception_not_torchruns_name(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "gives_up.py").write_text(
+        "import torch.multiprocessing as mp\n\n\ndef main(rank):\n    print(f'rank {rank} done', flush=True)\n"
+        "    if rank == 1:\n        raise ValueError('rank 1 cannot go on')\n\n\n"
+        "if __name__ == '__main__':\n    mp.spawn(main, nprocs=2)\n")
+    result = ddpctl(project, "up", "--launcher", "spawn", "--runs-dir", "runs", "--", "python", "gives_up.py")
+    assert result.returncode == 1
+    (error,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert error.startswith("error: training failed: the script on node 0 (local) exited with 1: "
+                            "ValueError: rank 1 cannot go on"), result.stderr

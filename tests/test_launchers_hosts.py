@@ -146,7 +146,8 @@ def test_a_failed_mpi_job_also_removes_the_runs_key(bed: Testbed, project: Path,
     result = up(bed, project, tmp_path / "runs", "--launcher", "mpirun", "--gpus", "2",
                 "--", "python3", "mpi_fail.py")
     assert result.returncode == 1
-    assert result.stderr.strip().splitlines()[-1].startswith("error:")
+    (error,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert "mpirun on node 0 (" in error, result.stderr
     run = the_run(tmp_path / "runs")
     events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
     assert any(e["event"] == "mpi_access_removed" and e["left"] == [] for e in events)

@@ -84,6 +84,8 @@ def test_detached_job_is_followed_from_another_directory(slurm_cluster: SlurmClu
     pulled = run_ddpctl(slurm_cluster.bed, "pull", str(run), cwd=elsewhere)
     assert pulled.returncode == 0 and "all files verified" in pulled.stderr, pulled.stderr
     assert json.loads((run / "summary.json").read_text())["epochs"] == 2
+    rank1 = run_ddpctl(slurm_cluster.bed, "logs", str(run), "--rank", "1", cwd=elsewhere)
+    assert rank1.returncode == 0 and "a Slurm job; showing the copy pulled to" in rank1.stderr, rank1.stderr
     record = json.loads((run / "run.json").read_text())
     assert record["slurm"]["end"].startswith(f"job {job} COMPLETED") and "failure" not in record
     assert not (elsewhere / "runs").exists()
@@ -106,3 +108,63 @@ def test_down_of_a_running_job_cancels_pulls_and_states_it(slurm_cluster: SlurmC
     assert list(run.glob("nodes/*/out/snapshots/snapshot-epoch-*.pt"))  # what it wrote came back
     failure = json.loads((run / "run.json").read_text())["failure"]
     assert failure["slurm_state"] == "CANCELLED" and failure["summary"].startswith(f"job {job} CANCELLED")
+
+
+def test_a_slurmd_killed_mid_run_ends_the_job_as_node_fail_with_what_was_pulled(slurm_cluster: SlurmCluster,
+                                                                                 tmp_path: Path) -> None:
+    env = {**os.environ, "DDPCTL_KNOWN_HOSTS": str(slurm_cluster.bed.known_hosts_path), "PYTHONPATH": str(REPO)}
+    argv = [sys.executable, "-m", "launcher", "up", "-i", slurm_cluster.bed.client_key_path,
+            *up_argv(slurm_cluster, "--epochs", "200")[1:]]
+    err = tmp_path / "up.err"
+    lost = slurm_cluster.node_names[1]
+    with open(err, "w") as f:
+        up = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=f)
+    try:
+        deadline = time.monotonic() + 120
+        home = Path(slurm_cluster.login.home)  # until this run's training wrote a snapshot on the shared disk
+        while not (tmp_path / "runs").is_dir() or not list(home.glob(
+                f".ddpctl/slurm/runs/{only_run(tmp_path / 'runs').name}/nodes/*/out/snapshots/*.pt")):
+            assert up.poll() is None and time.monotonic() < deadline, err.read_text()
+            time.sleep(1)
+        slurm_cluster.kill_slurmd(lost)
+        assert up.wait(timeout=180) == 1, err.read_text()
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+        slurm_cluster.start_slurmd(lost)
+    shown = err.read_text()
+    run = only_run(tmp_path / "runs")
+    record = json.loads((run / "run.json").read_text())
+    job = record["slurm"]["job_id"]
+    assert f"job {job} NODE_FAIL: lost a node" in shown, shown
+    assert shown.strip().splitlines()[-1].startswith(f"error: training failed: job {job} NODE_FAIL")
+    assert record["failure"]["slurm_state"] == "NODE_FAIL"
+    assert (run / "nodes" / "0" / "torchrun.out").is_file() and list(run.glob("nodes/*/out/snapshots/*.pt"))
+
+
+def test_sigterm_while_following_cancels_the_job_and_pulls_what_it_wrote(slurm_cluster: SlurmCluster,
+                                                                        tmp_path: Path) -> None:
+    env = {**os.environ, "DDPCTL_KNOWN_HOSTS": str(slurm_cluster.bed.known_hosts_path), "PYTHONPATH": str(REPO)}
+    argv = [sys.executable, "-m", "launcher", "up", "-i", slurm_cluster.bed.client_key_path,
+            *up_argv(slurm_cluster, "--epochs", "200")[1:]]
+    err = tmp_path / "up.err"
+    with open(err, "w") as f:
+        up = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=f)
+    try:
+        deadline = time.monotonic() + 120
+        while ": epoch " not in err.read_text():  # training is under way
+            assert up.poll() is None and time.monotonic() < deadline, err.read_text()
+            time.sleep(0.5)
+        up.terminate()  # SIGTERM: what Ctrl-C does, for a process without a terminal
+        assert up.wait(timeout=180) == 130, err.read_text()
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+    run = only_run(tmp_path / "runs")
+    job = json.loads((run / "run.json").read_text())["slurm"]["job_id"]
+    last = err.read_text().strip().splitlines()[-1]
+    assert last == f"error: interrupted by SIGTERM: stopped every node and pulled what they wrote to {run}", last
+    assert "JobState=CANCELLED" in slurm_cluster.slurm("scontrol", "show", "job", job).stdout
+    assert (run / "nodes" / "0" / "torchrun.out").is_file() and (run / "nodes" / "1" / "torchrun.out").is_file()

@@ -145,3 +145,11 @@ def test_scontrol_and_sacct_lines_become_job_states() -> None:
     assert ended.end_time - ended.start_time == 60  # type: ignore[operator]
     assert key_values("A=1 B=x y C=") == {"A": "1", "B": "x y", "C": ""}
     assert [gpu_count(g) for g in ("gpu:4", "gpu:a100:2(S:0-1)", "(null)", "gpu:2,mps:100")] == [4, 2, 0, 2]
+
+
+def test_launchers_other_than_torchrun_are_refused_before_the_cluster_is_asked() -> None:
+    from launcher.schedulers.slurm.scheduler import SlurmScheduler
+
+    spec = RunSpec(run_id="r", nnodes=2, nproc_per_node=1, launcher="mpirun", user_command=("python", "x.py"))
+    with pytest.raises(SpecError, match="--launcher mpirun: a Slurm job starts torchrun"):
+        SlurmScheduler(SlurmRequest(nodes=2), "login").submit_dryrun(spec, None)

@@ -86,7 +86,7 @@ def _own_failure(report: dict[str, Any] | None, stop_time: float | None) -> bool
 
 def attribute(reports: Sequence[dict[str, Any] | None], labels: Sequence[str], stopped: Sequence[int] = (),
               stop_time: float | None = None, python: str = "python3",
-              hints: RunHints | None = None) -> dict[str, Any] | None:
+              hints: RunHints | None = None, launcher: str = "torchrun") -> dict[str, Any] | None:
     """The run's failure record from every node's report: the cause (the earliest failure of a node that failed
     by itself) and each node's outcome; None when no node failed. `stopped`: nodes still running when ddpctl
     began stopping them at `stop_time` (this machine's clock); `hints`: what the run's hints need."""
@@ -97,7 +97,7 @@ def attribute(reports: Sequence[dict[str, Any] | None], labels: Sequence[str], s
             return None
         own = unknown[:1]
     first = min(own, key=lambda i: (_lost_a_peer(reports[i] or {}), _cause_time(reports[i] or {}) or float("inf"), i))
-    cause = _describe_cause(first, labels[first], reports[first], python, hints)
+    cause = _describe_cause(first, labels[first], reports[first], python, hints, launcher)
     nodes = []
     for index, report in enumerate(reports):
         if index == first:
@@ -105,7 +105,7 @@ def attribute(reports: Sequence[dict[str, Any] | None], labels: Sequence[str], s
         elif report is None:
             outcome = "unknown (it could not be asked)"
         elif index in own:
-            what = _short(_describe_cause(index, labels[index], report, python))
+            what = _short(_describe_cause(index, labels[index], report, python, launcher=launcher))
             # "after node K" only where the node says it lost a peer: a rank that raised by itself is its own cause
             outcome = f"failed after node {first}: {what}" if _lost_a_peer(report) else f"failed by itself: {what}"
         elif index in stopped:
@@ -117,7 +117,7 @@ def attribute(reports: Sequence[dict[str, Any] | None], labels: Sequence[str], s
 
 
 def _describe_cause(node: int, label: str, report: dict[str, Any] | None, python: str,
-                    hints: RunHints | None = None) -> dict[str, Any]:
+                    hints: RunHints | None = None, launcher: str = "torchrun") -> dict[str, Any]:
     """The cause on one node: who (rank or torchrun's agent), how (signal by name, out of memory, exit code)."""
     where = f"node {node} ({label})"
     record: dict[str, Any] = {"node": node, "host": label, "rank": None, "exit_code": None, "signal": None,
@@ -146,7 +146,8 @@ def _describe_cause(node: int, label: str, report: dict[str, Any] | None, python
         record.update(exit_code=code, time=report.get("exit_time"),
                       explain=[without_control_chars(x) for x in report.get("torchrun_tail", [])])
         what = f"exited with {code}" if code is not None else "ended without recording its exit status"
-        record["summary"] = f"torchrun on {where} {what}, and no worker of it failed"
+        record["summary"] = (f"torchrun on {where} {what}, and no worker of it failed" if launcher == "torchrun" else
+                             f"{'the script' if launcher == 'spawn' else 'mpirun'} on {where} {what}")
         last = next((x for x in reversed(record["explain"]) if x.strip()), "")
         if last:
             record["summary"] += f": {last.strip()}"
@@ -223,7 +224,7 @@ def local_failure(run_dir: RunDir, exit_code: int, python: str) -> dict[str, Any
     if exit_code in (0, 130):
         return None
     report = attribution.node_report(str(run_dir.path), exit_code)
-    record = attribute([report], ["local"], python=python)
+    record = attribute([report], ["local"], python=python, launcher=run_dir.spec().launcher)
     if record is not None:
         record_failure(run_dir, record)
     return record
@@ -241,8 +242,9 @@ def failure_from_pulled(run_dir: RunDir) -> dict[str, Any] | None:
     if not all((copy / "exit_code").is_file() for copy in copies):
         return None  # a node still running (or never pulled): nothing to say yet
     reports = [attribution.node_report(str(copy.resolve())) for copy in copies]
-    failure = attribute(reports, [str(n.get("label", k)) for k, n in enumerate(nodes)], python=run_dir.spec().python,
-                        hints=run_hints(run_dir.path, record))
+    spec = run_dir.spec()
+    failure = attribute(reports, [str(n.get("label", k)) for k, n in enumerate(nodes)], python=spec.python,
+                        hints=run_hints(run_dir.path, record), launcher=spec.launcher)
     if failure is not None:
         record_failure(run_dir, failure)
     return failure
@@ -294,7 +296,8 @@ def report_failure(session: HostSession, run_dir: RunDir, states: Sequence[NodeS
                             lambda i: host_node_report(session.conn(i), workspaces[i], python),
                             timeout=90, label=session.label_of)
     reports = [o.value if o.error is None else None for o in outcomes]
-    record = attribute(reports, session.labels, running, stop_time, python, run_hints(run_dir.path, run_dir.record()))
+    record = attribute(reports, session.labels, running, stop_time, python, run_hints(run_dir.path, run_dir.record()),
+                       run_dir.spec().launcher)
     if record is not None:
         record_failure(run_dir, record)
         console.print(cause_text(record), markup=False, highlight=False)

@@ -46,6 +46,12 @@ def print_rank_log(run_dir: RunDir, rank: int, lines: int, follow: bool, options
     """Print global rank `rank`'s output (last `lines` of each stream) of the newest attempt or of `attempt`;
     with `follow`, what it adds until the run ends."""
     node, local_rank = rank_layout(run_dir).locate(rank)
+    if run_dir.record().get("provider") == "slurm":  # a job's files: as pulled (`ddpctl pull` brings the newest)
+        if follow:
+            raise DdpctlError("--rank with -f is not available for Slurm runs: follow a node's output with "
+                              "`ddpctl logs RUN --node K -f`")
+        _print_pulled(run_dir.path / "nodes" / str(node) / "logs", local_rank, rank, lines, "a Slurm job", attempt)
+        return
     if not run_dir.record().get("nodes"):  # this machine's run
         from launcher.execute.reattach import _local_run_ended
 

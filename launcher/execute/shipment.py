@@ -11,7 +11,6 @@ from pathlib import Path
 
 from launcher.errors import DdpctlError
 from launcher.planning.plan import LOCAL, RunPlan, Shipment
-from launcher.transport.sync import tree_digest
 
 
 def with_shipment(plan: RunPlan, cwd: Path, *, dry_run: bool = False) -> RunPlan:
@@ -19,6 +18,8 @@ def with_shipment(plan: RunPlan, cwd: Path, *, dry_run: bool = False) -> RunPlan
     (no local engine or image) among the plan's unknowns; a run raises it."""
     if plan.ship is not None or all(node.host.label == LOCAL for node in plan.nodes):
         return plan
+    from launcher.transport.sync import tree_digest  # paramiko: only a run on hosts ships, and gets here
+
     source, dest = (cwd, "") if plan.spec.user_command else (trainer_source_dir(), "/trainer")
     image_id, unknown = None, plan.unknown
     if plan.image and not plan.pull_image:
@@ -46,6 +47,8 @@ def local_image_id_of(image: str) -> str:
 
 def check_unchanged(ship: Shipment) -> None:
     """Refuse (one line) files that changed since the plan was made: the run would send other code than it shows."""
+    from launcher.transport.sync import tree_digest  # paramiko: only a run on hosts ships
+
     source = Path(ship.source)
     if not source.is_dir():
         raise DdpctlError(f"the plan ships {source}, which is not a directory any more: make the plan again")

@@ -46,7 +46,10 @@ if [ "${DDPCTL_NNODES:-1}" = 1 ]; then
   DDPCTL_MASTER_ADDR=$MASTER_ADDR; DDPCTL_MASTER_PORT=$MASTER_PORT
   export MASTER_ADDR MASTER_PORT DDPCTL_MASTER_ADDR DDPCTL_MASTER_PORT
 fi
-exec "$@" > "$out/stdout.log" 2> "$out/stderr.log"
+"$@" > "$out/stdout.log" 2> "$out/stderr.log"
+code=$?
+[ "$code" = 0 ] || tail -n 20 "$out/stderr.log" >&2  # the node's own output: how it ended, for the failure line
+exit "$code"
 """
 
 
@@ -59,7 +62,10 @@ out="$logs/mpirun/attempt_0/0"
 mkdir -p "$out" || exit 3
 mpirun=$1; shift
 if [ "$(id -u)" = 0 ]; then set -- --allow-run-as-root "$@"; fi
-exec "$mpirun" "$@" > "$out/stdout.log" 2> "$out/stderr.log"
+"$mpirun" "$@" > "$out/stdout.log" 2> "$out/stderr.log"
+code=$?
+[ "$code" = 0 ] || tail -n 20 "$out/stderr.log" >&2
+exit "$code"
 """
 # What node k > 0 of an mpirun run runs itself: nothing (node 0's mpirun starts its ranks over SSH).
 MPI_PEER_SCRIPT = 'echo "node $1: its $2 process(es) are started by node 0\'s mpirun over SSH"'

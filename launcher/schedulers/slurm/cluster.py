@@ -17,7 +17,7 @@ from launcher.transport.ssh import Connection
 DEFAULT_WORKDIR = "~/.ddpctl/slurm"
 QUERY_TIMEOUT = 60
 # Run by the login node's --python: the workdir expanded there ($SCRATCH, ~), whether it is writable, its free
-# space, and whether torch imports (the interpreter the nodes will run, on the same shared file system).
+# space, and whether torch is installed for it (the interpreter the nodes will run, on the same shared file system).
 LOGIN_PROBE = r"""
 import json, os, shutil, sys, tempfile
 workdir = os.path.abspath(os.path.expanduser(os.path.expandvars(sys.argv[1])))
@@ -30,11 +30,15 @@ try:
 except OSError as e:
     out["writable"] = False
     out["why"] = e.strerror or str(e)
-try:
-    import torch
-    out["torch"] = torch.__version__
-except Exception as e:
-    out["torch_error"] = f"{type(e).__name__}: {e}"
+# Found, not imported: importing torch takes seconds on a busy login node, and the nodes import it anyway.
+import importlib.metadata, importlib.util
+if importlib.util.find_spec("torch") is None:
+    out["torch_error"] = "No module named 'torch'"
+else:
+    try:
+        out["torch"] = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        out["torch"] = "unknown version"
 print(json.dumps(out))
 """
 

@@ -67,6 +67,9 @@ class SlurmScheduler:
 
     def submit_dryrun(self, spec: RunSpec, conn: Connection | None) -> SlurmSubmit:
         """The exact submission (conn None: without asking the cluster, its facts named as unknown)."""
+        if spec.launcher != "torchrun":
+            raise SpecError(f"--launcher {spec.launcher}: a Slurm job starts torchrun on every node (srun); mpirun "
+                            "and spawn are not available with --provider slurm yet: drop --launcher")
         if spec.extra_env:
             raise SpecError("--env is not passed to Slurm jobs yet (its values would be written to the batch script "
                             "on the shared file system): set them with --prelude 'export NAME=...' if they are not "

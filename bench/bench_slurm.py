@@ -1,0 +1,109 @@
+"""Slurm: seconds from `ddpctl up --provider slurm` to the first training step, beside a bare `sbatch` of the same
+batch script (its code already on the shared file system), on the real test cluster (infra/slurm_cluster.py) with
+an empty queue. Runs alternate (ddpctl, bare, ddpctl, ...) so both see the same machine load. Needs root.
+
+Usage: python bench/bench_slurm.py [--rounds 2]
+Prints a table and writes bench/results/slurm.json. The overhead is ddpctl's: SSH to the login node, the probe
+and preflight (scontrol, sinfo, the login Python, sbatch --test-only), shipping the code, writing the script;
+the rest (queue, srun, torch import, rendezvous) is the same job."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # infra/ is test support, not installed
+from infra.slurm_cluster import SlurmCluster  # noqa: E402
+from infra.testbed import Testbed, cleanup_stale  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+TRAIN = ["--nodes", "2", "--gpus", "1", "--epochs", "1", "--synthetic-train-size", "512",
+         "--synthetic-test-size", "128"]
+PREFIX = "ddpslb"
+
+
+def first_step(folder: Path, timeout: float = 300) -> float:
+    """The trainer's first_step_time (unix) from the summary rank 0's node wrote in `folder`/nodes/*/out."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for summary in folder.glob("nodes/*/out/summary.json"):
+            return float(json.loads(summary.read_text())["first_step_time"])
+        time.sleep(0.5)
+    raise RuntimeError(f"no summary.json under {folder} within {timeout:.0f} s")
+
+
+def ddpctl_round(cluster: SlurmCluster, runs: Path) -> tuple[float, Path]:
+    env = {**os.environ, "DDPCTL_KNOWN_HOSTS": str(cluster.bed.known_hosts_path), "PYTHONPATH": str(REPO)}
+    t0 = time.time()
+    done = subprocess.run([sys.executable, "-m", "launcher", "up", "-i", cluster.bed.client_key_path, "--provider",
+                           "slurm", "--host", cluster.login.spec, "--runs-dir", str(runs), *TRAIN],
+                          capture_output=True, text=True, env=env, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"ddpctl up failed: {done.stderr[-2000:]}")
+    run = max(runs.iterdir(), key=lambda p: p.stat().st_mtime)
+    return first_step(run) - t0, run
+
+
+def bare_round(cluster: SlurmCluster, template: Path, n: int) -> float:
+    """The script ddpctl submitted, pointed at a copy of its run folder (code included), submitted with ssh +
+    sbatch as a user would."""
+    record = json.loads((template / "run.json").read_text())
+    source = record["slurm"]["remote_dir"]
+    folder = f"{source}-bare{n}"
+    script = (template / "job.sbatch").read_text().replace(source, folder)
+    login = cluster.login
+    login.run_as_user(["sh", "-c", 'rm -rf "$2" && mkdir -p "$2" && cp -R "$1/code" "$2/code"', "copy", source,
+                       folder])
+    ssh = ["ssh", "-i", cluster.bed.client_key_path, "-o", f"UserKnownHostsFile={cluster.bed.known_hosts_path}",
+           "-o", "BatchMode=yes", f"{login.user}@{login.address}"]
+    Path(login.home, "bare.sbatch").write_text(script)
+    os.chown(Path(login.home, "bare.sbatch"), *_owner(login.home))
+    t0 = time.time()
+    subprocess.run([*ssh, "sbatch", "--parsable", "bare.sbatch"], check=True, capture_output=True, timeout=60)
+    return first_step(Path(folder)) - t0
+
+
+def _owner(path: str) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_uid, st.st_gid
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    cleanup_stale(PREFIX)
+    ddpctl_times: list[float] = []
+    bare_times: list[float] = []
+    with Testbed(PREFIX, n_hosts=3, host_python=True) as bed, SlurmCluster(bed) as cluster, \
+            tempfile.TemporaryDirectory() as tmp:
+        runs = Path(tmp) / "runs"
+        for n in range(args.rounds):
+            seconds, run = ddpctl_round(cluster, runs)
+            ddpctl_times.append(seconds)
+            bare_times.append(bare_round(cluster, run, n))
+            print(f"round {n + 1}: ddpctl up {ddpctl_times[-1]:.1f} s, bare sbatch {bare_times[-1]:.1f} s to the "
+                  "first training step", flush=True)
+    result = {"machine": f"{platform.node()} ({os.cpu_count()} cores)", "rounds": args.rounds,
+              "ddpctl_seconds": ddpctl_times, "bare_sbatch_seconds": bare_times,
+              "ddpctl_median": statistics.median(ddpctl_times), "bare_median": statistics.median(bare_times),
+              "ratio": statistics.median(ddpctl_times) / statistics.median(bare_times),
+              "what": "seconds from the command to the trainer's first step, 2 nodes x 1 process, empty queue"}
+    print(f"median: ddpctl up {result['ddpctl_median']:.1f} s, bare sbatch {result['bare_median']:.1f} s, "
+          f"ratio {result['ratio']:.2f}")
+    out = REPO / "bench" / "results" / "slurm.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
