@@ -137,6 +137,11 @@ def test_the_state_poll_brings_new_output_by_offset_and_the_rest_of_an_ended_att
     assert (state.output, state.output_from) == ("med\n", 4)  # only the newest bytes
     assert read_state(_Shell(), str(ws)).output == ""  # nothing asked, nothing sent
     assert read_state(_Shell(), str(tmp_path / "gone"), OutputRequest(0)).attempt is None
+    # How attempt 0 ended (launcher/spec/attempt_logs.py's note) comes with the poll; the progress record still reads.
+    note = {"time": 1.0, "failures": [{"rank": 2, "local_rank": 0, "exitcode": -9, "pid": 7, "time": 1}]}
+    (ws / "logs" / "run_a" / "attempt_0" / "ended.json").write_text(json.dumps(note))
+    state = read_state(_Shell(), str(ws), OutputRequest(0))
+    assert state.ended == {0: note} and state.progress == {"epoch": 1} and state.attempt == 1
 
 
 def test_on_a_terminal_the_tail_is_drawn_under_the_bars() -> None:

@@ -14,6 +14,7 @@ from typing import Any
 from launcher.execute.attribution import exception_line, node_report
 from launcher.execute.failure_cause import attribute, cause_text, shown_state
 from launcher.execute.failure_hints import RunHints, run_hints
+from launcher.execute.restart_causes import restart_cause, restart_line
 from launcher.transport import outputs
 
 
@@ -175,3 +176,24 @@ def test_a_missing_file_that_shipping_left_out_names_the_line_that_ships_it(tmp_
     (project / ".ddpctlignore").write_text("!data/\n")  # the line the hint gave: shipped now
     manifest, _ = outputs.record_shipped(run, project)
     assert "data/raw/train.csv" in manifest
+
+
+def test_a_restarts_cause_is_the_first_failure_of_the_attempt_before_across_nodes() -> None:
+    """Notes as launcher/spec/attempt_logs.py writes them (attempt_0/ended.json on each node that saw a failure)."""
+    raised = {"rank": 3, "local_rank": 1, "exitcode": 1, "pid": 5, "time": 101,
+              "stderr_tail": ["[rank3]: Traceback (most recent call last):", "[rank3]:   File 'train.py'",
+                              "[rank3]: ValueError: bad batch", "epoch 1 done"]}
+    stopped = {"rank": 2, "local_rank": 0, "exitcode": -15, "pid": 4, "time": 101, "stderr_tail": []}
+    lost = {"rank": 0, "local_rank": 0, "exitcode": 1, "pid": 3, "time": 100, "stderr_tail": [
+        "Traceback (most recent call last):", "RuntimeError: Connection closed by peer [10.0.0.3]:5"]}
+    notes = [{0: {"failures": [lost]}}, {0: {"failures": [raised, stopped]}}]
+    cause = restart_cause(notes, 1, ["a", "b"])
+    assert cause is not None and (cause["node"], cause["rank"], cause["signal"]) == (1, 3, None)
+    assert cause["summary"] == "rank 3 on node 1 (b) exited with 1: ValueError: bad batch"
+    assert restart_line(1, cause) == ("torchrun restarted the workers (attempt 1): rank 3 on node 1 (b) exited "
+                                      "with 1: ValueError: bad batch")
+    killed = dict(raised, exitcode=-9)
+    assert restart_cause([{}, {0: {"failures": [killed]}}], 1, ["a", "b"])["summary"] == (  # type: ignore[index]
+        "rank 3 on node 1 (b) was killed by SIGKILL")
+    assert restart_cause(notes, 2, ["a", "b"]) is None  # attempt 1 ended without a note: not known
+    assert "was not recorded" in restart_line(2, None)
