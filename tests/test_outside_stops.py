@@ -77,23 +77,6 @@ def test_a_workspace_deleted_mid_run_ends_up_with_a_stated_outcome(bed: Testbed,
     assert_nothing_left_running(bed.hosts)
 
 
-def test_a_host_key_changed_mid_run_is_named_by_up_and_status(bed: Testbed, tmp_path: Path) -> None:
-    up = Up(bed, bed.hosts, tmp_path / "runs", *LONG)
-    training(up)
-    host = bed.hosts[0]
-    host.regenerate_host_key()  # sshd restarted with a new key (the machine reinstalled, or another one)
-    sessions = subprocess.run(["pgrep", "-u", host.user, "-f", "^sshd: "], capture_output=True, text=True).stdout
-    for pid in sessions.split():  # the connections to the old sshd end with it: `up` connects again
-        os.kill(int(pid), signal.SIGTERM)
-    code, err = up.finish(timeout=120)
-    assert code == 1, err
-    assert "HOST KEY CHANGED" in last_line(err) and "the run goes on there unseen" in last_line(err), err
-    status = ddpctl(bed, "status", str(up.run))
-    assert "HOST KEY CHANGED" in status.stdout + status.stderr
-    for pid in [int(line.split()[0]) for line in running_processes(bed.hosts[0]).splitlines()]:
-        os.kill(pid, signal.SIGKILL)  # ddpctl rightly refuses to talk to the host now: ended here, by pid
-
-
 def test_lost_contact_says_what_is_unknown_and_how_to_stop_every_node(bed: Testbed, tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DDPCTL_LOST_CONTACT", "5")  # instead of 180 s
@@ -112,6 +95,19 @@ def test_lost_contact_says_what_is_unknown_and_how_to_stop_every_node(bed: Testb
                               f"`ddpctl pull {run}`, or stop every node with `ddpctl down {run}`"), err
     down = ddpctl(bed, "down", str(up.run))  # what the line says to do
     assert down.returncode == 0, down.stderr
+    assert_nothing_left_running(bed.hosts)
+
+
+def test_the_run_directory_deleted_while_up_follows_stops_every_node(bed: Testbed, tmp_path: Path) -> None:
+    up = Up(bed, bed.hosts, tmp_path / "runs", *LONG)
+    training(up)
+    run = up.run
+    shutil.rmtree(run)
+    code, err = up.finish(timeout=120)
+    assert code == 1, err
+    assert last_line(err) == (f"error: the run directory {run} was deleted while `up` followed the run: every node "
+                              "was stopped; nothing was pulled (there is nowhere to put it): what the nodes wrote "
+                              f"stays on the hosts, in ~/.ddpctl/runs/{run.name}/"), err
     assert_nothing_left_running(bed.hosts)
 
 
@@ -137,3 +133,21 @@ def test_a_ship_that_fails_leaves_no_run_directory_and_says_nothing_started(bed:
                               "directory kept (it held only the plan)"), err
     assert [p.name for p in (tmp_path / "runs").iterdir()] == []  # `status`, `logs -f` have no run to wait on
     assert_nothing_left_running(bed.hosts)
+
+
+def test_a_host_key_changed_mid_run_is_named_by_up_and_status(bed: Testbed, tmp_path: Path) -> None:
+    up = Up(bed, bed.hosts, tmp_path / "runs", *LONG)
+    training(up)
+    host = bed.hosts[0]  # last in this module: the bed's pinned key is no longer the host's afterwards
+    host.regenerate_host_key()  # sshd restarted with a new key (the machine reinstalled, or another one)
+    sessions = subprocess.run(["pgrep", "-u", host.user, "-f", "^sshd: "], capture_output=True, text=True).stdout
+    for pid in sessions.split():  # the connections to the old sshd end with it: `up` connects again
+        os.kill(int(pid), signal.SIGTERM)
+    code, err = up.finish(timeout=120)
+    assert code == 1, err
+    assert "HOST KEY CHANGED" in last_line(err) and "the run goes on there unseen" in last_line(err), err
+    status = ddpctl(bed, "status", str(up.run))
+    assert "HOST KEY CHANGED" in status.stdout + status.stderr
+    for pid in [int(line.split()[0]) for line in running_processes(bed.hosts[0]).splitlines()]:
+        os.kill(pid, signal.SIGKILL)  # ddpctl rightly refuses to talk to the host now: ended here, by pid
+

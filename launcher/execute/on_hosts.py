@@ -24,7 +24,14 @@ from launcher.execute.shipment import check_unchanged
 from launcher.planning.plan import RunPlan
 from launcher.results.progress import FreshestProgress, console, stall_note
 from launcher.results.run_records import world_exit_code
-from launcher.results.rundir import RunDir, primary_node_out, read_json, write_bytes_atomic, write_json_atomic
+from launcher.results.rundir import (
+    RUN_FILE,
+    RunDir,
+    primary_node_out,
+    read_json,
+    write_bytes_atomic,
+    write_json_atomic,
+)
 from launcher.runtimes.docker_hosts import ensure_image, local_image_id, registry_digest
 from launcher.runtimes.native import NodeState, OutputRequest, read_state, stop_node
 from launcher.runtimes.start import runtime_of, start_node
@@ -247,9 +254,17 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
     node_watch = RunWatch.on_hosts(session, run_dir)  # hangs, low disk, the first rank failure: told unasked
     with run_progress(labels, enabled=show_progress) as progress:
         live = LiveOutput(run_dir, progress, show_output)  # rank 0's output, a script's progress, restarts
+        stop_facts = _stop_facts(run_dir)  # what stops the nodes, should the run directory go
         while True:
             key_changes: dict[int, str] = {}
-            states = live.observe(poll_states(session, run_dir, live.requests(len(labels)), key_changes))
+            try:
+                if not (run_dir.path / RUN_FILE).is_file():
+                    raise DdpctlError(f"{run_dir.path / RUN_FILE}: missing")
+                states = live.observe(poll_states(session, run_dir, live.requests(len(labels)), key_changes))
+            except DdpctlError:
+                if (run_dir.path / RUN_FILE).is_file():
+                    raise
+                raise DdpctlError(run_dir_deleted(session, run_dir, stop_facts)) from None
             for index, refusal in key_changes.items():  # every retry would meet the same key: said at once
                 progress.update(index, None, "HOST KEY CHANGED")
                 run_dir.event("host_key_refused", node=index, error=refusal)
@@ -301,12 +316,30 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
 
 
 def stop_all(session: HostSession, run_dir: RunDir) -> None:
-    workspaces, python = node_workspaces(run_dir), run_dir.spec().python
-    fallback = runtime_of(run_dir.typed_record()).stop_grace_seconds  # for nodes that recorded no grace
-    outcomes = run_on_hosts(list(range(len(workspaces))),
-                            lambda i: stop_node(session.conn(i), workspaces[i], python, fallback),
-                            timeout=90, label=session.label_of)
+    outcomes = _stop_nodes(session, _stop_facts(run_dir))
     run_dir.event("stopped", errors={o.label: str(o.error) for o in outcomes if o.error})
+
+
+def _stop_facts(run_dir: RunDir) -> tuple[list[str], str, float]:
+    """The nodes' workspaces, the hosts' python, and the stop grace for nodes that recorded none."""
+    return node_workspaces(run_dir), run_dir.spec().python, runtime_of(run_dir.typed_record()).stop_grace_seconds
+
+
+def _stop_nodes(session: HostSession, facts: tuple[list[str], str, float]) -> list[Any]:
+    workspaces, python, fallback = facts
+    return run_on_hosts(list(range(len(workspaces))),
+                        lambda i: stop_node(session.conn(i), workspaces[i], python, fallback),
+                        timeout=90, label=session.label_of)
+
+
+def run_dir_deleted(session: HostSession, run_dir: RunDir, facts: tuple[list[str], str, float]) -> str:
+    """The run directory went while `up` followed: stop every node (nothing can be recorded or pulled now) and
+    return the line that says so."""
+    failed = [f"{o.label} ({' '.join(str(o.error).split())[:200]})" for o in _stop_nodes(session, facts) if o.error]
+    stopped = f"could not stop {'; '.join(failed)}" if failed else "every node was stopped"
+    return (f"the run directory {run_dir.path} was deleted while `up` followed the run: {stopped}; nothing was "
+            f"pulled (there is nowhere to put it): what the nodes wrote stays on the hosts, in "
+            f"~/.ddpctl/runs/{run_dir.run_id}/")
 
 
 def pull_run(session: HostSession, run_dir: RunDir) -> list[dict[str, Any]]:
