@@ -11,7 +11,8 @@ if docker compose version >/dev/null 2>&1; then
   exit 0
 fi
 # Ubuntu (24.04 and later) packages Compose v2 itself.
-if apt-cache policy docker-compose-v2 2>/dev/null | grep -q 'Candidate: [0-9]'; then
+candidate=$(apt-cache policy docker-compose-v2 2>/dev/null | sed -n 's/^ *Candidate: //p')  # all read: no SIGPIPE
+if [ -n "$candidate" ] && [ "$candidate" != "(none)" ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends docker-compose-v2 >/dev/null
   echo "Compose v2 installed: $(docker compose version)"
   exit 0

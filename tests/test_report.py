@@ -258,8 +258,35 @@ def test_a_script_runs_row_shows_no_trainer_default_it_never_used(tmp_path: Path
 
     spec = RunSpec(run_id="script-run", user_command=("python", "train.py"))
     run_dir = RunDir.create(tmp_path, spec, {"nodes": []})
-    (run_dir.path / "timing.jsonl").write_text(json.dumps({"epoch": 1, "seconds": 2.0, "samples": 640}) + "\n")
+    (run_dir.path / "timing.jsonl").write_text(json.dumps({"epoch": 1, "seconds": 2.0, "samples": 640,
+                                                           "world_size": 2}) + "\n")
     figures = load_run(run_dir.path)
     assert spec.batch_size and spec.lr  # the defaults are there in the spec...
     assert figures.batch_size is None and figures.lr is None  # ...and not in the row
     assert figures.threads_per_process is None
+    assert figures.world_size == 2  # what the script's processes measured
+
+
+def test_a_script_run_whose_world_nobody_measured_is_left_out_not_given_the_planned_size(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--nodes 2 --gpus 2` asked for 4 processes; a script that spawned its own may have run 8, or 2 worlds of
+    2. With nothing measured, the report must not place the run at world size 4."""
+    from launcher.results.rundir import RunDir
+    from launcher.spec.run_spec import RunSpec
+
+    spec = RunSpec(run_id="spawned", user_command=("python", "spawn.py"), nproc_per_node=2)
+    run_dir = RunDir.create(tmp_path / "runs", spec, {"nodes": []})
+    (run_dir.path / "timing.jsonl").write_text(json.dumps({"epoch": 1, "seconds": 2.0, "samples": 640}) + "\n")
+    with pytest.raises(SystemExit) as info:
+        cli.main(["report", str(run_dir.path), "--out", str(tmp_path / "alone")])
+    assert info.value.code == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "world size was not measured" in err, err
+    assert not (tmp_path / "alone").exists()
+
+    write_run(tmp_path / "runs", "ws1", 1)
+    cli.main(["report", str(run_dir.path), str(tmp_path / "runs" / "ws1"), "--out", str(tmp_path / "both")])
+    err = capsys.readouterr().err
+    assert f"warning: run {run_dir.path}: its world size was not measured" in err and "left out" in err
+    report = json.loads((tmp_path / "both" / "report.json").read_text())
+    assert [row["world_size"] for row in report["rows"]] == [1]  # ws1 alone; no row at the planned size 2

@@ -148,9 +148,12 @@ def _describe_cause(node: int, label: str, report: dict[str, Any] | None, python
         what = f"exited with {code}" if code is not None else "ended without recording its exit status"
         record["summary"] = (f"torchrun on {where} {what}, and no worker of it failed" if launcher == "torchrun" else
                              f"{'the script' if launcher == 'spawn' else 'mpirun'} on {where} {what}")
-        last = next((x for x in reversed(record["explain"]) if x.strip()), "")
-        if last:
-            record["summary"] += f": {last.strip()}"
+        # torchrun's own output ends in its own error; a spawn or mpirun node's output is the script's: only its
+        # exception line is a reason, never a line it printed before it ended
+        last = next((x for x in reversed(record["explain"]) if x.strip()), "") if launcher == "torchrun" else ""
+        reason = attribution.exception_line(record["explain"]) or last.strip()
+        if reason:
+            record["summary"] += f": {reason}"
     record["hint"] = (torch_import_hint(record["explain"], record.get("binary") or python, where)
                       or rendezvous_taken_hint(report.get("port_taken"), node)
                    or (hints.hint(node, record["explain"], where) if hints else None))

@@ -122,8 +122,8 @@ def say(text: str) -> None:
     console.print(plain_line(text), markup=False, highlight=False, soft_wrap=True)
 
 
-# Events whose news another line already gives (the hang watch's, the provider's own messages).
-_TOLD_ELSEWHERE = ("rank_failed", "hang", "low_disk", "teardown_failed", "failure_attributed")
+# Events whose news another line already gives (the hang watch's, a restart's with its cause, the provider's own).
+_TOLD_ELSEWHERE = ("rank_failed", "hang", "low_disk", "teardown_failed", "failure_attributed", "restarted")
 
 
 def describe_event(event: dict[str, Any]) -> str | None:
@@ -138,7 +138,6 @@ def describe_event(event: dict[str, Any]) -> str | None:
         "shipped": lambda: "code shipped",
         "image": lambda: f"image {event.get('image')} in place",
         "started": lambda: f"torchrun started (pid {event.get('pid')})",
-        "restarted": lambda: f"torchrun restarted the workers (attempt {event.get('attempt')})",
         "exited": lambda: (f"torchrun exited with status {event.get('exit_code')}" if event.get("error") is None
                            else f"torchrun did not start: {event.get('error')}"),
         "finished": lambda: f"every node ended (exit statuses {event.get('exit_codes')})",

@@ -139,6 +139,10 @@ def _cost(*sources: dict[str, Any]) -> float | None:
     return None
 
 
+class UnmeasuredWorld(RunDirError):
+    """A `-- CMD` run whose world size nobody measured: left out of a report rather than given the planned one."""
+
+
 def load_run(path: Path) -> RunFigures:
     """Read one run directory; RunDirError naming it when it is not a run or has no finished epoch."""
     if not path.is_dir():
@@ -158,9 +162,13 @@ def load_run(path: Path) -> RunFigures:
     # figures come from what the script reported (the progress protocol's records, its summary) or stay unknown.
     trainer_spec = {} if spec.get("user_command") else spec
     last = records[-1]
-    world_size = int(next((v for v in (last.get("world_size"), summary.get("world_size"))
-                           if v and not out_of_range("world_size", v)), 0)
-                     or int(spec.get("nnodes", 1)) * int(spec.get("nproc_per_node", 1)))
+    measured = next((v for v in (last.get("world_size"), summary.get("world_size"))
+                     if v and not out_of_range("world_size", v)), None)
+    if measured is None and spec.get("user_command"):
+        # The plan's nodes x processes is what was asked, not what ran (a script may spawn its own processes).
+        raise UnmeasuredWorld(f"run {path}: its world size was not measured (no process of its script joined a "
+                              "process group that ddpctl saw), so it has no place on a scaling axis")
+    world_size = int(measured or int(spec.get("nnodes", 1)) * int(spec.get("nproc_per_node", 1)))
     started = run.get("created") or records[0].get("time") or path.stat().st_mtime
     return RunFigures(
         path=path,
@@ -297,7 +305,16 @@ def build_report(paths: list[Path], preset: str | None = None) -> Report:
     run_paths, manifest = expand_report_dirs(paths)
     if not run_paths:
         raise RunDirError(f"no finished runs in {', '.join(map(str, paths))}: nothing to report")
-    runs = [load_run(p) for p in run_paths]
+    runs: list[RunFigures] = []
+    for run_path in run_paths:
+        try:
+            runs.append(load_run(run_path))
+        except UnmeasuredWorld as e:
+            if len(run_paths) == 1:
+                raise
+            print(f"warning: {e}: left out of the report", file=sys.stderr)
+    if not runs:
+        raise RunDirError(f"no run in {', '.join(map(str, paths))} has a measured world size: nothing to report")
     name = preset or (manifest or {}).get("preset")
     chosen = get_preset(name) if name else None
     return Report(scaling_table(runs), runs, name, chosen.reference if chosen else None,

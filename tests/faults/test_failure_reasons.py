@@ -197,3 +197,13 @@ def test_a_restarts_cause_is_the_first_failure_of_the_attempt_before_across_node
         "rank 3 on node 1 (b) was killed by SIGKILL")
     assert restart_cause(notes, 2, ["a", "b"]) is None  # attempt 1 ended without a note: not known
     assert "was not recorded" in restart_line(2, None)
+
+
+def test_a_spawn_scripts_printed_line_is_never_its_reason() -> None:
+    """A spawn (or mpirun) node's output is the script's own: its last printed line is no reason, its exception is."""
+    printed = {"exit_code": 1, "exit_time": 5.0, "failures": [], "torchrun_tail": ["epoch 2", "rank 2 done"]}
+    record = attribute([printed], ["a"], launcher="spawn")
+    assert record is not None and record["summary"] == "the script on node 0 (a) exited with 1", record["summary"]
+    raised = dict(printed, torchrun_tail=["Traceback (most recent call last):", "  File 'x'", "KeyError: 'lr'"])
+    assert attribute([raised], ["a"], launcher="spawn")["summary"] == (  # type: ignore[index]
+        "the script on node 0 (a) exited with 1: KeyError: 'lr'")
