@@ -170,7 +170,7 @@ def test_two_nodes_train_pull_verify_and_tear_down(bed, standin, ddpctl) -> None
     ddpctl.assert_key_nowhere()
 
 
-def test_left_running_status_lists_it_down_refuses_unverified_then_pulls_and_destroys(bed, standin, ddpctl) -> None:
+def test_left_running_status_lists_it_down_names_what_it_cannot_pull_then_destroys(bed, standin, ddpctl) -> None:
     result = ddpctl.up("--gpus", "1", "--gpu-name", "RTX 3080")
     assert result.returncode == 0, result.stderr
     run = _the_run(ddpctl.runs)
@@ -195,16 +195,17 @@ def test_left_running_status_lists_it_down_refuses_unverified_then_pulls_and_des
     assert changed.returncode == 1 and "HOST KEY CHANGED" in changed.stderr
     known.write_text(original)
 
-    # Results that cannot be verified keep their machine (a file the host cannot read cannot be hashed there).
+    # A file the host cannot read is named, not a reason to keep billing: everything else comes back verified,
+    # then the machine (and that file with it) is destroyed, as the line says.
     unreadable = f"{bed.hosts[0].home}/.ddpctl/runs/{run.name}/out/x"
     bed.hosts[0].run_as_user(["sh", "-c", 'echo secret > "$1" && chmod 000 "$1"', "sh", unreadable])
-    refused = ddpctl("down", run.name, "--runs-dir", str(ddpctl.runs))
-    assert refused.returncode == 1 and "--force" in refused.stderr and "keep billing" in refused.stderr
-    assert len(standin.live_instances()) == 1
-    bed.hosts[0].run_as_user(["rm", f"{bed.hosts[0].home}/.ddpctl/runs/{run.name}/out/x"])
-
     down = ddpctl("down", run.name, "--runs-dir", str(ddpctl.runs))
     assert down.returncode == 0, down.stderr
+    assert "pull incomplete, 1 file not pulled: node 0 'out/x'" in down.stderr, down.stderr
+    assert "gone with the machines" in down.stderr
+    pulled = json.loads((run / "pull.json").read_text())
+    assert [item["path"] for n in pulled["nodes"] for item in n["not_pulled"]] == ["out/x"]
+    assert not [p for p in run.rglob("x") if p.is_file()] and "secret" not in down.stderr
     assert standin.live_instances() == [] and bed.hosts == []
     kinds = [e["event"] for e in _events(run)]
     assert kinds.index("vast.instance_destroyed") > max(i for i, k in enumerate(kinds) if k == "pulled")
