@@ -131,6 +131,8 @@ def describe_event(event: dict[str, Any]) -> str | None:
     kind = str(event.get("event") or "")
     if not kind or kind in _TOLD_ELSEWHERE or kind.startswith("vast."):
         return None
+    if kind == "exited" and event.get("error") is not None:
+        return None  # torchrun could not be started: the run ends with one error line that says so
     node = event.get("node")
     where = f"node {node}: " if isinstance(node, int) else ""
     phrases: dict[str, Callable[[], str]] = {
@@ -138,8 +140,7 @@ def describe_event(event: dict[str, Any]) -> str | None:
         "shipped": lambda: "code shipped",
         "image": lambda: f"image {event.get('image')} in place",
         "started": lambda: f"torchrun started (pid {event.get('pid')})",
-        "exited": lambda: (f"torchrun exited with status {event.get('exit_code')}" if event.get("error") is None
-                           else f"torchrun did not start: {event.get('error')}"),
+        "exited": lambda: f"torchrun exited with status {event.get('exit_code')}",
         "finished": lambda: f"every node ended (exit statuses {event.get('exit_codes')})",
         "node_failed": lambda: f"failed (exit status {event.get('exit_code')})",
         "stalled": lambda: f"no training step for {event.get('seconds')} s",
