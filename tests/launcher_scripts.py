@@ -40,6 +40,7 @@ def train(rank, world_size):
         out = os.environ.get("DDPCTL_OUTPUT_DIR", ".")
         torch.save(model.module.state_dict(), os.path.join(out, "model.pt"))
     print(f"rank {rank} done", flush=True)
+    dist.barrier()  # as tutorials advise before tearing down: no rank leaves while another still talks to it
 '''
 
 SPAWN_LOCALHOST = _TRAIN + '''
