@@ -27,7 +27,8 @@ EVENTS_FILE = "events.jsonl"
 def write_bytes_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
     """Write to a temporary file in the same directory (created with `mode`), fsync it, rename over `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # mkstemp: 0600 from the start
+    # mkstemp: 0600 from the start; the name cut so that the temporary one stays within 255 bytes
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:200]}.", dir=path.parent)
     try:
         os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:

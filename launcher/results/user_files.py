@@ -3,10 +3,9 @@ a symbolic link written through; anything else refused in one line)."""
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
+from launcher.results.rundir import write_bytes_atomic
 from launcher.spec.user_paths import file_target
 
 # How the files of `report --out DIR` are named when one is in the way.
@@ -17,16 +16,5 @@ def write_user_file(path: Path, data: bytes, option: str, mode: int = 0o644, **f
     """Write `data` at the user's `path` by file_target's rules, atomically (a temporary file beside the target,
     renamed over it); return the file written."""
     target = file_target(path, option, **fix)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name[:200]}.", dir=target.parent)
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_bytes_atomic(target, data, mode)
     return target
