@@ -1,7 +1,7 @@
 """Ship a directory to a host, incrementally, by sha256 manifests (pulling one back: launcher/transport/pull.py).
 
-The host computes its own manifest with a small script run by its python (`--python`, default python3;
-symlinks reported, never followed; what it cannot read is listed as unreadable, with why, never fatal).
+The host computes its own manifest with launcher/remote/tree_sync.py run by its python (`--python`, default
+python3; symlinks reported, never followed; what it cannot read is listed as unreadable, with why, never fatal).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 import pathspec
 
 from launcher.errors import DdpctlError, HostError
+from launcher.remote import source_of, tree_sync
 from launcher.transport.digest import file_sha256
 from launcher.transport.ssh import Connection
 
@@ -32,58 +33,7 @@ CHUNK = 1 << 16
 NAME_MAX = 255  # bytes in one file name (ext4, xfs, btrfs, tmpfs)
 
 # Runs on the host as `PYTHON -c SCRIPT OP ROOT`; OP manifest prints JSON, mkdirs/prune read a JSON list on stdin.
-REMOTE_SCRIPT = r"""
-import hashlib, json, os, stat, sys
-op, root = sys.argv[1], sys.argv[2]
-def safe(rel):
-    parts = rel.split("/")
-    if rel.startswith("/") or ".." in parts or "" in parts: sys.exit("unsafe path " + repr(rel))
-    return os.path.join(root, rel)
-if op == "manifest":
-    try: st = os.lstat(root)
-    except FileNotFoundError: print(json.dumps({"exists": False, "entries": []})); sys.exit()
-    if not stat.S_ISDIR(st.st_mode): sys.exit(root + " is not a directory")
-    entries = []
-    def add(rel, **fields):
-        raw = os.fsencode(rel)
-        try: raw.decode("utf-8")
-        except UnicodeDecodeError: fields["raw"] = raw.hex(); rel = raw.decode("utf-8", "backslashreplace")
-        entries.append(dict(path=rel, **fields))
-    def unreadable(rel, e): add(rel, type="unreadable", reason="cannot read it: " + (e.strerror or str(e)))
-    def unlisted(err):
-        add(os.path.relpath(err.filename, root), type="unreadable",
-            reason="cannot list the folder: " + (err.strerror or str(err)))
-    for top, dirs, files in os.walk(root, onerror=unlisted):
-        for name in sorted(dirs + files):
-            full = os.path.join(top, name); rel = os.path.relpath(full, root)
-            try: st = os.lstat(full)
-            except FileNotFoundError: continue
-            except OSError as e: unreadable(rel, e); continue
-            if stat.S_ISDIR(st.st_mode): continue
-            if stat.S_ISLNK(st.st_mode): add(rel, type="link"); continue
-            if not stat.S_ISREG(st.st_mode): add(rel, type="special"); continue
-            h, size = hashlib.sha256(), 0
-            try:
-                fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-                with os.fdopen(fd, "rb") as f:
-                    if not stat.S_ISREG(os.fstat(f.fileno()).st_mode): continue
-                    for block in iter(lambda: f.read(1 << 20), b""): h.update(block); size += len(block)
-            except FileNotFoundError: continue
-            except OSError as e: unreadable(rel, e); continue
-            add(rel, type="file", size=size, sha256=h.hexdigest(), mode=st.st_mode & 0o777)
-    print(json.dumps({"exists": True, "entries": entries}))
-elif op == "mkdirs":
-    for rel in [""] + json.load(sys.stdin): os.makedirs(safe(rel) if rel else root, exist_ok=True)
-elif op == "prune":
-    for rel in json.load(sys.stdin):
-        path = safe(rel)
-        if os.path.lexists(path): os.unlink(path)
-        parent = os.path.dirname(rel)
-        while parent:
-            try: os.rmdir(os.path.join(root, parent))
-            except OSError: break
-            parent = os.path.dirname(parent)
-"""
+REMOTE_SCRIPT = source_of(tree_sync)
 
 
 @dataclass(frozen=True)
