@@ -4,9 +4,11 @@ sync sends is the module's text."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,10 +17,57 @@ import pytest
 
 from launcher.remote import source_of, tree_sync
 from launcher.transport import sync
+from launcher.transport.ssh import CommandResult
 
 
-def test_what_sync_sends_is_the_modules_text() -> None:
-    assert sync.REMOTE_SCRIPT == source_of(tree_sync)
+class InProcessHost:
+    """A connection whose commands are the remote module run in this process (as `python -c SOURCE ARGS` would run
+    it on a host: only the module's own text is accepted), and whose SFTP is this machine's files."""
+
+    label = "in-process host"
+
+    def __init__(self) -> None:
+        self.commands: list[list[str]] = []
+        self.sftp = self
+
+    def check(self, argv: list[str], what: str, *, stdin: bytes = b"", timeout: float = 0) -> CommandResult:
+        self.commands.append(argv)
+        assert argv[:3] == ["py", "-c", source_of(tree_sync)]  # the module's text, nothing else
+        out, sys_stdin = io.StringIO(), sys.stdin
+        sys.stdin = io.StringIO(stdin.decode())
+        try:
+            with contextlib.redirect_stdout(out):
+                tree_sync.main(argv[3:])
+        finally:
+            sys.stdin = sys_stdin
+        return CommandResult(0, out.getvalue(), "")
+
+    def put(self, local: str, remote: str) -> None:
+        shutil.copyfile(local, remote)
+
+    def chmod(self, path: str, mode: int) -> None:
+        os.chmod(path, mode)
+
+    def posix_rename(self, old: str, new: str) -> None:
+        os.replace(old, new)
+
+
+def test_ship_tree_through_the_module_sends_what_changed_and_prunes_what_went(tmp_path: Path) -> None:
+    """The launcher's ship_tree against the host module run in process: a first ship sends all, a second after an
+    edit and a removal sends the edit and prunes the removed file and its emptied folder."""
+    local, remote = tree(tmp_path / "local"), tmp_path / "host" / "ws"
+    host = InProcessHost()
+    first = sync.ship_tree(host, local, str(remote), python="py")  # type: ignore[arg-type]
+    assert (first.files_sent, first.files_unchanged, first.files_deleted) == (3, 0, 0)
+    assert [c[3] for c in host.commands] == ["manifest", "mkdirs"]
+    (local / "top.py").write_text("print('changed')\n")
+    shutil.rmtree(local / "a")
+    second = sync.ship_tree(host, local, str(remote), python="py")  # type: ignore[arg-type]
+    assert (second.files_sent, second.files_unchanged, second.files_deleted) == (1, 1, 1)
+    assert sorted(p.name for p in remote.iterdir()) == ["run.sh", "top.py"]
+    assert (remote / "top.py").read_text() == "print('changed')\n"
+    assert (remote / "run.sh").stat().st_mode & 0o777 == 0o750
+    assert [c[3] for c in host.commands][2:] == ["manifest", "mkdirs", "prune"]
 
 
 def tree(root: Path) -> Path:

@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from launcher.errors import HostError
 from launcher.planning.mpi_plan import hostfile_text
+from launcher.remote import authorized_keys, source_of
 from launcher.spec.launchers import MPI_DIR, MPI_HOST_ALIAS
 
 if TYPE_CHECKING:
@@ -27,20 +28,9 @@ if TYPE_CHECKING:
     from launcher.results.rundir import RunDir
     from launcher.transport.hostsession import HostSession
 
-# Adds $1 as a line of ~/.ssh/authorized_keys (made 0700/0600 if missing). A fixed script: the line is an argument.
-AUTHORIZE_SCRIPT = r"""
-umask 077; mkdir -p "$HOME/.ssh" || exit 3
-printf '%s\n' "$1" >> "$HOME/.ssh/authorized_keys" || exit 3
-"""
-# Removes every authorized_keys line ending in the marker $1 (the run's), keeping the file's mode.
-UNAUTHORIZE_SCRIPT = r"""
-f="$HOME/.ssh/authorized_keys"
-[ -f "$f" ] || exit 0
-grep -v -F -x -e "$2" "$f" > "$f.ddpctl-tmp"
-cat "$f.ddpctl-tmp" > "$f" && rm -f "$f.ddpctl-tmp"
-grep -q -F "$1" "$f" && exit 4
-exit 0
-"""
+# Adds / removes the run's line of ~/.ssh/authorized_keys on a node, under the run's python: a fixed program, the
+# line an argument (launcher/remote/authorized_keys.py).
+AUTHORIZED_KEYS_SCRIPT = source_of(authorized_keys)
 
 
 class MpiAccess:
@@ -48,6 +38,7 @@ class MpiAccess:
 
     def __init__(self, session: HostSession, plan: RunPlan, run_dir: RunDir) -> None:
         self.session, self.plan, self.run_dir = session, plan, run_dir
+        self.python = plan.spec.python  # the probe ran it on every node
         self.marker = f"ddpctl-mpi-{plan.spec.run_id}"
         self.key_line = ""
         self.authorized: list[int] = []
@@ -61,8 +52,8 @@ class MpiAccess:
         public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
         self.key_line = f"restrict {public.decode()} {self.marker}"
         for node in self.plan.nodes[1:]:
-            result = self.session.conn(node.index).run(["sh", "-c", AUTHORIZE_SCRIPT, "ddpctl-mpi", self.key_line],
-                                                       timeout=30)
+            result = self.session.conn(node.index).run([self.python, "-c", AUTHORIZED_KEYS_SCRIPT, "add",
+                                                        self.key_line], timeout=30)
             if result.exit_code != 0:
                 raise HostError(self.session.label_of(node.index), "could not authorize the run's MPI key in "
                                 f"~/.ssh/authorized_keys: {(result.stderr or result.stdout).strip()[:200]}")
@@ -111,8 +102,8 @@ class MpiAccess:
         left = []
         for index in list(self.authorized):
             try:
-                result = self.session.conn(index).run(["sh", "-c", UNAUTHORIZE_SCRIPT, "ddpctl-mpi", self.marker,
-                                                       self.key_line], timeout=30)
+                result = self.session.conn(index).run([self.python, "-c", AUTHORIZED_KEYS_SCRIPT, "remove",
+                                                       self.marker, self.key_line], timeout=30)
                 if result.exit_code == 0:
                     self.authorized.remove(index)
                     continue

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from launcher.errors import SpecError
 from launcher.planning.preflight import Problem
+from launcher.remote import shell_text
 from launcher.spec.user_command import INTERPRETER_WORDS
 from launcher.transport.parallel import raise_for_errors, run_on_hosts
 
@@ -18,20 +19,7 @@ if TYPE_CHECKING:
     from launcher.transport.hostsession import HostSession
 
 # Prints what is missing, `|`-separated. Arguments: the python, 1 to check mpi4py, 1 to check ssh.
-MPI_CHECK_SCRIPT = r"""
-py=$1; missing=""
-if ! command -v mpirun >/dev/null 2>&1; then missing="$missing|openmpi (no mpirun on PATH: install openmpi-bin)"
-elif ! mpirun --version 2>/dev/null | grep -q "Open MPI"; then
-  missing="$missing|Open MPI (the mpirun on PATH is not Open MPI's)"
-fi
-if [ "$2" = 1 ] && ! "$py" -c "import mpi4py" >/dev/null 2>&1; then
-  missing="$missing|mpi4py ($py cannot import it: $py -m pip install mpi4py, or install python3-mpi4py)"
-fi
-if [ "$3" = 1 ] && ! command -v ssh >/dev/null 2>&1; then
-  missing="$missing|ssh (node 0 starts the other nodes' processes over SSH: install openssh-client)"
-fi
-printf '%s\n' "$missing"
-"""
+MPI_CHECK_SCRIPT = shell_text("mpi_check.sh")  # launcher/remote/mpi_check.sh
 
 
 def needs_mpi4py(spec: RunSpec) -> bool:

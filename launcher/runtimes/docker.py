@@ -1,8 +1,8 @@
 """The Docker runtime for SSH hosts: each node is a container of the trainer image wrapping the same torchrun argv.
 
 `docker_node_plan` is pure (plan_remote calls it for --runtime docker). The node's command is a fixed POSIX
-shell wrapper, `sh -c RUN_SCRIPT ddpctl-docker WORKSPACE DATA_DIR NAME GRACE ENV_FILE DOCKER-RUN-OPTIONS... IMAGE
-TORCHRUN...`: every value reaches it as a quoted argument. The wrapper
+shell wrapper, launcher/remote/docker_run.sh: `sh -c RUN_SCRIPT ddpctl-docker WORKSPACE DATA_DIR NAME GRACE ENV_FILE
+DOCKER-RUN-OPTIONS... IMAGE TORCHRUN...`: every value reaches it as a quoted argument. The wrapper
 - makes WORKSPACE (and DATA_DIR) absolute against the login user's $HOME (docker -v needs absolute paths), so
   the executor needs to know nothing of the host's home: run NodePlan.command like a native one;
 - starts the container detached (`docker run -d`, named ddpctl-<run_id>-n<index>, labelled ddpctl.run and
@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 
 from launcher.errors import SpecError
 from launcher.planning.plan import NodeHost, NodePlan, node_env, script_env, secret_names
+from launcher.remote import shell_text
 from launcher.runtimes.base import NODE_STOP_GRACE_SECONDS, STOP_GRACE_SECONDS
 from launcher.spec.launchers import HOOK_DIR, JOIN_DIR_ENV, JOINED_DIR
 from launcher.spec.run_spec import RunSpec
@@ -40,37 +41,7 @@ ENV_FILE = "docker.env"
 # Python inside the image; spec.python names the hosts' python, which the container does not have.
 IMAGE_PYTHON = "python3"
 
-RUN_SCRIPT = r"""
-ws=$1; data=$2; name=$3; grace=$4; envfile=$5; shift 5
-case "$ws" in /*) ;; *) ws="$HOME/$ws" ;; esac
-if [ -n "$data" ]; then
-  case "$data" in /*) ;; *) data="$HOME/$data" ;; esac
-  set -- -v "$data:/data" "$@"
-fi
-mkdir -p "$ws/out" "$ws/logs" || exit 125
-trap 'docker stop -t "$grace" "$name" >/dev/null 2>&1' TERM INT HUP
-docker rm "$name" >/dev/null 2>&1
-docker run -d --name "$name" --user "$(id -u):$(id -g)" -v "$ws:/workspace" --env-file "$ws/$envfile" "$@" \
-  >/dev/null
-started=$?
-rm -f "$ws/$envfile"
-[ "$started" -eq 0 ] || exit 125
-docker logs -f "$name" 2>&1 &
-logs=$!
-code=
-while [ -z "$code" ]; do
-  docker wait "$name" > "$ws/.docker-wait" 2>/dev/null &
-  wait $!
-  code=$(cat "$ws/.docker-wait" 2>/dev/null)
-  if [ -z "$code" ] && ! docker inspect "$name" >/dev/null 2>&1; then
-    echo "ddpctl: container $name is gone" >&2; code=125
-  fi
-done
-wait "$logs" 2>/dev/null
-docker rm "$name" >/dev/null 2>&1
-rm -f "$ws/.docker-wait"
-exit "$code"
-"""
+RUN_SCRIPT = shell_text("docker_run.sh")  # launcher/remote/docker_run.sh
 
 
 def display_line(node: NodePlan) -> str:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.errors import DdpctlError, HostError
+from launcher.remote import shell_text
 from launcher.transport.connection import HostConnection
 from launcher.transport.parallel import HostOutcome, run_on_hosts
 
@@ -42,16 +43,8 @@ class ShipResult:
 
 
 # Prints `engine RUNTIMES-JSON` or `problem TEXT`, then `image ID` and `digests REPO@DIGEST...` (empty when the
-# host lacks it).
-INFO_SCRIPT = r"""
-command -v docker >/dev/null 2>&1 || { echo "problem no docker command on this host"; exit 0; }
-if ! out=$(docker info --format '{{json .Runtimes}}' 2>&1); then
-  echo "problem $(echo "$out" | grep -v '^$' | tail -n 1)"; exit 0
-fi
-echo "engine $out"
-echo "image $(docker image inspect --format '{{.Id}}' "$1" 2>/dev/null)"
-echo "digests $(docker image inspect --format '{{join .RepoDigests " "}}' "$1" 2>/dev/null)"
-"""
+# host lacks it): launcher/remote/docker_info.sh.
+INFO_SCRIPT = shell_text("docker_info.sh")
 
 SHIP_TIMEOUT = 3600.0  # seconds: a multi-GB CUDA image over a slow link
 STALL_TIMEOUT = 120.0  # seconds a host may take to accept the next chunk before it is given up

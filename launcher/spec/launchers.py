@@ -6,6 +6,7 @@ tells it where it sits through the DDPCTL_* variables below) or `mpirun` (an MPI
 from __future__ import annotations
 
 from launcher.errors import SpecError
+from launcher.remote import shell_text
 from launcher.spec.script_look import Finding, first
 
 LAUNCHERS = ("torchrun", "spawn", "mpirun")
@@ -32,43 +33,13 @@ JOINED_DIR = "joined"
 # so following, pulling, `ddpctl logs` and failure attribution read it the same way: one "worker" per node.
 SPAWN_LOG_GROUP = "spawn"
 
-# Runs the script once, its output into the log layout above. One node: MASTER_ADDR/MASTER_PORT too (a free
-# local port unless the user's --env set one), which a write-up's script that reads them finds. Arguments: the
-# log dir, the node's python (to pick the port), then the command. A fixed script: values arrive as arguments.
-SPAWN_SCRIPT = r"""
-logs=$1; py=$2; shift 2
-FREE_PORT='import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-out="$logs/spawn/attempt_0/0"
-mkdir -p "$out" || exit 3
-if [ "${DDPCTL_NNODES:-1}" = 1 ]; then
-  [ -n "$MASTER_ADDR" ] || MASTER_ADDR=127.0.0.1
-  [ -n "$MASTER_PORT" ] || MASTER_PORT=$("$py" -c "$FREE_PORT") || exit 3
-  DDPCTL_MASTER_ADDR=$MASTER_ADDR; DDPCTL_MASTER_PORT=$MASTER_PORT
-  export MASTER_ADDR MASTER_PORT DDPCTL_MASTER_ADDR DDPCTL_MASTER_PORT
-fi
-"$@" > "$out/stdout.log" 2> "$out/stderr.log"
-code=$?
-[ "$code" = 0 ] || tail -n 20 "$out/stderr.log" >&2  # the node's own output: how it ended, for the failure line
-exit "$code"
-"""
-
-
-# Runs mpirun on node 0, its output into the log layout above (logs/mpirun/attempt_0/0/). As root (mpirun refuses
-# root without being told), ddpctl says so outright with --allow-run-as-root rather than failing on mpirun's banner.
-# Arguments: the log dir, then mpirun's argv.
-MPIRUN_SCRIPT = r"""
-logs=$1; shift
-out="$logs/mpirun/attempt_0/0"
-mkdir -p "$out" || exit 3
-mpirun=$1; shift
-if [ "$(id -u)" = 0 ]; then set -- --allow-run-as-root "$@"; fi
-"$mpirun" "$@" > "$out/stdout.log" 2> "$out/stderr.log"
-code=$?
-[ "$code" = 0 ] || tail -n 20 "$out/stderr.log" >&2
-exit "$code"
-"""
-# What node k > 0 of an mpirun run runs itself: nothing (node 0's mpirun starts its ranks over SSH).
-MPI_PEER_SCRIPT = 'echo "node $1: its $2 process(es) are started by node 0\'s mpirun over SSH"'
+# The nodes' commands (shell: they also run inside containers, around the user's command): spawn runs the script
+# once, its output into the log layout above; mpirun runs on node 0, its output in logs/mpirun/attempt_0/0/; the
+# other nodes of an mpirun run only say that node 0's mpirun starts their processes. Fixed scripts: every value
+# arrives as an argument.
+SPAWN_SCRIPT = shell_text("spawn.sh")  # launcher/remote/spawn.sh: LOG_DIR PYTHON COMMAND...
+MPIRUN_SCRIPT = shell_text("mpirun.sh")  # launcher/remote/mpirun.sh: LOG_DIR MPIRUN ARGS...
+MPI_PEER_SCRIPT = shell_text("mpi_peer.sh")  # launcher/remote/mpi_peer.sh: NODE PROCESSES
 # How node 0's ssh config names node k (its host key is pinned under that name: HostKeyAlias).
 MPI_HOST_ALIAS = "ddpctl-node-{}"
 MPI_DIR = "mpi"  # in node 0's workspace: the run's key, ssh config, known_hosts and hostfile
