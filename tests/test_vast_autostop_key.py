@@ -66,7 +66,7 @@ def test_a_node_says_where_its_container_key_is_and_never_prints_it(tmp_path):
     environ = _environ_file(tmp_path / "environ", PATH="/usr/bin", CONTAINER_API_KEY=secret)
 
     def probe(environ_path: Path, env: dict[str, str]) -> str:
-        out = subprocess.run([sys.executable, "-c", CONTAINER_KEY_PROBE, str(environ_path)], env=env,
+        out = subprocess.run([sys.executable, "-c", CONTAINER_KEY_PROBE, "where", str(environ_path)], env=env,
                              capture_output=True, text=True, timeout=30, check=True)
         assert secret not in out.stdout + out.stderr
         return out.stdout.strip()
@@ -82,8 +82,8 @@ def _watch(workspace: Path, url: str, iid: int, environ: Path) -> dict:
     """Run the watchdog with the container key (idle 0.3 s after exit_code) and wait for its final state."""
     workspace.mkdir(parents=True)  # no .autostop folder: with the container key nothing is installed first
     (workspace / "exit_code").write_text("0\n")
-    out = subprocess.run([sys.executable, "-c", WATCHDOG, str(workspace), url, str(iid), "0.3", "0.1", "container",
-                          str(environ)], env=_without_key(), capture_output=True, text=True, timeout=30)
+    out = subprocess.run([sys.executable, "-c", WATCHDOG, "watch", str(workspace), url, str(iid), "0.3", "0.1",
+                          "container", str(environ)], env=_without_key(), capture_output=True, text=True, timeout=30)
     assert out.returncode == 0 and out.stdout.strip() == "watching", out.stderr
     state: dict = {}
     deadline = time.monotonic() + 20

@@ -364,7 +364,7 @@ def test_the_watchdog_stops_its_machine_once_idle_or_records_why_it_could_not(st
     (workspace / ".autostop").mkdir(parents=True)
     (workspace / ".autostop" / "key").write_text(key)
     (workspace / "exit_code").write_text("0\n")
-    out = subprocess.run([sys.executable, "-c", WATCHDOG, str(workspace), standin.url, str(iid), "0.3", "0.1"],
+    out = subprocess.run([sys.executable, "-c", WATCHDOG, "watch", str(workspace), standin.url, str(iid), "0.3", "0.1"],
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 0 and out.stdout.strip() == "watching" and key not in out.stdout + out.stderr
     state: dict = {}

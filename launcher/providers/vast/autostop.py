@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from launcher.errors import DdpctlError, HostError
 from launcher.providers.vast.apikey import delete_keys
 from launcher.providers.vast.scoped_key import SHAPES, make_stop_key
-from launcher.remote import daemon, source_of
+from launcher.remote import autostop_watchdog, daemon, source_of
 from launcher.transport.parallel import raise_for_errors, run_on_hosts
 
 if TYPE_CHECKING:
@@ -47,87 +47,13 @@ STATE_DIR = ".autostop"  # inside the node's workspace: key (0600), pulled (touc
 CONTAINER_ENVIRON = "/proc/1/environ"  # the container's first process: where Vast's CONTAINER_API_KEY lives
 CONTAINER, SCOPED = "container", "scoped"  # which key a node's watchdog stops its machine with
 
-# Runs on the node (stdlib only): where its CONTAINER_API_KEY is ("environment", "process 1"), or "absent".
-# Prints where, never the key.
-CONTAINER_KEY_PROBE = r"""
-import os, sys
-def found():
-    if os.environ.get("CONTAINER_API_KEY", "").strip():
-        return "environment"
-    try:
-        with open(sys.argv[1], "rb") as f:
-            items = f.read().split(b"\0")
-    except OSError:
-        return "absent"
-    for item in items:
-        if item.startswith(b"CONTAINER_API_KEY=") and item[len(b"CONTAINER_API_KEY="):].strip():
-            return "process 1"
-    return "absent"
-print(found())
-"""
-
-# Runs on the node with its own python (stdlib only). Forks away from the SSH session and then checks every
-# `poll` seconds; the key (argv 6: "container": CONTAINER_API_KEY, from the environment or from argv 7's environ
-# file; "scoped": the key file) is read only when it is used, and never printed.
-WATCHDOG = source_of(daemon) + r"""
-import json, os, sys, time, urllib.error, urllib.request
-ws, url, iid = sys.argv[1], sys.argv[2].rstrip("/"), int(sys.argv[3])
-idle, poll = float(sys.argv[4]), float(sys.argv[5])
-source = sys.argv[6] if len(sys.argv) > 6 else "scoped"
-environ = sys.argv[7] if len(sys.argv) > 7 else "/proc/1/environ"
-d = os.path.join(ws, ".autostop")
-os.makedirs(d, mode=0o700, exist_ok=True)  # a node using its container key has no key file there
-state = os.path.join(d, "state.json")
-def write(**kw):
-    tmp = state + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(dict(kw, pid=os.getpid()), f)
-    os.replace(tmp, state)
-detach("watching")  # launcher/remote/daemon.py
-write(state="watching", since=time.time())
-while True:
-    time.sleep(poll)
-    code = os.path.join(ws, "exit_code")
-    if not os.path.exists(code):
-        continue
-    marks = [os.path.getmtime(p) for p in (code, os.path.join(d, "pulled")) if os.path.exists(p)]
-    if time.time() - max(marks) < idle:
-        continue
-    key = ""
-    if source == "container":
-        key = os.environ.get("CONTAINER_API_KEY", "").strip()
-        if not key:
-            try:
-                with open(environ, "rb") as f:
-                    items = f.read().split(b"\0")
-            except OSError:
-                items = []
-            for item in items:
-                if item.startswith(b"CONTAINER_API_KEY="):
-                    key = item.split(b"=", 1)[1].decode().strip()
-        if not key:
-            write(state="failed", error="CONTAINER_API_KEY is gone from the instance")
-            sys.exit(1)
-    else:
-        with open(os.path.join(d, "key")) as f:
-            key = f.read().strip()
-    req = urllib.request.Request("%s/api/v0/instances/%d/" % (url, iid), data=b'{"state": "stopped"}',
-                                 method="PUT", headers={"Authorization": "Bearer " + key,
-                                                        "Content-Type": "application/json"})
-    for attempt in range(12):
-        try:
-            urllib.request.urlopen(req, timeout=30).read()
-            write(state="stopped", stopped_at=time.time())
-            sys.exit(0)
-        except urllib.error.HTTPError as e:
-            if e.code not in (429, 500, 502, 503, 504):
-                write(state="failed", error="HTTP %d" % e.code)
-                sys.exit(1)
-        except OSError:
-            pass
-        time.sleep(min(60.0, 2.0 ** attempt))
-    write(state="failed", error="no answer from the API")
-"""
+# The node's side (launcher/remote/autostop_watchdog.py), run by its own python: `where` says where its
+# CONTAINER_API_KEY is ("environment", "process 1") or "absent", never the key; `watch` (after launcher/remote/
+# daemon.py, which it detaches with) forks away from the SSH session and then checks every `poll` seconds; the key
+# ("container": CONTAINER_API_KEY, from the environment or from the container's environ file; "scoped": the key
+# file) is read only when it is used, and never printed.
+CONTAINER_KEY_PROBE = source_of(autostop_watchdog)
+WATCHDOG = source_of(daemon) + source_of(autostop_watchdog)
 
 
 def arm_autostop(client: VastClient, session: HostSession, ledger: Ledger, minutes: float | None) -> None:
@@ -207,7 +133,7 @@ def container_keys(session: HostSession, count: int, python: str) -> dict[int, s
     """Where each node's CONTAINER_API_KEY is ("environment" or "process 1"), None where it has none (or could not
     be asked: that node falls back to a scoped key). The key itself is never printed nor read here."""
     def ask(index: int) -> str | None:
-        out = session.conn(index).run([python, "-c", CONTAINER_KEY_PROBE, CONTAINER_ENVIRON], timeout=30)
+        out = session.conn(index).run([python, "-c", CONTAINER_KEY_PROBE, "where", CONTAINER_ENVIRON], timeout=30)
         where = out.stdout.strip().splitlines()[-1:] if out.exit_code == 0 else []
         return where[0] if where and where[0] in ("environment", "process 1") else None
 
@@ -239,7 +165,7 @@ def start_watchdogs(session: HostSession, run_dir: RunDir, indexes: list[int]) -
     def start(index: int) -> None:
         ws, inst = nodes[index]["workspace"], by_node[index]
         source = inst.get("autostop_key") or SCOPED  # runs armed before the container key: scoped keys
-        argv = [python, "-c", WATCHDOG, ws, settings["api_url"], str(inst["instance_id"]), f"{minutes * 60:g}",
+        argv = [python, "-c", WATCHDOG, "watch", ws, settings["api_url"], str(inst["instance_id"]), f"{minutes * 60:g}",
                 f"{poll:g}", source, CONTAINER_ENVIRON]
         out = session.conn(index).run(argv, timeout=30)
         if out.exit_code != 0 or "watching" not in out.stdout:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from launcher.errors import HostError
 from launcher.planning.plan import NodeHost
 from launcher.providers.vast.errors import ProvisionError
+from launcher.remote import interface_addresses, source_of
 from launcher.transport.parallel import raise_for_errors, run_on_hosts
 
 if TYPE_CHECKING:
@@ -28,21 +29,8 @@ SUBNET_WAIT_S = 180.0  # Vast reports internal_subnet as null for a while after 
 ADDRESS_WAIT_S = 120.0  # the overlay interface appears inside the container a little after it runs
 Event = Callable[[dict[str, Any]], None]
 
-# Every IPv4 interface address, without `ip`: SIOCGIFADDR (0x8915) on each interface socket.if_nameindex() lists.
-ADDRESSES_PY = """
-import fcntl, json, socket, struct
-found = []
-for _, name in socket.if_nameindex():
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        raw = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))
-        found.append([name, socket.inet_ntoa(raw[20:24])])
-    except OSError:
-        pass
-    finally:
-        s.close()
-print(json.dumps(found))
-"""
+# Every IPv4 interface address, without `ip` (launcher/remote/interface_addresses.py).
+ADDRESSES_PY = source_of(interface_addresses)
 
 
 OVERLAY_NAME = re.compile(r"[a-z0-9-]+")  # what vast-cli accepts for `-n NAME` (github.com/vast-ai/vast-cli)

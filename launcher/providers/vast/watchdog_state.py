@@ -10,25 +10,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.providers.vast.ledger import say
+from launcher.remote import autostop_watchdog, source_of
 
-# $1: the node's workspace. Prints state.json (nothing when there is none), then on its own line whether the
-# process it names runs the watchdog of this workspace ("alive") or not ("dead"): a pid alone may be reused.
-_SCRIPT = r"""
-f="$1/.autostop/state.json"
-[ -f "$f" ] || exit 0
-cat "$f"; echo
-pid=$(sed -n 's/.*"pid": *\([0-9][0-9]*\).*/\1/p' "$f")
-if [ -n "$pid" ] && tr '\000' '\n' < "/proc/$pid/cmdline" 2>/dev/null | grep -qxF -- "$1"; then
-  echo alive
-else
-  echo dead
-fi
-"""
+# Run by the node's python with its workspace (launcher/remote/autostop_watchdog.py, `state`): prints state.json
+# (nothing when there is none), then on its own line whether the process it names runs the watchdog of this
+# workspace ("alive") or not ("dead"): a pid alone may be reused.
+STATE_SCRIPT = source_of(autostop_watchdog)
 
 
-def watchdog_command(workspace: str) -> list[str]:
-    """The command that prints a node's watchdog state and whether it runs (see parse_watchdog)."""
-    return ["sh", "-c", _SCRIPT, "ddpctl-autostop", workspace]
+def watchdog_command(workspace: str, python: str) -> list[str]:
+    """The command that prints a node's watchdog state and whether it runs (see parse_watchdog), run by the
+    node's `python` (the one its watchdog runs under)."""
+    return [python, "-c", STATE_SCRIPT, "state", workspace]
 
 
 @dataclass(frozen=True)
