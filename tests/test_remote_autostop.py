@@ -1,6 +1,7 @@
 """The node's side of Vast.ai autostop (launcher/remote/autostop_watchdog.py) and its address listing
 (launcher/remote/interface_addresses.py), run here in process on temporary folders standing in for a node's
-workspace and /proc, against a stand-in for the API's answers; what the launcher sends is the modules' text."""
+workspace, against a stand-in for the API's answers; the watchdog's state report (autostop_state.sh) run as a node
+runs it; what the launcher sends is the files' text."""
 
 from __future__ import annotations
 
@@ -18,17 +19,17 @@ from typing import Any
 import pytest
 
 from launcher.providers.vast import autostop, overlay, watchdog_state
-from launcher.remote import autostop_watchdog, daemon, interface_addresses, source_of
+from launcher.remote import autostop_watchdog, daemon, interface_addresses, shell_text, source_of
 
 SECRET = "vck-0123456789abcdef"
 
 
 def test_what_the_launcher_sends_is_the_modules_text() -> None:
-    assert autostop.CONTAINER_KEY_PROBE == watchdog_state.STATE_SCRIPT == source_of(autostop_watchdog)
+    assert source_of(autostop_watchdog) == autostop.CONTAINER_KEY_PROBE
     assert source_of(daemon) + source_of(autostop_watchdog) == autostop.WATCHDOG
     assert source_of(interface_addresses) == overlay.ADDRESSES_PY
-    assert watchdog_state.watchdog_command(".ddpctl/runs/r1", "python3") == [
-        "python3", "-c", source_of(autostop_watchdog), "state", ".ddpctl/runs/r1"]
+    assert watchdog_state.watchdog_command(".ddpctl/runs/r1") == [
+        "sh", "-c", shell_text("autostop_state.sh"), "ddpctl-autostop", ".ddpctl/runs/r1"]
 
 
 def environ_file(path: Path, **variables: str) -> str:
@@ -158,28 +159,10 @@ def test_a_container_key_gone_by_then_is_recorded_as_the_failure(tmp_path: Path,
     assert code == 1 and state["state"] == "failed" and state["error"] == "CONTAINER_API_KEY is gone from the instance"
 
 
-def test_the_state_report_tells_a_live_watchdog_from_a_reused_pid(tmp_path: Path) -> None:
-    ws, proc = str(tmp_path / "ws"), tmp_path / "proc"
-    assert autostop_watchdog.state_report(ws, str(proc)) == b""  # never started: nothing
-    (tmp_path / "ws" / ".autostop").mkdir(parents=True)
-    record = b'{"state": "watching", "since": 1, "pid": 41}'
-    (tmp_path / "ws" / ".autostop" / "state.json").write_bytes(record)
-    assert autostop_watchdog.state_report(ws, str(proc)) == record + b"\ndead\n"  # no such process
-    (proc / "41").mkdir(parents=True)
-    (proc / "41" / "cmdline").write_bytes(b"python3\0-c\0SOURCE\0watch\0" + ws.encode() + b"\0https://x\0")
-    report = autostop_watchdog.state_report(ws, str(proc))
-    assert report == record + b"\nalive\n"
-    assert watchdog_state.parse_watchdog(report.decode()) == watchdog_state.WatchdogState("watching", None, True)
-    (proc / "41" / "cmdline").write_bytes(b"sleep\0" + ws.encode() + b"-other\0")  # the pid, reused
-    assert autostop_watchdog.state_report(ws, str(proc)).endswith(b"\ndead\n")
-    (tmp_path / "ws" / ".autostop" / "state.json").write_bytes(b"not json")
-    assert autostop_watchdog.state_report(ws, str(proc)) == b"not json\ndead\n"
-
-
 def test_anything_else_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert autostop_watchdog.main(["watch", "ws", "url", "1", "60", "10"]) == 2  # watch needs daemon.py's detach
-    assert autostop_watchdog.main(["stop"]) == 2
-    assert capsys.readouterr().err.startswith("usage: where ENVIRON_FILE | state WORKSPACE | watch ")
+    assert autostop_watchdog.main(["stop"]) == 2 and autostop_watchdog.main(["state", "ws"]) == 2
+    assert capsys.readouterr().err.startswith("usage: where ENVIRON_FILE | watch ")
 
 
 def test_the_address_listing_names_this_machines_loopback() -> None:
@@ -189,18 +172,23 @@ def test_the_address_listing_names_this_machines_loopback() -> None:
 
 
 @pytest.mark.integration
-def test_the_state_script_run_as_the_node_runs_it_sees_a_live_watchdog(tmp_path: Path) -> None:
-    """`python -c SOURCE state WORKSPACE` beside a real process whose arguments hold the workspace."""
+def test_the_state_script_run_as_the_node_runs_it_tells_a_live_watchdog_from_a_reused_pid(tmp_path: Path) -> None:
+    """launcher/remote/autostop_state.sh beside a real process whose arguments hold the workspace (the watchdog's
+    place), then one whose arguments do not (the pid reused), then none."""
     ws = tmp_path / "ws"
+    argv = watchdog_state.watchdog_command(str(ws))
+    assert subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout == ""  # no record
     (ws / ".autostop").mkdir(parents=True)
-    watcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(ws)])
-    try:
-        (ws / ".autostop" / "state.json").write_text(json.dumps({"state": "watching", "pid": watcher.pid}))
-        argv = watchdog_state.watchdog_command(str(ws), sys.executable)
-        alive = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout
-        assert watchdog_state.parse_watchdog(alive).label == "watching"
-    finally:
-        watcher.kill()
-        watcher.wait()
-    dead = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout
-    assert watchdog_state.parse_watchdog(dead).label == "not running (its process ended)"
+    labels = []
+    for arguments in ([str(ws)], [str(ws) + "-other"]):
+        process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *arguments])
+        try:
+            (ws / ".autostop" / "state.json").write_text(json.dumps({"state": "watching", "pid": process.pid}))
+            shown = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout
+            labels.append(watchdog_state.parse_watchdog(shown).label)
+        finally:
+            process.kill()
+            process.wait()
+    shown = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout
+    labels.append(watchdog_state.parse_watchdog(shown).label)
+    assert labels == ["watching", "not running (its process ended)", "not running (its process ended)"]

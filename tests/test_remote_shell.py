@@ -15,6 +15,7 @@ import pytest
 
 import launcher.remote
 from launcher.planning import mpi_check
+from launcher.providers.vast import watchdog_state
 from launcher.remote import shell_text
 from launcher.runtimes import docker, docker_hosts
 from launcher.spec import launchers
@@ -33,6 +34,7 @@ SENT = {  # file -> the text the launcher puts on the hosts' command lines
     "mpirun.sh": launchers.MPIRUN_SCRIPT,
     "mpi_peer.sh": launchers.MPI_PEER_SCRIPT,
     "mpi_check.sh": mpi_check.MPI_CHECK_SCRIPT,
+    "autostop_state.sh": watchdog_state.STATE_SCRIPT,
 }
 
 

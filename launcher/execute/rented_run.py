@@ -32,7 +32,7 @@ class RentedRun:
                 return stopped
             rows = host_status_rows(run_dir, options)
             if record.get("autostop"):  # each node's watchdog, and a warning for one that will not stop its machine
-                add_watchdog_states(rows, _on_nodes(run_dir, options, _watchdog_command(run_dir)), run_dir.run_id,
+                add_watchdog_states(rows, _on_nodes(run_dir, options, watchdog_command), run_dir.run_id,
                                     record["autostop"].get("keys"))
             return rows
         return offline_rows(run_dir)
@@ -133,7 +133,7 @@ def _rearm(run_dir: RunDir, options: UpOptions) -> None:
     if not run_dir.record().get("autostop"):
         return
     # every watchdog that does not watch: stopped with its machine, failed (its error may have passed), or died
-    states = _on_nodes(run_dir, options, _watchdog_command(run_dir))
+    states = _on_nodes(run_dir, options, watchdog_command)
     again = sorted(node for node, text in states.items() if parse_watchdog(text).problem)
     if not again:
         return
@@ -146,12 +146,6 @@ def _rearm(run_dir: RunDir, options: UpOptions) -> None:
         return
     run_dir.event("vast.autostop_armed", nodes=again, again=True)
     say(f"autostop watches node(s) {again} again")
-
-
-def _watchdog_command(run_dir: RunDir) -> Callable[[str], list[str]]:
-    """watchdog_command under the run's python, the one its watchdogs run under."""
-    python = run_dir.spec().python
-    return lambda workspace: watchdog_command(workspace, python)
 
 
 def _on_nodes(run_dir: RunDir, options: UpOptions, command: Callable[[str], list[str]]) -> dict[int, str]:

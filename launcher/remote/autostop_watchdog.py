@@ -1,5 +1,5 @@
 """Runs on a Vast.ai node under the run's python (standard library only; sent as this file's text by
-launcher/providers/vast/autostop.py and watchdog_state.py): the node's side of autostop. Three operations:
+launcher/providers/vast/autostop.py): the node's side of autostop. Two operations:
 
 - `where ENVIRON_FILE`: where the instance's own CONTAINER_API_KEY is, "environment" or "process 1" (Vast's SSH
   sessions do not see the container's variables: its first process's environ file has them), or "absent". The key
@@ -9,10 +9,8 @@ launcher/providers/vast/autostop.py and watchdog_state.py): the node's side of a
   node's training has ended (WORKSPACE/exit_code) and nothing has pulled (.autostop/pulled) for IDLE_S seconds; then
   stop the instance (PUT /api/v0/instances/ID/ {"state": "stopped"}) with its key, read only then: SOURCE
   "container" (CONTAINER_API_KEY, from the environment or ENVIRON_FILE) or "scoped" (.autostop/key). What it does
-  is in WORKSPACE/.autostop/state.json: watching | stopped | failed (with the error), and its pid.
-- `state WORKSPACE`: that record as it is, then on a line of its own "alive" when the process it names is the
-  watchdog of this workspace (its arguments hold the workspace: a pid alone may have been reused), else "dead";
-  nothing when there is no record."""
+  is in WORKSPACE/.autostop/state.json: watching | stopped | failed (with the error), and its pid (read by
+  launcher/remote/autostop_state.sh)."""
 
 import json
 import os
@@ -125,42 +123,13 @@ def watch(argv: "list[str]", detach: "Callable[[str], None]", clock: "Callable[[
         return 0 if error == "no answer from the API" else 1
 
 
-def pid_of(record: bytes) -> "int | None":
-    """The pid a state record names, if it is one."""
-    try:
-        pid = json.loads(record).get("pid")
-    except (ValueError, AttributeError):
-        return None
-    return pid if isinstance(pid, int) and not isinstance(pid, bool) else None
-
-
-def state_report(workspace: str, proc: str = "/proc") -> bytes:
-    """The record, then "alive" or "dead" (b"" without a record)."""
-    path = os.path.join(workspace, STATE_DIR, "state.json")
-    if not os.path.isfile(path):
-        return b""
-    with open(path, "rb") as f:
-        record = f.read()
-    pid, alive = pid_of(record), False
-    if pid is not None:
-        try:
-            with open(os.path.join(proc, str(pid), "cmdline"), "rb") as f:
-                alive = os.fsencode(workspace) in f.read().split(b"\0")
-        except OSError:
-            alive = False
-    return record + b"\n" + (b"alive" if alive else b"dead") + b"\n"
-
-
 def main(argv: "list[str]", detach: "Callable[[str], None] | None" = None) -> int:
     if argv[:1] == ["where"] and len(argv) == 2:
         print(key_location(argv[1]))
         return 0
-    if argv[:1] == ["state"] and len(argv) == 2:
-        sys.stdout.buffer.write(state_report(argv[1]))
-        return 0
     if argv[:1] == ["watch"] and 6 <= len(argv) <= 8 and detach is not None:
         return watch(argv[1:], detach)
-    print("usage: where ENVIRON_FILE | state WORKSPACE | watch WORKSPACE API_URL INSTANCE_ID IDLE_S POLL_S "
+    print("usage: where ENVIRON_FILE | watch WORKSPACE API_URL INSTANCE_ID IDLE_S POLL_S "
           "[SOURCE [ENVIRON_FILE]] (watch: sent after launcher/remote/daemon.py)", file=sys.stderr)
     return 2
 

@@ -10,18 +10,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.providers.vast.ledger import say
-from launcher.remote import autostop_watchdog, source_of
+from launcher.remote import shell_text
 
-# Run by the node's python with its workspace (launcher/remote/autostop_watchdog.py, `state`): prints state.json
-# (nothing when there is none), then on its own line whether the process it names runs the watchdog of this
-# workspace ("alive") or not ("dead"): a pid alone may be reused.
-STATE_SCRIPT = source_of(autostop_watchdog)
+# $1: the node's workspace (launcher/remote/autostop_state.sh). Prints state.json (nothing when there is none), then
+# on its own line whether the process it names runs the watchdog of this workspace ("alive") or not ("dead").
+STATE_SCRIPT = shell_text("autostop_state.sh")
 
 
-def watchdog_command(workspace: str, python: str) -> list[str]:
-    """The command that prints a node's watchdog state and whether it runs (see parse_watchdog), run by the
-    node's `python` (the one its watchdog runs under)."""
-    return [python, "-c", STATE_SCRIPT, "state", workspace]
+def watchdog_command(workspace: str) -> list[str]:
+    """The command that prints a node's watchdog state and whether it runs (see parse_watchdog)."""
+    return ["sh", "-c", STATE_SCRIPT, "ddpctl-autostop", workspace]
 
 
 @dataclass(frozen=True)
