@@ -112,3 +112,28 @@ def test_the_host_probe_describes_this_machine_through_the_launchers_own_reading
     assert facts.docker == (shutil.which("docker") is not None)
     assert facts.disk_free > 0 and any(a.addr == "127.0.0.1" for a in facts.addrs)
     assert host_probe.host_facts()["cpus"] == facts.cpus  # the module is importable and callable here too
+
+
+@pytest.mark.integration
+def test_the_probes_one_round_trip_answers_checks_and_the_rendezvous_check(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe's program run here as on two hosts (launcher/planning/host_round.py's probe_all): each runs the
+    checks it is asked (their exit codes and output come back), node 0 listens on a port the host has free and
+    node 1, probed next, connects to it; a dry run's request writes no reservation."""
+    from launcher.planning import rdzv_reservation
+    from launcher.planning.host_round import probe_all
+    from launcher.planning.rdzv_reservation import listen_request
+
+    monkeypatch.setattr(rdzv_reservation, "RESERVATION_DIR", str(tmp_path / "rdzv"))
+    listen = listen_request(addr="127.0.0.1", port=0, expect=1, seconds=10, any_free=True, run_id=None)
+    checks = [["sh", "-c", 'echo "checked $1"; exit 3', "check", "node"], ["/nonexistent/program"]]
+    outcomes = probe_all([ThisMachine(), ThisMachine()], ["node0", "node1"], sys.executable,
+                         checks=lambda index: checks[:index + 1], listen=listen)
+    node0, node1 = (o.value for o in outcomes)
+    assert node0 is not None and node1 is not None, [o.error for o in outcomes]
+    assert node0.listen is not None and node0.listen.startswith("listening ") and node0.addr == "127.0.0.1"
+    assert node1.connect == "ok" and node0.connect is None and node1.listen is None
+    assert [(c.exit_code, c.stdout) for c in node0.checks] == [(3, "checked node\n")]
+    assert node1.checks[1].exit_code == 127 and "/nonexistent/program" in node1.checks[1].stderr
+    assert node0.facts.python == platform.python_version() and node1.facts.cpus == os.cpu_count()
+    assert not (tmp_path / "rdzv").exists(), "a dry run's probe wrote a reservation"

@@ -121,8 +121,9 @@ exec python3 "$@"
     ("ship", '[ "$3" = manifest ]', "SIGTERM", "error: interrupted by SIGTERM while shipping the code to the hosts: "
                                                "nothing was started on any host; no run directory kept (it held only "
                                                "the plan)"),
-    # The last step of the probe: node 0's port is reserved and node 1 connects to it; the reservation goes too.
-    ("reserve", 'echo "$2" | grep -q create_connection', "SIGINT",
+    # The last step of the probe: node 0's port is reserved and node 1's probe, asked to connect to it, is held
+    # (its one argument is the probe's request); the reservation goes too.
+    ("reserve", """echo "$3" | grep -q '"connect": {'""", "SIGINT",
      "error: interrupted by Ctrl-C while probing the hosts: nothing was started on any host; no run directory was "
      "made"),
 ], ids=["ctrl-c-while-probing", "sigterm-while-shipping", "ctrl-c-once-the-port-is-reserved"])
