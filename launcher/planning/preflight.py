@@ -3,6 +3,7 @@ reach node 0's rendezvous address — checked before anything is started. `ddpct
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import math
 import shutil
@@ -87,7 +88,8 @@ def check_rendezvous_reachable(conns: list[HostConnection], labels: list[str], p
         return reached_port(outcomes, labels, addr, port)
     except BaseException:
         if reserve_for:  # refused (or interrupted) before anything ran: the reservation goes with it
-            release_reservation(conns[0], python, reserve_for, wait=0)
+            with contextlib.suppress(Exception):  # best effort: one left behind goes stale by rule
+                release_reservation(conns[0], python, reserve_for, wait=0)
         raise
 
 

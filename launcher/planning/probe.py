@@ -6,6 +6,7 @@ but for node 0's port reservation in a run that is not a dry run (released if th
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
@@ -108,8 +109,9 @@ def probe_hosts(session: HostSession, spec: RunSpec, options: UpOptions, choose_
                              connect_timeout=REACH_TIMEOUT, timeout=options.connect_timeout + 90)
         return _judged(spec, options, choose_runtime, chosen, session, outcomes, provider_hosts)
     except BaseException:
-        if listen is not None and run_id is not None:
-            release_reservation(conns[0], spec.python, run_id, wait=0)
+        if listen is not None and run_id is not None:  # best effort: one left behind goes stale by rule
+            with contextlib.suppress(Exception):
+                release_reservation(conns[0], spec.python, run_id, wait=0)
         raise
 
 

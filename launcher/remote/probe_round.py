@@ -14,6 +14,7 @@ JSON line. The program never fails on what it finds: the launcher judges the ans
 import contextlib
 import ipaddress
 import json
+import os
 import subprocess
 
 from launcher.remote import daemon, host_probe, rdzv_port
@@ -68,9 +69,14 @@ def main(argv: "list[str]") -> int:
         answer["listen"] = f"public {addr}"
         print(json.dumps(answer))
         return 0
+    run_id = str(listen.get("run_id") or "")
+    if run_id and os.getppid() == 1:  # orphaned: the launcher that asked left (interrupted); reserve nothing
+        answer["listen"] = "bind-failed: the launcher that asked for the port is gone"
+        print(json.dumps(answer))
+        return 0
     try:
         sock = rdzv_port.reserve(addr, int(listen["port"]), any_free=bool(listen.get("any_free")),
-                                 run_id=str(listen.get("run_id") or ""), path=str(listen["dir"]),
+                                 run_id=run_id, path=str(listen["dir"]),
                                  ttl=float(listen["ttl"]), workspace=str(listen.get("workspace") or ""))
     except rdzv_port.Refusal as refusal:
         answer["listen"] = str(refusal)
