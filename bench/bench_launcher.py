@@ -132,7 +132,7 @@ def main() -> None:
     for name, path in checkouts.items():
         commit = subprocess.run(["git", "-C", str(path), "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True).stdout.strip()
-        print(f"{name}: {path} (commit {commit or 'unknown'})")
+        print(f"{name}: commit {commit or 'unknown'}")
     print(f"{'':40} {'launch (s)':>11} {'1st step (s)':>13} {'pull (s)':>9} {'total (s)':>10} {'shipped (B)':>12}")
     loads = [os.getloadavg()]
     bed = Testbed("ddpbn", n_hosts=max(counts), host_python=True)
