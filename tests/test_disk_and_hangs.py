@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from launcher.execute.hang_watch import HangRule, RunWatch
-from launcher.execute.node_report import failure_notes
+from launcher.remote.node_report import failure_notes
 from launcher.planning.facts import HostFacts
 from launcher.planning.preflight import (
     LOG_ALLOWANCE,
@@ -25,7 +25,7 @@ from launcher.planning.preflight import (
 )
 from launcher.results.rundir import RunDir
 from launcher.runtimes.native import NodeState
-from launcher.runtimes.proctree import stop_tree
+from launcher.remote.proctree import stop_tree
 from launcher.spec.run_spec import RunSpec
 from tests.trainer_support import REPO, free_port
 

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from launcher.errors import HostError
-from launcher.execute.attribution import node_report
+from launcher.remote.attribution import node_report
 from launcher.execute.failure_cause import attribute, final_line
 from launcher.planning import rdzv_reservation
 from launcher.planning.preflight import check_rendezvous_reachable

@@ -33,7 +33,7 @@ from launcher.results.rundir import (
     write_json_atomic,
 )
 from launcher.runtimes.docker_hosts import ensure_image, local_image_id, registry_digest
-from launcher.runtimes.native import NodeState, OutputRequest, read_state, stop_node
+from launcher.runtimes.native import NodeState, OutputRequest, ask_node, read_state, stop_node
 from launcher.runtimes.start import runtime_of, start_node
 from launcher.transport import outputs
 from launcher.transport.hostsession import HostSession, target_from_json, target_to_json
@@ -199,7 +199,7 @@ def ship_code(session: HostSession, plan: RunPlan, run_dir: RunDir) -> None:
 
 def start_nodes(session: HostSession, plan: RunPlan, run_dir: RunDir) -> None:
     outcomes = run_on_hosts(list(range(len(plan.nodes))),
-                            lambda i: start_node(session.conn(i), plan.nodes[i], session.labels[i]),
+                            lambda i: start_node(session.conn(i), plan.nodes[i], session.labels[i], plan.spec.python),
                             timeout=60, label=session.label_of)
     for index, outcome in enumerate(outcomes):
         if outcome.error is None:
@@ -218,10 +218,10 @@ def poll_states(session: HostSession, run_dir: RunDir, outputs: list[OutputReque
                 key_changes: dict[int, str] | None = None) -> list[NodeState | None]:
     """Every node's state (with `outputs`, a worker's new output too); None for a node that cannot be reached.
     `key_changes` gets, by node, the refusal of a host whose key is not the one pinned (HOST KEY CHANGED)."""
-    workspaces = node_workspaces(run_dir)
+    workspaces, python = node_workspaces(run_dir), run_dir.spec().python
     wanted = outputs or [None] * len(workspaces)
     outcomes = run_on_hosts(list(range(len(workspaces))),
-                            lambda i: read_state(session.conn(i), workspaces[i], wanted[i]),
+                            lambda i: read_state(session.conn(i), workspaces[i], wanted[i], python),
                             timeout=45, label=session.label_of)
     states: list[NodeState | None] = []
     for index, outcome in enumerate(outcomes):
@@ -251,7 +251,7 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
     cause: dict[str, Any] | None = None
     stall_reported = False
     freshest = FreshestProgress(len(labels))
-    node_watch = RunWatch.on_hosts(session, run_dir)  # hangs, low disk, the first rank failure: told unasked
+    node_watch = RunWatch.for_run(labels, run_dir)  # hangs, low disk, the first rank failure: told unasked
     with run_progress(labels, enabled=show_progress) as progress:
         live = LiveOutput(run_dir, progress, show_output)  # rank 0's output, a script's progress, restarts
         stop_facts = _stop_facts(run_dir)  # what stops the nodes, should the run directory go
@@ -271,7 +271,9 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
                 raise DdpctlError(f"{refusal}; ddpctl no longer talks to node {index}, so the run goes on there "
                                   f"unseen: check the host, then `ddpctl status {run_dir.run_id}`, "
                                   f"`ddpctl down {run_dir.run_id}`")
-            stopped_outside = outside_stop(run_dir, states, labels)  # `ddpctl down`, a deleted workspace
+            stopped_outside = outside_stop(  # `ddpctl down`; a deleted workspace, its node stopped by its marks
+                run_dir, states, labels, lambda gone: [o.value if o.error is None else o.error
+                                                       for o in _stop_nodes(session, stop_facts, gone)])
             if stopped_outside is not None:
                 raise RunStopRequested(*stopped_outside)
             extra = watch() if watch else ""  # e.g. the live cost of rented machines, on node 0's line
@@ -305,7 +307,7 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
                 failed_reported = True
                 index, state = failed[0]
                 run_dir.event("node_failed", node=index, exit_code=state.exit_code)
-                cause = report_failure(session, run_dir, states, stop_all)  # stops the others, names the first
+                cause = report_failure(session, run_dir, states, stop_and_report)  # stops the others, names the first
                 continue  # poll again at once: the display then shows each node's outcome ("stopped", ...)
             if len(known) == len(states) and all(s.finished for s in known):
                 break
@@ -320,16 +322,33 @@ def stop_all(session: HostSession, run_dir: RunDir) -> None:
     run_dir.event("stopped", errors={o.label: str(o.error) for o in outcomes if o.error})
 
 
+def stop_and_report(session: HostSession, run_dir: RunDir, stop: bool) -> list[NodeState | None]:
+    """Every node's report of how it ended, each stopped first (with `stop`) in the same round trip (one per
+    node); None for a node that could not be asked."""
+    facts = _stop_facts(run_dir)
+    if stop:
+        outcomes = _stop_nodes(session, facts, report=True)
+        run_dir.event("stopped", errors={o.label: str(o.error) for o in outcomes if o.error})
+    else:
+        workspaces, python, _ = facts
+        outcomes = run_on_hosts(list(range(len(workspaces))),
+                                lambda i: ask_node(session.conn(i), workspaces[i], python, report=True),
+                                timeout=90, label=session.label_of)
+    return [o.value if o.error is None else None for o in outcomes]
+
+
 def _stop_facts(run_dir: RunDir) -> tuple[list[str], str, float]:
     """The nodes' workspaces, the hosts' python, and the stop grace for nodes that recorded none."""
     return node_workspaces(run_dir), run_dir.spec().python, runtime_of(run_dir.typed_record()).stop_grace_seconds
 
 
-def _stop_nodes(session: HostSession, facts: tuple[list[str], str, float]) -> list[Any]:
+def _stop_nodes(session: HostSession, facts: tuple[list[str], str, float], nodes: list[int] | None = None,
+                report: bool = False) -> list[Any]:
+    """Stop `nodes` (every node by default), one round trip each; each outcome's value is the node's state after."""
     workspaces, python, fallback = facts
-    return run_on_hosts(list(range(len(workspaces))),
-                        lambda i: stop_node(session.conn(i), workspaces[i], python, fallback),
-                        timeout=90, label=session.label_of)
+    return run_on_hosts(list(range(len(workspaces))) if nodes is None else nodes,
+                        lambda i: stop_node(session.conn(i), workspaces[i], python, None, fallback, report),
+                        timeout=90 + (30 if report else 0), label=session.label_of)
 
 
 def run_dir_deleted(session: HostSession, run_dir: RunDir, facts: tuple[list[str], str, float]) -> str:
