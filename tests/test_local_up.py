@@ -302,8 +302,8 @@ def test_pull_refuses_a_local_run_and_down_of_an_ended_one_has_nothing_to_stop(t
 
 
 def test_down_names_a_local_runs_pid_only_while_it_is_still_its_torchrun(tmp_path: Path) -> None:
-    from launcher.results.rundir import RunDir
     from launcher.remote.proctree import start_time
+    from launcher.results.rundir import RunDir
 
     victim = subprocess.Popen(["sleep", "60"])  # the process the system gave the run's pid to after it ended
     try:

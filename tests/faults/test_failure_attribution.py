@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from infra.testbed import Testbed, cleanup_stale
-from launcher.remote.attribution import explaining_lines, parse_failures
 from launcher.execute.failure_cause import attribute, cause_exit_code, shown_state
+from launcher.remote.attribution import explaining_lines, parse_failures
 from tests.testbed_fixtures import REPO, TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, run_ddpctl
 
 needs_testbed = pytest.mark.skipif(TESTBED_UNAVAILABLE, reason=TESTBED_SKIP_REASON)
