@@ -22,7 +22,8 @@ import pytest
 
 from launcher.execute.failure_cause import report_failure
 from launcher.execute.hang_watch import RunWatch
-from launcher.execute.on_hosts import poll_states, stop_and_report
+from launcher.execute.node_stops import stop_and_report
+from launcher.execute.on_hosts import poll_states
 from launcher.remote import attribution, node_report, node_start, node_state, node_stop, proctree, source_of
 from launcher.results.rundir import RunDir
 from launcher.runtimes.native import NodeState, encode_env, node_program, read_state, start_program, stop_node

@@ -16,6 +16,14 @@ from launcher.execute.failure_cause import cause_exit_code, report_failure, show
 from launcher.execute.hang_watch import RunWatch
 from launcher.execute.live_output import LiveOutput
 from launcher.execute.mpi_access import MpiAccess
+from launcher.execute.node_stops import (
+    node_workspaces,
+    run_dir_deleted,
+    stop_all,
+    stop_and_report,
+    stop_facts,
+    stop_nodes,
+)
 from launcher.execute.outside_stops import lost_contact_limit, lost_contact_line, outside_stop
 from launcher.execute.plain_progress import run_progress
 from launcher.execute.pull_record import pull_lock, write_pull_record
@@ -33,8 +41,8 @@ from launcher.results.rundir import (
     write_json_atomic,
 )
 from launcher.runtimes.docker_hosts import ensure_image, local_image_id, registry_digest
-from launcher.runtimes.native import NodeState, OutputRequest, ask_node, read_state, stop_node
-from launcher.runtimes.start import runtime_of, start_node
+from launcher.runtimes.native import NodeState, OutputRequest, read_state
+from launcher.runtimes.start import start_node
 from launcher.transport import outputs
 from launcher.transport.hostsession import HostSession, target_from_json, target_to_json
 from launcher.transport.parallel import raise_for_errors, run_on_hosts
@@ -210,10 +218,6 @@ def start_nodes(session: HostSession, plan: RunPlan, run_dir: RunDir) -> None:
         raise_for_errors(outcomes, "start")
 
 
-def node_workspaces(run_dir: RunDir) -> list[str]:
-    return [n["workspace"] for n in run_dir.record()["nodes"]]
-
-
 def poll_states(session: HostSession, run_dir: RunDir, outputs: list[OutputRequest | None] | None = None,
                 key_changes: dict[int, str] | None = None) -> list[NodeState | None]:
     """Every node's state (with `outputs`, a worker's new output too); None for a node that cannot be reached.
@@ -254,7 +258,7 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
     node_watch = RunWatch.for_run(labels, run_dir)  # hangs, low disk, the first rank failure: told unasked
     with run_progress(labels, enabled=show_progress) as progress:
         live = LiveOutput(run_dir, progress, show_output)  # rank 0's output, a script's progress, restarts
-        stop_facts = _stop_facts(run_dir)  # what stops the nodes, should the run directory go
+        facts = stop_facts(run_dir)  # what stops the nodes, should the run directory go
         while True:
             key_changes: dict[int, str] = {}
             try:
@@ -264,7 +268,7 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
             except DdpctlError:
                 if (run_dir.path / RUN_FILE).is_file():
                     raise
-                raise DdpctlError(run_dir_deleted(session, run_dir, stop_facts)) from None
+                raise DdpctlError(run_dir_deleted(session, run_dir, facts)) from None
             for index, refusal in key_changes.items():  # every retry would meet the same key: said at once
                 progress.update(index, None, "HOST KEY CHANGED")
                 run_dir.event("host_key_refused", node=index, error=refusal)
@@ -273,7 +277,7 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
                                   f"`ddpctl down {run_dir.run_id}`")
             stopped_outside = outside_stop(  # `ddpctl down`; a deleted workspace, its node stopped by its marks
                 run_dir, states, labels, lambda gone: [o.value if o.error is None else o.error
-                                                       for o in _stop_nodes(session, stop_facts, gone)])
+                                                       for o in stop_nodes(session, facts, gone)])
             if stopped_outside is not None:
                 raise RunStopRequested(*stopped_outside)
             extra = watch() if watch else ""  # e.g. the live cost of rented machines, on node 0's line
@@ -315,50 +319,6 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
     codes = [s.exit_code if s and s.exit_code is not None else 1 for s in states]
     run_dir.event("finished", exit_codes=codes)
     return cause_exit_code(cause, codes)
-
-
-def stop_all(session: HostSession, run_dir: RunDir) -> None:
-    outcomes = _stop_nodes(session, _stop_facts(run_dir))
-    run_dir.event("stopped", errors={o.label: str(o.error) for o in outcomes if o.error})
-
-
-def stop_and_report(session: HostSession, run_dir: RunDir, stop: bool) -> list[NodeState | None]:
-    """Every node's report of how it ended, each stopped first (with `stop`) in the same round trip (one per
-    node); None for a node that could not be asked."""
-    facts = _stop_facts(run_dir)
-    if stop:
-        outcomes = _stop_nodes(session, facts, report=True)
-        run_dir.event("stopped", errors={o.label: str(o.error) for o in outcomes if o.error})
-    else:
-        workspaces, python, _ = facts
-        outcomes = run_on_hosts(list(range(len(workspaces))),
-                                lambda i: ask_node(session.conn(i), workspaces[i], python, report=True),
-                                timeout=90, label=session.label_of)
-    return [o.value if o.error is None else None for o in outcomes]
-
-
-def _stop_facts(run_dir: RunDir) -> tuple[list[str], str, float]:
-    """The nodes' workspaces, the hosts' python, and the stop grace for nodes that recorded none."""
-    return node_workspaces(run_dir), run_dir.spec().python, runtime_of(run_dir.typed_record()).stop_grace_seconds
-
-
-def _stop_nodes(session: HostSession, facts: tuple[list[str], str, float], nodes: list[int] | None = None,
-                report: bool = False) -> list[Any]:
-    """Stop `nodes` (every node by default), one round trip each; each outcome's value is the node's state after."""
-    workspaces, python, fallback = facts
-    return run_on_hosts(list(range(len(workspaces))) if nodes is None else nodes,
-                        lambda i: stop_node(session.conn(i), workspaces[i], python, None, fallback, report),
-                        timeout=90 + (30 if report else 0), label=session.label_of)
-
-
-def run_dir_deleted(session: HostSession, run_dir: RunDir, facts: tuple[list[str], str, float]) -> str:
-    """The run directory went while `up` followed: stop every node (nothing can be recorded or pulled now) and
-    return the line that says so."""
-    failed = [f"{o.label} ({' '.join(str(o.error).split())[:200]})" for o in _stop_nodes(session, facts) if o.error]
-    stopped = f"could not stop {'; '.join(failed)}" if failed else "every node was stopped"
-    return (f"the run directory {run_dir.path} was deleted while `up` followed the run: {stopped}; nothing was "
-            f"pulled (there is nowhere to put it): what the nodes wrote stays on the hosts, in "
-            f"~/.ddpctl/runs/{run_dir.run_id}/")
 
 
 def pull_run(session: HostSession, run_dir: RunDir) -> list[dict[str, Any]]:

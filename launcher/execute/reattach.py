@@ -67,7 +67,8 @@ def pull_hosts(run_dir: RunDir, options: UpOptions) -> list[dict[str, Any]]:
 
 def stop_and_pull_hosts(run_dir: RunDir, options: UpOptions) -> None:
     """Stop every host node, then pull what it wrote (verified)."""
-    from launcher.execute.on_hosts import pull_run, reattach, stop_all
+    from launcher.execute.node_stops import stop_all
+    from launcher.execute.on_hosts import pull_run, reattach
     from launcher.planning.rdzv_reservation import release_on_node0
 
     with reattach(run_dir, options) as session:
