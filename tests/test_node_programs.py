@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import io
+import json
 import os
 import shlex
 import shutil
@@ -286,3 +287,19 @@ def test_a_stop_never_signals_a_process_that_took_a_recorded_pid(tmp_path: Path)
     finally:
         victim.send_signal(signal.SIGKILL)
         victim.wait()
+
+
+@pytest.mark.integration
+def test_the_node_gets_its_environment_file_and_the_workspace_paths_before_its_own(tmp_path: Path) -> None:
+    conn = HomeHere(tmp_path)
+    ws = tmp_path / "ws"
+    (ws / "code").mkdir(parents=True)
+    (ws / "env").write_bytes(encode_env((("PYTHONPATH", "/users/own"), ("K", "a\nb"))))
+    show = "import json, os; print(json.dumps([os.environ[k] for k in ('PYTHONPATH', 'K', 'DDPCTL_OUTPUT_DIR')]))"
+    result = conn.run([sys.executable, "-c", start_program(), "ws", "ws", "env", "2", sys.executable, "-c", show])
+    assert result.exit_code == 0, result
+    _wait_for("exit_code", lambda: (ws / "exit_code").exists())
+    real = os.path.realpath(ws)
+    assert json.loads((ws / "torchrun.out").read_text()) == [f"{real}/hook:{real}/code:/users/own", "a\nb",
+                                                              f"{real}/out"]
+    assert not (ws / "env").exists() and (ws / "exit_code").read_text() == "0\n"

@@ -86,7 +86,7 @@ def supervise(workspace: str, cwd: str, env_file: str, command: "list[str]") -> 
             env.update(decode_env(f.read()))
         os.remove(path)
     paths = [os.path.join(workspace, "hook"), os.path.join(workspace, "code")]
-    before = os.environb.get(b"PYTHONPATH")
+    before = env.get(b"PYTHONPATH")  # the node's own (its environment file's) first, as the user gave it
     env[b"PYTHONPATH"] = os.fsencode(os.pathsep.join(paths)) + (b":" + before if before else b"")
     env[b"DDPCTL_JOIN_DIR"] = os.fsencode(os.path.join(workspace, "logs", "joined"))
     try:
