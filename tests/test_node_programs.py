@@ -133,6 +133,8 @@ def test_one_round_trip_per_node_per_poll_and_per_failure(tmp_path: Path) -> Non
     run_dir, session, conns = _two_node_run(tmp_path)
     states = poll_states(session, run_dir)  # type: ignore[arg-type]
     assert [c.calls for c in conns] == [1, 1]
+    ended = (tmp_path / "ws0" / "exit_code").stat().st_mtime  # when node 0 ended comes with the poll too
+    assert states[0] is not None and states[0].exit_time is not None and abs(states[0].exit_time - ended) < 5
     watch = RunWatch.for_run(session.labels, run_dir)
     still = [states[0], NodeState(1, None, True, None)]  # node 1 still running when the failure was seen
     watch.poll(still, time.monotonic())

@@ -1,6 +1,6 @@
-"""Stopping the nodes of a run on hosts, each in one round trip (launcher/remote/node_stop.py by way of the node
-program): every node, some nodes (a deleted workspace), or every node with its report of how it ended (a failure),
-and the line for a run directory deleted while `up` followed."""
+"""Stopping a run's nodes on their hosts, each in one round trip (launcher/runtimes/native.py's stop: the node
+program, launcher/remote/node_stop.py): all of them, some of them (a deleted workspace), all of them with each
+one's report of how it ended (a failure), or all of them because the run directory went while `up` followed."""
 
 from __future__ import annotations
 
@@ -14,12 +14,28 @@ from launcher.transport.parallel import run_on_hosts
 
 
 def node_workspaces(run_dir: RunDir) -> list[str]:
-    return [n["workspace"] for n in run_dir.record()["nodes"]]
+    return [str(n["workspace"]) for n in run_dir.record()["nodes"]]
 
 
 def stop_all(session: HostSession, run_dir: RunDir) -> None:
+    """Stop every node (those that could not be stopped are named in the `stopped` event)."""
+    stop_every_node(session, run_dir)
+
+
+def stop_every_node(session: HostSession, run_dir: RunDir) -> dict[str, str]:
+    """Stop every node; the error of each that could not be stopped, by host label (also in the `stopped` event)."""
     outcomes = stop_nodes(session, stop_facts(run_dir))
-    run_dir.event("stopped", errors={o.label: str(o.error) for o in outcomes if o.error})
+    errors = {o.label: str(o.error) for o in outcomes if o.error}
+    run_dir.event("stopped", errors=errors)
+    return errors
+
+
+def stop_nodes_of(session: HostSession, run_dir: RunDir, nodes: list[int]) -> dict[int, str]:
+    """Stop these nodes only; the error of each that could not be stopped, by node."""
+    outcomes = stop_nodes(session, stop_facts(run_dir), nodes)
+    errors = {i: " ".join(str(o.error).split())[:200] for i, o in zip(nodes, outcomes, strict=True) if o.error}
+    run_dir.event("stopped", nodes=nodes, errors={session.label_of(i): why for i, why in errors.items()})
+    return errors
 
 
 def stop_and_report(session: HostSession, run_dir: RunDir, stop: bool) -> list[NodeState | None]:
@@ -43,7 +59,7 @@ def stop_facts(run_dir: RunDir) -> tuple[list[str], str, float]:
 
 
 def stop_nodes(session: HostSession, facts: tuple[list[str], str, float], nodes: list[int] | None = None,
-                report: bool = False) -> list[Any]:
+               report: bool = False) -> list[Any]:
     """Stop `nodes` (every node by default), one round trip each; each outcome's value is the node's state after."""
     workspaces, python, fallback = facts
     return run_on_hosts(list(range(len(workspaces))) if nodes is None else nodes,

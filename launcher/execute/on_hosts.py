@@ -15,6 +15,7 @@ from launcher.execute.before_start import nothing_started_if_interrupted
 from launcher.execute.failure_cause import cause_exit_code, report_failure, shown_state, teardown_outcome
 from launcher.execute.hang_watch import RunWatch
 from launcher.execute.live_output import LiveOutput
+from launcher.execute.lost_contact import ContactWatch, end_following, lost_contact_limit
 from launcher.execute.mpi_access import MpiAccess
 from launcher.execute.node_stops import (
     node_workspaces,
@@ -23,8 +24,9 @@ from launcher.execute.node_stops import (
     stop_and_report,
     stop_facts,
     stop_nodes,
+    stop_nodes_of,
 )
-from launcher.execute.outside_stops import lost_contact_limit, lost_contact_line, outside_stop
+from launcher.execute.outside_stops import outside_stop
 from launcher.execute.plain_progress import run_progress
 from launcher.execute.pull_record import pull_lock, write_pull_record
 from launcher.execute.restart_causes import finish_run_records
@@ -219,9 +221,11 @@ def start_nodes(session: HostSession, plan: RunPlan, run_dir: RunDir) -> None:
 
 
 def poll_states(session: HostSession, run_dir: RunDir, outputs: list[OutputRequest | None] | None = None,
-                key_changes: dict[int, str] | None = None) -> list[NodeState | None]:
+                key_changes: dict[int, str] | None = None,
+                errors: dict[int, str] | None = None) -> list[NodeState | None]:
     """Every node's state (with `outputs`, a worker's new output too); None for a node that cannot be reached.
-    `key_changes` gets, by node, the refusal of a host whose key is not the one pinned (HOST KEY CHANGED)."""
+    `key_changes` gets, by node, the refusal of a host whose key is not the one pinned (HOST KEY CHANGED);
+    `errors` why each node that gave no state could not be asked (one line)."""
     workspaces, python = node_workspaces(run_dir), run_dir.spec().python
     wanted = outputs or [None] * len(workspaces)
     outcomes = run_on_hosts(list(range(len(workspaces))),
@@ -233,6 +237,8 @@ def poll_states(session: HostSession, run_dir: RunDir, outputs: list[OutputReque
             session.drop(index)  # reconnect on the next poll
             if key_changes is not None and host_key_refused(outcome.error):
                 key_changes[index] = " ".join(str(outcome.error).split())
+            if errors is not None:
+                errors[index] = " ".join(str(outcome.error).split())
         states.append(outcome.value if outcome.error is None else None)
     return states
 
@@ -249,8 +255,9 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
     """Show progress until every node has ended; return 0, or the first failing node's exit code. With a
     `stall_timeout`, raise RunStopRequested once training has not moved for that many seconds."""
     labels = session.labels
-    lost_contact_seconds = lost_contact_seconds or lost_contact_limit()
-    last_seen = [time.monotonic()] * len(labels)
+    latest: list[NodeState | None] = [None] * len(labels)  # the exit time comes with the poll (no round trip)
+    contact = ContactWatch(run_dir, labels, lost_contact_seconds or lost_contact_limit(), run_dir.spec().launcher,
+                           lambda i: getattr(latest[i], "exit_time", None))
     failed_reported = False
     cause: dict[str, Any] | None = None
     stall_reported = False
@@ -286,6 +293,9 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
                 if state is not None:
                     freshest.observe(index, state.progress, now)
             node_watch.poll(states, now)
+            hung = node_watch.rule.last_move is not None and node_watch.rule.hung(now)
+            latest[:] = states
+            contact.observe(states, now, hung)
             stalled = freshest.stalled_for(now)
             if stalled is not None and not stall_reported:
                 run_dir.event("stalled", seconds=round(stalled))
@@ -296,12 +306,7 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
             for index, state in enumerate(states):
                 if state is None:
                     progress.update(index, None, "unreachable")
-                    if now - last_seen[index] > lost_contact_seconds:
-                        run_dir.event("lost_contact", node=index, seconds=round(lost_contact_seconds))
-                        raise DdpctlError(lost_contact_line(run_dir.run_id, index, labels, states,
-                                                            lost_contact_seconds))
                     continue
-                last_seen[index] = now
                 record = freshest.record(index)
                 notes = " ".join(n for n in (stall_note(stalled) if record else "", extra if index == 0 else "") if n)
                 progress.update(index, record, shown_state(cause, index, state.label), notes)
@@ -313,6 +318,10 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
                 run_dir.event("node_failed", node=index, exit_code=state.exit_code)
                 cause = report_failure(session, run_dir, states, stop_and_report)  # stops the others, names the first
                 continue  # poll again at once: the display then shows each node's outcome ("stopped", ...)
+            silent = contact.past_limit(now)
+            if silent is not None:  # never a silent wait: nodes that can only wait for it are stopped
+                end_following(contact, contact.give_up(silent, states, hung), lambda nodes: stop_nodes_of(
+                    session, run_dir, nodes), lambda: pull_run(session, run_dir))
             if len(known) == len(states) and all(s.finished for s in known):
                 break
             time.sleep(POLL_SECONDS)

@@ -8,14 +8,16 @@ The state: `pid`, `exit_code`, `alive`, `disk_free` (bytes free on the workspace
 newest logs/*/attempt_<N>: torchrun's restarts), `ended` (attempts N and N-1 whose workers failed: the note
 launcher/spec/attempt_logs.py wrote), `progress` (out/progress.json, only on global rank 0's node), `failures`
 and `last_logged` (launcher/remote/node_report.py), the requested output and its byte range, `gone` when the
-workspace is not there. Whether the node's process lives is asked before `exit_code` is read: the node writes
-exit_code and then ends, so read the other way round a node ending between the two reads would show neither."""
+workspace is not there, `exit_time` (when exit_code was written) and `now` on the host's clock. Whether the
+node's process lives is asked before `exit_code` is read: the node writes exit_code and then ends, so read the
+other way round a node ending between the two reads would show neither."""
 
 import contextlib
 import glob
 import json
 import os
 import sys
+import time
 
 from launcher.remote import attribution, node_report, node_stop, proctree
 
@@ -104,6 +106,8 @@ def state(workspace: str, output: "dict[str, object] | None" = None) -> "dict[st
     found: dict[str, object] = {"pid": pid, "alive": alive,
                                 "exit_code": int(code) if code.lstrip("-").isdigit() else None}
     with contextlib.suppress(OSError):
+        found["exit_time"] = os.stat(os.path.join(path, "exit_code")).st_mtime  # when the node ended
+    with contextlib.suppress(OSError):
         stats = os.statvfs(path)
         found["disk_free"] = stats.f_bavail * stats.f_frsize
     newest, folder = _attempts(path)
@@ -140,6 +144,7 @@ def answer(request: "dict[str, object]") -> "dict[str, object]":
         found["stopped"] = stopped
     if request.get("report") and not found.get("gone"):
         found["report"] = attribution.node_report(node_stop.workspace_path(workspace))
+    found["now"] = time.time()  # the host's clock, to put its times on the launcher's
     return found
 
 

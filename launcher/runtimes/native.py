@@ -107,6 +107,7 @@ class NodeState:
     report: dict[str, Any] | None = None  # how the node ended (launcher/remote/attribution.py), when asked
     stopped: dict[str, Any] | None = None  # what a stop asked in the same round trip did (node_stop.stop)
     answered_at: float | None = None  # this machine's time when the answer came (a report's clock offset)
+    exit_time: float | None = None  # when the node recorded its exit status, on this machine's clock
 
     @property
     def finished(self) -> bool:
@@ -149,7 +150,12 @@ def ask_node(conn: HostConnection, workspace: str, python: str = "python3", outp
     if not isinstance(found, dict):
         why = " ".join((result.stderr or result.stdout or f"exit {result.exit_code}").split()[-30:])
         raise HostError(getattr(conn, "label", "host"), f"the node program could not run with {python}: {why[:300]}")
-    return replace(node_state_of(found), answered_at=time.time())
+    answered = time.time()
+    state = replace(node_state_of(found), answered_at=answered)
+    host_now, ended = found.get("now"), found.get("exit_time")
+    if isinstance(host_now, (int, float)) and isinstance(ended, (int, float)):  # the error: the way back
+        state = replace(state, exit_time=ended + answered - host_now)
+    return state
 
 
 def node_state_of(found: dict[str, Any]) -> NodeState:
