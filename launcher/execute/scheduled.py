@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import DdpctlError, HostError, Interrupted
-from launcher.execute import interruption
-from launcher.execute.failure_cause import attribute, record_failure
+from launcher.execute import interruption, scheduled_end
+from launcher.execute.failure_cause import record_failure
 from launcher.execute.on_hosts import PULLED, TOP_LEVEL_FILES, _cache_key
 from launcher.execute.pull_record import pull_lock, write_pull_record
 from launcher.execute.shipment import trainer_source_dir
@@ -24,6 +24,7 @@ from launcher.results.progress import console
 from launcher.results.run_records import finish_records
 from launcher.results.rundir import RunDir, primary_node_out, read_json, write_bytes_atomic, write_json_atomic
 from launcher.schedulers.base import PENDING, RUNNING, JobStatus
+from launcher.schedulers.slurm.job_output import OomKill
 from launcher.schedulers.slurm.scheduler import SlurmScheduler, SlurmSubmit
 from launcher.spec.run_spec import RunSpec
 from launcher.transport import outputs
@@ -230,35 +231,30 @@ def finish_job(run_dir: RunDir, status: JobStatus) -> int:
     cost = {"queued_seconds": queued, "run_seconds": ran,
             "cpu_hours": round(status.cpus * ran / 3600, 4) if status.cpus and ran is not None else None,
             "gpu_hours": round(status.gpus * ran / 3600, 4) if status.gpus and ran is not None else None}
-    line = end_line(status, queued, ran)
+    oom = scheduled_end.step_oom(run_dir.path, status)
+    line = end_line(status, queued, ran, oom)
     run_dir.update_record(slurm={**run_dir.record()["slurm"], "status": status.to_json(), "end": line, **cost})
     run_dir.event("job_ended", state=status.state, exit_code=status.exit_code, line=line)
     finish_records(run_dir)
     console.print(line, markup=False, highlight=False)
     if status.state == "COMPLETED":
         return 0
-    labels = [f"node {k}" for k in range(run_dir.spec().nnodes)]
-    copies = [run_dir.path / "nodes" / str(k) for k in range(len(labels))]
-    from launcher.execute import attribution
-
-    reports = [attribution.node_report(str(c.resolve())) if (c / "torchrun.out").is_file() else None for c in copies]
-    ranks = attribute(reports, labels, python=run_dir.spec().python)
-    if status.state == "FAILED" and ranks is not None:  # the first failing rank, as on hosts
-        record_failure(run_dir, ranks)
-    else:  # Slurm ended it (time limit, cancel, a lost node...): that is the cause; the nodes' outcomes follow
-        record_failure(run_dir, {"summary": line, "node": None, "rank": None, "slurm_state": status.state,
-                                 "nodes": (ranks or {}).get("nodes", [])})
+    record_failure(run_dir, scheduled_end.job_failure(run_dir, status, line, oom))
     return 1
 
 
-def end_line(status: JobStatus, queued: float | None, ran: float | None) -> str:
+def end_line(status: JobStatus, queued: float | None, ran: float | None, oom: OomKill | None = None) -> str:
     """`job 12 COMPLETED (exit 0:0) after 41 s running, 2 s queued` and the like, one line per end state."""
     times = ", ".join(t for t in (f"{ran:.0f} s running" if ran is not None else "",
                                   f"{queued:.0f} s queued" if queued is not None else "") if t)
+    state = scheduled_end.named_state(status, oom)
     how = {"TIMEOUT": "hit its time limit", "NODE_FAIL": "lost a node", "OUT_OF_MEMORY": "ran out of memory",
-           "PREEMPTED": "was preempted", "CANCELLED": "was cancelled"}.get(status.state, "")
+           "PREEMPTED": "was preempted", "CANCELLED": "was cancelled"}.get(state, "")
+    if oom is not None and state == "OUT_OF_MEMORY":
+        how = f"step {oom.step} ran out of memory" + (f" on {oom.node}" if oom.node else "") + (
+            f" (Slurm's job state: {status.state})" if status.state != state else "")
     by = f" ({status.reason})" if status.state == "CANCELLED" and status.reason not in ("", "None") else ""
-    return (f"job {status.job_id} {status.state}" + (f": {how}{by}" if how else "") +
+    return (f"job {status.job_id} {state}" + (f": {how}{by}" if how else "") +
             f" (exit {status.exit_code or '?'})" + (f" after {times}" if times else ""))
 
 
