@@ -172,5 +172,8 @@ def test_a_held_job_waits_with_its_reason_then_runs_into_its_time_limit(slurm_cl
     assert f"job {job} TIMEOUT: hit its time limit" in shown and told.startswith(f"job {job} TIMEOUT")
     assert record["slurm"]["queued_seconds"] >= 3  # the time held is the time queued
     assert shown.strip().splitlines()[-1].startswith(f"error: training failed: {told}")
+    states = [e["state"] for e in map(json.loads, (run / "events.jsonl").read_text().splitlines())
+              if e["event"] == "job_state"]
+    assert states == ["PENDING", "RUNNING"], states
     ticks = [int(p.read_text()) for p in run.glob("nodes/*/out/ticks.txt")]
     assert ticks and ticks[0] >= 50  # it ran until Slurm ended it, about a minute after its start

@@ -91,7 +91,8 @@ def test_a_users_script_runs_on_two_nodes_and_its_outputs_come_back(slurm_cluste
 
 
 @pytest.mark.parametrize(("args", "named"), [
-    (("--partition", "nosuch"), "partition 'nosuch' does not exist on the cluster: choose one of debug, short, closed, low, high"),
+    (("--partition", "nosuch"),
+     "partition 'nosuch' does not exist on the cluster: choose one of debug, short, closed, low, high"),
     (("--partition", DOWN_PARTITION), f"partition {DOWN_PARTITION} is DOWN"),
     (("--partition", SHORT_PARTITION, "--time", "5"), f"--time 5 is over partition {SHORT_PARTITION}'s MaxTime"),
     (("--nodes", "3"), "partition debug has 2 node(s), not the 3 asked with --nodes"),

@@ -17,7 +17,9 @@ from launcher.errors import DdpctlError, HostError, Interrupted
 from launcher.execute import interruption, scheduled_end
 from launcher.execute.failure_cause import record_failure
 from launcher.execute.on_hosts import PULLED, TOP_LEVEL_FILES, _cache_key
+from launcher.execute.plain_progress import run_progress
 from launcher.execute.pull_record import pull_lock, write_pull_record
+from launcher.execute.scheduled_output import Rank0Output
 from launcher.execute.shipment import trainer_source_dir
 from launcher.planning.request import UpOptions, UpResult
 from launcher.results.progress import console
@@ -146,7 +148,17 @@ def write_script(conn: Connection, request: SlurmSubmit, run_dir: RunDir) -> Non
 
 def follow_job(scheduler: SlurmScheduler, conn: Connection, run_dir: RunDir, job_id: str,
                show_progress: bool = True) -> JobStatus:
-    """Poll until the job ends: say when it waits (Slurm's reason, time waited), starts, and how training goes."""
+    """Poll until the job ends: say when it waits (Slurm's reason, time waited), starts, and how training goes,
+    with rank 0's own output live under it (launcher/execute/scheduled_output.py)."""
+    remote_dir = run_dir.record()["slurm"]["remote_dir"]
+    spec = run_dir.spec()
+    display = run_progress([f"job {job_id}"] * spec.nnodes, enabled=show_progress)
+    with display:
+        return _poll_job(scheduler, conn, run_dir, job_id, show_progress, Rank0Output(spec, remote_dir, display))
+
+
+def _poll_job(scheduler: SlurmScheduler, conn: Connection, run_dir: RunDir, job_id: str, show_progress: bool,
+              rank0: Rank0Output) -> JobStatus:
     submitted, said, last_said_at = time.time(), "", 0.0
     remote_dir = run_dir.record()["slurm"]["remote_dir"]
     while True:
@@ -156,6 +168,7 @@ def follow_job(scheduler: SlurmScheduler, conn: Connection, run_dir: RunDir, job
         if status.state == PENDING:
             line = f"job {job_id} pending: {status.reason if status.reason not in ('', 'None') else 'waiting'}"
         elif status.state == RUNNING:
+            rank0.poll(conn, status.nodes)
             line = f"job {job_id} running on {status.nodes}" + _progress_text(conn, remote_dir)
         else:
             line = f"job {job_id} {status.state.lower()}"
@@ -163,6 +176,7 @@ def follow_job(scheduler: SlurmScheduler, conn: Connection, run_dir: RunDir, job
         if line != said or now - last_said_at > 30:
             if line.split(":")[0] != said.split(":")[0]:
                 run_dir.event("job_state", state=status.state, reason=status.reason, nodes=status.nodes)
+                rank0.job_state(status.state)
             if show_progress:
                 waited = f" (waited {now - submitted:.0f} s)" if status.state == PENDING else ""
                 console.print(line + waited, markup=False, highlight=False)
