@@ -85,10 +85,11 @@ def outcome(cluster: SlurmCluster, run: Path, cwd: Path) -> tuple[dict, str]:
     return record, answer["failure"]["summary"]
 
 
-def test_a_failing_rank_ends_the_job_failed_naming_that_rank_and_its_node(slurm_cluster: SlurmCluster,
-                                                                         tmp_path: Path) -> None:
+def test_a_failing_rank_restarts_then_ends_the_job_failed_naming_that_rank_and_its_node(
+        slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     (tmp_path / "job.py").write_text(JOB)
-    up = run_ddpctl(slurm_cluster.bed, *up_argv(slurm_cluster, "--", "python", "job.py", "fail"), cwd=tmp_path)
+    args = ("--max-restarts", "1", "--", "python", "job.py", "fail")
+    up = run_ddpctl(slurm_cluster.bed, *up_argv(slurm_cluster, *args), cwd=tmp_path)
     assert up.returncode == 1, up.stderr
     run = only_run(tmp_path / "runs")
     record, told = outcome(slurm_cluster, run, tmp_path)
@@ -101,7 +102,15 @@ def test_a_failing_rank_ends_the_job_failed_naming_that_rank_and_its_node(slurm_
     host = slurm_cluster.node_names[node]  # SLURM_NODEID k is the allocation's k-th node
     assert f"rank 1 on node {node} ({host}) exited with 1" in failure["summary"] and told == failure["summary"]
     assert up.stderr.strip().splitlines()[-1].startswith(f"error: training failed: {failure['summary']}")
-    assert "rank 1 gives up" in "".join(p.read_text() for p in run.glob(f"nodes/{node}/logs/**/stdout.log"))
+    # Restarts numbered as on hosts: every node's workers started twice, attempt_0 and attempt_1, both kept.
+    for k in (0, 1):
+        assert sorted(p.name for p in run.glob(f"nodes/{k}/logs/*/attempt_*")) == ["attempt_0", "attempt_1"]
+    status = json.loads(run_ddpctl(slurm_cluster.bed, "status", str(run), "--json", cwd=tmp_path).stdout)
+    assert [row["restarts"] for row in status["nodes"]] == [1, 1]
+    assert json.loads((run / "summary.json").read_text())["restarts"] == 1
+    for attempt in ("0", "1"):  # rank 1's own output in each attempt
+        logs = run_ddpctl(slurm_cluster.bed, "logs", str(run), "--rank", "1", "--attempt", attempt, cwd=tmp_path)
+        assert logs.returncode == 0 and "rank 1 gives up" in logs.stdout, logs.stderr
 
 
 @pytest.mark.skipif(not os.access("/sys/fs/cgroup/memory/cgroup.procs", os.W_OK),
