@@ -38,6 +38,11 @@ def test_oom_kill_notes_name_the_step_and_node() -> None:
     assert oom_kills("srun: error: ddpslt5h2: task 1: Exited with exit code 1\n") == []
     assert oom_kills("slurmstepd: error: Detected 2 oom-kill event(s) in StepId=9.batch. Some ...") == \
         [OomKill("9.batch", None, 2)]
+    # jobacct_gather/linux with OverMemoryKill, as Slurm 22.05 wrote it on the test cluster (--mem=100M)
+    over = oom_kills("slurmstepd-n1: error: StepId=1.0 exceeded memory limit (118730752 > 104857600), being killed\n"
+                     "slurmstepd-n1: error: Exceeded job memory limit\n")
+    assert over == [OomKill("1.0", "n1", 1, "118730752 > 104857600")]
+    assert over[0].text == "Slurm step 1.0 on n1 exceeded its memory limit (118730752 > 104857600 bytes) and was killed"
 
 
 def test_a_step_killed_for_memory_is_named_out_of_memory_with_slurms_own_state_beside_it() -> None:

@@ -13,13 +13,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from launcher.errors import DdpctlError, HostError, Interrupted
+from launcher.errors import DdpctlError, HostError, Interrupted, PlanError
 from launcher.execute import interruption, scheduled_end
 from launcher.execute.failure_cause import record_failure
 from launcher.execute.on_hosts import PULLED, TOP_LEVEL_FILES, _cache_key
 from launcher.execute.plain_progress import run_progress
 from launcher.execute.pull_record import pull_lock, write_pull_record
 from launcher.execute.scheduled_output import Rank0Output
+from launcher.execute.scheduled_plan import MAKE_ONE, plan_json
 from launcher.execute.shipment import trainer_source_dir
 from launcher.planning.request import UpOptions, UpResult
 from launcher.results.progress import console
@@ -47,18 +48,25 @@ def scheduler_for(options: UpOptions) -> SlurmScheduler:
     return SlurmScheduler(options.slurm, options.hosts[0].label)
 
 
-def run_scheduled(spec: RunSpec, options: UpOptions) -> UpResult:
-    """Submit the run to the scheduler and (unless --detach) follow it to its end state, then pull."""
+def run_scheduled(spec: RunSpec, options: UpOptions, saved_script: str | None = None) -> UpResult:
+    """Submit the run to the scheduler and (unless --detach) follow it to its end state, then pull. `saved_script`:
+    the batch script of a saved plan (`up --plan`), which the cluster must give again to be submitted."""
     scheduler = scheduler_for(options)
     if options.dry_run and not options.probe:
-        _print_request(scheduler.submit_dryrun(spec, None), options)
-        return UpResult(None, 0, None)
+        unprobed = scheduler.submit_dryrun(spec, None)
+        _print_request(unprobed, options)
+        return UpResult(None, 0, None, scheduled_plan=plan_json(spec, scheduler.request, scheduler.login,
+                                                                 unprobed.to_json()))
     with HostSession.open(options) as session:
         conn = session.conn(0)
         request = scheduler.submit_dryrun(spec, conn)  # refusals (one line) come before anything is written
         if options.dry_run:
             _print_request(request, options)
-            return UpResult(None, 0, None)
+            return UpResult(None, 0, None, scheduled_plan=plan_json(spec, scheduler.request, scheduler.login,
+                                                                     request.to_json()))
+        if saved_script is not None and request.script != saved_script:
+            raise PlanError("the cluster no longer gives the saved plan's batch script (its partition, workdir or "
+                            f"facts changed): {MAKE_ONE}")
         fields = {**options.record, "provider": "slurm", "hosts": [target_to_json(t) for t in session.targets],
                   "ssh": session.settings_json(), "slurm": {"login": request.login, "remote_dir": request.remote_dir}}
         run_dir = RunDir.create(options.runs_dir, spec, fields)

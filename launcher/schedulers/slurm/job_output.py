@@ -1,5 +1,6 @@
 """What Slurm itself says about a job, read as text (pure): the hostlist of its allocation, and the oom-kill notes
-that slurmstepd writes to the job's own output (`slurm-<job>.out`) when task/cgroup's memory limit killed a process.
+that slurmstepd writes to the job's own output (`slurm-<job>.out`) when task/cgroup's memory limit killed a process
+(or, with jobacct_gather's OverMemoryKill, when it killed a step over its memory).
 
 A process killed in an `srun` step for lack of memory leaves the job FAILED in Slurm 22.05 (the step's own state,
 OUT_OF_MEMORY, is kept only by accounting); only a batch step killed so ends the job OUT_OF_MEMORY. slurmstepd's
@@ -10,6 +11,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+# jobacct_gather's OverMemoryKill (clusters without task/cgroup): the step is killed by slurmstepd itself.
+_OVER_LIMIT_NOTE = re.compile(r"^slurmstepd(?:-(?P<node>[^:\s]+))?: error: StepId=(?P<step>[0-9]+\.[A-Za-z0-9_]+) "
+                              r"exceeded memory limit \((?P<used>\d+) > (?P<limit>\d+)\)", re.MULTILINE)
 _OOM_NOTE = re.compile(r"^slurmstepd(?:-(?P<node>[^:\s]+))?: error: Detected (?P<count>\d+) oom[-_]kill event\(s\) "
                        r"in StepId=(?P<step>[0-9]+\.[A-Za-z0-9_]+)", re.MULTILINE)
 
@@ -21,16 +25,22 @@ class OomKill:
     step: str
     node: str | None
     count: int
+    over_limit: str = ""  # OverMemoryKill's "USED > LIMIT" bytes, where slurmstepd killed the step itself
 
     @property
     def text(self) -> str:
         where = f" on {self.node}" if self.node else ""
+        if self.over_limit:
+            return f"Slurm step {self.step}{where} exceeded its memory limit ({self.over_limit} bytes) and was killed"
         return f"{self.count} oom-kill event(s) in Slurm step {self.step}{where}"
 
 
 def oom_kills(job_output: str) -> list[OomKill]:
-    """The oom-kill notes in a job's output, in the order written."""
-    return [OomKill(m["step"], m["node"], int(m["count"])) for m in _OOM_NOTE.finditer(job_output)]
+    """The oom-kill notes in a job's output (and OverMemoryKill's), in the order written."""
+    found = [(m.start(), OomKill(m["step"], m["node"], int(m["count"]))) for m in _OOM_NOTE.finditer(job_output)]
+    found += [(m.start(), OomKill(m["step"], m["node"], 1, f"{m['used']} > {m['limit']}"))
+              for m in _OVER_LIMIT_NOTE.finditer(job_output)]
+    return [kill for _, kill in sorted(found, key=lambda item: item[0])]
 
 
 def expand_hostlist(hostlist: str) -> list[str]:
