@@ -185,4 +185,5 @@ def test_a_held_job_waits_with_its_reason_then_runs_into_its_time_limit(slurm_cl
               if e["event"] == "job_state"]
     assert states == ["PENDING", "RUNNING"], states
     ticks = [int(p.read_text()) for p in run.glob("nodes/*/out/ticks.txt")]
-    assert ticks and ticks[0] >= 50  # it ran until Slurm ended it, about a minute after its start
+    assert ticks and ticks[0] >= 3  # what rank 0 wrote came back
+    assert record["slurm"]["run_seconds"] >= 60  # it ran until Slurm ended it, past its one minute
