@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from launcher.execute import attribution
 from launcher.execute.failure_cause import attribute
+from launcher.remote import attribution
 from launcher.results.rundir import RunDir
 from launcher.schedulers.base import JobStatus
 from launcher.schedulers.slurm.job_output import OomKill, expand_hostlist, oom_kills
