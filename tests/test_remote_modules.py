@@ -26,14 +26,18 @@ REMOTE = Path(launcher.remote.__file__).parent
 
 
 def test_remote_modules_need_only_the_standard_library() -> None:
-    """Sent as source to a host that has only its python: no launcher or third-party import, and no
-    `from __future__` (it must open a file, and the source is sent ahead of a script)."""
+    """Sent as source to a host that has only its python: no third-party import, no launcher import but of this
+    package's modules (sent with it, launcher/remote/program.py), and no `from __future__` (it must open a file,
+    and the source is sent ahead of a script)."""
     for path in sorted(REMOTE.glob("*.py")):
         if path.name == "__init__.py":
             continue  # the launcher's side: reads the modules' text
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if isinstance(node, ast.ImportFrom) and node.module == "launcher.remote":
+                assert all((REMOTE / f"{a.name}.py").is_file() or a.name == "source_of" for a in node.names)
+                continue
             for name in names:
                 assert name.split(".")[0] in sys.stdlib_module_names and name != "__future__", (path.name, name)
 
