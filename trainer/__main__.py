@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from trainer import failure
+from trainer import failure, requeue
 from trainer.models import MODELS
 from trainer.strategies import STRATEGIES, StrategyOptions, check_runnable, run_strategy
 from trainer.strategies.options import (
@@ -177,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     options = dataclasses.replace(options, load_at_start=os.getloadavg())
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
+        if options.name in requeue.STRATEGIES:  # the batch job's signal before its time limit: save and stop
+            requeue.arm_from_environment()
         check_runnable(options)
         choose_algorithms(config.deterministic)  # before setup: cuBLAS reads its workspace setting when it starts
         run_strategy(config, backend, data_dir, options)
