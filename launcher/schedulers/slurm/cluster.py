@@ -10,37 +10,15 @@ import re
 from dataclasses import dataclass
 
 from launcher.errors import DdpctlError, HostError, SpecError
+from launcher.remote import login_probe, source_of
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.slurm_request import SlurmRequest, time_minutes
 from launcher.transport.ssh import Connection
 
 DEFAULT_WORKDIR = "~/.ddpctl/slurm"
 QUERY_TIMEOUT = 60
-# Run by the login node's --python: the workdir expanded there ($SCRATCH, ~), whether it is writable, its free
-# space, and whether torch is installed for it (the interpreter the nodes will run, on the same shared file system).
-LOGIN_PROBE = r"""
-import json, os, shutil, sys, tempfile
-workdir = os.path.abspath(os.path.expanduser(os.path.expandvars(sys.argv[1])))
-out = {"home": os.path.expanduser("~"), "workdir": workdir, "python": sys.executable}
-try:
-    os.makedirs(workdir, exist_ok=True)
-    tempfile.TemporaryFile(dir=workdir).close()
-    out["writable"] = True
-    out["free"] = shutil.disk_usage(workdir).free
-except OSError as e:
-    out["writable"] = False
-    out["why"] = e.strerror or str(e)
-# Found, not imported: importing torch takes seconds on a busy login node, and the nodes import it anyway.
-import importlib.metadata, importlib.util
-if importlib.util.find_spec("torch") is None:
-    out["torch_error"] = "No module named 'torch'"
-else:
-    try:
-        out["torch"] = importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        out["torch"] = "unknown version"
-print(json.dumps(out))
-"""
+# Run by the login node's --python (launcher/remote/login_probe.py): the workdir there, and torch for it.
+LOGIN_PROBE = source_of(login_probe)
 
 
 @dataclass(frozen=True)
