@@ -18,7 +18,8 @@ How the signal travels, and why this way (docs/guides/slurm.md, "Training past t
 The job appends its own record to requeue/chain in the run's folder, one line per event, `COUNT EVENT UNIXTIME
 [DETAIL]` (COUNT: requeues before this allocation, Slurm's SLURM_RESTART_COUNT): start (DETAIL: its nodes),
 signal, end (DETAIL: srun's status), requeue, norequeue (scontrol requeue failed), spent (the last allowed requeue
-was used). After spent or norequeue the job ends with EXIT_REQUEUES_SPENT. ddpctl reads it to follow the chain and to count allocations, time queued and trained."""
+was used). After spent or norequeue the job ends with EXIT_REQUEUES_SPENT. ddpctl reads it to follow the chain
+and to count allocations, time queued and trained."""
 
 from __future__ import annotations
 
@@ -83,7 +84,7 @@ def batch_run_lines(srun_line: str, request: SlurmRequest, trainer: bool) -> lis
         '    echo "ddpctl: scontrol requeue failed: the job ends here, its snapshot saved"',
         "  else",
         f'    echo "$DDPCTL_REQUEUE_COUNT spent $(date +%s)" >> {CHAIN_FILE}',
-        f'    echo "ddpctl: the time limit came after {n} requeue(s) (--max-requeues {n}): stopped, its snapshot saved"',
+        f'    echo "ddpctl: the time limit came after {n} requeue(s) (--max-requeues {n}): stopped, snapshot saved"',
         "  fi",
         f"  exit {EXIT_REQUEUES_SPENT}",
         "fi",
