@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from trainer import failure, requeue
+from trainer.determinism import choose_algorithms
 from trainer.models import MODELS
 from trainer.strategies import STRATEGIES, StrategyOptions, check_runnable, run_strategy
 from trainer.strategies.options import (
@@ -21,7 +22,7 @@ from trainer.strategies.options import (
     parse_average_every,
     parse_devices,
 )
-from trainer.trainer import PRECISIONS, TrainConfig, choose_algorithms
+from trainer.trainer import PRECISIONS, TrainConfig
 
 
 class _OneLineParser(argparse.ArgumentParser):

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import DdpctlError, HostError, Interrupted
-from launcher.execute import interruption
+from launcher.execute import interruption, scheduled_chain
 from launcher.execute.failure_cause import attribute, record_failure
 from launcher.execute.on_hosts import PULLED, TOP_LEVEL_FILES, _cache_key
 from launcher.execute.pull_record import pull_lock, write_pull_record
@@ -57,7 +57,9 @@ def run_scheduled(spec: RunSpec, options: UpOptions) -> UpResult:
             _print_request(request, options)
             return UpResult(None, 0, None)
         fields = {**options.record, "provider": "slurm", "hosts": [target_to_json(t) for t in session.targets],
-                  "ssh": session.settings_json(), "slurm": {"login": request.login, "remote_dir": request.remote_dir}}
+                  "ssh": session.settings_json(), "slurm": {"login": request.login, "remote_dir": request.remote_dir,
+                                                     **({"max_requeues": request.job.request.max_requeues}
+                                                        if request.job.request.requeue else {})}}
         run_dir = RunDir.create(options.runs_dir, spec, fields)
         write_json_atomic(run_dir.path / REQUEST_FILE, request.to_json())
         with interruption_before_submit(run_dir):
@@ -148,14 +150,26 @@ def follow_job(scheduler: SlurmScheduler, conn: Connection, run_dir: RunDir, job
     """Poll until the job ends: say when it waits (Slurm's reason, time waited), starts, and how training goes."""
     submitted, said, last_said_at = time.time(), "", 0.0
     remote_dir = run_dir.record()["slurm"]["remote_dir"]
+    most = scheduled_chain.max_requeues(run_dir)
+    chain = scheduled_chain.RequeueWatch(job_id, most) if most else None
     while True:
         status = scheduler.describe(conn, job_id)
         if status.finished and status.state != "UNKNOWN":
             return status
+        if chain is not None:
+            scheduled_chain.note_submit_time(run_dir, status)
+            requeued = chain.requeued_line(status)
+            if requeued:
+                run_dir.event("requeued", job_id=job_id, requeues=status.restarts, max_requeues=most)
+                if show_progress:
+                    console.print(requeued, markup=False, highlight=False)
+                submitted = time.time()  # the next allocation's wait starts now
+        allocation = chain.allocation(status) if chain is not None else ""
         if status.state == PENDING:
-            line = f"job {job_id} pending: {status.reason if status.reason not in ('', 'None') else 'waiting'}"
+            line = (f"job {job_id}{allocation} pending: "
+                    f"{status.reason if status.reason not in ('', 'None') else 'waiting'}")
         elif status.state == RUNNING:
-            line = f"job {job_id} running on {status.nodes}" + _progress_text(conn, remote_dir)
+            line = f"job {job_id}{allocation} running on {status.nodes}" + _progress_text(conn, remote_dir)
         else:
             line = f"job {job_id} {status.state.lower()}"
         now = time.time()
@@ -213,7 +227,8 @@ def pull_job(conn: Connection, run_dir: RunDir) -> list[dict[str, Any]]:
             stats.append(merged)
             run_dir.event("pulled", node=node, **merged)
         write_pull_record(run_dir.path, [f"node {k}" for k in range(spec.nnodes)], list(stats), [None] * len(stats))
-        pull_tree(conn, remote_dir, run_dir.path, include=["/slurm-*.out"], missing_ok=True, python=spec.python)
+        pull_tree(conn, remote_dir, run_dir.path, include=["/slurm-*.out", scheduled_chain.PULLED], missing_ok=True,
+                  python=spec.python)
         primary = primary_node_out(run_dir.path, spec.nnodes)
         for name in TOP_LEVEL_FILES:
             if primary and (primary / name).is_file():
@@ -230,7 +245,12 @@ def finish_job(run_dir: RunDir, status: JobStatus) -> int:
     cost = {"queued_seconds": queued, "run_seconds": ran,
             "cpu_hours": round(status.cpus * ran / 3600, 4) if status.cpus and ran is not None else None,
             "gpu_hours": round(status.gpus * ran / 3600, 4) if status.gpus and ran is not None else None}
-    line = end_line(status, queued, ran)
+    line, spent = end_line(status, queued, ran), False
+    most = scheduled_chain.max_requeues(run_dir)
+    if most:  # a chain of allocations: counted over all of them, and the outcome once no requeue was left
+        cost, chain = scheduled_chain.cost(run_dir, status, scheduled_chain.submit_time(run_dir))
+        saved = scheduled_chain.saved_text(run_dir, bool(run_dir.spec().user_command))
+        line, spent = scheduled_chain.end_line(status, cost, chain, most, saved), scheduled_chain.spent(status, chain)
     run_dir.update_record(slurm={**run_dir.record()["slurm"], "status": status.to_json(), "end": line, **cost})
     run_dir.event("job_ended", state=status.state, exit_code=status.exit_code, line=line)
     finish_records(run_dir)
@@ -243,11 +263,12 @@ def finish_job(run_dir: RunDir, status: JobStatus) -> int:
 
     reports = [attribution.node_report(str(c.resolve())) if (c / "torchrun.out").is_file() else None for c in copies]
     ranks = attribute(reports, labels, python=run_dir.spec().python)
-    if status.state == "FAILED" and ranks is not None:  # the first failing rank, as on hosts
+    if status.state == "FAILED" and ranks is not None and not spent:  # the first failing rank, as on hosts
         record_failure(run_dir, ranks)
     else:  # Slurm ended it (time limit, cancel, a lost node...): that is the cause; the nodes' outcomes follow
         record_failure(run_dir, {"summary": line, "node": None, "rank": None, "slurm_state": status.state,
-                                 "nodes": (ranks or {}).get("nodes", [])})
+                                 "nodes": (ranks or {}).get("nodes", []),
+                                 **({"requeues_spent": most} if spent else {})})
     return 1
 
 

@@ -15,12 +15,13 @@ from torch import nn
 
 from trainer import failure
 from trainer.data import DataSplits, load_dataset
+from trainer.determinism import seed_rng
 from trainer.distributed import DistContext
 from trainer.errors import DataError
 from trainer.models import build_model
 from trainer.requeue import StoppedForRequeue
 from trainer.strategies.options import StrategyOptions, node_cores
-from trainer.trainer import TrainConfig, Trainer, seed_rng
+from trainer.trainer import TrainConfig, Trainer
 
 TrainerFactory = Callable[[TrainConfig, DistContext, DataSplits, nn.Module], Trainer]
 

@@ -25,12 +25,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from launcher.spec.run_spec import RunSpec
 from launcher.spec.slurm_request import SlurmRequest, time_minutes
 
 SIGNAL = "USR1"
 NOTICE_MAX_SECONDS = 300  # asked this long before the limit, or half the limit when that is shorter
 EXIT_REQUEUES_SPENT = 75  # sysexits' EX_TEMPFAIL: stopped for want of time, its snapshot saved; not a failure
 CHAIN_FILE = "requeue/chain"
+TRAINER_STRATEGIES = ("ddp",)  # as trainer/requeue.py's STRATEGIES
 FLAG_FILE = "requeue/signalled"
 
 
@@ -39,6 +41,22 @@ def notice_seconds(request: SlurmRequest) -> int:
     up to that much earlier; half a one-minute limit still leaves 30 s between the signal and the end."""
     assert request.time is not None
     return int(min(NOTICE_MAX_SECONDS, time_minutes(request.time) * 60 / 2))
+
+
+def plan_fields(request: SlurmRequest) -> dict[str, object] | None:
+    """What the plan records of it (None: the job ends at its time limit)."""
+    if not request.requeue:
+        return None
+    return {"max_requeues": request.max_requeues, "signal": SIGNAL, "notice_seconds": notice_seconds(request),
+            "directives": directives(request)}
+
+
+def refusal(spec: RunSpec, request: SlurmRequest) -> str:
+    """Why this run cannot be requeued (empty: it can): our trainer stops mid-epoch with the ddp strategy only."""
+    if request.requeue and not spec.user_command and spec.strategy not in TRAINER_STRATEGIES:
+        return (f"--requeue with --strategy {spec.strategy}: only the ddp strategy stops and resumes mid-epoch on the "
+                "time limit's signal; drop --requeue or use --strategy ddp")
+    return ""
 
 
 def directives(request: SlurmRequest) -> list[str]:
