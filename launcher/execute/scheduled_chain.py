@@ -35,6 +35,12 @@ def submit_time(run_dir: RunDir) -> float | None:
     return float(submitted[0]["time"]) if submitted and "time" in submitted[0] else None
 
 
+def requeues_text(run_dir: RunDir, status: JobStatus) -> str:
+    """` (requeued 1/3)` for `status` once a requeued run's job was requeued; empty otherwise."""
+    most = max_requeues(run_dir)
+    return f" (requeued {status.restarts}/{most})" if most and status.restarts else ""
+
+
 def chain_of(run_dir: RunDir) -> Chain:
     path = run_dir.path / CHAIN_FILE
     return Chain.parse(path.read_text(errors="replace")) if path.is_file() else Chain()
