@@ -178,8 +178,8 @@ class Trainer:
             global_step = (epoch - 1) * self.steps_per_epoch + step + 1
             if global_step == kill_step:
                 os.kill(os.getpid(), signal.SIGKILL)
-            while global_step == hang_step:
-                time.sleep(3600)
+            while global_step == hang_step and not (self.stop is not None and self.stop.asked):
+                time.sleep(3600 if self.stop is None else 0.5)  # a hung step still hears a requeue's signal
             batch = order[step * cfg.batch_size : (step + 1) * cfg.batch_size]
             if self.graphed is not None and len(batch) == cfg.batch_size:
                 self.graphed.replay(batch)

@@ -17,6 +17,7 @@ from launcher.errors import DdpctlError, HostError, Interrupted
 from launcher.execute import interruption, scheduled_chain
 from launcher.execute.failure_cause import attribute, record_failure
 from launcher.execute.on_hosts import PULLED, TOP_LEVEL_FILES, _cache_key
+from launcher.execute.plain_progress import plain_output
 from launcher.execute.pull_record import pull_lock, write_pull_record
 from launcher.execute.shipment import trainer_source_dir
 from launcher.planning.request import UpOptions, UpResult
@@ -161,7 +162,7 @@ def follow_job(scheduler: SlurmScheduler, conn: Connection, run_dir: RunDir, job
             requeued = chain.requeued_line(status)
             if requeued:
                 run_dir.event("requeued", job_id=job_id, requeues=status.restarts, max_requeues=most)
-                if show_progress:
+                if show_progress and not plain_output():  # plain output tells the event itself
                     console.print(requeued, markup=False, highlight=False)
                 submitted = time.time()  # the next allocation's wait starts now
         allocation = chain.allocation(status) if chain is not None else ""
