@@ -187,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         # One line (a traceback first for what is not a TrainerError); with a process group up, it is aborted
         # and this process ends here, which releases every peer at once.
         return failure.leave(exc)
+    finally:
+        requeue.disarm()  # a signal while Python shuts down would meet the default action, which ends the process
     failure.discard()
     return 0
 

@@ -70,5 +70,15 @@ def arm_from_environment() -> StopRequest | None:
     return _current
 
 
+def disarm() -> None:
+    """Ignore the signal again before the process ends: CPython's shutdown puts a handler it installed back to
+    the default action (which ends the process, with a status torchrun reports as a failure), not to the ignored
+    disposition the process started with."""
+    if _current is not None:
+        signum = getattr(signal, f"SIG{_current.signal_name.removeprefix('SIG')}", None)
+        if isinstance(signum, signal.Signals):
+            signal.signal(signum, signal.SIG_IGN)
+
+
 def current() -> StopRequest | None:
     return _current
