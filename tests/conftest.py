@@ -18,6 +18,7 @@ by the programs the suite starts."""
 
 import signal
 
+from tests.faults.fault_support import stop_leftover_ups  # noqa: F401
 from tests.interruption_fixtures import run_dir  # noqa: F401
 from tests.network_isolation import isolate_from_internet
 from tests.session_leaks import pytest_sessionfinish, pytest_sessionstart  # noqa: F401

@@ -1,12 +1,14 @@
 """A followed run ended from outside `up`, on the test bed (one host, a tiny long run each): `ddpctl down` from a
 second terminal makes `up` say the run was stopped by down; a workspace deleted on its host ends `up` with a line
-that says so (not "not started" for ever); a host key that changes mid-run is named HOST KEY CHANGED by `up` and
-by `status`; a ship that fails leaves no run directory and says nothing was started. Each asserts the user's line
-and, where ddpctl can know them, that no run process is left."""
+that says so (not "not started" for ever); a host key that changes mid-run is named HOST KEY CHANGED by `up`,
+`status`, `logs` and `down` (which stops nothing it cannot reach, and says so); a ship that fails leaves no run
+directory and says nothing was started. Each asserts the user's line and, where ddpctl can know them, that no run
+process is left."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -90,9 +92,10 @@ def test_lost_contact_says_what_is_unknown_and_how_to_stop_every_node(bed: Testb
         host.link_up()
     assert code == 1, err
     run = up.run.name
-    assert last_line(err) == (f"error: lost contact with node 0 ({host.spec}) for 5 s: whether it still runs is "
-                              f"unknown (it may have ended); see `ddpctl status {run}`, fetch what was written with "
-                              f"`ddpctl pull {run}`, or stop every node with `ddpctl down {run}`"), err
+    assert re.fullmatch(rf"error: lost contact with node 0 \({re.escape(host.spec)}\): no answer since "
+                        r"\d\d:\d\d:\d\d \(5 s\), so what it does is unknown \(it may have ended, or run on\); "
+                        rf"see `ddpctl status {run}`, fetch what was written with `ddpctl pull {run}`, or stop every "
+                        rf"node with `ddpctl down {run}`", last_line(err)), err
     down = ddpctl(bed, "down", str(up.run))  # what the line says to do
     assert down.returncode == 0, down.stderr
     assert_nothing_left_running(bed.hosts)
@@ -146,8 +149,33 @@ def test_a_host_key_changed_mid_run_is_named_by_up_and_status(bed: Testbed, tmp_
     code, err = up.finish(timeout=120)
     assert code == 1, err
     assert "HOST KEY CHANGED" in last_line(err) and "the run goes on there unseen" in last_line(err), err
-    status = ddpctl(bed, "status", str(up.run))
-    assert "HOST KEY CHANGED" in status.stdout + status.stderr
-    for pid in [int(line.split()[0]) for line in running_processes(bed.hosts[0]).splitlines()]:
-        os.kill(pid, signal.SIGKILL)  # ddpctl rightly refuses to talk to the host now: ended here, by pid
+    run = up.run.name
+    try:
+        status = ddpctl(bed, "status", str(up.run))
+        assert status.returncode == 0, status.stderr
+        told = " ".join((status.stdout + status.stderr).split())  # the state, then host, refusal, what to do
+        assert f"node 0: {host.spec}: HOST KEY CHANGED for " in told and "ssh-keygen -R" in told, status.stderr
+        assert f"Until then ddpctl does not talk to it: the node's state is unknown and `ddpctl down {run}` cannot " \
+               "stop it" in told
+        status_json = ddpctl(bed, "status", str(up.run), "--json")
+        assert '"state": "HOST KEY CHANGED"' in status_json.stdout and "HOST KEY CHANGED for" in status_json.stdout
+        logs = ddpctl(bed, "logs", str(up.run))
+        assert logs.returncode == 1 and last_line(logs.stderr).startswith(f"error: {host.spec}: HOST KEY CHANGED "
+                                                                          "for "), logs.stderr
+        assert "ssh-keygen -R" in logs.stderr
+        down = ddpctl(bed, "down", str(up.run))
+        assert down.returncode == 1, down.stderr
+        line = " ".join(last_line(down.stderr).split())
+        assert line.startswith(f"error: could not stop 1 of 1 node(s) of run {run}: node 0: {host.spec}: HOST KEY "
+                               "CHANGED for "), down.stderr
+        assert line.endswith(f"such a node may still run: `ddpctl down {run}` again stops it once it can be reached; "
+                             f"nothing could be pulled from it: `ddpctl pull {run}` fetches it later"), down.stderr
+        assert running_processes(host), "down must not claim a stop it could not make"
+        bed.write_known_hosts()  # what the line says: the host was reinstalled, its new key is checked and pinned
+        down = ddpctl(bed, "down", str(up.run))
+        assert down.returncode == 0, down.stderr
+        assert_nothing_left_running(bed.hosts)
+    finally:
+        for pid in [int(line.split()[0]) for line in running_processes(bed.hosts[0]).splitlines()]:
+            os.kill(pid, signal.SIGKILL)  # a failed assertion above must leave nothing behind
 

@@ -77,7 +77,7 @@ def odd_run(bed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> OddRun:
     project, runs = root / "project", root / "runs"
     project.mkdir()
     (project / "make_odd.py").write_text(ODD_SCRIPT)
-    result = run_ddpctl(bed, "up", "--host", bed.hosts[0].spec, "--gpus", "1", "--runs-dir", str(runs),
+    result = run_ddpctl(bed, "up", "--host", bed.hosts[0].spec, "--gpus", "1", "--runs-dir", str(runs), "--json",
                         "--", "python3", "make_odd.py", cwd=project, timeout=300)
     (run,) = [p for p in runs.iterdir() if p.is_dir()]
     return OddRun(bed, run, Path(bed.hosts[0].home, ".ddpctl", "runs", run.name, "out"), result)
@@ -102,6 +102,24 @@ def test_unreadable_files_are_named_and_everything_else_comes_back_verified(odd_
     assert node["escaped"] == [{"path": "out/caf\\xe9.txt", "host_name": repr("out/caf\udce9.txt")}]
     assert sorted(item["path"] for item in node["not_pulled"]) == ["out/locked", "out/secret.bin"]
     assert not list(run.rglob(f"*{PART_MARK}*"))
+
+
+def test_up_json_carries_what_could_not_be_pulled_per_file_and_what_down_will_do(odd_run: OddRun) -> None:
+    result, run = odd_run.result, odd_run.run
+    assert result.returncode == 0, result.stderr
+    printed = json.loads(result.stdout)  # --json: one JSON document on stdout, the line on stderr as without it
+    assert printed["exit_code"] == 0 and printed["run_dir"] == str(run)
+    pull = printed["pull"]
+    assert pull["complete"] is False and pull["failed_nodes"] == []
+    assert sorted((item["node"], item["host"], item["path"], item["reason"]) for item in pull["not_pulled"]) == [
+        (0, odd_run.bed.hosts[0].spec, "out/locked", "the host cannot list the folder: Permission denied"),
+        (0, odd_run.bed.hosts[0].spec, "out/secret.bin", "the host cannot read it: Permission denied"),
+    ]
+    assert pull["down"] == (f"`ddpctl down {run.name}` pulls again and leaves what it cannot pull on the hosts, in "
+                            f"~/.ddpctl/runs/{run.name}/")
+    assert pull["record"] == str(run / PULL_RECORD)
+    (line,) = [line for line in unstamped(result.stderr).splitlines() if line.startswith("pull incomplete")]
+    assert pull["line"] == line
 
 
 def test_files_become_readable_or_a_file_turns_into_a_folder_between_pulls(odd_run: OddRun) -> None:

@@ -128,8 +128,12 @@ def finish_up(result: Any, json_out: bool) -> None:
                               f"{result.error}")
         return
     if json_out:
-        print(json.dumps({"run_dir": str(result.run_dir), "exit_code": result.exit_code,
-                          "summary": result.summary}, indent=2, sort_keys=True))
+        from launcher.execute.pull_record import pull_json
+        from launcher.results.rundir import read_json
+
+        pull = pull_json(result.run_dir, read_json(result.run_dir / "run.json") or {}) if result.run_dir else None
+        print(json.dumps({"run_dir": str(result.run_dir), "exit_code": result.exit_code, "summary": result.summary,
+                          **({"pull": pull} if pull else {})}, indent=2, sort_keys=True))
     elif result.summary:
         with unstamped():  # the same table as on a terminal
             console.print(summary_table(result.summary, f"run {result.run_dir.name}"))

@@ -78,6 +78,9 @@ def status(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, json_out: bool 
         table.add_row(str(row["node"]), str(row["host"]), str(row["state"]), exit_code, epoch,
                       str(row.get("restarts", "-")), *([_autostop_cell(row)] if watchdogs else []))
     console.print(table)
+    for row in rows:  # a node that could not be asked: why (HOST KEY CHANGED: what to do)
+        if row.get("error"):
+            console.print(f"node {row['node']}: {row['error']}", markup=False, highlight=False, soft_wrap=True)
     for entry in told:
         cause = entry["cause"]["summary"] if entry.get("cause") else "cause not recorded"
         console.print(f"restart {entry['attempt']}: {cause}", markup=False, highlight=False, soft_wrap=True)

@@ -15,8 +15,10 @@ from launcher.execute.before_start import nothing_started_if_interrupted
 from launcher.execute.failure_cause import cause_exit_code, report_failure, shown_state, teardown_outcome
 from launcher.execute.hang_watch import RunWatch
 from launcher.execute.live_output import LiveOutput
+from launcher.execute.lost_contact import ContactWatch, end_following, lost_contact_limit, recorded_exit_time
 from launcher.execute.mpi_access import MpiAccess
-from launcher.execute.outside_stops import lost_contact_limit, lost_contact_line, outside_stop
+from launcher.execute.node_stops import run_dir_deleted, stop_all, stop_facts, stop_nodes_of
+from launcher.execute.outside_stops import outside_stop
 from launcher.execute.plain_progress import run_progress
 from launcher.execute.pull_record import pull_lock, write_pull_record
 from launcher.execute.restart_causes import finish_run_records
@@ -33,8 +35,8 @@ from launcher.results.rundir import (
     write_json_atomic,
 )
 from launcher.runtimes.docker_hosts import ensure_image, local_image_id, registry_digest
-from launcher.runtimes.native import NodeState, OutputRequest, read_state, stop_node
-from launcher.runtimes.start import runtime_of, start_node
+from launcher.runtimes.native import NodeState, OutputRequest, read_state
+from launcher.runtimes.start import start_node
 from launcher.transport import outputs
 from launcher.transport.hostsession import HostSession, target_from_json, target_to_json
 from launcher.transport.parallel import raise_for_errors, run_on_hosts
@@ -215,9 +217,11 @@ def node_workspaces(run_dir: RunDir) -> list[str]:
 
 
 def poll_states(session: HostSession, run_dir: RunDir, outputs: list[OutputRequest | None] | None = None,
-                key_changes: dict[int, str] | None = None) -> list[NodeState | None]:
+                key_changes: dict[int, str] | None = None,
+                errors: dict[int, str] | None = None) -> list[NodeState | None]:
     """Every node's state (with `outputs`, a worker's new output too); None for a node that cannot be reached.
-    `key_changes` gets, by node, the refusal of a host whose key is not the one pinned (HOST KEY CHANGED)."""
+    `key_changes` gets, by node, the refusal of a host whose key is not the one pinned (HOST KEY CHANGED);
+    `errors` why each node that gave no state could not be asked (one line)."""
     workspaces = node_workspaces(run_dir)
     wanted = outputs or [None] * len(workspaces)
     outcomes = run_on_hosts(list(range(len(workspaces))),
@@ -229,6 +233,8 @@ def poll_states(session: HostSession, run_dir: RunDir, outputs: list[OutputReque
             session.drop(index)  # reconnect on the next poll
             if key_changes is not None and host_key_refused(outcome.error):
                 key_changes[index] = " ".join(str(outcome.error).split())
+            if errors is not None:
+                errors[index] = " ".join(str(outcome.error).split())
         states.append(outcome.value if outcome.error is None else None)
     return states
 
@@ -244,9 +250,9 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
            stall_timeout: float = 0.0, show_output: bool = True) -> int:
     """Show progress until every node has ended; return 0, or the first failing node's exit code. With a
     `stall_timeout`, raise RunStopRequested once training has not moved for that many seconds."""
-    labels = session.labels
-    lost_contact_seconds = lost_contact_seconds or lost_contact_limit()
-    last_seen = [time.monotonic()] * len(labels)
+    labels, workspaces = session.labels, node_workspaces(run_dir)
+    contact = ContactWatch(run_dir, labels, lost_contact_seconds or lost_contact_limit(), run_dir.spec().launcher,
+                           lambda i: recorded_exit_time(session.conn(i), workspaces[i]))  # silent nodes: the truth
     failed_reported = False
     cause: dict[str, Any] | None = None
     stall_reported = False
@@ -254,7 +260,7 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
     node_watch = RunWatch.on_hosts(session, run_dir)  # hangs, low disk, the first rank failure: told unasked
     with run_progress(labels, enabled=show_progress) as progress:
         live = LiveOutput(run_dir, progress, show_output)  # rank 0's output, a script's progress, restarts
-        stop_facts = _stop_facts(run_dir)  # what stops the nodes, should the run directory go
+        facts = stop_facts(run_dir)  # what stops the nodes, should the run directory go
         while True:
             key_changes: dict[int, str] = {}
             try:
@@ -264,7 +270,7 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
             except DdpctlError:
                 if (run_dir.path / RUN_FILE).is_file():
                     raise
-                raise DdpctlError(run_dir_deleted(session, run_dir, stop_facts)) from None
+                raise DdpctlError(run_dir_deleted(session, run_dir, facts)) from None
             for index, refusal in key_changes.items():  # every retry would meet the same key: said at once
                 progress.update(index, None, "HOST KEY CHANGED")
                 run_dir.event("host_key_refused", node=index, error=refusal)
@@ -280,6 +286,8 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
                 if state is not None:
                     freshest.observe(index, state.progress, now)
             node_watch.poll(states, now)
+            hung = node_watch.rule.last_move is not None and node_watch.rule.hung(now)
+            contact.observe(states, now, hung)
             stalled = freshest.stalled_for(now)
             if stalled is not None and not stall_reported:
                 run_dir.event("stalled", seconds=round(stalled))
@@ -290,12 +298,7 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
             for index, state in enumerate(states):
                 if state is None:
                     progress.update(index, None, "unreachable")
-                    if now - last_seen[index] > lost_contact_seconds:
-                        run_dir.event("lost_contact", node=index, seconds=round(lost_contact_seconds))
-                        raise DdpctlError(lost_contact_line(run_dir.run_id, index, labels, states,
-                                                            lost_contact_seconds))
                     continue
-                last_seen[index] = now
                 record = freshest.record(index)
                 notes = " ".join(n for n in (stall_note(stalled) if record else "", extra if index == 0 else "") if n)
                 progress.update(index, record, shown_state(cause, index, state.label), notes)
@@ -307,39 +310,16 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
                 run_dir.event("node_failed", node=index, exit_code=state.exit_code)
                 cause = report_failure(session, run_dir, states, stop_all)  # stops the others, names the first
                 continue  # poll again at once: the display then shows each node's outcome ("stopped", ...)
+            silent = contact.past_limit(now)
+            if silent is not None:  # never a silent wait: nodes that can only wait for it are stopped
+                end_following(contact, contact.give_up(silent, states, hung), lambda nodes: stop_nodes_of(
+                    session, run_dir, nodes), lambda: pull_run(session, run_dir))
             if len(known) == len(states) and all(s.finished for s in known):
                 break
             time.sleep(POLL_SECONDS)
     codes = [s.exit_code if s and s.exit_code is not None else 1 for s in states]
     run_dir.event("finished", exit_codes=codes)
     return cause_exit_code(cause, codes)
-
-
-def stop_all(session: HostSession, run_dir: RunDir) -> None:
-    outcomes = _stop_nodes(session, _stop_facts(run_dir))
-    run_dir.event("stopped", errors={o.label: str(o.error) for o in outcomes if o.error})
-
-
-def _stop_facts(run_dir: RunDir) -> tuple[list[str], str, float]:
-    """The nodes' workspaces, the hosts' python, and the stop grace for nodes that recorded none."""
-    return node_workspaces(run_dir), run_dir.spec().python, runtime_of(run_dir.typed_record()).stop_grace_seconds
-
-
-def _stop_nodes(session: HostSession, facts: tuple[list[str], str, float]) -> list[Any]:
-    workspaces, python, fallback = facts
-    return run_on_hosts(list(range(len(workspaces))),
-                        lambda i: stop_node(session.conn(i), workspaces[i], python, fallback),
-                        timeout=90, label=session.label_of)
-
-
-def run_dir_deleted(session: HostSession, run_dir: RunDir, facts: tuple[list[str], str, float]) -> str:
-    """The run directory went while `up` followed: stop every node (nothing can be recorded or pulled now) and
-    return the line that says so."""
-    failed = [f"{o.label} ({' '.join(str(o.error).split())[:200]})" for o in _stop_nodes(session, facts) if o.error]
-    stopped = f"could not stop {'; '.join(failed)}" if failed else "every node was stopped"
-    return (f"the run directory {run_dir.path} was deleted while `up` followed the run: {stopped}; nothing was "
-            f"pulled (there is nowhere to put it): what the nodes wrote stays on the hosts, in "
-            f"~/.ddpctl/runs/{run_dir.run_id}/")
 
 
 def pull_run(session: HostSession, run_dir: RunDir) -> list[dict[str, Any]]:

@@ -4,8 +4,6 @@ with one line that names it (never "training failed ... SIGTERM", never "not sta
 
 from __future__ import annotations
 
-import math
-import os
 from collections.abc import Sequence
 
 from launcher.results.rundir import RunDir
@@ -33,28 +31,3 @@ def outside_stop(run_dir: RunDir, states: Sequence[NodeState | None], labels: Se
     if down_requested(run_dir, states):
         return f"run {run_dir.run_id} was stopped by `ddpctl down` (from another terminal)", "down"
     return None
-
-
-LOST_CONTACT_ENV = "DDPCTL_LOST_CONTACT"  # seconds without an answer before `up` gives up following (tests: fewer)
-LOST_CONTACT_SECONDS = 180.0
-
-
-def lost_contact_limit() -> float:
-    """LOST_CONTACT_SECONDS, or the positive number of seconds LOST_CONTACT_ENV gives."""
-    try:
-        seconds = float(os.environ.get(LOST_CONTACT_ENV, ""))
-    except ValueError:
-        return LOST_CONTACT_SECONDS
-    return seconds if math.isfinite(seconds) and seconds > 0 else LOST_CONTACT_SECONDS
-
-
-def lost_contact_line(run_id: str, node: int, labels: Sequence[str], states: Sequence[NodeState | None],
-                      seconds: float) -> str:
-    """The line `up` ends with when a node has not answered for `seconds`: what is not known about it (it may
-    have ended, or go on), what the others do (they may be waiting for it), and how to stop them all."""
-    others = [f"node {i} ({labels[i]}) is {state.label}" for i, state in enumerate(states)
-              if i != node and state is not None]
-    waiting = f"; {', '.join(others)} (it may be waiting for node {node})" if others else ""
-    return (f"lost contact with node {node} ({labels[node]}) for {seconds:.0f} s: whether it still runs is unknown "
-            f"(it may have ended){waiting}; see `ddpctl status {run_id}`, fetch what was written with `ddpctl pull "
-            f"{run_id}`, or stop every node with `ddpctl down {run_id}`")

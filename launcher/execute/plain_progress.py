@@ -123,7 +123,8 @@ def say(text: str) -> None:
 
 
 # Events whose news another line already gives (the hang watch's, a restart's with its cause, the provider's own).
-_TOLD_ELSEWHERE = ("rank_failed", "hang", "low_disk", "teardown_failed", "failure_attributed", "restarted")
+_TOLD_ELSEWHERE = ("rank_failed", "hang", "low_disk", "teardown_failed", "failure_attributed", "restarted",
+                   "contact_lost", "contact_back", "lost_contact")
 
 
 def describe_event(event: dict[str, Any]) -> str | None:

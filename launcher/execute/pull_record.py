@@ -61,32 +61,55 @@ def write_pull_record(run_path: Path, labels: list[str], stats: list[dict[str, A
 def incomplete_pull_line(run_path: Path, record: dict[str, Any], after_down: bool = False) -> str | None:
     """One line naming what the last pull could not bring back and what `down` will do about it (`after_down`:
     what it did); None when it brought back everything (or no pull was recorded)."""
+    statement = incomplete_pull(run_path, record, after_down)
+    return None if statement is None else str(statement["line"])
+
+
+def incomplete_pull(run_path: Path, record: dict[str, Any], after_down: bool = False) -> dict[str, Any] | None:
+    """What the last pull could not bring back, for `--json` output: `not_pulled` ([{node, host, path, reason}]),
+    `failed_nodes` ([{node, host, error}]: nothing came back), `down` (what `down` will do about it, or did),
+    `record` (pull.json) and `line` (the same in one line); None when it brought back everything."""
     pulled = read_json(run_path / PULL_RECORD)
     if not isinstance(pulled, dict) or pulled.get("complete", True):
         return None
-    missing = [(n["node"], item["path"], item["reason"]) for n in pulled.get("nodes", [])
-               for item in n.get("not_pulled", [])]
-    failed = [(n["node"], n["host"], n["error"]) for n in pulled.get("nodes", []) if n.get("error")]
-    parts = [f"node {node} ({host}): nothing came back ({' '.join(str(why).split())[:200]})"
-             for node, host, why in failed]
-    parts += [f"node {node} {path!r}: {reason}" for node, path, reason in missing[:NAMED]]
+    nodes = [n for n in pulled.get("nodes", []) if isinstance(n, dict)]
+    missing = [{"node": n["node"], "host": n["host"], "path": item["path"], "reason": item["reason"]}
+               for n in nodes for item in n.get("not_pulled", [])]
+    failed = [{"node": n["node"], "host": n["host"], "error": n["error"]} for n in nodes if n.get("error")]
+    parts = [f"node {f['node']} ({f['host']}): nothing came back ({' '.join(str(f['error']).split())[:200]})"
+             for f in failed]
+    parts += [f"node {m['node']} {m['path']!r}: {m['reason']}" for m in missing[:NAMED]]
     if len(missing) > NAMED:
         parts.append(f"and {len(missing) - NAMED} more")
     count = f"{len(missing)} file{'' if len(missing) == 1 else 's'}"
-    run_id = run_path.name
-    if record.get("provider") == "vast":
-        down = (f"`ddpctl down {run_id}` destroys the machines once the rest is verified, and what was not "
-                "pulled with them")
-        if after_down:
-            down = "what was not pulled is gone with the machines" if record.get("released_at") else ""
-    elif after_down:
-        down = f"what was not pulled stays on the hosts, in ~/.ddpctl/runs/{run_id}/"
-    else:
-        down = (f"`ddpctl down {run_id}` pulls again and leaves what it cannot pull on the hosts, in "
-                f"~/.ddpctl/runs/{run_id}/")
+    down = _what_down_does(run_path.name, record, after_down)
     what = f"{count} not pulled" if missing else "a node's pull failed"
-    return f"pull incomplete, {what}: {'; '.join(parts)} (all listed in {run_path / PULL_RECORD})" + (
+    line = f"pull incomplete, {what}: {'; '.join(parts)} (all listed in {run_path / PULL_RECORD})" + (
         f"; {down}" if down else "")
+    return {"complete": False, "not_pulled": missing, "failed_nodes": failed, "down": down or None,
+            "record": str(run_path / PULL_RECORD), "line": line}
+
+
+def pull_json(run_path: Path, record: dict[str, Any]) -> dict[str, Any] | None:
+    """The last pull for `up --json`: incomplete_pull's statement, `{"complete": true, "record": ...}`, or None
+    when no pull was recorded (a local run)."""
+    statement = incomplete_pull(run_path, record)
+    if statement is None and (run_path / PULL_RECORD).is_file():
+        return {"complete": True, "record": str(run_path / PULL_RECORD)}
+    return statement
+
+
+def _what_down_does(run_id: str, record: dict[str, Any], after_down: bool) -> str:
+    """What `down` does (`after_down`: did) about files a pull could not bring back."""
+    if record.get("provider") == "vast":
+        if after_down:
+            return "what was not pulled is gone with the machines" if record.get("released_at") else ""
+        return (f"`ddpctl down {run_id}` destroys the machines once the rest is verified, and what was not "
+                "pulled with them")
+    if after_down:
+        return f"what was not pulled stays on the hosts, in ~/.ddpctl/runs/{run_id}/"
+    return (f"`ddpctl down {run_id}` pulls again and leaves what it cannot pull on the hosts, in "
+            f"~/.ddpctl/runs/{run_id}/")
 
 
 def files_not_pulled(run_path: Path) -> int:

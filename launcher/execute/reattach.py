@@ -29,8 +29,9 @@ def host_status_rows(run_dir: RunDir, options: UpOptions) -> list[dict[str, Any]
     from launcher.execute.on_hosts import poll_states, reattach
 
     key_changes: dict[int, str] = {}
+    errors: dict[int, str] = {}
     with reattach(run_dir, options) as session:
-        states = poll_states(session, run_dir, key_changes=key_changes)
+        states = poll_states(session, run_dir, key_changes=key_changes, errors=errors)
     rows = []
     pulled = node_restarts(run_dir)  # for a node that cannot be asked: what its pulled logs say
     for index, state in enumerate(states):
@@ -40,8 +41,18 @@ def host_status_rows(run_dir: RunDir, options: UpOptions) -> list[dict[str, Any]
                                                          else "unreachable"),
                      "exit_code": state.exit_code if state else None,
                      "epoch": progress.get("epoch"), "epochs": progress.get("epochs"),
-                     "restarts": pulled[index] if state is None or state.attempt is None else state.attempt})
+                     "restarts": pulled[index] if state is None or state.attempt is None else state.attempt,
+                     **({"error": unanswered(run_dir.run_id, errors[index], index in key_changes)}
+                        if index in errors else {})})
     return rows
+
+
+def unanswered(run_id: str, error: str, key_refused: bool) -> str:
+    """Why a node gave no state, and what that leaves unknown (a host refused for its key: what to do)."""
+    if key_refused:
+        return (f"{error}. Until then ddpctl does not talk to it: the node's state is unknown and `ddpctl down "
+                f"{run_id}` cannot stop it")
+    return f"{error}; the node's state is unknown: ask again with `ddpctl status {run_id}`"
 
 
 def local_status_rows(run_dir: RunDir) -> list[dict[str, Any]]:
@@ -66,16 +77,36 @@ def pull_hosts(run_dir: RunDir, options: UpOptions) -> list[dict[str, Any]]:
 
 
 def stop_and_pull_hosts(run_dir: RunDir, options: UpOptions) -> None:
-    """Stop every host node, then pull what it wrote (verified)."""
-    from launcher.execute.on_hosts import pull_run, reattach, stop_all
+    """Stop every host node, then pull what it wrote (verified). A node that could not be stopped (unreachable,
+    its host key changed) is named with why and what to do, after the others were stopped and pulled."""
+    from launcher.execute.node_stops import stop_every_node
+    from launcher.execute.on_hosts import pull_run, reattach
     from launcher.planning.rdzv_reservation import release_on_node0
 
+    pull_error = None
     with reattach(run_dir, options) as session:
         run_dir.event(DOWN_EVENT)  # an `up` following the run says it was stopped by down, not that it failed
-        stop_all(session, run_dir)
+        not_stopped = stop_every_node(session, run_dir)
         release_on_node0(session, run_dir.spec().python, run_dir.run_id)  # a detached run's rendezvous port
-        pull_run(session, run_dir)
+        try:
+            pull_run(session, run_dir)
+        except DdpctlError as e:
+            if not not_stopped:
+                raise
+            pull_error = e
+        labels = session.labels
     finish_run_records(run_dir)
+    if not_stopped:
+        nodes = [(labels.index(label), why) for label, why in not_stopped.items()]
+        named = "; ".join(f"node {i}: {' '.join(why.split())}" for i, why in sorted(nodes))
+        others = len(labels) - len(nodes)
+        pulled = f"what the other node(s) wrote is pulled to {run_dir.path}" if others else \
+            f"nothing could be pulled from it: `ddpctl pull {run_dir.run_id}` fetches it later"
+        if pull_error is not None and others:
+            pulled = f"the pull failed too ({' '.join(str(pull_error).split())[:300]})"
+        raise DdpctlError(f"could not stop {len(nodes)} of {len(labels)} node(s) of run {run_dir.run_id}: {named}; "
+                          f"such a node may still run: `ddpctl down {run_dir.run_id}` again stops it once it can be "
+                          f"reached{'; the others were stopped' if others else ''}; {pulled}")
 
 
 def print_host_log(run_dir: RunDir, node: int, lines: int, follow: bool, options: UpOptions) -> None:

@@ -14,9 +14,11 @@ import sys
 import termios
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from infra.testbed import Testbed, TestHost
 from tests.testbed_fixtures import REPO
@@ -54,6 +56,7 @@ class Up:
         argv = [sys.executable, "-m", "launcher", "up", "-i", bed.client_key_path, *host_args, "--runs-dir",
                 str(runs), *args]
         self.terminal: Terminal | None = None
+        STARTED.append(self)
         if terminal:
             self.terminal = Terminal(self.err_path)
             self.proc = self.terminal.start(argv, env)
@@ -94,6 +97,23 @@ class Up:
                 self.proc.wait()
         return self.proc.returncode, self.err_path.read_text(errors="replace")
 
+    def stop_if_running(self) -> None:
+        """After its test: an `up` still running (the test failed before it ended it) is stopped as a user stops
+        it (SIGTERM: every node stopped and pulled), killed if that takes over a minute; then whatever of the run
+        is still on a host is killed, so that one failing test does not fail the next ones on the shared bed."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.terminal is not None and not self.terminal.closed.is_set():
+            self.terminal.close()
+        for host in self.hosts:
+            if running_processes(host):
+                host.run_as_user(["pkill", "-KILL", "-u", host.user, "-f", RUN_PROCESSES], check=False)
+
     def node_pid(self, node: int) -> int:
         """The pid of the node's command wrapper (the `pid` file): torchrun is its child."""
         return int(wait_for("the node's pid file", lambda: _read(self.workspace(node) / "pid")))
@@ -102,6 +122,18 @@ class Up:
         """torchrun's pid on a node."""
         wrapper = self.node_pid(node)
         return int(wait_for("torchrun", lambda: _children(wrapper)))
+
+
+# Every `up` a test started, stopped after the test if it still runs (`stop_leftover_ups`).
+STARTED: list[Up] = []
+
+
+@pytest.fixture(autouse=True)
+def stop_leftover_ups() -> Iterator[None]:
+    """An `up` a test left running (it failed half-way) is stopped before the next test."""
+    yield
+    while STARTED:
+        STARTED.pop().stop_if_running()
 
 
 class Terminal:

@@ -1,0 +1,56 @@
+"""Stopping a run's nodes on their hosts (launcher/runtimes/native.py's stop, on each node at once): all of them,
+some of them, or all of them because the run directory went while `up` followed the run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from launcher.results.rundir import RunDir
+from launcher.runtimes.native import stop_node
+from launcher.runtimes.start import runtime_of
+from launcher.transport.hostsession import HostSession
+from launcher.transport.parallel import run_on_hosts
+
+
+def stop_all(session: HostSession, run_dir: RunDir) -> None:
+    """Stop every node (those that could not be stopped are named in the `stopped` event)."""
+    stop_every_node(session, run_dir)
+
+
+def stop_every_node(session: HostSession, run_dir: RunDir) -> dict[str, str]:
+    """Stop every node; the error of each that could not be stopped, by host label (also in the `stopped` event)."""
+    outcomes = stop_nodes(session, stop_facts(run_dir))
+    errors = {o.label: str(o.error) for o in outcomes if o.error}
+    run_dir.event("stopped", errors=errors)
+    return errors
+
+
+def stop_nodes_of(session: HostSession, run_dir: RunDir, nodes: list[int]) -> dict[int, str]:
+    """Stop these nodes only; the error of each that could not be stopped, by node."""
+    outcomes = stop_nodes(session, stop_facts(run_dir), nodes)
+    errors = {i: " ".join(str(o.error).split())[:200] for i, o in zip(nodes, outcomes, strict=True) if o.error}
+    run_dir.event("stopped", nodes=nodes, errors={session.label_of(i): why for i, why in errors.items()})
+    return errors
+
+
+def stop_facts(run_dir: RunDir) -> tuple[list[str], str, float]:
+    """The nodes' workspaces, the hosts' python, and the stop grace for nodes that recorded none."""
+    workspaces = [str(n["workspace"]) for n in run_dir.record()["nodes"]]
+    return workspaces, run_dir.spec().python, runtime_of(run_dir.typed_record()).stop_grace_seconds
+
+
+def stop_nodes(session: HostSession, facts: tuple[list[str], str, float], nodes: list[int] | None = None) -> list[Any]:
+    workspaces, python, fallback = facts
+    return run_on_hosts(list(range(len(workspaces))) if nodes is None else nodes,
+                        lambda i: stop_node(session.conn(i), workspaces[i], python, fallback),
+                        timeout=90, label=session.label_of)
+
+
+def run_dir_deleted(session: HostSession, run_dir: RunDir, facts: tuple[list[str], str, float]) -> str:
+    """The run directory went while `up` followed: stop every node (nothing can be recorded or pulled now) and
+    return the line that says so."""
+    failed = [f"{o.label} ({' '.join(str(o.error).split())[:200]})" for o in stop_nodes(session, facts) if o.error]
+    stopped = f"could not stop {'; '.join(failed)}" if failed else "every node was stopped"
+    return (f"the run directory {run_dir.path} was deleted while `up` followed the run: {stopped}; nothing was "
+            f"pulled (there is nowhere to put it): what the nodes wrote stays on the hosts, in "
+            f"~/.ddpctl/runs/{run_dir.run_id}/")
