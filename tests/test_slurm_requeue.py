@@ -88,7 +88,8 @@ def test_a_run_longer_than_its_time_limit_is_requeued_and_ends_with_an_uninterru
     job = record["job_id"]
     assert f"job {job} requeued (1/10) at the time limit" in up.stderr
     assert record["end"].startswith(f"job {job} COMPLETED (exit 0:0) after {record['allocations']} allocation(s)")
-    assert record["allocations"] == 2 and record["requeues"] == 1
+    # One requeue at least (the first allocation's); on a busy machine the second may be signalled too.
+    assert record["allocations"] >= 2 and record["requeues"] == record["allocations"] - 1
     assert record["trained_seconds"] > 0 and record["queued_seconds"] > 0 and record["cpu_hours"] > 0
     chain = (run / "requeue" / "chain").read_text()
     assert chain.count(" start ") == record["allocations"] and chain.count(" signal ") >= 1
