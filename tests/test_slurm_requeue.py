@@ -100,7 +100,8 @@ def test_a_run_longer_than_its_time_limit_is_requeued_and_ends_with_an_uninterru
     assert "stopped for a requeue in epoch 1 after step 40/64" in output
     assert "resuming after epoch 0, step 40/64 of epoch 1" in output
     assert [json.loads(line)["epoch"] for line in (run / "timing.jsonl").read_text().splitlines()] == [1, 2]
-    weights = final_weights(run / "final_model.pt")
+    [model] = run.glob("nodes/*/out/final_model.pt")  # written by global rank 0, on its node
+    weights = final_weights(model)
     expected = final_weights(tmp_path / "reference" / "final_model.pt")
     assert weights.keys() == expected.keys()
     assert all(torch.equal(weights[k], expected[k]) for k in weights)  # type: ignore[arg-type]
