@@ -6,6 +6,7 @@ Both are cached: the base by a content hash (infra/base_image.sh), the test imag
 
 from __future__ import annotations
 
+import fcntl
 import subprocess
 from pathlib import Path
 
@@ -42,5 +43,8 @@ def test_image(base_image: str) -> str:
     """The real Dockerfile built on the offline base, tagged ddpctl:test."""
     from launcher.runtimes.image import build_image
 
-    build_image(REPO, TEST_IMAGE, base_image, show_progress=False, cuda="none (CPU)")
+    # Workers of one run (pytest -n) build it one after the other: the first builds, the rest hit the layer cache.
+    with open("/tmp/ddpctl-test-image.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        build_image(REPO, TEST_IMAGE, base_image, show_progress=False, cuda="none (CPU)")
     return TEST_IMAGE

@@ -12,6 +12,10 @@ machine make the same kinds of things at the same time, so only what this sessio
 - containers that were not there at the start and bind-mount one of those places (or are a compose project of
   one), on this machine's Docker engine (the beds' engines go with their data roots, checked as mounts).
 
+Under pytest-xdist (`-n N`) each worker is a session of its own: it checks what it made (its token, its beds, its
+temporary directory), never what another worker still has running. The checkout is shared by all workers, so
+mounts and containers below it are checked once, by the controller, after every worker has finished.
+
 tests/conftest.py imports the two hooks. DDPCTL_SKIP_LEAK_CHECK=1 turns the check off (a debugging session that
 keeps things on purpose).
 """
@@ -46,6 +50,7 @@ class Snapshot:
     containers: set[str] | None  # None: no Docker engine answers here
     token: str
     basetemp: Path | None = None
+    role: str = "session"  # "session": no workers; "worker": an xdist worker; "controller": the xdist controller
     leaks: list[str] = field(default_factory=list)
 
 
@@ -64,17 +69,20 @@ def docker_containers() -> set[str] | None:
     return None
 
 
-def take_snapshot() -> Snapshot:
-    """Record what exists now and mark this session's processes with a fresh token."""
+def take_snapshot(role: str = "session") -> Snapshot:
+    """Record what exists now and mark this session's processes with a fresh token. The controller of xdist
+    workers runs no test: its workers mark their own processes."""
     token = uuid.uuid4().hex
-    os.environ[TOKEN_VAR] = token
-    testbed.WATCH_NAMESPACES = True
-    return Snapshot(mounts=mount_points(), containers=docker_containers(), token=token)
+    if role != "controller":
+        os.environ[TOKEN_VAR] = token
+        testbed.WATCH_NAMESPACES = True
+    return Snapshot(mounts=mount_points(), containers=docker_containers(), token=token, role=role)
 
 
 def our_places(snapshot: Snapshot) -> list[str]:
-    """Directories this session owns: things mounted or bind-mounted below them are its doing."""
-    places = [str(REPO)]
+    """Directories this session owns: things mounted or bind-mounted below them are its doing. The checkout is
+    every worker's: the controller checks it once they are all done."""
+    places = [] if snapshot.role == "worker" else [str(REPO)]
     if snapshot.basetemp is not None:
         places.append(str(snapshot.basetemp))
     for bed in testbed.STARTED_HERE:
@@ -140,7 +148,8 @@ def find_leaks(snapshot: Snapshot) -> list[str]:
         for host in bed.hosts:
             if Path("/run/netns", host["netns"]).exists():
                 leaks.append(f"network namespace {host['netns']}")
-    leaks += _process_leaks(snapshot.token)
+    if snapshot.role != "controller":  # the controller started nothing; its workers are exiting meanwhile
+        leaks += _process_leaks(snapshot.token)
     leaks += _container_leaks(snapshot, places)
     return sorted(set(leaks))
 
@@ -156,12 +165,22 @@ def settled_leaks(snapshot: Snapshot, settle: float = SETTLE_SECONDS) -> list[st
 
 
 _SNAPSHOT: list[Snapshot] = []
+_WORKER_LEAKS: list[str] = []  # what the xdist workers found, told to the controller as each one ends
+WORKER_OUTPUT_KEY = "ddpctl_left_behind"
+
+
+def session_role(config: pytest.Config) -> str:
+    if hasattr(config, "workerinput"):
+        return "worker"
+    if config.pluginmanager.get_plugin("dsession") is not None:
+        return "controller"
+    return "session"
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Record what exists before the first test."""
     if os.environ.get("DDPCTL_SKIP_LEAK_CHECK") != "1":
-        _SNAPSHOT.append(take_snapshot())
+        _SNAPSHOT.append(take_snapshot(session_role(session.config)))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -178,6 +197,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         with contextlib.suppress(OSError):
             os.close(fd)
     testbed.WATCHED_NAMESPACES.clear()
+    if snapshot.role == "worker":  # a worker has no terminal: its controller tells and fails the session
+        worker = session.config.workerinput["workerid"]  # type: ignore[attr-defined]
+        session.config.workeroutput[WORKER_OUTPUT_KEY] = [f"{leak} (worker {worker})" for leak in leaks]  # type: ignore[attr-defined]
+        return
+    if snapshot.role == "controller":
+        leaks = sorted(set(leaks) | set(_WORKER_LEAKS))
     if not leaks:
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
@@ -189,3 +214,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     else:
         print("\n".join(lines))
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    """An xdist worker ended: keep what its own end-of-session check found, for the controller's report."""
+    _WORKER_LEAKS.extend(getattr(node, "workeroutput", {}).get(WORKER_OUTPUT_KEY, []))

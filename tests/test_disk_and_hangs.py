@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from launcher.execute.hang_watch import HangRule, RunWatch
-from launcher.execute.node_report import failure_notes
 from launcher.planning.facts import HostFacts
 from launcher.planning.preflight import (
     LOG_ALLOWANCE,
@@ -23,9 +22,10 @@ from launcher.planning.preflight import (
     planned_disk_bytes,
     snapshot_bytes,
 )
+from launcher.remote.node_report import failure_notes
+from launcher.remote.proctree import stop_tree
 from launcher.results.rundir import RunDir
 from launcher.runtimes.native import NodeState
-from launcher.runtimes.proctree import stop_tree
 from launcher.spec.run_spec import RunSpec
 from tests.trainer_support import REPO, free_port
 
@@ -124,12 +124,15 @@ def test_hang_floor_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def _state(progress: dict[str, Any] | None = None, free: int | None = None, exit_code: int | None = None,
-           ) -> NodeState:  # fmt: skip
-    return NodeState(pid=1, exit_code=exit_code, alive=exit_code is None, progress=progress, disk_free=free)
+           report: dict[str, Any] | None = None) -> NodeState:  # fmt: skip
+    report = report or {}
+    return NodeState(pid=1, exit_code=exit_code, alive=exit_code is None, progress=progress, disk_free=free,
+                     failures=tuple(report.get("failures", ())), last_logged=report.get("last_logged", ""))
 
 
 def test_watch_names_hung_nodes_low_disk_and_the_first_failure(tmp_path: Path,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """What the watch tells comes with the poll's states (the notes and last lines the node program read)."""
     run_dir = RunDir.create(tmp_path, RunSpec(run_id="w", nnodes=2), {"nodes": []})
     reports = {
         0: {"last_logged": "logs/x/attempt_0/0/stderr.log: waiting", "failures": [
@@ -137,15 +140,15 @@ def test_watch_names_hung_nodes_low_disk_and_the_first_failure(tmp_path: Path,
         1: {"last_logged": "torchrun.out: step 7", "failures": [
             {"time": 20.0, "text": "rank 1: OSError: [Errno 28] No space left on device"}]},
     }  # fmt: skip
-    watch = RunWatch(["a", "b"], run_dir, lambda i: reports[i], low_disk_floor=1000,
-                     rule=HangRule(floor=10, first_step=50))
-    watch.poll([_state(_record(1), free=5000), _state(None, free=5000)], now=0.0)
-    watch.poll([_state(_record(2), free=5000), _state(None, free=999)], now=1.0)
-    watch.poll([_state(_record(2), free=5000), _state(None, free=10)], now=5.0)  # told once
-    watch.poll([_state(_record(2)), _state(None)], now=12.0)  # no step for 11 s > the 10 s floor
-    watch.poll([_state(_record(2)), _state(None)], now=13.0)  # the same stall: not told again
-    watch.poll([_state(_record(2)), _state(None, exit_code=1)], now=14.0)
-    watch.poll([_state(_record(2)), _state(None, exit_code=1)], now=15.0)
+    watch = RunWatch(["a", "b"], run_dir, low_disk_floor=1000, rule=HangRule(floor=10, first_step=50))
+    r0, r1 = reports[0], reports[1]
+    watch.poll([_state(_record(1), free=5000, report=r0), _state(None, free=5000, report=r1)], now=0.0)
+    watch.poll([_state(_record(2), free=5000, report=r0), _state(None, free=999, report=r1)], now=1.0)
+    watch.poll([_state(_record(2), free=5000, report=r0), _state(None, free=10, report=r1)], now=5.0)  # told once
+    watch.poll([_state(_record(2), report=r0), _state(None, report=r1)], now=12.0)  # no step for 11 s > the 10 s floor
+    watch.poll([_state(_record(2), report=r0), _state(None, report=r1)], now=13.0)  # the same stall: not told again
+    watch.poll([_state(_record(2), report=r0), _state(None, exit_code=1, report=r1)], now=14.0)
+    watch.poll([_state(_record(2), report=r0), _state(None, exit_code=1, report=r1)], now=15.0)
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.strip()]
     assert len([ln for ln in lines if "free in its run directory" in ln]) == 1

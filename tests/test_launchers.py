@@ -33,11 +33,16 @@ def only_run(runs: Path) -> Path:
     return run
 
 
+# spawn_localhost.py meets at localhost:12355 as the write-ups have it: its runs go one at a time on one worker.
+SCRIPT_PORT = pytest.mark.xdist_group("localhost_port_12355")
+
+
 def joins(run: Path) -> list[dict[str, object]]:
     return [json.loads(p.read_text()) for p in sorted((run / "logs" / "joined").glob("*.json"))]
 
 
 @pytest.mark.integration
+@SCRIPT_PORT
 def test_a_spawn_script_runs_once_and_its_own_processes_train(tmp_path: Path) -> None:
     """Write-ups 2 and 4 as written (localhost:12355, world_size = 2 in the script), with --gpus 1: the summary
     says world size 2 and 2 processes, what ran (before, torchrun's layout said 1)."""
@@ -89,6 +94,7 @@ def test_a_spawn_script_under_torchrun_is_refused_naming_the_line_and_the_launch
 
 
 @pytest.mark.integration
+@SCRIPT_PORT
 def test_chosen_torchrun_with_a_spawn_script_warns_before_and_after_with_the_measured_world(tmp_path: Path) -> None:
     """The issue's `--gpus 1` case, with torchrun chosen outright: a warning first, then the world that ran (2
     processes, not the planned 1) in a warning with the measured numbers; never a silent "world size 1"."""

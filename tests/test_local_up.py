@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.runtimes.proctree import alive, process_tree
+from launcher.remote.proctree import alive, process_tree
 
 SMALL = ["--synthetic-train-size", "2048", "--synthetic-test-size", "512"]
 
@@ -302,8 +302,8 @@ def test_pull_refuses_a_local_run_and_down_of_an_ended_one_has_nothing_to_stop(t
 
 
 def test_down_names_a_local_runs_pid_only_while_it_is_still_its_torchrun(tmp_path: Path) -> None:
+    from launcher.remote.proctree import start_time
     from launcher.results.rundir import RunDir
-    from launcher.runtimes.proctree import start_time
 
     victim = subprocess.Popen(["sleep", "60"])  # the process the system gave the run's pid to after it ended
     try:
@@ -437,7 +437,7 @@ def test_killed_worker_is_restarted_and_the_run_completes(tmp_path: Path) -> Non
 def test_stop_tree_reaches_workers_in_sessions_of_their_own() -> None:
     """What a stuck torchrun leaves when only its process group is killed: workers in sessions of their own.
     The local runner's last resort (and the tests' clean-up) kills the whole tree."""
-    from launcher.runtimes.proctree import process_tree, stop_tree
+    from launcher.remote.proctree import process_tree, stop_tree
 
     script = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], "
               "start_new_session=True); time.sleep(120)")

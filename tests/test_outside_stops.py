@@ -61,21 +61,22 @@ def test_down_from_another_terminal_is_named_by_up(bed: Testbed, tmp_path: Path)
 
 
 def test_a_workspace_deleted_mid_run_ends_up_with_a_stated_outcome(bed: Testbed, tmp_path: Path) -> None:
+    """The node's pid file went with its workspace: its processes are found by the run's marks (the supervisor's
+    command line, the output folder in their environment), stopped, and the line says so."""
     up = Up(bed, bed.hosts, tmp_path / "runs", *LONG)
     training(up)
-    left = []
-    try:
-        shutil.rmtree(up.workspace(0))
-        code, err = up.finish(timeout=60)
-        assert code == 1, err
-        assert f"the workspace of node 0 ({bed.hosts[0].spec}) is gone from its host" in last_line(err), err
-        assert "check `ps` on the host" in last_line(err)
-        status = ddpctl(bed, "status", str(up.run))
-        assert "workspace gone" in status.stdout + status.stderr
-    finally:  # the node's torchrun lost its pid file with the workspace: ended here, by pid
-        left = [int(line.split()[0]) for line in running_processes(bed.hosts[0]).splitlines()]
-        for pid in left:
-            os.kill(pid, signal.SIGKILL)
+    assert running_processes(bed.hosts[0])  # the node runs
+    shutil.rmtree(up.workspace(0))
+    code, err = up.finish(timeout=120)
+    assert code == 1, err
+    line = last_line(err)
+    assert line.startswith(f"error: the workspace of node 0 ({bed.hosts[0].spec}) was deleted from its host "
+                           f"(~/.ddpctl/runs/{up.run.name}): nothing more can be read or pulled there; node 0 "
+                           f"({bed.hosts[0].spec}): its "), err
+    assert "process(es) of the run, found by the run's marks (command line and environment), were stopped" in line
+    assert running_processes(bed.hosts[0]) == ""  # nothing of the run is left on that host, at once
+    status = ddpctl(bed, "status", str(up.run))
+    assert "workspace gone" in status.stdout + status.stderr
     assert_nothing_left_running(bed.hosts)
 
 

@@ -22,11 +22,11 @@ from typing import Any
 import pytest
 
 from launcher.errors import HostError
-from launcher.execute.attribution import node_report
 from launcher.execute.failure_cause import attribute, final_line
 from launcher.planning import rdzv_reservation
 from launcher.planning.preflight import check_rendezvous_reachable
 from launcher.planning.rdzv_reservation import RESERVATION_TTL, release_reservation, reserve_and_listen
+from launcher.remote.attribution import node_report
 from launcher.transport.connection import HostConnection
 from launcher.transport.ssh import CommandResult
 

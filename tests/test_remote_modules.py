@@ -16,36 +16,51 @@ from pathlib import Path
 import pytest
 
 import launcher.remote
-from launcher.planning.preflight import PROBE_SCRIPT, probe_host
-from launcher.planning.rdzv_reservation import RELEASE_SCRIPT, RESERVE_SCRIPT
+from launcher.planning.host_round import PROBE_PROGRAM
+from launcher.planning.preflight import probe_host
+from launcher.planning.rdzv_reservation import RELEASE_PROGRAM
 from launcher.providers.vast.autostop import WATCHDOG
-from launcher.remote import daemon, host_probe, source_of
+from launcher.remote import daemon, host_probe, probe_round, rdzv_port, source_of
 from launcher.transport.ssh import CommandResult
 
 REMOTE = Path(launcher.remote.__file__).parent
 
 
 def test_remote_modules_need_only_the_standard_library() -> None:
-    """Sent as source to a host that has only its python: no launcher or third-party import, and no
-    `from __future__` (it must open a file, and the source is sent ahead of a script)."""
+    """Sent as source to a host that has only its python: no third-party import, no launcher import but of this
+    package's modules (sent with it, launcher/remote/program.py), and no `from __future__` (it must open a file,
+    and the source is sent ahead of a script)."""
     for path in sorted(REMOTE.glob("*.py")):
         if path.name == "__init__.py":
             continue  # the launcher's side: reads the modules' text
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if isinstance(node, ast.ImportFrom) and node.module == "launcher.remote":
+                assert all((REMOTE / f"{a.name}.py").is_file() or a.name == "source_of" for a in node.names)
+                continue
             for name in names:
                 assert name.split(".")[0] in sys.stdlib_module_names and name != "__future__", (path.name, name)
 
 
+def sources_of(text: str) -> dict[str, str]:
+    """The modules a program (launcher/remote/program.py) defines on the host: name -> the text sent."""
+    first = text.splitlines()[0]
+    assert first.startswith("_SOURCES = ")
+    return dict(ast.literal_eval(first.removeprefix("_SOURCES = ")))
+
+
 def test_every_script_that_detaches_runs_the_daemon_modules_text() -> None:
-    """One helper instead of a copy per script: each script starts with the module's source and forks nowhere
+    """One helper instead of a copy per script: each script carries the module's source and forks nowhere
     else, so changing the module changes what the hosts run."""
     helper = source_of(daemon)
-    for script in (RESERVE_SCRIPT, RELEASE_SCRIPT, WATCHDOG):
-        assert script.startswith(helper)
-        assert script.count("os.fork()") == helper.count("os.fork()") == 1
-        assert script.count("detach(") == 2  # its definition, then the script's one call
+    assert WATCHDOG.startswith(helper)
+    assert WATCHDOG.count("os.fork()") == helper.count("os.fork()") == 1
+    assert WATCHDOG.count("detach(") == 2  # its definition, then the script's one call
+    for text in (PROBE_PROGRAM, RELEASE_PROGRAM):
+        sent = sources_of(text)
+        assert sent["launcher.remote.daemon"] == helper
+        assert sum(source.count("os.fork()") for source in sent.values()) == 1
 
 
 @pytest.mark.integration
@@ -81,7 +96,9 @@ class ThisMachine:
 
 
 def test_the_probe_sent_to_the_hosts_is_the_modules_text() -> None:
-    assert source_of(host_probe) == PROBE_SCRIPT
+    assert sources_of(PROBE_PROGRAM) == {m.__name__: source_of(m) for m in (daemon, host_probe, rdzv_port,
+                                                                            probe_round)}
+    assert sources_of(RELEASE_PROGRAM) == {m.__name__: source_of(m) for m in (daemon, rdzv_port)}
 
 
 @pytest.mark.integration
@@ -95,3 +112,28 @@ def test_the_host_probe_describes_this_machine_through_the_launchers_own_reading
     assert facts.docker == (shutil.which("docker") is not None)
     assert facts.disk_free > 0 and any(a.addr == "127.0.0.1" for a in facts.addrs)
     assert host_probe.host_facts()["cpus"] == facts.cpus  # the module is importable and callable here too
+
+
+@pytest.mark.integration
+def test_the_probes_one_round_trip_answers_checks_and_the_rendezvous_check(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe's program run here as on two hosts (launcher/planning/host_round.py's probe_all): each runs the
+    checks it is asked (their exit codes and output come back), node 0 listens on a port the host has free and
+    node 1, probed next, connects to it; a dry run's request writes no reservation."""
+    from launcher.planning import rdzv_reservation
+    from launcher.planning.host_round import probe_all
+    from launcher.planning.rdzv_reservation import listen_request
+
+    monkeypatch.setattr(rdzv_reservation, "RESERVATION_DIR", str(tmp_path / "rdzv"))
+    listen = listen_request(addr="127.0.0.1", port=0, expect=1, seconds=10, any_free=True, run_id=None)
+    checks = [["sh", "-c", 'echo "checked $1"; exit 3', "check", "node"], ["/nonexistent/program"]]
+    outcomes = probe_all([ThisMachine(), ThisMachine()], ["node0", "node1"], sys.executable,
+                         checks=lambda index: checks[:index + 1], listen=listen)
+    node0, node1 = (o.value for o in outcomes)
+    assert node0 is not None and node1 is not None, [o.error for o in outcomes]
+    assert node0.listen is not None and node0.listen.startswith("listening ") and node0.addr == "127.0.0.1"
+    assert node1.connect == "ok" and node0.connect is None and node1.listen is None
+    assert [(c.exit_code, c.stdout) for c in node0.checks] == [(3, "checked node\n")]
+    assert node1.checks[1].exit_code == 127 and "/nonexistent/program" in node1.checks[1].stderr
+    assert node0.facts.python == platform.python_version() and node1.facts.cpus == os.cpu_count()
+    assert not (tmp_path / "rdzv").exists(), "a dry run's probe wrote a reservation"

@@ -14,10 +14,11 @@ import pytest
 from tests.session_leaks import docker_containers
 
 REPO = Path(__file__).resolve().parent.parent
-CONFTEST = "from tests.session_leaks import pytest_sessionfinish, pytest_sessionstart  # noqa: F401\n"
+CONFTEST = ("from tests.session_leaks import pytest_sessionfinish, pytest_sessionstart, pytest_testnodedown  "
+            "# noqa: F401\n")
 
 
-def run_session(tmp_path: Path, test_source: str) -> subprocess.CompletedProcess[str]:
+def run_session(tmp_path: Path, test_source: str, *pytest_args: str) -> subprocess.CompletedProcess[str]:
     """`pytest` on one test file with the check's hooks, in a directory of its own."""
     project = tmp_path / "inner"
     project.mkdir()
@@ -26,7 +27,7 @@ def run_session(tmp_path: Path, test_source: str) -> subprocess.CompletedProcess
     env = {**os.environ, "PYTHONPATH": str(REPO), "DDPCTL_LEAK_SETTLE_SECONDS": "2"}
     env.pop("DDPCTL_SKIP_LEAK_CHECK", None)
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
-                           f"--basetemp={tmp_path / 'basetemp'}", "test_inner.py"],
+                           f"--basetemp={tmp_path / 'basetemp'}", *pytest_args, "test_inner.py"],
                           cwd=project, env=env, capture_output=True, text=True, timeout=180)
 
 
@@ -50,6 +51,39 @@ def test_leaks_a_process():
         assert result.returncode == 1, result.stdout + result.stderr
         assert "1 passed" in result.stdout  # the test itself passed: the session check failed it
         assert f"process {pid}: " in result.stdout and "pretend-torchrun" in result.stdout
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_under_workers_each_names_what_it_left_and_not_what_another_still_runs(tmp_path: Path) -> None:
+    """`pytest -n 2`: one worker's test leaves a process; the other's test still runs one of its own while the
+    first worker ends (then stops it). The run fails naming the first process only."""
+    left, live = tmp_path / "left.pid", tmp_path / "live.pid"
+    result = run_session(tmp_path, f"""
+import subprocess, sys, time
+import pytest
+
+@pytest.mark.xdist_group("a")
+def test_leaks_a_process():
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", "pretend-torchrun"])
+    open({str(left)!r}, "w").write(str(proc.pid))
+
+@pytest.mark.xdist_group("b")
+def test_runs_a_process_past_the_other_workers_end():
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", "still-running"])
+    open({str(live)!r}, "w").write(str(proc.pid))
+    time.sleep(12)  # the other worker's end-of-session check (2 s settle) runs meanwhile
+    proc.kill()
+    proc.wait()
+""", "-n", "2", "--dist", "loadgroup")
+    pid = int(left.read_text())
+    try:
+        assert result.returncode == 1, result.stdout + result.stderr
+        assert "2 passed" in result.stdout
+        assert "left 1 thing(s)" in result.stdout and f"process {pid}: " in result.stdout, result.stdout
+        assert "pretend-torchrun" in result.stdout and "(worker gw" in result.stdout
+        assert "still-running" not in result.stdout and f"process {live.read_text()}:" not in result.stdout
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)

@@ -14,11 +14,12 @@ import pytest
 
 from launcher.errors import SpecError
 from launcher.planning.plan import NodeHost, NodePlan, plan_local, plan_remote
-from launcher.runtimes.native import STATE_SCRIPT
+from launcher.runtimes.native import read_state, stop_node
 from launcher.runtimes.start import env_file, start_argv
 from launcher.spec.hosts import parse_host, parse_hosts
 from launcher.spec.run_spec import RunSpec, check_name, new_run_id
 from launcher.spec.torchrun import TORCHRUN_SOURCE, NodeRole, torchrun_argv
+from launcher.transport.ssh import CommandResult
 
 
 def test_torchrun_argv_multinode_node1() -> None:
@@ -192,9 +193,8 @@ def test_detach_script_passes_hostile_arguments_intact(tmp_path: Path) -> None:
     assert argv == [hostile, "a b"] and k == value and cwd == str(home / "ws")
     assert not marker.exists()
     assert not (home / "ws" / env_file(node)[0]).exists(), "the environment file is deleted once read"
-    state = subprocess.run(["sh", "-c", shlex.join(["sh", "-c", STATE_SCRIPT, "s", "ws"])], cwd=home, env=env,
-                           capture_output=True, text=True).stdout
-    assert state.splitlines()[0].split("|")[:2] == [started.stdout.strip(), "0"]
+    state = read_state(_HereAt(home), "ws", python=sys.executable)
+    assert (state.pid, state.exit_code) == (int(started.stdout), 0)
 
 
 def test_stop_kills_workers_that_left_the_process_group(tmp_path: Path) -> None:
@@ -218,9 +218,7 @@ def test_stop_kills_workers_that_left_the_process_group(tmp_path: Path) -> None:
         time.sleep(0.05)
     worker = int((home / "ws" / "worker.pid").read_text())
     agent_pid = int((home / "ws" / "pid").read_text())
-    from launcher.runtimes.native import STOP_SCRIPT
-
-    subprocess.run([sys.executable, "-c", STOP_SCRIPT, "ws", "1", "20"], cwd=home, env=env, check=True, timeout=30)
+    stop_node(_HereAt(home), "ws", sys.executable, grace_seconds=1)
 
     def gone(pid: int) -> bool:
         try:
@@ -233,13 +231,27 @@ def test_stop_kills_workers_that_left_the_process_group(tmp_path: Path) -> None:
     assert (home / "ws" / "exit_code").read_text().strip() == "143"
 
 
+class _HereAt:
+    """A connection that runs argv on this machine, in `home` as the user's home (as sshd would on a host)."""
+
+    label = "here"
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+
+    def run(self, argv: list[str], *, timeout: float | None = None, stdin: bytes | None = None) -> CommandResult:
+        done = subprocess.run(["sh", "-c", shlex.join(argv)], cwd=self.home, env={**os.environ, "HOME": str(self.home)},
+                              capture_output=True, text=True, timeout=timeout)
+        return CommandResult(done.returncode, done.stdout, done.stderr)
+
+
 def _start_locally(node: NodePlan, home: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """What start_node does over SSH, on this machine: the environment file, then the start command, quoted
     once and run by a shell as sshd would."""
     name, data = env_file(node)
     (home / node.workspace / name).write_bytes(data)
-    return subprocess.run(["sh", "-c", shlex.join(start_argv(node))], cwd=home, env=env, capture_output=True,
-                          text=True, check=True)
+    return subprocess.run(["sh", "-c", shlex.join(start_argv(node, sys.executable))], cwd=home, env=env,
+                          capture_output=True, text=True, check=True)
 
 
 def test_a_public_address_anywhere_is_refused_unless_allowed() -> None:

@@ -34,7 +34,7 @@ E2E_MODULES = {
     "test_rerun", "test_script_outputs", "test_env_secrets", "test_reattach_paths", "test_testbed",
     "test_ssh", "test_sync", "test_rdzv_reservation", "test_closed_terminal",
     "faults/test_disk_full", "faults/test_fault_matrix", "faults/test_failure_attribution", "faults/test_hang",
-    "faults/test_interruption_outcomes", "faults/test_node_state_race", "test_slurm_cluster",
+    "faults/test_interruption_outcomes", "test_slurm_cluster",
 }
 INTEGRATION_MODULES = {
     "test_local_up", "test_user_command_refusals", "test_strategies_runs", "test_session_leaks",

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from launcher.runtimes.proctree import stop_tree
+from launcher.remote.proctree import stop_tree
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,50 +1,44 @@
 """Which failure ended a run: the first one in time across its nodes, named by global rank, node, signal or exit
 code, with the lines of that rank's own log that explain it; nodes ddpctl stopped because of it are "stopped".
 
-Each node's facts come from launcher/execute/attribution.py (run on the host as a script, or here for a local
-run). Host clocks are brought onto this machine's by each report's own `now` (the error is the round trip).
+Each node's facts come from launcher/remote/attribution.py (run on the host by the node program, or here for a
+local run). Host clocks are brought onto this machine's by each report's own `now` (the error is the round trip).
 The result is one JSON-able record, kept in run.json's `failure` and in events.jsonl (`failure_attributed`),
 so `ddpctl status` shows the same cause as `up`."""
 
 from __future__ import annotations
 
-import json
+import copy
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from launcher.execute import attribution
 from launcher.execute.failure_hints import RunHints, run_hints
 from launcher.execute.failure_log import without_control_chars
 from launcher.planning.rdzv_reservation import rendezvous_taken_hint
+from launcher.remote import attribution
 from launcher.results.peer_loss import lost_a_peer
 from launcher.results.progress import console
 from launcher.results.rundir import RunDir, primary_node_out, read_json, read_jsonl
 
 if TYPE_CHECKING:
     from launcher.runtimes.native import NodeState
-    from launcher.transport.connection import HostConnection
     from launcher.transport.hostsession import HostSession
 
-# launcher/execute/attribution.py's source runs on the host as it is: `PYTHON -c SCRIPT WORKSPACE`.
-ATTRIBUTION_SCRIPT = Path(attribution.__file__).read_text()
 # torchrun's exit status after ddpctl's stop (SIGTERM, 128+15): never a cause.
 STOPPED_EXIT = 143
 
 
-def host_node_report(conn: HostConnection, workspace: str, python: str) -> dict[str, Any] | None:
-    """attribution.node_report of a node on its host, its times moved onto this machine's clock; None if the
-    host cannot say (unreachable, or its python cannot run the script)."""
-    sent = time.time()
-    try:
-        result = conn.run([python, "-c", ATTRIBUTION_SCRIPT, workspace], timeout=60)
-        report = json.loads(result.stdout) if result.exit_code == 0 else None
-    except Exception:  # noqa: BLE001 - a node that cannot report is named as such, it must not hide the others
+def host_node_report(state: NodeState | None) -> dict[str, Any] | None:
+    """The report of how a node on a host ended (attribution.node_report, which came with the node's state from
+    the node program), its times moved onto this machine's clock by the report's own `now` (the error: the way
+    back); None if the node could not say (unreachable, or its python could not run the program)."""
+    report = state.report if state is not None else None
+    if report is None or state is None or state.answered_at is None:
         return None
-    if not isinstance(report, dict):
-        return None
-    offset = (sent + time.time()) / 2 - float(report.get("now") or 0)
+    report = copy.deepcopy(report)
+    offset = state.answered_at - float(report.get("now") or 0)
     for failure in report.get("failures", []):
         if failure.get("time") is not None:
             failure["time"] += offset
@@ -283,22 +277,17 @@ def teardown_outcome(run_dir: RunDir, exit_code: int, nodes: int | None = None) 
 
 
 def report_failure(session: HostSession, run_dir: RunDir, states: Sequence[NodeState | None],
-                   stop_all: Callable[[HostSession, RunDir], None]) -> dict[str, Any] | None:
-    """A node of a run on hosts failed: stop the nodes still running (they are "stopped", not causes), ask every
-    node how it ended, print and record the first failure in time."""
-    from launcher.transport.parallel import run_on_hosts
-
+                   stop_and_report: Callable[[HostSession, RunDir, bool], list[NodeState | None]],
+                   ) -> dict[str, Any] | None:  # fmt: skip
+    """A node of a run on hosts failed: stop the nodes still running (they are "stopped", not causes) and ask
+    every node how it ended, in one round trip per node (`stop_and_report`), print and record the first failure
+    in time."""
     running = [i for i, s in enumerate(states) if s is None or not s.finished]
     stop_time = time.time()
     if running:
         run_dir.event("stopping", nodes=running, reason="another node failed")
-        stop_all(session, run_dir)
-    workspaces = [n["workspace"] for n in run_dir.record()["nodes"]]
+    reports = [host_node_report(state) for state in stop_and_report(session, run_dir, bool(running))]
     python = run_dir.spec().python
-    outcomes = run_on_hosts(list(range(len(workspaces))),
-                            lambda i: host_node_report(session.conn(i), workspaces[i], python),
-                            timeout=90, label=session.label_of)
-    reports = [o.value if o.error is None else None for o in outcomes]
     record = attribute(reports, session.labels, running, stop_time, python, run_hints(run_dir.path, run_dir.record()),
                        run_dir.spec().launcher)
     if record is not None:

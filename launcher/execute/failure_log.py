@@ -7,7 +7,7 @@ that worker's stderr.log (its stdout.log when stderr is empty) from the newest a
 end of torchrun.out.
 
 Standard library only: a local run's failure message reads its run directory with it (launcher/cli/app.py); a
-run on hosts names its failure with launcher/execute/attribution.py instead.
+run on hosts names its failure with launcher/remote/attribution.py instead.
 """
 
 from __future__ import annotations

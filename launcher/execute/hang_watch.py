@@ -1,6 +1,7 @@
 """What `up` notices on every poll without being asked: a run that stopped moving (a hang), a node whose disk is
 running out, and, once a node has failed, the earliest failure a rank recorded (trainer/failure.py) — each told
-as one line per node on the console and as an event in the run directory.
+as one line per node on the console and as an event in the run directory. All of it comes with the nodes' states
+(their failure notes and last logged lines: launcher/remote/node_report.py, read by the poll itself on a host).
 
 The hang rule: a run is hung once no progress record has changed for HANG_FACTOR times the slowest interval seen
 between two changes so far (so a run whose validation takes minutes is not called hung when it validates), at
@@ -10,21 +11,19 @@ least HANG_FLOOR_SECONDS; before the first change, FIRST_STEP_SECONDS (start-up:
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from launcher.execute import node_report
 from launcher.execute.failure_log import without_control_chars
+from launcher.remote import node_report
 from launcher.results.peer_loss import lost_a_peer
 from launcher.results.progress import console, progress_record
 from launcher.results.rundir import RunDir
 from launcher.runtimes.native import NodeState
-from launcher.transport.connection import HostConnection
 
 HANG_FACTOR = 5.0
 HANG_FLOOR_SECONDS = 60.0
@@ -32,9 +31,6 @@ FIRST_STEP_SECONDS = 300.0
 # Another floor in seconds (the first-step wait stays FIRST_STEP_SECONDS): for tests, and for users of runs
 # whose steps are known to be short.
 HANG_FLOOR_ENV = "DDPCTL_HANG_FLOOR"
-NODE_REPORT_SCRIPT = Path(node_report.__file__).read_text()
-
-Report = dict[str, Any]
 
 
 class HangRule:
@@ -89,21 +85,13 @@ class HangRule:
         return not self.done and self.idle(now) > self.threshold()
 
 
-class Session(Protocol):
-    @property
-    def labels(self) -> list[str]: ...
-
-    def conn(self, index: int) -> HostConnection: ...
-
-
 class RunWatch:
     """Polled with every node's state; prints and records hangs, low disk and the first rank failure."""
 
-    def __init__(self, labels: Sequence[str], run_dir: RunDir, read_report: Callable[[int], Report],
-                 low_disk_floor: int, rule: HangRule | None = None) -> None:
+    def __init__(self, labels: Sequence[str], run_dir: RunDir, low_disk_floor: int,
+                 rule: HangRule | None = None) -> None:
         self.labels = list(labels)
         self.run_dir = run_dir
-        self.read_report = read_report
         self.low_disk_floor = low_disk_floor
         self.rule = rule or HangRule.from_env()
         self.hang_told = False
@@ -111,21 +99,9 @@ class RunWatch:
         self.failure_told = False
 
     @classmethod
-    def on_hosts(cls, session: Session, run_dir: RunDir) -> RunWatch:
-        """For a run on hosts: reports are read over the session's connections."""
-        workspaces = [str(n["workspace"]) for n in run_dir.record()["nodes"]]
-        python = run_dir.spec().python
-
-        def read(index: int) -> Report:
-            result = session.conn(index).run([python, "-c", NODE_REPORT_SCRIPT, workspaces[index]], timeout=30)
-            return _report(result.stdout if result.exit_code == 0 else "")
-
-        return cls(session.labels, run_dir, read, low_disk_floor(run_dir))
-
-    @classmethod
-    def here(cls, run_dir: RunDir, label: str) -> RunWatch:
-        """For a run on this machine, whose workspace is the run directory."""
-        return cls([label], run_dir, lambda _index: node_report.report(str(run_dir.path)), low_disk_floor(run_dir))
+    def for_run(cls, labels: Sequence[str], run_dir: RunDir) -> RunWatch:
+        """For a run whose nodes are `labels` (on hosts, or this machine's one)."""
+        return cls(labels, run_dir, low_disk_floor(run_dir))
 
     def poll(self, states: Sequence[NodeState | None], now: float) -> None:
         """Look at this poll's states (None: a node not reached) and tell what is new."""
@@ -135,13 +111,16 @@ class RunWatch:
         self._check_disk(states)
         # A node whose torchrun ended without recording its status (no room left to write it) failed too.
         if any(s is not None and s.finished and s.exit_code != 0 for s in states):
-            self._tell_failure()
+            self._tell_failure(states)
         self._check_hang(states, now)
 
     def poll_here(self, running: bool, exit_code: int | None, record: object, now: float) -> None:
         """poll() for the local node: its state from the process and the run directory."""
         free = _free_bytes(self.run_dir.path)
-        self.poll([NodeState(None, exit_code, running, record if isinstance(record, dict) else None, free)], now)
+        workspace = str(self.run_dir.path)  # this machine's run: its workspace is the run directory
+        self.poll([NodeState(None, exit_code, running, record if isinstance(record, dict) else None, free,
+                             failures=tuple(node_report.failure_notes(workspace)),
+                             last_logged=node_report.last_logged(workspace))], now)
 
     def _say(self, index: int, text: str) -> None:
         console.print(without_control_chars(f"node {index} ({self.labels[index]}): {text}"), markup=False,
@@ -157,17 +136,14 @@ class RunWatch:
                              "the run fails once the disk is full; free space there")
             self.run_dir.event("low_disk", node=index, free=free, floor=self.low_disk_floor)
 
-    def _tell_failure(self) -> None:
+    def _tell_failure(self, states: Sequence[NodeState | None]) -> None:
         if self.failure_told:
             return
         self.failure_told = True
         first: tuple[bool, float, int, str] | None = None  # a lost peer after any other failure
-        for index in range(len(self.labels)):
-            try:
-                notes = self.read_report(index).get("failures") or []
-            except Exception:  # an unreachable node: its note comes back when the run is pulled
-                notes = []
-            for note in notes:
+        for index, state in enumerate(states):
+            # an unreachable node (None): its note comes back when the run is pulled
+            for note in state.failures if state is not None else ():
                 text = str(note["text"])
                 candidate = (lost_a_peer([text]), float(note["time"]), index, text)
                 first = candidate if first is None or candidate < first else first
@@ -188,11 +164,7 @@ class RunWatch:
         for index, state in enumerate(states):
             if state is None or state.finished:
                 continue
-            try:
-                last = str(self.read_report(index).get("last_logged") or "nothing")
-            except Exception:
-                last = "(not readable now)"
-            stopped[str(index)] = last
+            stopped[str(index)] = state.last_logged or "nothing"
         # Recorded before it is told: a Ctrl-C right after the user reads it must not leave the record without it.
         self.run_dir.event("hang", seconds=round(idle), threshold=round(self.rule.threshold(), 1), nodes=stopped)
         for node, last in stopped.items():
@@ -214,14 +186,6 @@ def _free_bytes(path: Path) -> int | None:
         return shutil.disk_usage(path).free
     except OSError:
         return None
-
-
-def _report(text: str) -> Report:
-    try:
-        value = json.loads(text.strip().splitlines()[-1]) if text.strip() else {}
-    except (ValueError, RecursionError):
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def _size(count: int) -> str:

@@ -18,9 +18,9 @@ from launcher.execute.plain_progress import run_progress
 from launcher.planning.mpi_check import check_local_mpi
 from launcher.planning.plan import RunPlan, plan_local
 from launcher.planning.preflight import check_local_disk
+from launcher.remote.proctree import start_time, stop_tree
 from launcher.results.rundir import RunDir, read_json
 from launcher.runtimes.join_files import write_local_hook
-from launcher.runtimes.proctree import start_time, stop_tree
 from launcher.spec.datasets import check_local_data
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.strategies import check_gpus, processes_per_node
@@ -144,7 +144,7 @@ def run_local(plan: RunPlan, run_dir: RunDir, show_progress: bool = True, show_o
         run_dir.event("started", node=0, pid=proc.pid, command=shown_argv(node.command))
         progress_file = run_dir.path / "progress.json"
         first_step = FirstStepWatch(out_path)
-        node_watch = RunWatch.here(run_dir, node.host.label)  # hangs, low disk, the first rank failure
+        node_watch = RunWatch.for_run([node.host.label], run_dir)  # hangs, low disk, the first rank failure
         with run_progress([node.host.label], enabled=show_progress) as progress:
             live = LiveOutput(run_dir, progress, show_output)  # rank 0's output, a script's progress, restarts
             while proc.poll() is None:

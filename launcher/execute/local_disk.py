@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from launcher.errors import DdpctlError
-from launcher.execute.node_report import failure_notes
+from launcher.remote.node_report import failure_notes
 
 # What a rank's failure note says when a write found the disk full (the trainer writes `OSError: [Errno 28] ...`).
 _FULL_DISK_MARKS = (f"[Errno {errno.ENOSPC}]", "No space left on device")

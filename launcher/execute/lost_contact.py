@@ -23,12 +23,9 @@ from launcher.execute.pull_record import PULL_RECORD
 from launcher.results.progress import console, progress_record
 from launcher.results.rundir import RunDir, read_json
 from launcher.runtimes.native import NodeState
-from launcher.transport.connection import HostConnection
 
 LOST_CONTACT_ENV = "DDPCTL_LOST_CONTACT"  # seconds without an answer before `up` gives up following (tests: fewer)
 LOST_CONTACT_SECONDS = 180.0
-# The exit_code file's time and the host's clock, to put the node's end on this machine's clock.
-EXIT_TIME_SCRIPT = 'stat -c %Y "$1/exit_code" && date +%s'
 
 
 def lost_contact_limit() -> float:
@@ -38,18 +35,6 @@ def lost_contact_limit() -> float:
     except ValueError:
         return LOST_CONTACT_SECONDS
     return seconds if math.isfinite(seconds) and seconds > 0 else LOST_CONTACT_SECONDS
-
-
-def recorded_exit_time(conn: HostConnection, workspace: str) -> float | None:
-    """When the node's exit_code file was written, on this machine's clock (the error is the round trip); None if
-    the host cannot say."""
-    sent = time.time()
-    try:
-        result = conn.run(["sh", "-c", EXIT_TIME_SCRIPT, "ddpctl-exit-time", workspace], timeout=30)
-        written, host_now = (float(x) for x in result.stdout.split()[:2])
-    except Exception:  # noqa: BLE001 - the time is a detail: without it the exit status is told alone
-        return None
-    return written + (sent + time.time()) / 2 - host_now
 
 
 def clock(when: float) -> str:

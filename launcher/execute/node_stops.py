@@ -1,15 +1,20 @@
-"""Stopping a run's nodes on their hosts (launcher/runtimes/native.py's stop, on each node at once): all of them,
-some of them, or all of them because the run directory went while `up` followed the run."""
+"""Stopping a run's nodes on their hosts, each in one round trip (launcher/runtimes/native.py's stop: the node
+program, launcher/remote/node_stop.py): all of them, some of them (a deleted workspace), all of them with each
+one's report of how it ended (a failure), or all of them because the run directory went while `up` followed."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from launcher.results.rundir import RunDir
-from launcher.runtimes.native import stop_node
+from launcher.runtimes.native import NodeState, ask_node, stop_node
 from launcher.runtimes.start import runtime_of
 from launcher.transport.hostsession import HostSession
 from launcher.transport.parallel import run_on_hosts
+
+
+def node_workspaces(run_dir: RunDir) -> list[str]:
+    return [str(n["workspace"]) for n in run_dir.record()["nodes"]]
 
 
 def stop_all(session: HostSession, run_dir: RunDir) -> None:
@@ -33,17 +38,33 @@ def stop_nodes_of(session: HostSession, run_dir: RunDir, nodes: list[int]) -> di
     return errors
 
 
+def stop_and_report(session: HostSession, run_dir: RunDir, stop: bool) -> list[NodeState | None]:
+    """Every node's report of how it ended, each stopped first (with `stop`) in the same round trip (one per
+    node); None for a node that could not be asked."""
+    facts = stop_facts(run_dir)
+    if stop:
+        outcomes = stop_nodes(session, facts, report=True)
+        run_dir.event("stopped", errors={o.label: str(o.error) for o in outcomes if o.error})
+    else:
+        workspaces, python, _ = facts
+        outcomes = run_on_hosts(list(range(len(workspaces))),
+                                lambda i: ask_node(session.conn(i), workspaces[i], python, report=True),
+                                timeout=90, label=session.label_of)
+    return [o.value if o.error is None else None for o in outcomes]
+
+
 def stop_facts(run_dir: RunDir) -> tuple[list[str], str, float]:
     """The nodes' workspaces, the hosts' python, and the stop grace for nodes that recorded none."""
-    workspaces = [str(n["workspace"]) for n in run_dir.record()["nodes"]]
-    return workspaces, run_dir.spec().python, runtime_of(run_dir.typed_record()).stop_grace_seconds
+    return node_workspaces(run_dir), run_dir.spec().python, runtime_of(run_dir.typed_record()).stop_grace_seconds
 
 
-def stop_nodes(session: HostSession, facts: tuple[list[str], str, float], nodes: list[int] | None = None) -> list[Any]:
+def stop_nodes(session: HostSession, facts: tuple[list[str], str, float], nodes: list[int] | None = None,
+               report: bool = False) -> list[Any]:
+    """Stop `nodes` (every node by default), one round trip each; each outcome's value is the node's state after."""
     workspaces, python, fallback = facts
     return run_on_hosts(list(range(len(workspaces))) if nodes is None else nodes,
-                        lambda i: stop_node(session.conn(i), workspaces[i], python, fallback),
-                        timeout=90, label=session.label_of)
+                        lambda i: stop_node(session.conn(i), workspaces[i], python, None, fallback, report),
+                        timeout=90 + (30 if report else 0), label=session.label_of)
 
 
 def run_dir_deleted(session: HostSession, run_dir: RunDir, facts: tuple[list[str], str, float]) -> str:

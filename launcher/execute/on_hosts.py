@@ -15,9 +15,17 @@ from launcher.execute.before_start import nothing_started_if_interrupted
 from launcher.execute.failure_cause import cause_exit_code, report_failure, shown_state, teardown_outcome
 from launcher.execute.hang_watch import RunWatch
 from launcher.execute.live_output import LiveOutput
-from launcher.execute.lost_contact import ContactWatch, end_following, lost_contact_limit, recorded_exit_time
+from launcher.execute.lost_contact import ContactWatch, end_following, lost_contact_limit
 from launcher.execute.mpi_access import MpiAccess
-from launcher.execute.node_stops import run_dir_deleted, stop_all, stop_facts, stop_nodes_of
+from launcher.execute.node_stops import (
+    node_workspaces,
+    run_dir_deleted,
+    stop_all,
+    stop_and_report,
+    stop_facts,
+    stop_nodes,
+    stop_nodes_of,
+)
 from launcher.execute.outside_stops import outside_stop
 from launcher.execute.plain_progress import run_progress
 from launcher.execute.pull_record import pull_lock, write_pull_record
@@ -201,7 +209,7 @@ def ship_code(session: HostSession, plan: RunPlan, run_dir: RunDir) -> None:
 
 def start_nodes(session: HostSession, plan: RunPlan, run_dir: RunDir) -> None:
     outcomes = run_on_hosts(list(range(len(plan.nodes))),
-                            lambda i: start_node(session.conn(i), plan.nodes[i], session.labels[i]),
+                            lambda i: start_node(session.conn(i), plan.nodes[i], session.labels[i], plan.spec.python),
                             timeout=60, label=session.label_of)
     for index, outcome in enumerate(outcomes):
         if outcome.error is None:
@@ -212,20 +220,16 @@ def start_nodes(session: HostSession, plan: RunPlan, run_dir: RunDir) -> None:
         raise_for_errors(outcomes, "start")
 
 
-def node_workspaces(run_dir: RunDir) -> list[str]:
-    return [n["workspace"] for n in run_dir.record()["nodes"]]
-
-
 def poll_states(session: HostSession, run_dir: RunDir, outputs: list[OutputRequest | None] | None = None,
                 key_changes: dict[int, str] | None = None,
                 errors: dict[int, str] | None = None) -> list[NodeState | None]:
     """Every node's state (with `outputs`, a worker's new output too); None for a node that cannot be reached.
     `key_changes` gets, by node, the refusal of a host whose key is not the one pinned (HOST KEY CHANGED);
     `errors` why each node that gave no state could not be asked (one line)."""
-    workspaces = node_workspaces(run_dir)
+    workspaces, python = node_workspaces(run_dir), run_dir.spec().python
     wanted = outputs or [None] * len(workspaces)
     outcomes = run_on_hosts(list(range(len(workspaces))),
-                            lambda i: read_state(session.conn(i), workspaces[i], wanted[i]),
+                            lambda i: read_state(session.conn(i), workspaces[i], wanted[i], python),
                             timeout=45, label=session.label_of)
     states: list[NodeState | None] = []
     for index, outcome in enumerate(outcomes):
@@ -250,14 +254,15 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
            stall_timeout: float = 0.0, show_output: bool = True) -> int:
     """Show progress until every node has ended; return 0, or the first failing node's exit code. With a
     `stall_timeout`, raise RunStopRequested once training has not moved for that many seconds."""
-    labels, workspaces = session.labels, node_workspaces(run_dir)
+    labels = session.labels
+    latest: list[NodeState | None] = [None] * len(labels)  # the exit time comes with the poll (no round trip)
     contact = ContactWatch(run_dir, labels, lost_contact_seconds or lost_contact_limit(), run_dir.spec().launcher,
-                           lambda i: recorded_exit_time(session.conn(i), workspaces[i]))  # silent nodes: the truth
+                           lambda i: getattr(latest[i], "exit_time", None))
     failed_reported = False
     cause: dict[str, Any] | None = None
     stall_reported = False
     freshest = FreshestProgress(len(labels))
-    node_watch = RunWatch.on_hosts(session, run_dir)  # hangs, low disk, the first rank failure: told unasked
+    node_watch = RunWatch.for_run(labels, run_dir)  # hangs, low disk, the first rank failure: told unasked
     with run_progress(labels, enabled=show_progress) as progress:
         live = LiveOutput(run_dir, progress, show_output)  # rank 0's output, a script's progress, restarts
         facts = stop_facts(run_dir)  # what stops the nodes, should the run directory go
@@ -277,7 +282,9 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
                 raise DdpctlError(f"{refusal}; ddpctl no longer talks to node {index}, so the run goes on there "
                                   f"unseen: check the host, then `ddpctl status {run_dir.run_id}`, "
                                   f"`ddpctl down {run_dir.run_id}`")
-            stopped_outside = outside_stop(run_dir, states, labels)  # `ddpctl down`, a deleted workspace
+            stopped_outside = outside_stop(  # `ddpctl down`; a deleted workspace, its node stopped by its marks
+                run_dir, states, labels, lambda gone: [o.value if o.error is None else o.error
+                                                       for o in stop_nodes(session, facts, gone)])
             if stopped_outside is not None:
                 raise RunStopRequested(*stopped_outside)
             extra = watch() if watch else ""  # e.g. the live cost of rented machines, on node 0's line
@@ -287,6 +294,7 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
                     freshest.observe(index, state.progress, now)
             node_watch.poll(states, now)
             hung = node_watch.rule.last_move is not None and node_watch.rule.hung(now)
+            latest[:] = states
             contact.observe(states, now, hung)
             stalled = freshest.stalled_for(now)
             if stalled is not None and not stall_reported:
@@ -308,7 +316,7 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
                 failed_reported = True
                 index, state = failed[0]
                 run_dir.event("node_failed", node=index, exit_code=state.exit_code)
-                cause = report_failure(session, run_dir, states, stop_all)  # stops the others, names the first
+                cause = report_failure(session, run_dir, states, stop_and_report)  # stops the others, names the first
                 continue  # poll again at once: the display then shows each node's outcome ("stopped", ...)
             silent = contact.past_limit(now)
             if silent is not None:  # never a silent wait: nodes that can only wait for it are stopped

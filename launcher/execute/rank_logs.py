@@ -78,13 +78,13 @@ def print_rank_log(run_dir: RunDir, rank: int, lines: int, follow: bool, options
         session.close()
         _print_pulled(pulled, local_rank, rank, lines, f"node {node} cannot be reached: {e}", attempt)
         return
-    workspace = node_workspaces(run_dir)[node]
+    workspace, python = node_workspaces(run_dir)[node], run_dir.spec().python
     finished = False
 
     def read(stream: str, attempt: int | None, offset: int, most: int) -> Chunk | None:
         nonlocal finished
-        state = read_state(conn, workspace, OutputRequest(local_rank, attempt, offset, most, stream))
-        finished = state.finished
+        state = read_state(conn, workspace, OutputRequest(local_rank, attempt, offset, most, stream), python)
+        finished = state.finished or state.workspace_gone  # a deleted workspace: nothing more comes
         if state.output_to is None:
             return None
         return Chunk(state.attempt, state.output_from or 0, state.output_to, state.output)
@@ -93,7 +93,7 @@ def print_rank_log(run_dir: RunDir, rank: int, lines: int, follow: bool, options
         if attempt is None:
             _print_rank(read, lambda: finished, rank, lines, follow)
             return
-        states = {stream: read_state(conn, workspace, OutputRequest(local_rank, attempt, 0, TAIL_BYTES, stream))
+        states = {stream: read_state(conn, workspace, OutputRequest(local_rank, attempt, 0, TAIL_BYTES, stream), python)
                   for stream in STREAMS}
         texts = {stream: state.output for stream, state in states.items()
                  if state.output_to is not None and state.output_attempt == attempt}

@@ -12,10 +12,10 @@ from launcher.errors import DdpctlError
 from launcher.execute.failure_cause import failure_from_pulled
 from launcher.execute.outside_stops import DOWN_EVENT
 from launcher.execute.restart_causes import finish_run_records
+from launcher.remote.proctree import alive, start_time
 from launcher.results.progress import progress_record
 from launcher.results.run_records import node_restarts
 from launcher.results.rundir import RunDir
-from launcher.runtimes.proctree import alive, start_time
 
 if TYPE_CHECKING:
     from launcher.planning.request import UpOptions
@@ -131,11 +131,11 @@ def print_host_log(run_dir: RunDir, node: int, lines: int, follow: bool, options
             size = conn.run(["wc", "-c", log], timeout=30).stdout.split() if follow else []
             offset = int(size[0]) if size and size[0].isdigit() else 0
         while follow:
-            state = read_state(conn, workspaces[node])
+            state = read_state(conn, workspaces[node], python=run_dir.spec().python)
             chunk = conn.run(["tail", "-c", f"+{offset + 1}", log], timeout=30).stdout
             offset += len(chunk.encode())
             print(chunk, end="", flush=True)
-            if state.finished:
+            if state.finished or state.workspace_gone:  # nothing more can come
                 break
             time.sleep(FOLLOW_POLL_SECONDS)
 

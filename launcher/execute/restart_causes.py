@@ -11,8 +11,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from launcher.execute.attribution import exception_line
 from launcher.execute.failure_log import without_control_chars
+from launcher.remote.attribution import exception_line
 from launcher.results.peer_loss import lost_a_peer
 from launcher.results.restarts import attempt_number
 from launcher.results.run_records import finish_records, node_logs_dirs

@@ -260,7 +260,7 @@ def finish_job(run_dir: RunDir, status: JobStatus) -> int:
         return 0
     labels = [f"node {k}" for k in range(run_dir.spec().nnodes)]
     copies = [run_dir.path / "nodes" / str(k) for k in range(len(labels))]
-    from launcher.execute import attribution
+    from launcher.remote import attribution
 
     reports = [attribution.node_report(str(c.resolve())) if (c / "torchrun.out").is_file() else None for c in copies]
     ranks = attribute(reports, labels, python=run_dir.spec().python)

@@ -1,12 +1,13 @@
 """What the read-only probe learned about one host, as a typed, versioned record (run.json's `node_facts`).
 
-Plain data, no launcher imports: planning decides from it, run.json keeps it, doctor prints it."""
+Plain data (the address rule is the host probe's own): planning decides from it, run.json keeps it, doctor prints it."""
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from launcher.remote.host_probe import own_address
 
 FACTS_VERSION = 1
 
@@ -81,13 +82,9 @@ class HostFacts:
 
     @property
     def address(self) -> str | None:
-        """The address the host was reached at, when it is one of its own; else its first non-loopback one."""
-        if self.ssh_server_addr in [a.addr for a in self.addrs]:
-            return self.ssh_server_addr
-        for a in self.addrs:
-            if not ipaddress.ip_address(a.addr).is_loopback and ":" not in a.addr:
-                return a.addr
-        return self.ssh_server_addr
+        """The address the host was reached at, when it is one of its own; else its first non-loopback IPv4 one
+        (the rule node 0's probe listens by: launcher/remote/host_probe.py's own_address)."""
+        return own_address(self.ssh_server_addr, [{"iface": a.iface, "addr": a.addr} for a in self.addrs])
 
     def iface_of(self, addr: str | None) -> str | None:
         """The interface holding `addr`, if it is one of the host's."""

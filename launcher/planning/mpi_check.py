@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from launcher.errors import SpecError
 from launcher.planning.preflight import Problem
 from launcher.spec.user_command import INTERPRETER_WORDS
-from launcher.transport.parallel import raise_for_errors, run_on_hosts
 
 if TYPE_CHECKING:
     from launcher.spec.run_spec import RunSpec
-    from launcher.transport.hostsession import HostSession
 
 # Prints what is missing, `|`-separated. Arguments: the python, 1 to check mpi4py, 1 to check ssh.
 MPI_CHECK_SCRIPT = r"""
@@ -44,20 +43,18 @@ def missing_line(missing: str) -> str | None:
     return f"--launcher mpirun needs {', '.join(items)}" if items else None
 
 
-def mpi_problems(session: HostSession, spec: RunSpec) -> list[Problem]:
-    """One problem per host that lacks what the MPI job needs (none for another launcher)."""
+def mpi_check_argv(spec: RunSpec, index: int, nnodes: int) -> list[str] | None:
+    """What host `index` runs (within its probe round trip) to say what it lacks for the MPI job; None for
+    another launcher. Node 0 of several also needs ssh: it starts the others' processes."""
     if spec.launcher != "mpirun":
-        return []
-    mpi4py = "1" if needs_mpi4py(spec) else "0"
+        return None
+    return ["sh", "-c", MPI_CHECK_SCRIPT, "ddpctl-mpi-check", spec.python, "1" if needs_mpi4py(spec) else "0",
+            "1" if index == 0 and nnodes > 1 else "0"]
 
-    def check(index: int) -> str:
-        ssh = "1" if index == 0 and len(session.targets) > 1 else "0"
-        return str(session.conn(index).run(["sh", "-c", MPI_CHECK_SCRIPT, "ddpctl-mpi-check", spec.python, mpi4py,
-                                            ssh], timeout=60).stdout)
 
-    found = raise_for_errors(run_on_hosts(list(range(len(session.targets))), check, timeout=90,
-                                          label=session.label_of), "MPI check")
-    return [Problem(session.labels[i], line) for i, text in enumerate(found) if (line := missing_line(text))]
+def mpi_problems(labels: Sequence[str], outputs: Sequence[str]) -> list[Problem]:
+    """One problem per host whose check (mpi_check_argv's, its output in `outputs`) found something missing."""
+    return [Problem(labels[i], line) for i, text in enumerate(outputs) if (line := missing_line(text))]
 
 
 def check_local_mpi(spec: RunSpec) -> None:

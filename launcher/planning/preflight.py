@@ -3,8 +3,8 @@ reach node 0's rendezvous address — checked before anything is started. `ddpct
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
-import json
 import math
 import shutil
 from pathlib import Path
@@ -12,39 +12,22 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from launcher.errors import DdpctlError, HostError
 from launcher.planning.facts import HostFacts
-from launcher.planning.rdzv_reservation import release_reservation, reserve_and_listen
-from launcher.remote import host_probe, source_of
+from launcher.planning.host_round import ProbeAnswer, probe_all, run_probe
+from launcher.planning.rdzv_reservation import listen_request, listening_port, release_reservation
 from launcher.transport.connection import HostConnection
-from launcher.transport.parallel import raise_for_errors, run_on_hosts
+from launcher.transport.parallel import HostOutcome, raise_for_errors
 
 if TYPE_CHECKING:
     from launcher.spec.run_spec import RunSpec
 
 MIN_FREE_DISK = 1 << 30  # bytes: snapshots and logs of a small run fit easily
-
-# Runs on the host under the chosen python: prints one JSON object, never fails on a missing piece.
-PROBE_SCRIPT = source_of(host_probe)
-
-CONNECT_SCRIPT = r"""
-import socket, sys
-try:
-    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=float(sys.argv[3])).close()
-    print("ok")
-except OSError as e:
-    print("failed: %s" % e); sys.exit(1)
-"""
+REACH_TIMEOUT = 10.0  # seconds another node gets to connect to node 0's rendezvous port
 
 
 def probe_host(conn: HostConnection, python: str, label: str, timeout: float = 60.0) -> HostFacts:
-    """Run the probe on one host; a missing python or an unparsable answer is that host's error."""
-    result = conn.run([python, "-c", PROBE_SCRIPT], timeout=timeout)
-    if result.exit_code != 0:
-        raise HostError(label, f"{python} failed ({(result.stderr or result.stdout).strip()[:200]}); "
-                        "install python3 there or pass --python PATH")
-    try:
-        return HostFacts.from_probe(label, json.loads(result.stdout.strip().splitlines()[-1]))
-    except (ValueError, IndexError, KeyError, TypeError, AttributeError, RecursionError) as e:
-        raise HostError(label, f"unexpected preflight answer: {result.stdout[:200]!r}") from e
+    """Run the probe on one host (launcher/planning/host_round.py); a missing python or an unparsable answer is
+    that host's error."""
+    return run_probe(conn, python, label, timeout=timeout).facts
 
 
 class Problem(NamedTuple):
@@ -88,7 +71,7 @@ def _major_minor(version: Any) -> str:
 
 
 def check_rendezvous_reachable(conns: list[HostConnection], labels: list[str], python: str, addr: str, port: int,
-                               timeout: float = 10.0, any_free_port: bool = False,
+                               timeout: float = REACH_TIMEOUT, any_free_port: bool = False,
                                reserve_for: str | None = None) -> int:
     """Open node 0's rendezvous port for a moment and connect to it from every other node; return the port.
 
@@ -96,24 +79,35 @@ def check_rendezvous_reachable(conns: list[HostConnection], labels: list[str], p
     `reserve_for` (a run id) the port is reserved for that run (launcher/planning/rdzv_reservation.py)."""
     if len(conns) < 2:
         return port
-
-    def connect(index: int) -> str:
-        r = conns[index].run([python, "-c", CONNECT_SCRIPT, addr, str(port), str(timeout)], timeout=timeout + 10)
-        if r.exit_code != 0:
-            raise HostError(labels[index], f"cannot reach node 0's rendezvous address {addr}:{port} "
-                            f"({r.stdout.strip()}); check the network or pass --rdzv-addr")
-        return "ok"
-
+    listen = listen_request(addr=addr, port=port, expect=len(conns) - 1, seconds=timeout + 20,
+                            any_free=any_free_port, run_id=reserve_for)
     try:  # an interruption while node 0 reserves may come after its reservation was made there: released too
-        port = reserve_and_listen(conns[0], python, labels[0], addr, port, expect=len(conns) - 1,
-                                  seconds=timeout + 20, any_free=any_free_port, run_id=reserve_for)
-        outcomes = run_on_hosts(list(range(1, len(conns))), connect, timeout=timeout + 15, label=lambda i: labels[i])
-        raise_for_errors(outcomes, "rendezvous check")
+        outcomes = probe_all(conns, labels, python, listen=listen, connect_timeout=timeout)
+        raise_for_errors(outcomes[:1], "rendezvous check")
+        raise_for_errors(outcomes[1:], "rendezvous check")
+        return reached_port(outcomes, labels, addr, port)
     except BaseException:
         if reserve_for:  # refused (or interrupted) before anything ran: the reservation goes with it
-            release_reservation(conns[0], python, reserve_for, wait=0)
+            with contextlib.suppress(Exception):  # best effort: one left behind goes stale by rule
+                release_reservation(conns[0], python, reserve_for, wait=0)
         raise
-    return port
+
+
+def reached_port(outcomes: list[HostOutcome[int, ProbeAnswer]], labels: list[str], addr: str, port: int) -> int:
+    """Node 0's rendezvous port, from the probes' answers (every host answered), once every other node reached
+    it; else node 0's refusal (HostError) or the nodes that could not reach it (HostsFailed)."""
+    node0 = outcomes[0].value
+    assert node0 is not None
+    addr = node0.addr or addr
+    chosen = listening_port(labels[0], node0.listen or "", addr, port)
+    reached: list[HostOutcome[int, str]] = []
+    for index, outcome in enumerate(outcomes[1:], start=1):
+        said = outcome.value.connect if outcome.value is not None else None
+        reached.append(HostOutcome(index, labels[index], said, None if said == "ok" else HostError(
+            labels[index], f"cannot reach node 0's rendezvous address {addr}:{chosen} ({said or 'not tried'}); "
+                           "check the network or pass --rdzv-addr")))
+    raise_for_errors(reached, "rendezvous check")
+    return chosen
 
 
 def check_public_rendezvous(addr: str, facts: list[HostFacts], allow_public: bool) -> None:

@@ -1,27 +1,32 @@
-"""Probe a run's hosts (read-only: connect, run the probe, look at their Docker engines, try node 0's rendezvous
-port), then decide everything the plan needs from what was found: runtime `auto`, processes per node, addresses,
-the rendezvous port. `plan_probed` and `plan_unprobed` are pure; the executor runs the plan they return."""
+"""Probe a run's hosts, one round trip per host (launcher/planning/host_round.py: what the host is, its Docker
+engine or MPI check, and node 0's rendezvous port, which the other nodes connect to), then decide everything the
+plan needs from what was found: runtime `auto`, processes per node, addresses, the rendezvous port. Read-only,
+but for node 0's port reservation in a run that is not a dry run (released if the probe refuses the run).
+`plan_probed` and `plan_unprobed` are pure; the executor runs the plan they return."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from launcher.errors import DdpctlError, SpecError
 from launcher.planning.facts import HostFacts
-from launcher.planning.mpi_check import mpi_problems
+from launcher.planning.host_round import probe_all
+from launcher.planning.mpi_check import mpi_check_argv, mpi_problems
 from launcher.planning.mpi_plan import mpi_nodes
 from launcher.planning.plan import NodeHost, RunPlan, plan_remote
 from launcher.planning.preflight import (
+    REACH_TIMEOUT,
     Problem,
     check_public_rendezvous,
-    check_rendezvous_reachable,
     check_requirements,
-    probe_host,
+    reached_port,
 )
+from launcher.planning.rdzv_reservation import listen_request, release_reservation
 from launcher.spec.strategies import check_gpus
-from launcher.transport.parallel import raise_for_errors, run_on_hosts
+from launcher.transport.parallel import raise_for_errors
 
 if TYPE_CHECKING:
     from launcher.planning.plan import NodeRuntime
@@ -29,10 +34,18 @@ if TYPE_CHECKING:
     from launcher.spec.run_spec import RunSpec
     from launcher.transport.hostsession import HostSession
 
-# How the probe picks the run's runtime from the hosts (launcher.runtimes.choose.choose_runtime: planning knows
-# runtimes only through their interface): the runtime, and for docker whether each host's engine has the NVIDIA
-# runtime.
-RuntimeChoice = Callable[["UpOptions", "HostSession"], "tuple[NodeRuntime, tuple[bool, ...] | None]"]
+
+
+class RuntimeChoice(Protocol):
+    """How the probe picks the run's runtime from the hosts (launcher.runtimes.choose.choose_runtime: planning
+    knows runtimes only through this): what each host checks within its probe round trip, then the runtime, and
+    for docker whether each host's engine has the NVIDIA runtime."""
+
+    def host_checks(self, options: UpOptions) -> list[list[str]]: ...
+
+    def choose(self, options: UpOptions, labels: Sequence[str], answers: Sequence[Any]
+               ) -> tuple[NodeRuntime, tuple[bool, ...] | None]: ...
+
 
 # Processes per node on CPU-only hosts when --gpus is not given: enough to exercise DDP.
 CPU_PROCS = 2
@@ -68,21 +81,55 @@ def node_hosts(options: UpOptions, probe: HostProbe, provider_hosts: list[NodeHo
 
 def probe_hosts(session: HostSession, spec: RunSpec, options: UpOptions, choose_runtime: RuntimeChoice,
                 provider_hosts: list[NodeHost] | None = None) -> HostProbe:
-    """Probe every host (read-only) and refuse what cannot run: missing torch, too few GPUs, a public or
+    """Probe every host in one round trip each (node 0 first when there are several: it listens on the rendezvous
+    port the others then connect to) and refuse what cannot run: missing torch, too few GPUs, a public or
     unreachable rendezvous address; `choose_runtime` picks the runtime. Raises a DdpctlError naming every failing
-    host. A run that is not a dry run reserves node 0's rendezvous port (launcher/planning/rdzv_reservation.py)."""
-    outcomes = run_on_hosts(list(range(len(session.targets))),
-                            lambda i: probe_host(session.conn(i), spec.python, session.labels[i]),
-                            timeout=options.connect_timeout + 90, label=session.label_of)
-    facts = tuple(raise_for_errors(outcomes, "preflight"))
+    host. A run that is not a dry run reserves node 0's rendezvous port (launcher/planning/rdzv_reservation.py),
+    and releases it when the probe refuses the run or is interrupted."""
+    count = len(session.targets)
     # Only torchrun runs in a container: another --launcher makes `auto` native (`docker` was refused).
     chosen = options if spec.launcher == "torchrun" else replace(options, runtime="native")
-    runtime, engine_gpus = choose_runtime(chosen, session)
+    runtime_checks = choose_runtime.host_checks(chosen)
+
+    def checks(index: int) -> list[list[str]]:
+        mpi = mpi_check_argv(spec, index, count)
+        return runtime_checks + ([mpi] if mpi else [])
+
+    run_id = None if options.dry_run else spec.run_id
+    listen = None
+    if count > 1:  # the address the plan will give node 0 (node_hosts), found by node 0 itself when not given
+        given = options.rdzv_addr or (provider_hosts[0].address if provider_hosts else None)
+        listen = listen_request(addr=given, own=not provider_hosts, hostname=session.targets[0].hostname,
+                                port=spec.rdzv_port, expect=count - 1, seconds=REACH_TIMEOUT + 20,
+                                any_free=options.auto_rdzv_port, allow_public=options.allow_public_rendezvous,
+                                run_id=run_id)
+    conns = [session.conn(i) for i in range(count)]
+    try:  # an interruption while node 0 reserves may come after its reservation was made there: released too
+        outcomes = probe_all(conns, session.labels, spec.python, checks=checks, listen=listen,
+                             connect_timeout=REACH_TIMEOUT, timeout=options.connect_timeout + 90)
+        return _judged(spec, options, choose_runtime, chosen, session, outcomes, provider_hosts)
+    except BaseException:
+        if listen is not None and run_id is not None:  # best effort: one left behind goes stale by rule
+            with contextlib.suppress(Exception):
+                release_reservation(conns[0], spec.python, run_id, wait=0)
+        raise
+
+
+def _judged(spec: RunSpec, options: UpOptions, choose_runtime: RuntimeChoice, chosen: UpOptions,
+            session: HostSession, outcomes: list[Any], provider_hosts: list[NodeHost] | None) -> HostProbe:
+    """The probe's findings from every host's answer, or the first reason to refuse the run: a host that did not
+    answer, requirements not met, a public rendezvous address, node 0's port taken, a node that cannot reach it."""
+    answers = raise_for_errors(outcomes, "preflight")
+    facts = tuple(a.facts for a in answers)
+    runtime_count = len(choose_runtime.host_checks(chosen))
+    runtime, engine_gpus = choose_runtime.choose(chosen, session.labels,
+                                                 [a.checks[0] for a in answers] if runtime_count else [])
     procs = procs_per_node(spec, options, facts)
     # An MPI job's script may need no torch: what it needs is checked by mpi_problems.
     problems = check_requirements(list(facts), procs, spec=spec,
                                   runs_host_torch=runtime.runs_host_torch and spec.launcher != "mpirun")
-    problems += mpi_problems(session, spec)
+    if spec.launcher == "mpirun":
+        problems += mpi_problems(session.labels, [a.checks[runtime_count].stdout for a in answers])
     problems += strategy_problems(spec, procs, facts)
     if problems:
         raise DdpctlError("preflight failed:\n" + "\n".join(f"  {p}" for p in problems))
@@ -91,10 +138,9 @@ def probe_hosts(session: HostSession, spec: RunSpec, options: UpOptions, choose_
         return probe
     _hosts, addr0 = node_hosts(options, probe, provider_hosts)
     check_public_rendezvous(addr0, list(facts), options.allow_public_rendezvous)
-    port = check_rendezvous_reachable([session.conn(i) for i in range(len(facts))], session.labels, spec.python,
-                                      addr0, spec.rdzv_port, any_free_port=options.auto_rdzv_port,
-                                      reserve_for=None if options.dry_run else spec.run_id)
-    return replace(probe, rdzv_port=port)
+    if answers[0].addr != addr0:
+        raise AssertionError(f"node 0 listened on {answers[0].addr}, the plan gives it {addr0}")
+    return replace(probe, rdzv_port=reached_port(outcomes, session.labels, addr0, spec.rdzv_port))
 
 
 def strategy_problems(spec: RunSpec, procs: int, facts: tuple[HostFacts, ...]) -> list[Problem]:

@@ -1,10 +1,10 @@
-"""Runs on a host under the run's python (standard library only; sent as this file's text, launcher/planning/
-preflight.py): what the host is, as one JSON object on stdout. It never fails on a missing piece: what it cannot
-learn is left out or null. torch's version comes from its metadata and the GPUs from nvidia-smi, because
+"""Runs on a host under the run's python (standard library only; sent as source within the probe's program,
+launcher/remote/probe_round.py): what the host is, as one JSON-ready object. It never fails on a missing piece:
+what it cannot learn is left out or null. torch's version comes from its metadata and the GPUs from nvidia-smi, because
 importing torch would cost seconds per host."""
 
 import contextlib
-import json
+import ipaddress
 import os
 import shutil
 import subprocess
@@ -50,5 +50,15 @@ def host_facts() -> "dict[str, Any]":
     return info
 
 
-if __name__ == "__main__":  # `python -c SOURCE` on the host
-    print(json.dumps(host_facts()))
+def own_address(ssh_server_addr: "str | None", addrs: "list[dict]") -> "str | None":
+    """The address the other nodes reach this host at: the one it was reached at over SSH when that is one of
+    its own, else its first IPv4 address that is not loopback (launcher/planning/facts.py's HostFacts.address
+    and node 0's rendezvous listener both use this rule)."""
+    own = [str(a["addr"]) for a in addrs]
+    if ssh_server_addr in own:
+        return ssh_server_addr
+    for addr in own:
+        with contextlib.suppress(ValueError):
+            if not ipaddress.ip_address(addr).is_loopback and ":" not in addr:
+                return addr
+    return ssh_server_addr

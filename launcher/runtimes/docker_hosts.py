@@ -60,7 +60,16 @@ CHUNK = 1 << 20
 
 def host_docker_info(conn: HostConnection, image: str) -> DockerHostInfo:
     """Ask the host's engine (over SSH) whether it runs, has the NVIDIA runtime, and which ID `image` has there."""
-    result = conn.run(["sh", "-c", INFO_SCRIPT, "ddpctl-docker-info", image], timeout=60)
+    return docker_info_from(conn.run(docker_info_argv(image), timeout=60))
+
+
+def docker_info_argv(image: str) -> list[str]:
+    """The engine check as a quoted argv (run alone, or within the probe's round trip)."""
+    return ["sh", "-c", INFO_SCRIPT, "ddpctl-docker-info", image]
+
+
+def docker_info_from(result: Any) -> DockerHostInfo:
+    """The engine check's answer (anything with `stdout` and `stderr`) read."""
     fields = dict(line.partition(" ")[::2] for line in result.stdout.splitlines() if line.strip())
     if "engine" not in fields:
         problem = fields.get("problem") or (result.stderr.strip().splitlines() or ["no answer"])[-1]

@@ -1,6 +1,6 @@
 """Starting a planned node on its host, whatever its runtime: the environment file first (over SFTP, 0600 in the
-0700 workspace: never on a command line), then the fixed detach script (launcher/runtimes/native.py's
-DETACH_SCRIPT) around the node's command. The node's runtime answers what differs: the file's name and format,
+0700 workspace: never on a command line), then the start program (launcher/remote/node_start.py, run by the
+host's python) around the node's command. The node's runtime answers what differs: the file's name and format,
 whether the detach script or the node's own wrapper reads it, and how long a stop waits."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from launcher.errors import HostError
 from launcher.results.record import RecordError
 from launcher.runtimes.docker import DockerRuntime
 from launcher.runtimes.join_files import write_remote_hook
-from launcher.runtimes.native import DETACH_SCRIPT, NativeRuntime
+from launcher.runtimes.native import NativeRuntime, start_program
 from launcher.spec.launchers import NODE_RANK_ENV
 from launcher.transport.connection import HostConnection
 
@@ -39,12 +39,13 @@ def runtime_of(record: RunRecord) -> NodeRuntime:
     return runtime_named(name, image if isinstance(image, str) else None)
 
 
-def start_argv(node: NodePlan) -> list[str]:
-    """The quoted-argv command that starts a node detached; its environment is in env_file(node), written first."""
+def start_argv(node: NodePlan, python: str = "python3") -> list[str]:
+    """The quoted-argv command that starts a node detached with the host's `python`; its environment is in
+    env_file(node), written first."""
     runtime = runtime_named(node.runtime)
     name = runtime.env_file(node)[0] if runtime.detach_reads_env_file else ""
-    return ["sh", "-c", DETACH_SCRIPT, "ddpctl-start", node.workspace, node.cwd, name,
-            str(runtime.stop_grace_seconds), *node.command]
+    return [python, "-c", start_program(), node.workspace, node.cwd, name, str(runtime.stop_grace_seconds),
+            *node.command]
 
 
 def env_file(node: NodePlan) -> tuple[str, bytes]:
@@ -63,15 +64,16 @@ def write_env_file(conn: HostConnection, node: NodePlan) -> None:
         f.write(data)
 
 
-def start_node(conn: HostConnection, node: NodePlan, label: str) -> int:
-    """Write the node's environment file, then start its command detached; return its pid."""
+def start_node(conn: HostConnection, node: NodePlan, label: str, python: str = "python3") -> int:
+    """Write the node's environment file, then start its command detached with the host's `python`; return its
+    pid."""
     try:
         write_env_file(conn, node)
         if NODE_RANK_ENV in dict(node.env):  # a `-- CMD` node: the world its processes join is measured
             write_remote_hook(conn.sftp, node.workspace)
     except OSError as e:
         raise HostError(label, f"could not write the node's environment into {node.workspace}: {e}") from e
-    result = conn.run(start_argv(node), timeout=30)
+    result = conn.run(start_argv(node, python), timeout=30)
     if result.exit_code != 0 or not result.stdout.strip().isdigit():
         raise HostError(label, f"could not start torchrun: {(result.stderr or result.stdout).strip()[:300]}")
     return int(result.stdout.strip())

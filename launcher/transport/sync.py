@@ -170,6 +170,12 @@ def remote_manifest(conn: Connection, remote_dir: str, python: str = "python3") 
         raise HostError(conn.label, f"malformed manifest of {remote_dir}: {e}") from e
 
 
+def _with_parents(folder: str) -> list[str]:
+    """`a/b/c` -> [`a/b/c`, `a/b`, `a`]."""
+    parts = folder.split("/") if folder else []
+    return ["/".join(parts[:i]) for i in range(len(parts), 0, -1)]
+
+
 def ship_tree(conn: Connection, local_dir: Path, remote_dir: str, *, python: str = "python3") -> ShipStats:
     """Make remote_dir equal local_dir (minus ignored files), sending only new or changed files; `python` is
     the host's interpreter, which lists, creates and prunes there."""
@@ -178,15 +184,18 @@ def ship_tree(conn: Connection, local_dir: Path, remote_dir: str, *, python: str
         raise DdpctlError(f"cannot ship {local_dir}: not a directory")
     spec = ignore_spec(local_dir)
     local = local_manifest(local_dir, spec)
-    _, entries = remote_manifest(conn, remote_dir, python)
+    exists, entries = remote_manifest(conn, remote_dir, python)
     remote = {e.path: e for e in entries}
     to_send = [rel for rel, (_, sha, mode) in local.items()
                if rel not in remote or remote[rel].type != "file" or remote[rel].sha256 != sha
                or remote[rel].mode != mode]
     to_delete = [e.path for e in entries if e.path not in local and not spec.match_file(e.path)]
-    dirs = sorted({os.path.dirname(rel) for rel in to_send} - {""})
-    conn.check([python, "-c", REMOTE_SCRIPT, "mkdirs", remote_dir], f"creating {remote_dir}",
-               stdin=json.dumps(dirs).encode(), timeout=120)
+    present = {os.path.dirname(e.path) for e in entries}  # a folder holding anything is there (and its parents)
+    dirs = sorted({os.path.dirname(rel) for rel in to_send} - {""}
+                  - {parent for folder in present for parent in _with_parents(folder)})
+    if dirs or not exists:  # a relaunch with its folders in place needs no round trip here
+        conn.check([python, "-c", REMOTE_SCRIPT, "mkdirs", remote_dir], f"creating {remote_dir}",
+                   stdin=json.dumps(dirs).encode(), timeout=120)
     sent_bytes = 0
     sftp = conn.sftp if to_send else None
     for rel in to_send:

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from infra.testbed import Testbed, cleanup_stale
-from launcher.execute.attribution import explaining_lines, parse_failures
 from launcher.execute.failure_cause import attribute, cause_exit_code, shown_state
+from launcher.remote.attribution import explaining_lines, parse_failures
 from tests.testbed_fixtures import REPO, TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, run_ddpctl
 
 needs_testbed = pytest.mark.skipif(TESTBED_UNAVAILABLE, reason=TESTBED_SKIP_REASON)
@@ -321,7 +321,7 @@ def test_report_parsing_and_ordering_across_nodes() -> None:
 
 
 def test_out_of_memory_is_named_from_the_kernel_log(monkeypatch: pytest.MonkeyPatch) -> None:
-    from launcher.execute import attribution
+    from launcher.remote import attribution
 
     def kernel_log(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
         text = ("[  10.1] Out of memory: Killed process 4242 (python3) total-vm:9000000kB\n"

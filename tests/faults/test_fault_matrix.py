@@ -7,8 +7,10 @@ failure attribution in test_failure_attribution.py."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -115,14 +117,26 @@ exec python3 "$@"
 """
 
 
+def bed_reservations(bed: Testbed) -> set[Path]:
+    """The reservations this bed's users hold (the directory is shared with every other bed on the machine)."""
+    users = {pwd.getpwnam(h.user).pw_uid for h in bed.hosts}
+    found = set()
+    for path in Path(RESERVATION_DIR).glob("port-*"):
+        with contextlib.suppress(FileNotFoundError):
+            if path.stat().st_uid in users:
+                found.add(path)
+    return found
+
+
 @pytest.mark.parametrize(("phase", "gated", "signal_name", "line"), [
     ("probe", "true", "SIGINT", "error: interrupted by Ctrl-C while probing the hosts: nothing was started on any "
                                 "host; no run directory was made"),
     ("ship", '[ "$3" = manifest ]', "SIGTERM", "error: interrupted by SIGTERM while shipping the code to the hosts: "
                                                "nothing was started on any host; no run directory kept (it held only "
                                                "the plan)"),
-    # The last step of the probe: node 0's port is reserved and node 1 connects to it; the reservation goes too.
-    ("reserve", 'echo "$2" | grep -q create_connection', "SIGINT",
+    # The last step of the probe: node 0's port is reserved and node 1's probe, asked to connect to it, is held
+    # (its one argument is the probe's request); the reservation goes too.
+    ("reserve", """echo "$3" | grep -q '"connect": {'""", "SIGINT",
      "error: interrupted by Ctrl-C while probing the hosts: nothing was started on any host; no run directory was "
      "made"),
 ], ids=["ctrl-c-while-probing", "sigterm-while-shipping", "ctrl-c-once-the-port-is-reserved"])
@@ -131,7 +145,7 @@ def test_interrupted_before_torchrun_starts_says_nothing_was_started(bed: Testbe
     """Interrupted while the hosts are probed or the code is shipped: one line saying that nothing runs anywhere
     and what became of the run directory; exit 130; nothing in --runs-dir; no process left on the hosts."""
     gate_dir = Path(tempfile.mkdtemp(prefix=f"ddpctl-gate-{phase}-"))
-    reserved_before = set(Path(RESERVATION_DIR).glob("port-*"))
+    reserved_before = bed_reservations(bed)
     try:
         os.chmod(gate_dir, 0o777)  # the hosts' login users say there that they reached the gate
         python = gate_dir / "gated-python"
@@ -146,7 +160,7 @@ def test_interrupted_before_torchrun_starts_says_nothing_was_started(bed: Testbe
         assert last_line(err) == line, err
         assert "Traceback" not in err
         assert list((tmp_path / "runs").iterdir()) == [], "nothing half-written in --runs-dir"
-        assert set(Path(RESERVATION_DIR).glob("port-*")) <= reserved_before, "a rendezvous port left reserved"
+        assert bed_reservations(bed) <= reserved_before, "a rendezvous port left reserved"
         assert_nothing_left_running(bed.hosts)
         wait_for("the gated steps to end on the hosts", lambda: not any(
             h.run_as_user(["pgrep", "-u", h.user, "-f", str(gate_dir)], check=False).stdout for h in bed.hosts),

@@ -5,15 +5,13 @@ torchrun (`--log-dir DIR --redirects 3`) ends a failed node with a ChildFailedEr
 signal — `pid`, `error_file`), the earliest under "Root Cause". Its log line `E<MMDD> <HH:MM:SS.ffffff> ...
 failed (exitcode: N) local_rank: L (pid: P) of binary: B` dates that first failure to the millisecond and names
 the program the worker ran. A worker whose entry point uses torch's `@record` also leaves the error file torchrun
-gave it in TORCHELASTIC_ERROR_FILE (`error.json` beside its logs), with its traceback. The detach script records
-torchrun's own exit status in `exit_code` (its modification time: when torchrun ended); 128+N is torchrun itself
-ended by signal N, e.g. its agent SIGKILLed.
+gave it in TORCHELASTIC_ERROR_FILE (`error.json` beside its logs), with its traceback. The node's supervisor
+(launcher/remote/node_start.py) records torchrun's own exit status in `exit_code` (its modification time: when
+torchrun ended); 128+N is torchrun itself ended by signal N, e.g. its agent SIGKILLed.
 
-Standard library only, and no imports from launcher: this file's source is also run on hosts as a script,
-`PYTHON -c SOURCE WORKSPACE` (launcher.execute.failure_cause), which prints node_report(WORKSPACE) as JSON.
+Runs on the hosts as part of the node program when a node's end is asked about (launcher/remote/node_state.py,
+read by launcher.execute.failure_cause), and here for a local run and for pulled copies.
 """
-
-from __future__ import annotations
 
 import glob
 import json
@@ -245,8 +243,3 @@ def node_report(workspace: str, exit_code: int | None = None) -> dict[str, Any]:
         first["oom"] = killed_for_memory(first["pid"])
     return report
 
-
-if __name__ == "__main__":
-    import sys
-
-    print(json.dumps(node_report(sys.argv[1])))

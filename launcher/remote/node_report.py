@@ -1,14 +1,10 @@
 """What a node's workspace says about how it is doing: the last line its workers (or torchrun) logged, and the
 failure notes its ranks left (trainer/failure.py: OUT/failures/rank-NNNNN.txt, "UNIXTIME rank R: MESSAGE").
 
-Standard library only, and no imports from launcher: this file's source also runs on hosts as a script,
-`PYTHON -c SOURCE WORKSPACE` (printing one JSON object), where ddpctl is not installed.
+Runs on the hosts as part of every state poll (launcher/remote/node_state.py) and here for a local run.
 """
 
-from __future__ import annotations
-
 import glob
-import json
 import os
 
 # A host's node writes under WORKSPACE/out; a local run's out directory is the run directory itself.
@@ -69,8 +65,3 @@ def failure_notes(workspace: str) -> list[dict[str, object]]:
 def report(workspace: str) -> dict[str, object]:
     return {"last_logged": last_logged(workspace), "failures": failure_notes(workspace)}
 
-
-if __name__ == "__main__":
-    import sys
-
-    print(json.dumps(report(sys.argv[1])))

@@ -1,0 +1,91 @@
+"""The probe's one round trip to a host: launcher/remote/probe_round.py, sent as source with the modules it uses,
+learns what the host is, runs the checks a runtime (or the MPI launcher) asks for, and on node 0 reserves and
+listens on the rendezvous port, on the other nodes connects to it. `run_probe` sends one request and reads the
+answer; launcher/planning/probe.py decides what to ask each host and when."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from launcher.errors import HostError
+from launcher.planning.facts import HostFacts
+from launcher.remote import daemon, host_probe, probe_round, rdzv_port
+from launcher.remote.program import program
+from launcher.transport.connection import HostConnection
+from launcher.transport.parallel import HostOutcome, run_on_hosts
+
+# What the hosts run: `python -c PROBE_PROGRAM REQUEST-JSON`, the modules' own text (no second copy).
+PROBE_PROGRAM = program(probe_round, daemon, host_probe, rdzv_port)
+PROBE_TIMEOUT = 90.0  # seconds: nvidia-smi, a Docker engine's answer, node 0's reservation lock (30 s at most)
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """What one check run on a host gave: its exit code and output."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+@dataclass(frozen=True)
+class ProbeAnswer:
+    """One host's answer: its facts, each check's result (in the order asked), and what came of `connect`
+    (`ok` or `failed: WHY`) and `listen` (`listening PORT` or why not) with the address listened on."""
+
+    facts: HostFacts
+    checks: tuple[CheckResult, ...] = ()
+    connect: str | None = None
+    listen: str | None = None
+    addr: str | None = None
+
+
+def run_probe(conn: HostConnection, python: str, label: str, *, checks: Sequence[Sequence[str]] = (),
+              connect: dict[str, Any] | None = None, listen: dict[str, Any] | None = None,
+              timeout: float = PROBE_TIMEOUT) -> ProbeAnswer:
+    """Probe one host in one round trip; a missing python or an unparsable answer is that host's HostError."""
+    request = {"checks": [list(c) for c in checks], "connect": connect, "listen": listen}
+    result = conn.run([python, "-c", PROBE_PROGRAM, json.dumps(request)], timeout=timeout)
+    if result.exit_code != 0:
+        raise HostError(label, f"{python} failed ({(result.stderr or result.stdout).strip()[-200:]}); "
+                        "install python3 there or pass --python PATH")
+    try:
+        data = json.loads(result.stdout.strip().splitlines()[-1])
+        found = tuple(CheckResult(int(c["code"]), str(c["stdout"]), str(c["stderr"])) for c in data["checks"])
+        return ProbeAnswer(HostFacts.from_probe(label, data["facts"]), found, _text(data.get("connect")),
+                           _text(data.get("listen")), _text(data.get("addr")))
+    except (ValueError, IndexError, KeyError, TypeError, AttributeError, RecursionError) as e:
+        raise HostError(label, f"unexpected preflight answer: {result.stdout[:200]!r}") from e
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def probe_all(conns: Sequence[HostConnection], labels: Sequence[str], python: str, *,
+              checks: Callable[[int], Sequence[Sequence[str]]] = lambda index: (),
+              listen: dict[str, Any] | None = None, connect_timeout: float = 10.0,
+              timeout: float = PROBE_TIMEOUT) -> list[HostOutcome[int, ProbeAnswer]]:
+    """Every host probed in one round trip, host k asked `checks(k)`: all at once; or, with `listen` (node 0's
+    rendezvous request, launcher/planning/rdzv_reservation.py's listen_request) and several hosts, node 0 first,
+    then the others at once, each connecting to node 0's port (within `connect_timeout` seconds) when node 0
+    listens. An outcome per host, in host order: its answer or its error."""
+
+    def ask(index: int, connect: dict[str, Any] | None = None, listen: dict[str, Any] | None = None) -> ProbeAnswer:
+        return run_probe(conns[index], python, labels[index], checks=checks(index), connect=connect, listen=listen,
+                         timeout=timeout)
+
+    indexes = list(range(len(conns)))
+    if listen is None or len(conns) < 2:
+        return run_on_hosts(indexes, ask, timeout=timeout + 5, label=lambda i: labels[i])
+    first = run_on_hosts([0], lambda i: ask(i, listen=listen), timeout=timeout + 5, label=lambda i: labels[i])
+    node0 = first[0].value
+    words = (node0.listen or "").split() if node0 is not None else []
+    connect = None
+    if node0 is not None and len(words) == 2 and words[0] == "listening" and words[1].isdigit():
+        connect = {"addr": node0.addr, "port": int(words[1]), "timeout": connect_timeout}
+    return first + run_on_hosts(indexes[1:], lambda i: ask(i, connect=connect), timeout=timeout + 5,
+                                label=lambda i: labels[i])

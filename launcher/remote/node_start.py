@@ -1,0 +1,128 @@
+"""Runs on a host (sent as source, launcher/runtimes/start.py): start a node's command so that it outlives the SSH
+connection, and record what every later poll and stop reads (docs/contracts.md's "Remote workspace").
+
+`start`: in the workspace, make out/ and logs/, forget an earlier attempt's `pid` and `exit_code`, write the stop
+grace, then start the supervisor in a session of its own (stdin /dev/null, output to torchrun.out), record its pid
+and start time (`pid`, `pid_start`: a pid alone is no identity) and print the pid. The supervisor is this same
+program run again (`python -c` of its own text) with the marker argument NODE_MARKER and the workspace's absolute
+path, which is how a stop knows the process is the node's even when the workspace is gone: it takes the node's
+environment from the file the launcher wrote (then deletes it), runs the command from `cwd` and, when the command
+ends, records its exit status in `exit_code` (128+N for a signal N, as a shell does)."""
+
+import os
+import subprocess
+import sys
+
+from launcher.remote import proctree
+
+# The supervisor's first argument: how a stop tells the node's supervisor from any other process.
+NODE_MARKER = "ddpctl-node"
+# What the supervisor exports for the command; the workspace is found in it when its files are gone.
+OUTPUT_DIR_ENV = "DDPCTL_OUTPUT_DIR"
+
+
+def decode_env(data: bytes) -> "list[tuple[bytes, bytes]]":
+    """The variables of an environment file (launcher/runtimes/native.py's encode_env: one NAME=VALUE line each,
+    every backslash doubled and every newline written as backslash-n)."""
+    pairs = []
+    for line in data.split(b"\n"):
+        if not line:
+            continue
+        name, _, value = line.partition(b"=")
+        out, i = bytearray(), 0
+        while i < len(value):
+            if value[i:i + 1] == b"\\" and value[i + 1:i + 2] in (b"\\", b"n"):
+                out += b"\n" if value[i + 1:i + 2] == b"n" else b"\\"
+                i += 2
+            else:
+                out += value[i:i + 1]
+                i += 1
+        pairs.append((name, bytes(out)))
+    return pairs
+
+
+def _own_program() -> "list[str]":
+    """The interpreter and `-c TEXT` this program was started with (what runs the supervisor)."""
+    argv = sys.orig_argv
+    at = argv.index("-c")
+    return [sys.executable, "-c", argv[at + 1]]
+
+
+def start(workspace: str, cwd: str, env_file: str, grace: str, command: "list[str]") -> int:
+    """Start the node's supervisor detached; return 0 (its pid printed) or 3 (the workspace or file missing)."""
+    try:
+        os.chdir(os.path.expanduser("~"))
+        os.chdir(workspace)
+    except OSError:
+        print(f"no workspace {workspace}", file=sys.stderr)
+        return 3
+    here = os.getcwd()
+    if env_file and not os.path.isfile(env_file):
+        print(f"no environment file {os.path.join(here, env_file)}", file=sys.stderr)
+        return 3
+    for folder in ("out", "logs"):
+        os.makedirs(folder, exist_ok=True)
+    for name in ("exit_code", "pid"):
+        if os.path.lexists(name):
+            os.remove(name)
+    _write("stop_grace", grace)
+    with open("torchrun.out", "wb") as out:
+        child = subprocess.Popen([*_own_program(), NODE_MARKER, here, cwd, env_file, *command],
+                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                 start_new_session=True, close_fds=True)
+    _write("pid", str(child.pid))
+    _write("pid_start", proctree.start_time(child.pid) or "")
+    print(child.pid)
+    return 0
+
+
+def supervise(workspace: str, cwd: str, env_file: str, command: "list[str]") -> int:
+    """The node's supervisor: run the command with the node's environment, then record its exit status."""
+    env = dict(os.environb)
+    env[OUTPUT_DIR_ENV.encode()] = os.fsencode(os.path.join(workspace, "out"))
+    if env_file:
+        path = os.path.join(workspace, env_file)
+        with open(path, "rb") as f:
+            env.update(decode_env(f.read()))
+        os.remove(path)
+    paths = [os.path.join(workspace, "hook"), os.path.join(workspace, "code")]
+    before = env.get(b"PYTHONPATH")  # the node's own (its environment file's) first, as the user gave it
+    env[b"PYTHONPATH"] = os.fsencode(os.pathsep.join(paths)) + (b":" + before if before else b"")
+    env[b"DDPCTL_JOIN_DIR"] = os.fsencode(os.path.join(workspace, "logs", "joined"))
+    try:
+        os.chdir(os.path.expanduser("~"))
+        os.chdir(cwd)
+    except OSError as e:
+        print(f"ddpctl-node: cannot enter {cwd}: {e.strerror}", file=sys.stderr, flush=True)
+        code = 2
+    else:
+        code = _run(command, env)
+    _write(os.path.join(workspace, "exit_code"), str(128 - code if code < 0 else code))
+    return 0
+
+
+def _run(command: "list[str]", env: "dict[bytes, bytes]") -> int:
+    """The command's exit status as a shell gives it (127: not found, 126: not runnable)."""
+    try:
+        return subprocess.call(command, env=env)
+    except FileNotFoundError:
+        print(f"ddpctl-node: {command[0]}: not found", file=sys.stderr, flush=True)
+        return 127
+    except OSError as e:
+        print(f"ddpctl-node: {command[0]}: {e.strerror}", file=sys.stderr, flush=True)
+        return 126
+
+
+def _write(path: str, text: str) -> None:
+    """Write a one-line record whole (a reader never sees half of it)."""
+    with open(path + ".tmp", "w") as f:
+        f.write(text + "\n")
+    os.replace(path + ".tmp", path)
+
+
+def main(argv: "list[str]") -> int:
+    """`WORKSPACE CWD ENV_FILE GRACE COMMAND...` starts a node; `NODE_MARKER WORKSPACE CWD ENV_FILE COMMAND...` is
+    the supervisor it starts."""
+    if argv[:1] == [NODE_MARKER]:
+        return supervise(argv[1], argv[2], argv[3], argv[4:])
+    return start(argv[0], argv[1], argv[2], argv[3], argv[4:])

@@ -1,0 +1,87 @@
+"""Runs on a host (part of the node program, launcher/remote/node_state.py): stop a node's command and everything
+it started, and record exit status 143 unless the node recorded its own.
+
+What is signalled is the node's own, never another process that now has a recorded pid:
+- the supervisor recorded in `pid`, when its start time is the one recorded in `pid_start` and its command line
+  holds the node marker (launcher/remote/node_start.py), with its process group and every process below it;
+- every process of this user that carries the run's marks: the supervisor's command line (the marker, then the
+  workspace's absolute path) or, in its environment, the node's output folder (DDPCTL_OUTPUT_DIR=WORKSPACE/out,
+  which everything the node ran inherits). This finds the workers torchrun left behind, and the whole node when
+  its workspace (and so its pid file) was deleted.
+Each is held by its start time (and a pidfd where the system has them) until it is signalled. Nothing is signalled
+once the node recorded its exit status."""
+
+import contextlib
+import os
+import signal
+import time
+
+from launcher.remote import node_start, proctree
+
+
+def workspace_path(workspace: str) -> str:
+    """The workspace's absolute path as the supervisor recorded it (relative paths are under home)."""
+    home = os.path.expanduser("~")
+    return os.path.realpath(os.path.join(home, os.path.expanduser(workspace)))
+
+
+def run_marks(path: str) -> "tuple[list[bytes], bytes]":
+    """What proctree.marked_processes looks for: the supervisor's argv, the environment entry of its command."""
+    out = os.fsencode(os.path.join(path, "out"))
+    return [node_start.NODE_MARKER.encode(), os.fsencode(path)], node_start.OUTPUT_DIR_ENV.encode() + b"=" + out
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def stop(workspace: str, grace: str, fallback: str) -> "dict[str, object]":
+    """Stop the node in `workspace` (grace: seconds between SIGTERM and SIGKILL; empty: the one the node
+    recorded, else `fallback`). Returns `signalled` (the pids that were sent a signal) and `found_by`
+    ("pid file", "marks" or "" when nothing was found)."""
+    path = workspace_path(workspace)
+    files = os.path.isdir(path)
+    if files and os.path.exists(os.path.join(path, "exit_code")):
+        return {"signalled": [], "found_by": ""}
+    seconds = float(grace or _read(os.path.join(path, "stop_grace")) or fallback)
+    pid_text = _read(os.path.join(path, "pid")) if files else ""
+    pid = int(pid_text) if pid_text.isdigit() else None
+    # Ours, or gone: a process group outlives its leader and its id is never handed out while it has members, so
+    # what is left of the group is ours. A pid that names another process now is left alone.
+    ours = pid is not None and (proctree.start_time(pid) is None or proctree.is_node_process(
+        pid, _read(os.path.join(path, "pid_start")), node_start.NODE_MARKER.encode()))
+    victims = proctree.marked_processes(*run_marks(path))
+    if ours and pid is not None:
+        victims.update(_with_start_times(proctree.process_tree(pid)))
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGTERM)
+    signalled = {p: started for p, started in victims.items() if proctree.signal_same(p, started, signal.SIGTERM)}
+    deadline = time.time() + seconds
+    while time.time() < deadline and any(_lives(p, started) for p, started in signalled.items()):
+        time.sleep(0.2)
+    if ours and pid is not None:  # what the tree started meanwhile
+        signalled.update(_with_start_times(proctree.process_tree(pid)))
+    for p, started in signalled.items():
+        if _lives(p, started):
+            proctree.signal_same(p, started, signal.SIGKILL)
+    if files and (ours or signalled) and not os.path.exists(os.path.join(path, "exit_code")):
+        with contextlib.suppress(OSError), open(os.path.join(path, "exit_code"), "w") as f:
+            f.write("143\n")
+    return {"signalled": sorted(signalled), "found_by": "pid file" if ours else "marks" if signalled else ""}
+
+
+def _with_start_times(pids: "list[int]") -> "dict[int, str]":
+    found = {}
+    for pid in pids:
+        started = proctree.start_time(pid)
+        if started is not None:
+            found[pid] = started
+    return found
+
+
+def _lives(pid: int, started: str) -> bool:
+    return proctree.alive(pid) and proctree.start_time(pid) == started

@@ -1,0 +1,43 @@
+"""Several modules of this package sent as one program (`python -c PROGRAM ARGS...`): each module's own text
+(`source_of`, never a second copy) becomes a module of that name on the host, so the modules import each other
+there as they do here (`from launcher.remote import proctree`), then the first one's `main(argv)` runs and its
+return value is the exit status. The host needs its python only: nothing is written there first."""
+
+from types import ModuleType
+
+from launcher.remote import source_of
+
+# What the host runs after the sources: every module defined in the order given (a module after those it
+# imports), under a `launcher.remote` package made for them, then the main one's main(sys.argv[1:]).
+_LOADER = r"""
+import sys
+import types
+
+
+def _package(name):
+    if name not in sys.modules:
+        package = types.ModuleType(name)
+        package.__path__ = []
+        sys.modules[name] = package
+        parent, _, leaf = name.rpartition(".")
+        if parent:
+            setattr(_package(parent), leaf, package)
+    return sys.modules[name]
+
+
+for _name, _source in _SOURCES:
+    _module = types.ModuleType(_name)
+    _module.__file__ = "<ddpctl " + _name + ">"
+    sys.modules[_name] = _module
+    _parent, _, _leaf = _name.rpartition(".")
+    setattr(_package(_parent), _leaf, _module)
+    exec(compile(_source, _module.__file__, "exec"), _module.__dict__)
+sys.exit(sys.modules[_MAIN].main(sys.argv[1:]))
+"""
+
+
+def program(main: ModuleType, *needs: ModuleType) -> str:
+    """The text of `python -c` that runs `main.main(argv)` on a host, with the modules it imports (`needs`, each
+    after those it imports itself) defined from their own source first."""
+    sources = [(m.__name__, source_of(m)) for m in (*needs, main)]
+    return f"_SOURCES = {sources!r}\n_MAIN = {main.__name__!r}\n" + _LOADER

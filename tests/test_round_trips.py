@@ -1,0 +1,97 @@
+"""How often `up` reaches each host before the first training step, counted on the connections themselves (every
+SSH channel a Connection opens: a command, the SFTP subsystem), on the real two-host test bed: one round trip per
+host per phase (connect, probe, ship, start), the probe's pieces (facts, Docker engine check, node 0's rendezvous
+reservation, the other nodes' reachability check) merged into one (launcher/remote/probe_round.py)."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from infra.testbed import Testbed, cleanup_stale
+from launcher.execute import interruption
+from launcher.execute.up import run_up
+from launcher.planning.rdzv_reservation import RESERVATION_DIR
+from launcher.planning.request import UpOptions
+from launcher.spec.hosts import parse_host
+from launcher.spec.run_spec import RunSpec, new_run_id
+from launcher.transport.ssh import Connection
+from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE
+
+pytestmark = pytest.mark.skipif(TESTBED_UNAVAILABLE, reason=TESTBED_SKIP_REASON)
+TRAIN = ("--synthetic-train-size", "256", "--synthetic-test-size", "64")
+
+
+@pytest.fixture(scope="module")
+def bed() -> Iterator[Testbed]:
+    """Two hosts with this machine's python and torch."""
+    cleanup_stale("ddprtt")
+    testbed = Testbed("ddprtt", n_hosts=2, host_python=True)
+    try:
+        yield testbed
+    finally:
+        testbed.stop()
+
+
+@pytest.fixture
+def channels(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """Channels opened per host label, from now on (every command and the SFTP subsystem open one)."""
+    opened: Counter[str] = Counter()
+    original = Connection._session
+
+    def counted(self: Connection) -> object:
+        opened[self.label] += 1
+        return original(self)
+
+    monkeypatch.setattr(Connection, "_session", counted)
+    return opened
+
+
+def wait_for_exit_codes(bed: Testbed, run_id: str) -> None:
+    deadline = time.monotonic() + 300
+    codes = [Path(h.home, ".ddpctl", "runs", run_id, "exit_code") for h in bed.hosts]
+    while not all(c.exists() for c in codes):
+        assert time.monotonic() < deadline, f"run {run_id} did not end within 300 s"
+        time.sleep(0.5)
+    assert [c.read_text().strip() for c in codes] == ["0", "0"]
+
+
+def test_a_dry_run_and_up_reach_each_host_once_per_phase(bed: Testbed, tmp_path: Path, channels: Counter[str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dry run: connect and probe, two channels per host (before: three, the rendezvous check apart), and
+    nothing left on the hosts. `up --detach`: connect, probe, ship (list the code cache, create its folders on
+    the first run only, copy it into the workspace), start, and node 0's reservation released."""
+    monkeypatch.setenv("DDPCTL_KNOWN_HOSTS", str(bed.known_hosts_path))
+    for host in bed.hosts:  # the first run here ships the code: the hosts' code caches start empty
+        shutil.rmtree(Path(host.home, ".ddpctl", "code"), ignore_errors=True)
+    labels = [h.spec for h in bed.hosts]
+    options = UpOptions(runs_dir=tmp_path / "runs", hosts=tuple(parse_host(h) for h in labels),
+                        identity_file=Path(bed.client_key_path), show_progress=False, show_output=False,
+                        runtime="auto", auto_rdzv_port=True, dry_run=True)  # auto: the engine check is asked too
+    spec = RunSpec(run_id=new_run_id(None, "mnist-cnn", "synthetic"), nnodes=2, nproc_per_node=1, epochs=1,
+                   trainer_args=TRAIN)
+    dry = run_up(spec, options)
+    assert dry.error is None and dry.plan is not None and dry.plan.unknown == () and dry.plan.runtime == "native"
+    assert dict(channels) == {labels[0]: 2, labels[1]: 2}
+    assert not list(Path(RESERVATION_DIR).glob(f"*{spec.run_id}*")), "a dry run reserves nothing"
+    assert not any(Path(h.home, ".ddpctl", "runs", spec.run_id).exists() for h in bed.hosts)
+
+    previous = interruption.catch_stop_signals()
+    try:
+        for expected in ({labels[0]: 7, labels[1]: 6}, {labels[0]: 6, labels[1]: 5}):  # cold, then warm
+            channels.clear()
+            run_id = new_run_id(None, "mnist-cnn", "synthetic")
+            started = run_up(replace(spec, run_id=run_id), replace(options, dry_run=False, detach=True))
+            assert started.exit_code == 0 and started.run_dir is not None
+            assert dict(channels) == expected, f"channels per host: {dict(channels)}"
+            wait_for_exit_codes(bed, run_id)
+            assert not list(Path(RESERVATION_DIR).glob(f"*{run_id}*")), "the reservation goes once torchrun listens"
+    finally:
+        interruption.act_on_deferred()
+        interruption.restore_signals(previous)

@@ -1,0 +1,44 @@
+"""Which tests must run on one pytest-xdist worker together (`-n N --dist loadgroup`, as infra/test.sh runs them).
+
+A test goes to any free worker unless it shares something that is made once per session or per module:
+
+- the Slurm cluster (`slurm_cluster`, session-scoped: one cluster per run, not one per worker);
+- a module-scoped fixture (a run made once and read by several tests, a module's test bed): the module's tests
+  that use one run on one worker, in their order, so the fixture is still made once;
+- a fixed resource named by an explicit `@pytest.mark.xdist_group(NAME)` (e.g. a script's fixed port on
+  localhost): every test naming it runs on one worker, one at a time.
+
+xdist joins several group names of one test into a new group, so each test gets at most one: an explicit mark
+first, then the Slurm cluster, then its module.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.tiers import module_key
+
+SESSION_GROUPS = ("slurm_cluster",)  # session fixtures that must exist once per run
+
+
+def group_of(item: pytest.Item) -> str | None:
+    """The worker group an item must join, or None when any worker may run it."""
+    if item.get_closest_marker("xdist_group") is not None:
+        return None  # named by the test itself
+    info = getattr(item, "_fixtureinfo", None)
+    defs = getattr(info, "name2fixturedefs", {}) if info is not None else {}
+    for name in SESSION_GROUPS:
+        if name in defs:
+            return name
+    if any(fixture.scope == "module" for chain in defs.values() for fixture in chain):
+        return f"module:{module_key(item)}"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        group = group_of(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
