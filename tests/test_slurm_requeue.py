@@ -121,4 +121,4 @@ def test_a_run_longer_than_its_time_limit_is_requeued_and_ends_with_an_uninterru
     [state] = [json.loads(p.read_text()) for p in script_run.glob("nodes/*/out/state.json")]
     assert state == {"allocations": [0, 1], "flag": True}
     status = run_ddpctl(slurm_cluster.bed, "status", str(script_run), cwd=tmp_path)
-    assert status.returncode == 0 and "requeued 1/1" in status.stdout, status.stdout + status.stderr
+    assert status.returncode == 0 and "(requeued 1/1)" in status.stdout + status.stderr, status.stderr
