@@ -6,8 +6,12 @@ NodeName, slurmctld its SlurmctldHost) and its own mount namespace where the clu
 /etc/hosts, so node names resolve on every node as a cluster's DNS would, and nothing of the machine's own
 configuration changes. Namespaces are entered with `nsenter --net=` (not `ip netns exec`, which remounts /sys).
 One munged serves every node through a socket of its own (all namespaces share the file system, as cluster
-nodes share home). Accounting: no slurmdbd; finished jobs stay in `scontrol show job` for MinJobAge and are
-written to jobcomp/filetxt (`sacct` answers nothing here; ddpctl falls back to scontrol).
+nodes share home). Memory: where cgroup v1's memory hierarchy is writable (this machine's
+kind), task/cgroup enforces `--mem` (ConstrainRAMSpace), each node in a memory cgroup folder of its own bound over
+the cluster's CgroupMountpoint in its mount namespace; else task/none. Preemption: preempt/partition_prio, a job
+in partition `low` is cancelled (PREEMPTED) when one in `high` needs its nodes. Accounting: no slurmdbd;
+finished jobs stay in `scontrol show job` for MinJobAge and are written to jobcomp/filetxt (`sacct` answers
+nothing here; ddpctl falls back to scontrol).
 Short chains of requeued jobs (`--requeue`): a requeued job waits AuthInfo's cred_expire before it may start again
 (120 s by default, 10 s here), and the scheduler looks at eligible jobs every 2 s (sched_interval, bf_interval;
 60 s and 30 s by default); OverTimeLimit stays 0, so a job ends at its limit (Slurm checks limits every 30 s).
@@ -23,6 +27,7 @@ By hand: `python -m infra.slurm_cluster start [--nodes 2] | stop`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -41,8 +46,16 @@ SLURMD = "/usr/sbin/slurmd"
 PARTITION = "debug"
 SHORT_PARTITION = "short"  # MaxTime 1 minute: preflight's time-limit refusal
 DOWN_PARTITION = "closed"  # State=DOWN: preflight's partition-down refusal
+# Preemption (preempt/partition_prio): a job in LOW_PARTITION is cancelled (PREEMPTED) when a job in
+# HIGH_PARTITION needs its nodes; the other partitions share HIGH's tier, so nothing else is ever preempted.
+LOW_PARTITION, HIGH_PARTITION = "low", "high"
+NODE_MEMORY_MB = 4096  # RealMemory of each node: what `--mem` is checked against (the machine has more)
 # Enter a fresh UTS and mount namespace, set the hostname, bind the cluster's hosts file, then run the daemon.
-_IN_NODE_NS = 'hostname "$0" && mount --bind "$1" /etc/hosts && shift && exec "$@"'
+# Bind the node's own memory cgroup over the cluster's cgroup mount point (task/cgroup: --mem enforced by the kernel).
+_IN_NODE_NS = ('hostname "$0" && mount --bind "$1" /etc/hosts && { [ -z "$2" ] || mount --bind "$2" "$3"; } '
+               '&& shift 3 && exec "$@"')
+# cgroup v1's memory hierarchy (this machine's kind mounts v1 controllers); each node gets a folder in it.
+MEMORY_CGROUP = Path("/sys/fs/cgroup/memory")
 
 
 @dataclass
@@ -51,6 +64,7 @@ class ClusterState:
 
     dir: str
     pids: dict[str, list[str | int | None]] = field(default_factory=dict)  # daemon name -> [pid, start time]
+    cgroups: list[str] = field(default_factory=list)  # the nodes' memory cgroup folders, removed at the end
 
 
 class SlurmCluster:
@@ -71,6 +85,8 @@ class SlurmCluster:
         self.dir = bed.dir / "slurm"
         self.cpus = cpus_per_node or os.cpu_count() or 1
         self.state = ClusterState(dir=str(self.dir))
+        # --mem is enforced (task/cgroup) where cgroup v1's memory hierarchy can be written; else task/none.
+        self.memory_enforced = os.access(MEMORY_CGROUP / "cgroup.procs", os.W_OK)
         self.dir.mkdir(mode=0o755)
         try:
             self._start()
@@ -139,14 +155,16 @@ class SlurmCluster:
     # -- start ---------------------------------------------------------------------------------------------
 
     def _start(self) -> None:
-        for sub in ("state", "munge", "logs"):
-            (self.dir / sub).mkdir(mode=0o755)
+        for sub in ("state", "munge", "logs", "cgroup/memory"):
+            (self.dir / sub).mkdir(mode=0o755, parents=True)
         hosts_lines = ["127.0.0.1 localhost"] + [f"{h.address} {h.name}" for h in [self.login, *self.nodes]]
         (self.dir / "hosts").write_text("\n".join(hosts_lines) + "\n")
         key = self.dir / "munge" / "munge.key"
         key.write_bytes(os.urandom(1024))
         os.chmod(key, 0o400)
         self.conf_path.write_text(self._conf())
+        (self.dir / "cgroup.conf").write_text(f"CgroupPlugin=cgroup/v1\nCgroupMountpoint={self.dir}/cgroup\n"
+                                              "ConstrainRAMSpace=yes\nConstrainSwapSpace=no\n")
         os.chmod(self.dir / "munge", 0o755)
         self._spawn("munged", [MUNGED, "--foreground", "--force", f"--key-file={key}",
                                f"--socket={self.munge_socket}", f"--pid-file={self.dir}/munge/munged.pid",
@@ -176,8 +194,15 @@ class SlurmCluster:
         self._save()
 
     def _spawn_in_node(self, name: str, host: TestHost, argv: list[str]) -> None:
+        memory = ""
+        if self.memory_enforced:
+            node_memory_cgroup(host.name).mkdir(exist_ok=True)
+            memory = str(node_memory_cgroup(host.name))
+            if memory not in self.state.cgroups:
+                self.state.cgroups.append(memory)
         self._spawn(name, [*host.nsenter(), "unshare", "--uts", "--mount", "--propagation", "private",
-                           "sh", "-c", _IN_NODE_NS, host.name, str(self.dir / "hosts"), *argv])
+                           "sh", "-c", _IN_NODE_NS, host.name, str(self.dir / "hosts"), memory,
+                           str(self.dir / "cgroup" / "memory"), *argv])
 
     def _save(self) -> None:
         tmp = self.dir / "state.json.tmp"
@@ -186,8 +211,8 @@ class SlurmCluster:
 
     def _conf(self) -> str:
         d = self.dir
-        nodes = "\n".join(f"NodeName={h.name} NodeAddr={h.address} CPUs={self.cpus} State=UNKNOWN"
-                          for h in self.nodes)
+        nodes = "\n".join(f"NodeName={h.name} NodeAddr={h.address} CPUs={self.cpus} RealMemory={NODE_MEMORY_MB} "
+                          "State=UNKNOWN" for h in self.nodes)
         names = ",".join(self.node_names)
         return f"""# ddpctl test-bed cluster {self.bed.idx}
 ClusterName=ddpctl{self.bed.idx}
@@ -204,13 +229,14 @@ SlurmdPidFile={d}/slurmd-%n.pid
 SlurmctldLogFile={d}/logs/slurmctld.log
 SlurmdLogFile={d}/logs/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+TaskPlugin={"task/cgroup" if self.memory_enforced else "task/none"}
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/filetxt
 JobCompLoc={d}/logs/jobcomp.log
 SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
+SelectTypeParameters=CR_CPU_Memory
+DefMemPerCPU={NODE_MEMORY_MB // self.cpus}
 MpiDefault=none
 ReturnToService=2
 MinJobAge=3600
@@ -220,10 +246,14 @@ InactiveLimit=0
 KillWait=10
 OverTimeLimit=0
 SchedulerParameters=sched_interval=2,bf_interval=2
+PreemptType=preempt/partition_prio
+PreemptMode=CANCEL
 {nodes}
-PartitionName={PARTITION} Nodes={names} Default=YES MaxTime=INFINITE State=UP
-PartitionName={SHORT_PARTITION} Nodes={names} MaxTime=1 State=UP
-PartitionName={DOWN_PARTITION} Nodes={names} MaxTime=INFINITE State=DOWN
+PartitionName={PARTITION} Nodes={names} Default=YES MaxTime=INFINITE State=UP PriorityTier=2
+PartitionName={SHORT_PARTITION} Nodes={names} MaxTime=1 State=UP PriorityTier=2
+PartitionName={DOWN_PARTITION} Nodes={names} MaxTime=INFINITE State=DOWN PriorityTier=2
+PartitionName={LOW_PARTITION} Nodes={names} MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=CANCEL
+PartitionName={HIGH_PARTITION} Nodes={names} MaxTime=INFINITE State=UP PriorityTier=2
 """
 
 
@@ -234,10 +264,29 @@ def stop_daemons(state: ClusterState) -> None:
         pid, started = state.pids[name]
         if isinstance(pid, int) and started is not None and start_time(pid) == started:
             kill_and_wait([pid], timeout=10)
+    for cgroup in state.cgroups:  # each node's memory cgroup folder (task/cgroup's job folders inside it)
+        remove_cgroup(Path(cgroup))
     # munged may have forked before --foreground took effect in old versions; its pid file names it.
     pid = read_pid(Path(state.dir, "munge", "munged.pid"))
     if pid and Path(f"/proc/{pid}/exe").exists() and os.readlink(f"/proc/{pid}/exe") == MUNGED:
         kill_and_wait([pid])
+
+
+def node_memory_cgroup(node: str) -> Path:
+    """The node's own folder in the memory hierarchy: slurmd sees it as its cgroup root, so nodes (and clusters)
+    never share task/cgroup's `slurm/uid_U/job_J` folders."""
+    return MEMORY_CGROUP / f"ddpctl-slurm-{node}"
+
+
+def remove_cgroup(path: Path) -> None:
+    """rmdir a cgroup folder and those below it (a cgroup is removed with rmdir once no process is in it)."""
+    if not path.is_dir():
+        return
+    for sub in sorted((p for p in path.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        with contextlib.suppress(OSError):
+            sub.rmdir()
+    with contextlib.suppress(OSError):
+        path.rmdir()
 
 
 def _wait_for(ready: Callable[[], bool], timeout: float, what: str, log: Path) -> None:

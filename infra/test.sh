@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: set-up, a Docker engine, lint, types, then pytest.
+# DDPCTL_TEST_WORKERS=N runs pytest on N pytest-xdist workers (tests/worker_groups.py keeps what must share one
+# worker together); unset or 0: one process, the default until a full parallel run has been measured green.
+# Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash infra/setup.sh --test
@@ -7,4 +10,8 @@ bash infra/dockerd.sh
 source infra/pick_python.sh  # the python infra/setup.sh installed into
 "$py" -m ruff check .
 "$py" -m mypy launcher trainer
-exec "$py" -m pytest -q -ra --durations=30 "$@"  # the slowest tests, to keep the suite under 30 minutes
+parallel=()
+if [ "${DDPCTL_TEST_WORKERS:-0}" != 0 ]; then
+  parallel=(-n "$DDPCTL_TEST_WORKERS" --dist loadgroup)
+fi
+exec "$py" -m pytest -q -ra --durations=30 "${parallel[@]}" "$@"  # the slowest tests, to keep the suite under 15 minutes

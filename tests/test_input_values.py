@@ -16,10 +16,12 @@ import pytest
 from launcher.cli.config import read_config
 from launcher.cli.options import declared_options
 from launcher.errors import SpecError
+from launcher.results.progress import progress_record, summary_table
 from launcher.results.record import RecordError, load_json_file
 from launcher.results.report import write_report
 from launcher.results.run_figures import build_report
 from launcher.results.script_progress import (
+    out_of_range,
     progress_from_printed,
     progress_from_protocol,
     protocol_message,
@@ -82,6 +84,22 @@ def test_numbers_a_script_reports_that_no_figure_can_use_are_left_out() -> None:
     assert progress_from_protocol({"ddpctl": "progress", "epoch": 1e300, "step": 3, "loss": 1e308}) == {"step": 3}
     assert progress_from_printed("epoch 10000000000000000000000000/3") is None
     assert protocol_message('{"ddpctl": ' + "[" * 100_000 + "]" * 100_000 + "}") is None  # no RecursionError
+
+
+def test_integers_too_large_for_a_float_are_left_out_wherever_they_are_read() -> None:
+    """JSON integers have no size limit: 10**400 is no float (OverflowError), yet it reached `up`'s display."""
+    huge = int("1" + "0" * 400)
+    line = f'{{"ddpctl": "progress", "epoch": {huge}, "epochs": {huge}, "step": 2}}'
+    message = protocol_message(line)
+    assert message is not None and progress_from_protocol(message) == {"step": 2}
+    assert timing_from_protocol({"ddpctl": "epoch", "epoch": huge, "seconds": 1.0}) is None
+    assert timing_from_protocol({"ddpctl": "epoch", "epoch": 1, "seconds": 1.0, "samples": huge}) == {
+        "epoch": 1, "seconds": 1.0}
+    assert out_of_range("samples", huge) == "samples=an integer of 1329 bits is outside 0..1e+12"
+    assert out_of_range("time", huge) == "time=an integer of 1329 bits is too large"  # no range, still no float
+    assert progress_record({"epoch": huge, "step": 3, "loss": huge}) == {"step": 3}
+    table = summary_table({"train_seconds": huge, "samples_per_s": "fast", "cost_usd": huge, "epochs": [huge]}, "r")
+    assert table.row_count == 8  # drawn, no cost row: numbers it cannot show are left out, nothing raised
 
 
 def test_report_leaves_out_records_it_cannot_draw_saying_so_in_one_line(tmp_path: Path,

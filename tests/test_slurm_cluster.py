@@ -55,4 +55,5 @@ def test_stop_leaves_no_daemon_and_no_namespace() -> None:
         left = [pid for host in bed.hosts for pid in netns_pids(host.netns) if pid not in sshds]
         assert left == [], [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in left]
         assert not cluster.dir.exists()
+        assert cluster.state.cgroups == [] or not any(Path(c).exists() for c in cluster.state.cgroups)
         assert "SLURM_CONF" not in bed.hosts[0].ssh_environment()

@@ -1,5 +1,5 @@
-"""Following a Slurm job on the real test cluster: a job that waits shows Slurm's reason and runs once the nodes
-come back; a detached job is followed with `status`, `logs -f` and `pull` from another directory; `down` of a
+"""Following a Slurm job on the real test cluster (a held job's reason and its release: test_slurm_end_states.py):
+a detached job is followed with `status`, `logs -f` and `pull` from another directory; `down` of a
 running job cancels it, pulls what it wrote and states how it ended."""
 
 from __future__ import annotations
@@ -28,38 +28,6 @@ def up_argv(cluster: SlurmCluster, *args: str) -> list[str]:
 def only_run(runs: Path) -> Path:
     [run] = list(runs.iterdir())
     return run
-
-
-def test_a_job_waiting_for_busy_nodes_shows_slurms_reason_then_runs(slurm_cluster: SlurmCluster,
-                                                                    tmp_path: Path) -> None:
-    blocker = slurm_cluster.slurm("sbatch", "--parsable", "--nodes=2", "--exclusive", "--chdir=/tmp",
-                                  "--output=/dev/null", "--wrap", "sleep 600").stdout.strip()
-    env = {**os.environ, "DDPCTL_KNOWN_HOSTS": str(slurm_cluster.bed.known_hosts_path), "PYTHONPATH": str(REPO)}
-    argv = [sys.executable, "-m", "launcher", "up", "-i", slurm_cluster.bed.client_key_path,
-            *up_argv(slurm_cluster, "--epochs", "1")[1:]]
-    err = tmp_path / "up.err"
-    try:
-        with open(err, "w") as f:
-            up = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=f)
-        deadline = time.monotonic() + 60
-        while "pending: " not in err.read_text():
-            assert up.poll() is None and time.monotonic() < deadline, err.read_text()
-            time.sleep(0.5)
-    finally:
-        slurm_cluster.slurm("scancel", blocker)
-    try:
-        assert up.wait(timeout=240) == 0, err.read_text()
-    finally:
-        if up.poll() is None:  # a failed check leaves no ddpctl behind
-            up.kill()
-            up.wait()
-    shown = err.read_text()
-    pending = next(line for line in shown.splitlines() if "pending: " in line)
-    assert "pending: Resources" in pending or "pending: Priority" in pending, pending
-    assert "(waited " in pending and " COMPLETED (exit 0:0)" in shown
-    states = [e["state"] for e in map(json.loads, (only_run(tmp_path / "runs") / "events.jsonl").read_text()
-                                      .splitlines()) if e["event"] == "job_state"]
-    assert states[:2] == ["PENDING", "RUNNING"]
 
 
 def test_detached_job_is_followed_from_another_directory(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:

@@ -11,11 +11,12 @@ from launcher.schedulers.slurm.cluster import ClusterFacts, Partition, gpu_count
 from launcher.schedulers.slurm.scheduler import status_from_sacct, status_from_scontrol
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.slurm_request import SlurmRequest, time_minutes
+from launcher.spec.torchrun import TORCHRUN_SOURCE
 
 RUN = "/scratch/u/ddpctl/runs/r1"
 SPEC = RunSpec(run_id="r1", nnodes=2, nproc_per_node=4, python="python3", epochs=2)
 TRAINER_LINE = (
-    "python3 -m torch.distributed.run --nnodes 2 --rdzv-backend c10d --rdzv-endpoint \"$DDPCTL_RDZV_ENDPOINT\" "
+    "python3 -c \"$DDPCTL_TORCHRUN\" --nnodes 2 --rdzv-backend c10d --rdzv-endpoint \"$DDPCTL_RDZV_ENDPOINT\" "
     "--rdzv-id \"$SLURM_JOB_ID\" --nproc-per-node 4 --max-restarts 0 --log-dir logs --redirects 3 -m trainer "
     "--model mnist-cnn --dataset synthetic --epochs 2 --batch-size 32 --lr 0.01 --save-every 1 --seed 0 "
     "--backend auto --out-dir out --snapshot-dir out/snapshots > \"$ws/torchrun.out\" 2>&1 < /dev/null"
@@ -50,6 +51,11 @@ export PYTHONUNBUFFERED=1 TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 rdzv_host=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 export DDPCTL_RDZV_ENDPOINT="$rdzv_host:$((20000 + SLURM_JOB_ID % 20000))"
 echo "ddpctl: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, rendezvous at $DDPCTL_RDZV_ENDPOINT"
+# torchrun keeping every attempt's logs (ddpctl's launcher/spec/attempt_logs.py), run by each node
+read -r -d '' DDPCTL_TORCHRUN <<'TORCHRUN' || true
+{TORCHRUN_SOURCE.rstrip()}
+TORCHRUN
+export DDPCTL_TORCHRUN
 read -r -d '' node_script <<'NODE' || true
 ws="$PWD/nodes/$SLURM_NODEID"
 mkdir -p "$ws/out" "$ws/logs"

@@ -1,5 +1,6 @@
 """`ddpctl up --provider slurm` on the real test cluster (infra/slurm_cluster.py): a 2-node job of our trainer
-runs to the end and comes back verified, the script submitted is the dry run's byte for byte, a user's script
+runs to the end and comes back verified, the script submitted is the dry run's byte for byte (saved with
+--save-plan and run with --plan), a user's script
 runs the same way, and each preflight refusal is one line with nothing submitted and nothing written."""
 
 from __future__ import annotations
@@ -33,21 +34,26 @@ def submitted_jobs(cluster: SlurmCluster) -> list[str]:
 def test_two_node_job_runs_to_the_end_with_the_dry_runs_script_and_verified_results(
         slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     args = ("--nodes", "2", "--gpus", "2", "--partition", "debug", "--time", "10", "--epochs", "2", *SMALL)
-    dry = slurm_up(slurm_cluster, *args, "--dry-run", cwd=tmp_path)
+    plan = tmp_path / "slurm-plan.json"
+    dry = slurm_up(slurm_cluster, *args, "--dry-run", "--save-plan", str(plan), cwd=tmp_path)
     assert dry.returncode == 0, dry.stderr
     assert not (tmp_path / "runs").exists()  # a dry run writes nothing here
     dry_script = dry.stdout[dry.stdout.index("#!/bin/bash"):]
     dry_id = dry_script.split("# ddpctl run ")[1].split(":")[0]
+    assert json.loads(plan.read_text())["submit"]["script"] == dry_script  # the plan holds what was printed
 
-    up = slurm_up(slurm_cluster, *args, cwd=tmp_path)
+    up = run_ddpctl(slurm_cluster.bed, "up", "--plan", str(plan), cwd=tmp_path, timeout=300)  # run as saved
     assert up.returncode == 0, up.stderr
     run = next((tmp_path / "runs").iterdir())
+    assert run.name == dry_id
     record = json.loads((run / "run.json").read_text())
     job = record["slurm"]["job_id"]
     assert f"job {job} COMPLETED (exit 0:0)" in up.stderr and record["slurm"]["end"].startswith(f"job {job} COMPLETED")
-    # What Slurm holds as the job's script is the dry run's, byte for byte (but for the new run's id).
+    # What Slurm holds as the job's script is the saved plan's (the dry run's), byte for byte.
     held = slurm_cluster.slurm("scontrol", "write", "batch_script", job, "-").stdout
-    assert held == dry_script.replace(dry_id, run.name) == (run / "job.sbatch").read_text()
+    assert held == dry_script == (run / "job.sbatch").read_text()
+    again = run_ddpctl(slurm_cluster.bed, "up", "--plan", str(plan), cwd=tmp_path)  # a plan runs once
+    assert again.returncode == 1 and "a plan runs once" in again.stderr, again.stderr
     summary = json.loads((run / "summary.json").read_text())
     assert (summary["epochs"], summary["world_size"], summary["nnodes"]) == (2, 4, 2)
     timing = [json.loads(line) for line in (run / "timing.jsonl").read_text().splitlines()]
@@ -91,7 +97,8 @@ def test_a_users_script_runs_on_two_nodes_and_its_outputs_come_back(slurm_cluste
 
 
 @pytest.mark.parametrize(("args", "named"), [
-    (("--partition", "nosuch"), "partition 'nosuch' does not exist on the cluster: choose one of debug, short, closed"),
+    (("--partition", "nosuch"),
+     "partition 'nosuch' does not exist on the cluster: choose one of debug, short, closed, low, high"),
     (("--partition", DOWN_PARTITION), f"partition {DOWN_PARTITION} is DOWN"),
     (("--partition", SHORT_PARTITION, "--time", "5"), f"--time 5 is over partition {SHORT_PARTITION}'s MaxTime"),
     (("--nodes", "3"), "partition debug has 2 node(s), not the 3 asked with --nodes"),

@@ -77,6 +77,21 @@ def test_a_symbolic_link_is_written_through_and_stays_a_link(tmp_path: Path) -> 
     assert plain.read_text() == "two\n" and not plain.is_symlink()
 
 
+def test_a_file_in_a_folder_that_does_not_exist_is_refused_and_no_folder_made(tmp_path: Path) -> None:
+    missing = tmp_path / "typo" / "deeper" / "c.toml"
+    with pytest.raises(SpecError) as refused:
+        write_user_file(missing, b"x = 1\n", "--save-config")
+    assert str(refused.value) == (f"--save-config {missing}: the folder {missing.parent} does not exist: create it "
+                                  "first, or give a path in an existing folder")
+    link = tmp_path / "dangling.toml"
+    link.symlink_to(tmp_path / "nowhere" / "c.toml")
+    with pytest.raises(SpecError) as refused:
+        write_user_file(link, b"x = 1\n", "--save-config")
+    assert f"the folder {tmp_path / 'nowhere'} does not exist (the link leads to {tmp_path / 'nowhere' / 'c.toml'})" \
+        in str(refused.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling.toml"]  # no folder made, the link kept
+
+
 def test_runs_dir_that_is_not_a_directory_is_named_as_what_it_is(tmp_path: Path) -> None:
     for name, (path, words) in odd_things(tmp_path).items():
         if name == "folder":

@@ -39,7 +39,7 @@ E2E_MODULES = {
 INTEGRATION_MODULES = {
     "test_local_up", "test_user_command_refusals", "test_strategies_runs", "test_session_leaks",
     "test_trainer_torchrun", "test_launcher_alone", "test_flag_forms", "test_torch_choice", "test_image_labels",
-    "test_vast_client", "test_vast_provision", "test_vast_scoped_key", "test_vast_apikey",
+    "test_vast_client", "test_vast_provision", "test_vast_scoped_key", "test_vast_apikey", "test_worker_groups",
 }
 # Single tests of otherwise-unit modules ("module::function", parameters left out).
 INTEGRATION_TESTS = {

@@ -22,6 +22,7 @@ WITH_PLAN = ("plan", "runs_dir", "json_out", "quiet", "progress", "identity_file
 def up_saved_plan(values: dict[str, Any], given: list[str], command: list[str] | None) -> UpResult:
     """Load the plan (refused in one line when it cannot be used) and run it as it is."""
     from launcher.execute.interruption import catch_stop_signals
+    from launcher.execute.scheduled_plan import is_scheduled_plan, load_json
     from launcher.execute.up import run_saved_plan
     from launcher.planning.plan_file import is_local, load_plan
 
@@ -33,6 +34,9 @@ def up_saved_plan(values: dict[str, Any], given: list[str], command: list[str] |
     if values["stall_timeout"] < 0 or not math.isfinite(values["stall_timeout"]):
         raise SpecError(f"--stall-timeout {values['stall_timeout']:g}: give seconds >= 0 (0 turns it off)")
     path = Path(values["plan"])
+    saved = load_json(path)
+    if is_scheduled_plan(saved):  # a Slurm job's plan: its batch script, submitted as saved
+        return up_scheduled_plan(path, saved, values)
     plan = load_plan(path)
     if is_local(plan) and "runs_dir" in given:
         planned = Path(plan.nodes[0].workspace).parent
@@ -55,8 +59,41 @@ def up_saved_plan(values: dict[str, Any], given: list[str], command: list[str] |
     return run_saved_plan(plan, options)
 
 
+def up_scheduled_plan(path: Path, saved: dict[str, Any], values: dict[str, Any]) -> UpResult:
+    """`up --plan FILE` of a Slurm plan: the login node asked again, the same batch script submitted."""
+    from launcher.execute.scheduled import run_scheduled
+    from launcher.execute.scheduled_plan import read_scheduled_plan
+    from launcher.spec.hosts import parse_hosts
+
+    spec, request, login, script = read_scheduled_plan(path, saved)
+    runs_dir = Path(values["runs_dir"])
+    if (runs_dir / spec.run_id).exists():
+        raise SpecError(f"--plan {path}: its run {spec.run_id} has run already ({runs_dir / spec.run_id}): "
+                        "a plan runs once; make a new one with `ddpctl up --dry-run --save-plan FILE`")
+    options = UpOptions(
+        runs_dir=runs_dir, hosts=tuple(parse_hosts([login])), provider="slurm", slurm=request,
+        show_progress=not values["json_out"], show_output=not values["quiet"], detach=bool(values.get("detach")),
+        identity_file=values["identity_file"], accept_new_host_keys=values["accept_new_host_keys"],
+        connect_timeout=values["connect_timeout"], record={"options": {}, "from_plan": str(path.resolve())},
+    )  # fmt: skip
+    return run_scheduled(spec, options, saved_script=script)
+
+
 def save_plan_if_asked(values: dict[str, Any], result: UpResult) -> None:
     """--save-plan: the plan the dry run printed, written to the file (refused without --dry-run)."""
+    if values["save_plan"] is not None and result.scheduled_plan is not None:
+        import json
+
+        from launcher.results.user_files import write_user_file
+
+        try:
+            write_user_file(values["save_plan"], (json.dumps(result.scheduled_plan, indent=2) + "\n").encode(),
+                            "--save-plan")
+        except OSError as e:
+            raise SpecError(f"--save-plan {values['save_plan']}: cannot write it ({e.strerror or e})") from None
+        print(f"plan written to {values['save_plan']}; run it with `ddpctl up --plan {values['save_plan']}`",
+              file=sys.stderr)
+        return
     if values["save_plan"] is None or result.plan is None:
         return
     from launcher.planning.plan_file import save_plan

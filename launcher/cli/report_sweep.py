@@ -19,6 +19,7 @@ from launcher.cli.options import (
     OUTPUT,
     PRECISION_HELP,
     RUN,
+    SLURM_OPTIONS,
     STRATEGY,
     THREADS_HELP,
     VAST_OPTIONS,
@@ -67,8 +68,9 @@ def up_executor(launch: dict[str, Any], env: list[str], show_progress: bool = Tr
 
         spec = with_env(spec, env_values)
         vast = replace(base.vast, nodes=spec.nnodes) if base.vast else None
-        options = replace(base, runs_dir=runs_dir, hosts=base.hosts[: spec.nnodes], vast=vast, auto_gpus=False,
-                          record={"options": entry_options(launch, spec)})
+        slurm = replace(base.slurm, nodes=spec.nnodes) if base.slurm else None  # one job per entry, its own nodes
+        options = replace(base, runs_dir=runs_dir, hosts=base.hosts[: spec.nnodes], vast=vast, slurm=slurm,
+                          auto_gpus=False, record={"options": entry_options(launch, spec)})
         result = run_up(spec, options)
         if result.exit_code == EXIT_INTERRUPTED:
             raise KeyboardInterrupt
@@ -94,7 +96,7 @@ def entry_options(launch: dict[str, Any], spec: RunSpec) -> dict[str, Any]:
 def launch_values(launch: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """The launch options a sweep manifest records, over the declared defaults (manifests written before the
     option layer name the hosts `hosts`), and the names set; --env comes back empty (names only are kept)."""
-    declared = {o.name: o for block in (WHERE_OPTIONS, VAST_OPTIONS) for o in block}
+    declared = {o.name: o for block in (WHERE_OPTIONS, VAST_OPTIONS, SLURM_OPTIONS) for o in block}
     recorded = {("host" if k == "hosts" else k): v for k, v in launch.items() if v is not None and k != "env_names"}
     values = {name: list(o.default) if o.type is list else o.default for name, o in declared.items()}
     values.update(check_values(recorded, declared, "sweep.json: launch"), runs_dir=Path("runs"))
@@ -137,7 +139,7 @@ def _print_table(rows: Any) -> None:
     Console().print(render_terminal(rows))
 
 
-@takes_options(WHERE_OPTIONS, VAST_OPTIONS)
+@takes_options(WHERE_OPTIONS, VAST_OPTIONS, SLURM_OPTIONS)
 def sweep_command(
     ctx: typer.Context,
     gpus: str | None = typer.Option(None, "--gpus", help="Processes per node to sweep, e.g. 1,2,4 "
@@ -243,8 +245,10 @@ def _start_sweep(o: dict[str, Any], given: list[str]) -> tuple[Path, dict[str, A
     mode = o["scale_lr"] or "none"
     if mode not in SCALE_LR_MODES:
         raise SpecError(f"--scale-lr {mode!r}: choose one of {', '.join(SCALE_LR_MODES)}")
-    where = where_options(o, given, show_progress=False)  # the options `up` takes, checked as `up` checks them
-    if where.provider != "vast" and max(node_counts) > max(len(where.hosts), 1):
+    # The options `up` takes, checked as `up` checks them (Slurm: the largest allocation the sweep asks for).
+    where = where_options({**o, "nodes": max(node_counts)} if o["provider"] == "slurm" else o, given,
+                          show_progress=False)
+    if where.provider not in ("vast", "slurm") and max(node_counts) > max(len(where.hosts), 1):
         raise SpecError(f"--nodes {max(node_counts)} needs at least {max(node_counts)} --host options "
                         f"(got {len(where.hosts)}); a local run has one node")
     spec_options = ("model", "dataset", "data_dir", "epochs", "batch_size", "lr", "seed", "save_every",
@@ -259,7 +263,8 @@ def _start_sweep(o: dict[str, Any], given: list[str]) -> tuple[Path, dict[str, A
         for name in strategies:
             if name != "local-sgd" or max(gpu_counts) > 1:
                 check_local_run(strategy_spec(base, name, strategy_options, Layout(1, max(gpu_counts))))
-    launch = recorded_options(o, {opt.name: opt for block in (WHERE_OPTIONS, VAST_OPTIONS) for opt in block})
+    launch = recorded_options(o, {opt.name: opt for block in (WHERE_OPTIONS, VAST_OPTIONS, SLURM_OPTIONS)
+                                  for opt in block})
     layouts = plan_layouts(gpu_counts, node_counts)
     skipped: list[str] = []
     sweep_dir = new_sweep(base, layouts, o["runs_dir"], mode, o["preset"], launch, strategies, strategy_options,

@@ -42,6 +42,20 @@ def clock(when: float) -> str:
 
 
 @dataclass(frozen=True)
+class Movement:
+    """The run's training as launcher/execute/hang_watch.py's rule saw it: when a progress record last changed
+    (time.monotonic(); None before any), the slowest gap between two changes, and whether the rule calls it hung."""
+
+    last_move: float | None = None
+    slowest: float = 0.0
+    hung: bool = False
+
+    def stopped_for(self, now: float) -> float | None:
+        """Seconds since training last moved (None: it never did)."""
+        return None if self.last_move is None else now - self.last_move
+
+
+@dataclass(frozen=True)
 class GiveUp:
     """How `up` ends once a node has been silent for the limit: `line` (what is known), `waiting` (the reachable
     nodes that can only be waiting for it: to stop and pull; empty: the run is left as it is)."""
@@ -63,10 +77,10 @@ class ContactWatch:
         self.answered = [now] * len(labels)  # monotonic, for the limit
         self.answered_at = [wall] * len(labels)  # this machine's clock, for what is told
         self.silent: set[int] = set()
+        self.found_silent: dict[int, float] = {}  # the poll (monotonic) that found each silent node so
 
-    def observe(self, states: Sequence[NodeState | None], now: float, hung: bool) -> None:
-        """Tell what changed: a node that stopped answering, or one that answers again. `hung`: the run's
-        training has not moved for longer than the hang rule allows."""
+    def observe(self, states: Sequence[NodeState | None], now: float, moving: Movement) -> None:
+        """Tell what changed: a node that stopped answering, or one that answers again."""
         wall = time.time()
         for index, state in enumerate(states):
             if state is not None:
@@ -76,7 +90,8 @@ class ContactWatch:
         for index, state in enumerate(states):
             if state is None and index not in self.silent:
                 self.silent.add(index)
-                others = self.others(index, states, hung)
+                self.found_silent[index] = now
+                others = self.others(index, states, moving, now)
                 self.run_dir.event("contact_lost", node=index, since=self.answered_at[index], others=others)
                 _say(f"node {index} ({self.labels[index]}) does not answer (silent since "
                      f"{clock(self.answered_at[index])}): what it does since then is unknown"
@@ -86,6 +101,7 @@ class ContactWatch:
 
     def _answers_again(self, index: int, state: NodeState, silent_for: float) -> None:
         self.silent.discard(index)
+        self.found_silent.pop(index, None)
         ended = self.exit_time(index) if state.exit_code is not None else None
         if state.exit_code is not None:
             when = f" at {clock(ended)}" if ended is not None else ""
@@ -101,14 +117,14 @@ class ContactWatch:
         """The first node silent for longer than the limit, or None."""
         return next((i for i in sorted(self.silent) if now - self.answered[i] > self.limit), None)
 
-    def give_up(self, node: int, states: Sequence[NodeState | None], hung: bool) -> GiveUp:
+    def give_up(self, node: int, states: Sequence[NodeState | None], moving: Movement, now: float) -> GiveUp:
         """The stated end for a node silent past the limit."""
         run_id, label = self.run_dir.run_id, self.labels[node]
         running = [i for i, s in enumerate(states) if s is not None and not s.finished]
-        waiting = [i for i in running if self._waits(states[i], hung)]
+        waiting = [i for i in running if self._waits(node, states[i], moving, now)]
         silent = f"lost contact with node {node} ({label}): no answer since {clock(self.answered_at[node])} " \
                  f"({self.limit:.0f} s), so what it does is unknown"
-        others = "".join(f"; {text}" for text in self.others(node, states, hung).values())
+        others = "".join(f"; {text}" for text in self.others(node, states, moving, now).values())
         if running and waiting == running:
             return GiveUp(node, f"{silent}{others}: the run cannot go on without node {node}", waiting)
         goes_on = " (it may have ended, or run on)" + (f"{others}: the run may go on without `up` seeing node {node}"
@@ -130,14 +146,25 @@ class ContactWatch:
         return (f"{text}; {pulled}; node {node}'s state is unknown: once it answers, `ddpctl status {run_id}` tells "
                 f"how it ended and `ddpctl down {run_id}` stops it if it still runs")
 
-    def _waits(self, state: NodeState | None, hung: bool) -> bool:
-        """Whether a running node can only be waiting for others: torchrun at the rendezvous (no worker started
-        yet), or training that has not moved for longer than the hang rule allows."""
+    def _waits(self, node: int, state: NodeState | None, moving: Movement, now: float) -> bool:
+        """Whether a running node can only be waiting for the silent `node`: torchrun at the rendezvous (no worker
+        started yet), or training that has not moved for longer than the hang rule allows, or not since `node`
+        went silent (and for longer than any gap between two changes so far)."""
         if state is None:
             return False
-        return (self.launcher == "torchrun" and state.alive and state.attempt is None) or hung
+        if self.launcher == "torchrun" and state.alive and state.attempt is None:
+            return True
+        stopped = moving.stopped_for(now)
+        return moving.hung or (self._quiet(node, moving, now) and stopped is not None and stopped > moving.slowest)
 
-    def others(self, node: int, states: Sequence[NodeState | None], hung: bool) -> dict[int, str]:
+    def _quiet(self, node: int, moving: Movement, now: float) -> bool:
+        """Whether no training step was seen since `node` was found silent."""
+        found = self.found_silent.get(node)
+        if moving.last_move is None or found is None:
+            return False
+        return moving.last_move < found or (now > found and moving.last_move <= found)
+
+    def others(self, node: int, states: Sequence[NodeState | None], moving: Movement, now: float) -> dict[int, str]:
         """What each other node does, by its own poll (or since when it is silent too)."""
         told = {}
         for index, state in enumerate(states):
@@ -147,10 +174,11 @@ class ContactWatch:
             if state is None:
                 told[index] = f"{where} is silent too (since {clock(self.answered_at[index])})"
             else:
-                told[index] = f"{where}, polled at {clock(self.answered_at[index])}, {self._doing(state, hung)}"
+                doing = self._doing(state, moving, now, self._quiet(node, moving, now))
+                told[index] = f"{where}, polled at {clock(self.answered_at[index])}, {doing}"
         return told
 
-    def _doing(self, state: NodeState, hung: bool) -> str:
+    def _doing(self, state: NodeState, moving: Movement, now: float, quiet: bool) -> str:
         if state.finished:
             if state.exit_code is None:
                 return "has ended without recording its exit status"
@@ -161,11 +189,13 @@ class ContactWatch:
             return "waits at the rendezvous (no worker started yet)" if self.launcher == "torchrun" else \
                 "has not started its workers yet"
         record = progress_record(state.progress) or {}
-        epoch = f" (epoch {record['epoch']}/{record['epochs']})" if record.get("epoch") and record.get("epochs") \
-            else ""
-        if hung:
-            return f"runs its workers, but training has not moved for longer than the hang limit{epoch}"
-        return f"is training{epoch}" if record else "runs its workers"
+        where = ", ".join(f"{name} {record[name]}/{record[total]}" for name, total in
+                          (("epoch", "epochs"), ("step", "steps_per_epoch")) if record.get(name) and record.get(total))
+        where = f" ({where})" if where else ""
+        stopped = moving.stopped_for(now)
+        if stopped is not None and (moving.hung or quiet):
+            return f"has made no training step since {clock(time.time() - stopped)}{where}"
+        return f"is training{where}" if record else "runs its workers"
 
 
 def end_following(contact: ContactWatch, give_up: GiveUp, stop: Callable[[list[int]], dict[int, str]],

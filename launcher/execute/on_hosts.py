@@ -15,7 +15,7 @@ from launcher.execute.before_start import nothing_started_if_interrupted
 from launcher.execute.failure_cause import cause_exit_code, report_failure, shown_state, teardown_outcome
 from launcher.execute.hang_watch import RunWatch
 from launcher.execute.live_output import LiveOutput
-from launcher.execute.lost_contact import ContactWatch, end_following, lost_contact_limit
+from launcher.execute.lost_contact import ContactWatch, Movement, end_following, lost_contact_limit
 from launcher.execute.mpi_access import MpiAccess
 from launcher.execute.node_stops import (
     node_workspaces,
@@ -293,9 +293,10 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
                 if state is not None:
                     freshest.observe(index, state.progress, now)
             node_watch.poll(states, now)
-            hung = node_watch.rule.last_move is not None and node_watch.rule.hung(now)
+            rule = node_watch.rule  # how training moves, for what a silent node leaves the others doing
+            moving = Movement(rule.last_move, rule.slowest, rule.last_move is not None and rule.hung(now))
             latest[:] = states
-            contact.observe(states, now, hung)
+            contact.observe(states, now, moving)
             stalled = freshest.stalled_for(now)
             if stalled is not None and not stall_reported:
                 run_dir.event("stalled", seconds=round(stalled))
@@ -320,7 +321,7 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
                 continue  # poll again at once: the display then shows each node's outcome ("stopped", ...)
             silent = contact.past_limit(now)
             if silent is not None:  # never a silent wait: nodes that can only wait for it are stopped
-                end_following(contact, contact.give_up(silent, states, hung), lambda nodes: stop_nodes_of(
+                end_following(contact, contact.give_up(silent, states, moving, now), lambda nodes: stop_nodes_of(
                     session, run_dir, nodes), lambda: pull_run(session, run_dir))
             if len(known) == len(states) and all(s.finished for s in known):
                 break

@@ -13,18 +13,21 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from launcher.errors import DdpctlError, HostError, Interrupted
-from launcher.execute import interruption, scheduled_chain
-from launcher.execute.failure_cause import attribute, record_failure
+from launcher.errors import DdpctlError, HostError, Interrupted, PlanError
+from launcher.execute import interruption, scheduled_chain, scheduled_end
+from launcher.execute.failure_cause import record_failure
 from launcher.execute.on_hosts import PULLED, TOP_LEVEL_FILES, _cache_key
-from launcher.execute.plain_progress import plain_output
+from launcher.execute.plain_progress import plain_output, run_progress
 from launcher.execute.pull_record import pull_lock, write_pull_record
+from launcher.execute.scheduled_output import Rank0Output
+from launcher.execute.scheduled_plan import MAKE_ONE, plan_json
 from launcher.execute.shipment import trainer_source_dir
 from launcher.planning.request import UpOptions, UpResult
 from launcher.results.progress import console
 from launcher.results.run_records import finish_records
 from launcher.results.rundir import RunDir, primary_node_out, read_json, write_bytes_atomic, write_json_atomic
 from launcher.schedulers.base import PENDING, RUNNING, JobStatus
+from launcher.schedulers.slurm.job_output import OomKill
 from launcher.schedulers.slurm.scheduler import SlurmScheduler, SlurmSubmit
 from launcher.spec.run_spec import RunSpec
 from launcher.transport import outputs
@@ -45,18 +48,25 @@ def scheduler_for(options: UpOptions) -> SlurmScheduler:
     return SlurmScheduler(options.slurm, options.hosts[0].label)
 
 
-def run_scheduled(spec: RunSpec, options: UpOptions) -> UpResult:
-    """Submit the run to the scheduler and (unless --detach) follow it to its end state, then pull."""
+def run_scheduled(spec: RunSpec, options: UpOptions, saved_script: str | None = None) -> UpResult:
+    """Submit the run to the scheduler and (unless --detach) follow it to its end state, then pull. `saved_script`:
+    the batch script of a saved plan (`up --plan`), which the cluster must give again to be submitted."""
     scheduler = scheduler_for(options)
     if options.dry_run and not options.probe:
-        _print_request(scheduler.submit_dryrun(spec, None), options)
-        return UpResult(None, 0, None)
+        unprobed = scheduler.submit_dryrun(spec, None)
+        _print_request(unprobed, options)
+        return UpResult(None, 0, None, scheduled_plan=plan_json(spec, scheduler.request, scheduler.login,
+                                                                 unprobed.to_json()))
     with HostSession.open(options) as session:
         conn = session.conn(0)
         request = scheduler.submit_dryrun(spec, conn)  # refusals (one line) come before anything is written
         if options.dry_run:
             _print_request(request, options)
-            return UpResult(None, 0, None)
+            return UpResult(None, 0, None, scheduled_plan=plan_json(spec, scheduler.request, scheduler.login,
+                                                                     request.to_json()))
+        if saved_script is not None and request.script != saved_script:
+            raise PlanError("the cluster no longer gives the saved plan's batch script (its partition, workdir or "
+                            f"facts changed): {MAKE_ONE}")
         fields = {**options.record, "provider": "slurm", "hosts": [target_to_json(t) for t in session.targets],
                   "ssh": session.settings_json(), "slurm": {"login": request.login, "remote_dir": request.remote_dir,
                                                      **({"max_requeues": request.job.request.max_requeues}
@@ -148,7 +158,17 @@ def write_script(conn: Connection, request: SlurmSubmit, run_dir: RunDir) -> Non
 
 def follow_job(scheduler: SlurmScheduler, conn: Connection, run_dir: RunDir, job_id: str,
                show_progress: bool = True) -> JobStatus:
-    """Poll until the job ends: say when it waits (Slurm's reason, time waited), starts, and how training goes."""
+    """Poll until the job ends: say when it waits (Slurm's reason, time waited), starts, and how training goes,
+    with rank 0's own output live under it (launcher/execute/scheduled_output.py)."""
+    remote_dir = run_dir.record()["slurm"]["remote_dir"]
+    spec = run_dir.spec()
+    display = run_progress([f"job {job_id}"] * spec.nnodes, enabled=show_progress)
+    with display:
+        return _poll_job(scheduler, conn, run_dir, job_id, show_progress, Rank0Output(spec, remote_dir, display))
+
+
+def _poll_job(scheduler: SlurmScheduler, conn: Connection, run_dir: RunDir, job_id: str, show_progress: bool,
+              rank0: Rank0Output) -> JobStatus:
     submitted, said, last_said_at = time.time(), "", 0.0
     remote_dir = run_dir.record()["slurm"]["remote_dir"]
     most = scheduled_chain.max_requeues(run_dir)
@@ -170,6 +190,7 @@ def follow_job(scheduler: SlurmScheduler, conn: Connection, run_dir: RunDir, job
             line = (f"job {job_id}{allocation} pending: "
                     f"{status.reason if status.reason not in ('', 'None') else 'waiting'}")
         elif status.state == RUNNING:
+            rank0.poll(conn, status.nodes)
             line = f"job {job_id}{allocation} running on {status.nodes}" + _progress_text(conn, remote_dir)
         else:
             line = f"job {job_id} {status.state.lower()}"
@@ -177,6 +198,7 @@ def follow_job(scheduler: SlurmScheduler, conn: Connection, run_dir: RunDir, job
         if line != said or now - last_said_at > 30:
             if line.split(":")[0] != said.split(":")[0]:
                 run_dir.event("job_state", state=status.state, reason=status.reason, nodes=status.nodes)
+                rank0.job_state(status.state)
             if show_progress:
                 waited = f" (waited {now - submitted:.0f} s)" if status.state == PENDING else ""
                 console.print(line + waited, markup=False, highlight=False)
@@ -246,7 +268,8 @@ def finish_job(run_dir: RunDir, status: JobStatus) -> int:
     cost = {"queued_seconds": queued, "run_seconds": ran,
             "cpu_hours": round(status.cpus * ran / 3600, 4) if status.cpus and ran is not None else None,
             "gpu_hours": round(status.gpus * ran / 3600, 4) if status.gpus and ran is not None else None}
-    line, spent = end_line(status, queued, ran), False
+    oom = scheduled_end.step_oom(run_dir.path, status)
+    line, spent = end_line(status, queued, ran, oom), False
     most = scheduled_chain.max_requeues(run_dir)
     if most:  # a chain of allocations: counted over all of them, and the outcome once no requeue was left
         cost, chain = scheduled_chain.cost(run_dir, status, scheduled_chain.submit_time(run_dir))
@@ -258,29 +281,26 @@ def finish_job(run_dir: RunDir, status: JobStatus) -> int:
     console.print(line, markup=False, highlight=False)
     if status.state == "COMPLETED":
         return 0
-    labels = [f"node {k}" for k in range(run_dir.spec().nnodes)]
-    copies = [run_dir.path / "nodes" / str(k) for k in range(len(labels))]
-    from launcher.remote import attribution
-
-    reports = [attribution.node_report(str(c.resolve())) if (c / "torchrun.out").is_file() else None for c in copies]
-    ranks = attribute(reports, labels, python=run_dir.spec().python)
-    if status.state == "FAILED" and ranks is not None and not spent:  # the first failing rank, as on hosts
-        record_failure(run_dir, ranks)
-    else:  # Slurm ended it (time limit, cancel, a lost node...): that is the cause; the nodes' outcomes follow
-        record_failure(run_dir, {"summary": line, "node": None, "rank": None, "slurm_state": status.state,
-                                 "nodes": (ranks or {}).get("nodes", []),
-                                 **({"requeues_spent": most} if spent else {})})
+    failure = scheduled_end.job_failure(run_dir, status, line, oom)
+    if spent:  # the job stopped itself, every node ended 0: the time limit with no requeue left is the cause
+        failure = {"summary": line, "node": None, "rank": None, "slurm_state": status.state,
+                   "nodes": failure.get("nodes", []), "requeues_spent": most}
+    record_failure(run_dir, failure)
     return 1
 
 
-def end_line(status: JobStatus, queued: float | None, ran: float | None) -> str:
+def end_line(status: JobStatus, queued: float | None, ran: float | None, oom: OomKill | None = None) -> str:
     """`job 12 COMPLETED (exit 0:0) after 41 s running, 2 s queued` and the like, one line per end state."""
     times = ", ".join(t for t in (f"{ran:.0f} s running" if ran is not None else "",
                                   f"{queued:.0f} s queued" if queued is not None else "") if t)
+    state = scheduled_end.named_state(status, oom)
     how = {"TIMEOUT": "hit its time limit", "NODE_FAIL": "lost a node", "OUT_OF_MEMORY": "ran out of memory",
-           "PREEMPTED": "was preempted", "CANCELLED": "was cancelled"}.get(status.state, "")
+           "PREEMPTED": "was preempted", "CANCELLED": "was cancelled"}.get(state, "")
+    if oom is not None and state == "OUT_OF_MEMORY":
+        how = f"step {oom.step} ran out of memory" + (f" on {oom.node}" if oom.node else "") + (
+            f" (Slurm's job state: {status.state})" if status.state != state else "")
     by = f" ({status.reason})" if status.state == "CANCELLED" and status.reason not in ("", "None") else ""
-    return (f"job {status.job_id} {status.state}" + (f": {how}{by}" if how else "") +
+    return (f"job {status.job_id} {state}" + (f": {how}{by}" if how else "") +
             f" (exit {status.exit_code or '?'})" + (f" after {times}" if times else ""))
 
 

@@ -21,9 +21,11 @@ from launcher.spec.slurm_request import SlurmRequest
 from launcher.transport.ssh import Connection
 
 FOLLOW_POLL_SECONDS = 1.0
-# Each node's exit status and progress record, `NODE k|exit code` then the record (empty when none).
+# Each node's exit status, newest attempt (torchrun's attempt_<N>, numbered alike on every node) and progress
+# record: `NODE k|exit code|attempt` then the record (empty when none).
 NODES_SCRIPT = ('for k in $(seq 0 $(($2 - 1))); do ws="$1/nodes/$k"; echo "NODE $k|$(cat "$ws/exit_code" '
-                '2>/dev/null)"; cat "$ws/out/progress.json" 2>/dev/null; echo; done')
+                '2>/dev/null)|$(ls -d "$ws"/logs/*/attempt_* 2>/dev/null | sed "s/.*attempt_//" | sort -n | '
+                'tail -n 1)"; cat "$ws/out/progress.json" 2>/dev/null; echo; done')
 
 
 def _job(run_dir: RunDir) -> tuple[str, str]:
@@ -48,7 +50,7 @@ class SlurmRun:
         shown = job_state_text(status) + scheduled_chain.requeues_text(run_dir, status)
         return [{"node": k, "host": f"job {job_id} ({status.nodes or '-'})", "state": shown,
                  "exit_code": code, "epoch": progress.get("epoch"), "epochs": progress.get("epochs"),
-                 "restarts": "-"} for k, (code, progress) in enumerate(nodes)]
+                 "restarts": "-" if attempt is None else attempt} for k, (code, progress, attempt) in enumerate(nodes)]
 
     def print_log(self, run_dir: RunDir, node: int, lines: int, follow: bool, options: UpOptions) -> None:
         job_id, remote_dir = _job(run_dir)
@@ -97,19 +99,22 @@ def job_state_text(status: JobStatus) -> str:
     return f"{status.state} (exit {status.exit_code})" if status.finished and status.exit_code else status.state
 
 
-def node_states(conn: Connection, remote_dir: str, nodes: int) -> list[tuple[int | None, dict[str, Any]]]:
-    """Each node's exit status (None while it runs) and progress record, read from the shared file system."""
+def node_states(conn: Connection, remote_dir: str,
+                nodes: int) -> list[tuple[int | None, dict[str, Any], int | None]]:
+    """Each node's exit status (None while it runs), progress record and restarts (its newest attempt; None before
+    its workers start), read from the shared file system."""
     result = conn.run(["bash", "-c", NODES_SCRIPT, "ddpctl-nodes", remote_dir, str(nodes)], timeout=60)
-    states: list[tuple[int | None, dict[str, Any]]] = [(None, {}) for _ in range(nodes)]
+    states: list[tuple[int | None, dict[str, Any], int | None]] = [(None, {}, None) for _ in range(nodes)]
     for chunk in result.stdout.split("NODE ")[1:]:
         head, _, body = chunk.partition("\n")
-        index, _, code = head.partition("|")
+        index, code, attempt = (head.split("|") + ["", ""])[:3]
         try:
             progress = json.loads(body) if body.strip() else {}
         except ValueError:
             progress = {}
         if index.isdigit() and int(index) < nodes:
-            states[int(index)] = (int(code) if code.strip().lstrip("-").isdigit() else None, progress)
+            states[int(index)] = (int(code) if code.strip().lstrip("-").isdigit() else None, progress,
+                                  int(attempt) if attempt.strip().isdigit() else None)
     return states
 
 

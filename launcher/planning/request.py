@@ -58,3 +58,4 @@ class UpResult:
     summary: dict[str, Any] | None
     plan: RunPlan | None = None
     error: str | None = None  # a dry run whose hosts could not be probed: why (its plan has unknowns)
+    scheduled_plan: dict[str, Any] | None = None  # a scheduler's dry run: the plan --save-plan writes

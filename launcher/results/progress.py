@@ -38,14 +38,19 @@ def progress_record(record: object) -> dict[str, Any] | None:
     return clean
 
 
-def _finite(value: object) -> float | None:
+def finite_number(value: object) -> float | None:
+    """`value` as a finite float (a number, or text that reads as one); None for anything else, an int too large
+    for a float among them (a record from a host or a script may hold anything)."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         return None
     try:
         number = float(value)
-    except ValueError:
+    except (ValueError, OverflowError):
         return None
     return number if math.isfinite(number) else None
+
+
+_finite = finite_number
 
 
 class ProgressDisplay(Protocol):
@@ -234,24 +239,27 @@ def summary_table(summary: Mapping[str, Any], title: str) -> Table:
         ("validation accuracy", _percent(summary.get("final_val_acc"))),
         ("restarts", summary.get("restarts")),
     ]
-    if summary.get("cost_usd") is not None:
-        rows.append(("cost", f"${float(summary['cost_usd']):.4f}"))
+    if finite_number(summary.get("cost_usd")) is not None:
+        rows.append(("cost", f"${finite_number(summary['cost_usd']):.4f}"))
     if isinstance(summary.get("cost_split"), dict):  # Vast.ai bills these three apart
-        rows.append(("cost split", ", ".join(f"{part} ${float(summary['cost_split'].get(key) or 0):.4f}" for part, key
-                                             in (("GPU", "gpu_usd"), ("storage", "storage_usd"),
-                                                 ("bandwidth", "bandwidth_usd")))))
-    for name, value in rows:
-        table.add_row(name, "-" if value is None else str(value))
+        rows.append(("cost split", ", ".join(f"{part} ${finite_number(summary['cost_split'].get(key)) or 0:.4f}"
+                                             for part, key in (("GPU", "gpu_usd"), ("storage", "storage_usd"),
+                                                               ("bandwidth", "bandwidth_usd")))))
+    for name, value in rows:  # a script's own summary.json may hold anything: shown short, never a traceback
+        table.add_row(name, "-" if value is None else str(value)[:80])
     return table
 
 
 def _seconds(value: Any) -> str | None:
-    return None if value is None else f"{float(value):.1f} s"
+    number = finite_number(value)
+    return None if number is None else f"{number:.1f} s"
 
 
 def _number(value: Any) -> str | None:
-    return None if value is None else f"{float(value):,.0f}"
+    number = finite_number(value)
+    return None if number is None else f"{number:,.0f}"
 
 
 def _percent(value: Any) -> str | None:
-    return None if value is None else f"{100 * float(value):.2f}%"
+    number = finite_number(value)
+    return None if number is None else f"{100 * number:.2f}%"

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import RunDirError
+from launcher.results.progress import finite_number
 from launcher.results.record import load_run_record
 from launcher.results.rundir import RUN_FILE, primary_node_out, read_json, read_jsonl
 from launcher.results.script_progress import FIELD_RANGES, out_of_range
@@ -133,9 +134,9 @@ def epoch_records(timing: Path | None) -> tuple[dict[str, Any], ...]:
 
 def _cost(*sources: dict[str, Any]) -> float | None:
     for source in sources:
-        value = source.get("cost_usd")
-        if isinstance(value, int | float):
-            return float(value)
+        value = finite_number(source.get("cost_usd"))
+        if value is not None and not isinstance(source.get("cost_usd"), str):
+            return value
     return None
 
 
@@ -194,13 +195,14 @@ def load_run(path: Path) -> RunFigures:
 
 
 def _int_or_none(value: Any) -> int | None:
-    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+    number = finite_number(value) if isinstance(value, int | float) else None
+    return None if number is None else int(number)
 
 
 def _first_load(value: Any) -> float | None:
     """The 1-minute figure of a recorded os.getloadavg() triple."""
     if isinstance(value, list | tuple) and value and isinstance(value[0], int | float):
-        return float(value[0])
+        return finite_number(value[0])
     return None
 
 

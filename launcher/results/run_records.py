@@ -20,10 +20,12 @@ WRITTEN_BY = "ddpctl, from the script's output"
 
 def node_logs_dirs(run_dir: RunDir) -> list[Path]:
     """Each node's torchrun --log-dir as this machine has it: the run directory's logs/ for a local run, the
-    pulled nodes/<k>/logs/ for a run on hosts."""
+    pulled nodes/<k>/logs/ for a run on hosts or a Slurm job (whose nodes run.json does not list)."""
     nodes = run_dir.record().get("nodes")
     if isinstance(nodes, list) and nodes:
         return [run_dir.path / "nodes" / str(k) / "logs" for k in range(len(nodes))]
+    if run_dir.record().get("provider") == "slurm":
+        return [run_dir.path / "nodes" / str(k) / "logs" for k in range(run_dir.spec().nnodes)]
     return [run_dir.path / "logs"]
 
 

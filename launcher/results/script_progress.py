@@ -46,13 +46,22 @@ def out_of_range(name: str, value: object) -> str | None:
     """Why `value` cannot be field `name` of a record (not a number, not finite, outside FIELD_RANGES); None when
     it can (fields without a range need only be finite numbers)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return f"{name}={value!r} is not a number"
-    if not math.isfinite(value):
+        return f"{name}={str(value)[:40]} is not a number"
+    if isinstance(value, float) and not math.isfinite(value):  # an int is finite, but may have 4,000 digits
         return f"{name}={value!r} is not finite"
     low, high = FIELD_RANGES.get(name, (-math.inf, math.inf))
-    if not low <= value <= high:
-        return f"{name}={value:g} is outside {low:g}..{high:g}"
+    if not low <= value <= high:  # exact for ints of any size: nothing is turned into a float before it is checked
+        return f"{name}={_shown(value)} is outside {low:g}..{high:g}"
+    if isinstance(value, int) and abs(value) > 2**1023:  # in range only where there is no range: no float holds it
+        return f"{name}={_shown(value)} is too large"
     return None
+
+
+def _shown(value: float) -> str:
+    """A number for a message: an int too large for `:g` (no float holds it) by its size."""
+    if isinstance(value, float) or abs(value) < 2**53:
+        return f"{value:g}"
+    return f"an integer of {value.bit_length()} bits"
 
 
 def _number(value: object, name: str = "") -> float | None:

@@ -1,8 +1,9 @@
 """Files ddpctl writes at a path the user gave (`--save-config FILE`, the files of `report --out DIR`) and folders
 it writes under (`--runs-dir`, `report --out`): what such a path may be.
 
-- A file path must name a regular file (replaced whole, atomically) or nothing yet (created). A device, a FIFO,
-  a socket or a directory there is refused in one line: never replaced, never written into, never waited on.
+- A file path must name a regular file (replaced whole, atomically) or nothing yet (created) in a folder that
+  exists (no folder is made for it). A device, a FIFO, a socket or a directory there is refused in one line:
+  never replaced, never written into, never waited on.
 - A symbolic link is written through: the link stays, the file it points to is created or replaced, by the same
   rules (a link to a device is refused like the device). This is what a shell's `>` and editors do.
 - A folder path must name a directory (a link to one is followed) or nothing yet (created).

@@ -392,11 +392,11 @@ def test_an_explicit_rdzv_port_another_run_holds_is_refused_before_anything_is_w
         assert "Traceback" not in result.stderr
         assert not runs.exists() or not any(runs.iterdir()), "a run directory was made"
         assert [sorted(Path(h.home, ".ddpctl", "runs").glob("*")) for h in bed.hosts] == workspaces
-        held = sorted(os.listdir(RESERVATION_DIR))
+        held = bed_reservations(bed)  # this bed's: other beds' runs (other tests, at once) reserve meanwhile
         dry = ddpctl(bed, "up", *hosts, "--runs-dir", str(runs), *TINY, "--dry-run", "--json")
         assert dry.returncode == 0, dry.stderr
         assert json.loads(dry.stdout)["rdzv_port"] != port, "a dry run planned a port another run holds"
-        assert sorted(os.listdir(RESERVATION_DIR)) == held, "a dry run reserved a port"
+        assert bed_reservations(bed) == held, "a dry run reserved a port"
     finally:
         assert release_reservation(shell, "python3", holder) == "released 1"
 

@@ -16,7 +16,7 @@ from launcher.schedulers.slurm import requeue
 from launcher.spec import strategies
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.slurm_request import SlurmRequest
-from launcher.spec.torchrun import NodeRole, trainer_argv
+from launcher.spec.torchrun import TORCHRUN_SOURCE, NodeRole, trainer_argv
 from launcher.spec.user_command import node_command
 
 SCRIPT_NAME = "job.sbatch"
@@ -25,6 +25,7 @@ PORT_BASE, PORT_SPAN = 20000, 20000
 GPUS_PER_NODE, GRES = "--gpus-per-node", "--gres"
 # In the node script, where the shell gives values only known once the job runs.
 _RDZV_ENDPOINT, _JOB_ID = '"$DDPCTL_RDZV_ENDPOINT"', '"$SLURM_JOB_ID"'
+_TORCHRUN_SOURCE = '"$DDPCTL_TORCHRUN"'
 
 
 @dataclass(frozen=True)
@@ -73,8 +74,10 @@ def sbatch_directives(job: SlurmJob) -> list[str]:
 
 def node_torchrun_line(spec: RunSpec) -> str:
     """The shell line a node runs: torchrun joining the job's rendezvous, then our trainer or the user's command."""
-    words = [shlex.quote(w) for w in (spec.python, "-m", "torch.distributed.run", "--nnodes", str(spec.nnodes),
-                                      "--rdzv-backend", "c10d", "--rdzv-endpoint")]
+    # torchrun as on hosts (launcher/spec/attempt_logs.py): every start of a node's workers in its own attempt
+    # folder, numbered the same on every node; its source is in the batch script (DDPCTL_TORCHRUN).
+    words = [shlex.quote(spec.python), "-c", _TORCHRUN_SOURCE] + [
+        shlex.quote(w) for w in ("--nnodes", str(spec.nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint")]
     words += [_RDZV_ENDPOINT, "--rdzv-id", _JOB_ID]
     logs = "../logs" if spec.user_command else "logs"
     rest = ["--nproc-per-node", str(strategies.torchrun_workers(spec.strategy, spec.nproc_per_node)),
@@ -125,6 +128,11 @@ def batch_script(job: SlurmJob) -> str:
         f'export DDPCTL_RDZV_ENDPOINT="$rdzv_host:$(({PORT_BASE} + SLURM_JOB_ID % {PORT_SPAN}))"',
         'echo "ddpctl: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, rendezvous at $DDPCTL_RDZV_ENDPOINT"',
         *(requeue.environment_lines(job.request) if requeued else []),
+        "# torchrun keeping every attempt's logs (ddpctl's launcher/spec/attempt_logs.py), run by each node",
+        "read -r -d '' DDPCTL_TORCHRUN <<'TORCHRUN' || true",
+        TORCHRUN_SOURCE.rstrip("\n"),
+        "TORCHRUN",
+        "export DDPCTL_TORCHRUN",
         "read -r -d '' node_script <<'NODE' || true",
         node_script(spec, requeued),
         "NODE",

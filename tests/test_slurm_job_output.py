@@ -1,0 +1,63 @@
+"""What Slurm says about a job, read as text: its allocation's hostlist expanded in SLURM_NODEID order,
+slurmstepd's oom-kill notes, and the end line and state a run names from them (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher.execute.scheduled import end_line
+from launcher.execute.scheduled_end import named_state
+from launcher.execute.scheduled_output import _first_by_name
+from launcher.schedulers.base import JobStatus
+from launcher.schedulers.slurm.job_output import OomKill, expand_hostlist, oom_kills
+
+pytestmark = pytest.mark.unit
+
+# As Slurm 22.05 wrote it to slurm-4.out on the test cluster (task/cgroup, --mem=1G, a rank allocating past it).
+OOM_OUTPUT = """srun: error: ddpslt5h2: task 1: Out Of Memory
+slurmstepd-ddpslt5h2: error: Detected 1 oom-kill event(s) in StepId=4.0. Some of your processes may have been \
+killed by the cgroup out-of-memory handler.
+srun: launch/slurm: _step_signal: Terminating StepId=4.0
+"""
+
+
+@pytest.mark.parametrize(("hostlist", "names"), [
+    ("ddpslt7h[1-2]", ["ddpslt7h1", "ddpslt7h2"]),
+    ("n[01-03,7],gpu5", ["n01", "n02", "n03", "n7", "gpu5"]),
+    ("rack[1-2]-n[1-2]", ["rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"]),
+    ("single", ["single"]),
+    ("", []),
+    ("(null)", []),
+])
+def test_a_hostlist_expands_in_slurms_order(hostlist: str, names: list[str]) -> None:
+    assert expand_hostlist(hostlist) == names
+
+
+def test_oom_kill_notes_name_the_step_and_node() -> None:
+    assert oom_kills(OOM_OUTPUT) == [OomKill("4.0", "ddpslt5h2", 1)]
+    assert oom_kills("srun: error: ddpslt5h2: task 1: Exited with exit code 1\n") == []
+    assert oom_kills("slurmstepd: error: Detected 2 oom-kill event(s) in StepId=9.batch. Some ...") == \
+        [OomKill("9.batch", None, 2)]
+    # jobacct_gather/linux with OverMemoryKill, as Slurm 22.05 wrote it on the test cluster (--mem=100M)
+    over = oom_kills("slurmstepd-n1: error: StepId=1.0 exceeded memory limit (118730752 > 104857600), being killed\n"
+                     "slurmstepd-n1: error: Exceeded job memory limit\n")
+    assert over == [OomKill("1.0", "n1", 1, "118730752 > 104857600")]
+    assert over[0].text == "Slurm step 1.0 on n1 exceeded its memory limit (118730752 > 104857600 bytes) and was killed"
+
+
+def test_a_step_killed_for_memory_is_named_out_of_memory_with_slurms_own_state_beside_it() -> None:
+    failed = JobStatus("4", "FAILED", exit_code="1:0", nodes="ddpslt5h[1-2]")
+    oom = OomKill("4.0", "ddpslt5h2", 1)
+    assert named_state(failed, oom) == "OUT_OF_MEMORY" and named_state(failed, None) == "FAILED"
+    assert end_line(failed, 1.0, 30.0, oom) == ("job 4 OUT_OF_MEMORY: step 4.0 ran out of memory on ddpslt5h2 "
+                                                "(Slurm's job state: FAILED) (exit 1:0) after 30 s running, 1 s queued")
+    assert end_line(JobStatus("5", "TIMEOUT", exit_code="0:15"), None, 75.0) == \
+        "job 5 TIMEOUT: hit its time limit (exit 0:15) after 75 s running"
+    # A job that completed, or one Slurm ended otherwise, keeps Slurm's state whatever its output says.
+    assert named_state(JobStatus("6", "PREEMPTED"), oom) == "PREEMPTED"
+
+
+def test_rank_zeros_node_by_c10ds_rule_is_the_first_host_name_as_text() -> None:
+    assert _first_by_name(["node9", "node10"], 2) == 1  # "node10" < "node9" as text
+    assert _first_by_name(["a1", "a2"], 2) == 0
+    assert _first_by_name([], 2) == 0
