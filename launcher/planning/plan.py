@@ -201,7 +201,7 @@ class NodeRuntime(Protocol):
 
     @property
     def detach_reads_env_file(self) -> bool:
-        """Whether the detach script exports the node's environment file (else the node's wrapper reads it)."""
+        """Whether the node's supervisor exports its environment file (else the node's wrapper reads it)."""
         ...
 
     @property

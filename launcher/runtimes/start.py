@@ -1,7 +1,7 @@
 """Starting a planned node on its host, whatever its runtime: the environment file first (over SFTP, 0600 in the
 0700 workspace: never on a command line), then the start program (launcher/remote/node_start.py, run by the
 host's python) around the node's command. The node's runtime answers what differs: the file's name and format,
-whether the detach script or the node's own wrapper reads it, and how long a stop waits."""
+whether the start program's supervisor or the node's own wrapper reads it, and how long a stop waits."""
 
 from __future__ import annotations
 
