@@ -26,10 +26,11 @@ from typing import Any
 import torch
 
 from trainer.data import CIFAR_MEAN, CIFAR_STD, MNIST_MEAN, MNIST_STD, DataSplits, normalise, synthetic_images
+from trainer.determinism import choose_algorithms, seed_rng
 from trainer.distributed import DistContext, cpu_model
 from trainer.models import build_model
 from trainer.reference_loop import ReferenceImages, reference_accuracy, reference_train
-from trainer.trainer import PRECISIONS, TrainConfig, Trainer, choose_algorithms, seed_rng
+from trainer.trainer import PRECISIONS, TrainConfig, Trainer
 
 Data = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 

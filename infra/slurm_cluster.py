@@ -12,6 +12,9 @@ the cluster's CgroupMountpoint in its mount namespace; else task/none. Preemptio
 in partition `low` is cancelled (PREEMPTED) when one in `high` needs its nodes. Accounting: no slurmdbd;
 finished jobs stay in `scontrol show job` for MinJobAge and are written to jobcomp/filetxt (`sacct` answers
 nothing here; ddpctl falls back to scontrol).
+Short chains of requeued jobs (`--requeue`): a requeued job waits AuthInfo's cred_expire before it may start again
+(120 s by default, 10 s here), and the scheduler looks at eligible jobs every 2 s (sched_interval, bf_interval;
+60 s and 30 s by default); OverTimeLimit stays 0, so a job ends at its limit (Slurm checks limits every 30 s).
 
 The login user's SSH sessions get SLURM_CONF (~/.ssh/environment), as /etc/slurm/slurm.conf would on a cluster.
 
@@ -218,7 +221,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={self.munge_socket}
+AuthInfo=socket={self.munge_socket},cred_expire=10
 StateSaveLocation={d}/state
 SlurmdSpoolDir={d}/spool-%n
 SlurmctldPidFile={d}/slurmctld.pid
@@ -241,6 +244,8 @@ SlurmdTimeout=10
 SlurmctldTimeout=10
 InactiveLimit=0
 KillWait=10
+OverTimeLimit=0
+SchedulerParameters=sched_interval=2,bf_interval=2
 PreemptType=preempt/partition_prio
 PreemptMode=CANCEL
 {nodes}

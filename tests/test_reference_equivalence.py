@@ -15,10 +15,11 @@ import torch
 
 from tests.trainer_support import SMALL_RUN, assert_same_weights, describe, finish_command, load_weights, start_command
 from trainer.data import MNIST_MEAN, MNIST_STD, load_dataset, synthetic_images
+from trainer.determinism import seed_rng
 from trainer.distributed import DistContext
 from trainer.models import build_model
 from trainer.reference_loop import ReferenceImages, reference_train
-from trainer.trainer import TrainConfig, Trainer, seed_rng
+from trainer.trainer import TrainConfig, Trainer
 
 TRAIN_SIZE, SEED, LR = 4095, 3, 0.05  # as SMALL_RUN: 4095 is odd, so DistributedSampler pads at world size 2
 

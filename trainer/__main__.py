@@ -12,7 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from trainer import failure
+from trainer import failure, requeue
+from trainer.determinism import choose_algorithms
 from trainer.models import MODELS
 from trainer.strategies import STRATEGIES, StrategyOptions, check_runnable, run_strategy
 from trainer.strategies.options import (
@@ -21,7 +22,7 @@ from trainer.strategies.options import (
     parse_average_every,
     parse_devices,
 )
-from trainer.trainer import PRECISIONS, TrainConfig, choose_algorithms
+from trainer.trainer import PRECISIONS, TrainConfig
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -177,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     options = dataclasses.replace(options, load_at_start=os.getloadavg())
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
+        if options.name in requeue.STRATEGIES:  # the batch job's signal before its time limit: save and stop
+            requeue.arm_from_environment()
         check_runnable(options)
         choose_algorithms(config.deterministic)  # before setup: cuBLAS reads its workspace setting when it starts
         run_strategy(config, backend, data_dir, options)
@@ -184,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         # One line (a traceback first for what is not a TrainerError); with a process group up, it is aborted
         # and this process ends here, which releases every peer at once.
         return failure.leave(exc)
+    finally:
+        requeue.disarm()  # a signal while Python shuts down would meet the default action, which ends the process
     failure.discard()
     return 0
 

@@ -29,8 +29,8 @@ from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
 from trainer.data import MNIST_MEAN, MNIST_STD, synthetic_images
+from trainer.determinism import seed_rng
 from trainer.models import MODELS, build_model
-from trainer.trainer import seed_rng
 
 TEST_BATCH_SIZE = 1000
 

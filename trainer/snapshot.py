@@ -21,33 +21,41 @@ from trainer.files import atomic_write_bytes, is_temp_file
 
 MAGIC = b"DDPCTL-SNAPSHOT 1 sha256="
 STALE_TEMP_SECONDS = 600
-_NAME = re.compile(r"^snapshot-epoch-(\d{6,})\.pt$")
+# A snapshot after a finished epoch, or (a stop for a requeue, trainer/requeue.py) after a step within the next one.
+_NAME = re.compile(r"^snapshot-epoch-(\d{6,})(?:-step-(\d{8,}))?\.pt$")
 
 
-def snapshot_path(directory: Path, epoch: int) -> Path:
-    """Where the snapshot taken after `epoch` finished lives."""
-    return directory / f"snapshot-epoch-{epoch:06d}.pt"
+def snapshot_path(directory: Path, epoch: int, step: int = 0) -> Path:
+    """Where the snapshot taken after `epoch` finished lives (step > 0: after `step` steps of the next epoch)."""
+    name = f"snapshot-epoch-{epoch:06d}" + (f"-step-{step:08d}" if step else "")
+    return directory / f"{name}.pt"
 
 
-def list_snapshots(directory: Path) -> list[tuple[int, Path]]:
-    """(epoch, path) of every snapshot file in `directory`, newest first (validity not checked)."""
+def list_positions(directory: Path) -> list[tuple[tuple[int, int], Path]]:
+    """((epoch, step), path) of every snapshot file in `directory`, newest first (validity not checked)."""
     if not directory.is_dir():
         return []
     found = []
     for path in directory.iterdir():
         match = _NAME.match(path.name)
         if match and path.is_file():
-            found.append((int(match.group(1)), path))
+            found.append(((int(match.group(1)), int(match.group(2) or 0)), path))
     return sorted(found, reverse=True)
 
 
-def save_snapshot(directory: Path, epoch: int, state: dict[str, Any], keep: int) -> Path:
-    """Write `state` as the snapshot of `epoch` (atomically, with its checksum); keep the newest `keep`."""
+def list_snapshots(directory: Path) -> list[tuple[int, Path]]:
+    """(epoch, path) of every end-of-epoch snapshot file in `directory`, newest first (validity not checked)."""
+    return [(epoch, path) for (epoch, step), path in list_positions(directory) if step == 0]
+
+
+def save_snapshot(directory: Path, epoch: int, state: dict[str, Any], keep: int, step: int = 0) -> Path:
+    """Write `state` as the snapshot of `epoch` (and `step` steps into the next; atomically, with its checksum);
+    keep the newest `keep`."""
     buffer = io.BytesIO()
     torch.save(state, buffer)
     payload = buffer.getvalue()
     header = MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n"
-    path = snapshot_path(directory, epoch)
+    path = snapshot_path(directory, epoch, step)
     atomic_write_bytes(path, header + payload)
     _prune(directory, keep)
     return path
@@ -92,8 +100,22 @@ def newest_valid(
     return None
 
 
+def newest_valid_position(
+    directory: Path, warn: Callable[[str], None], at_most: tuple[int, int] | None = None
+) -> tuple[tuple[int, int], dict[str, Any]] | None:
+    """newest_valid over every snapshot, mid-epoch ones included: ((epoch, step), state), or None."""
+    for position, path in list_positions(directory):
+        if at_most is not None and position > at_most:
+            continue
+        try:
+            return position, read_snapshot(path)
+        except SnapshotError as exc:
+            warn(f"{exc}; trying the previous one")
+    return None
+
+
 def _prune(directory: Path, keep: int) -> None:
-    for _, path in list_snapshots(directory)[keep:]:
+    for _, path in list_positions(directory)[keep:]:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
     # Temporary files left by a writer killed mid-write; only stale ones, since another node's writer may

@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import math
 import os
-import random
 import signal
 import sys
 import time
@@ -21,14 +20,17 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from trainer import requeue
 from trainer.data import DataSplits
+from trainer.determinism import capture_rng, restore_rng, seed_rng
 from trainer.distributed import DistContext, device_name
 from trainer.errors import SnapshotError
 from trainer.files import atomic_write_bytes
 from trainer.graphed_step import GraphedStep
 from trainer.records import ProgressReporter, TimingLog, build_summary, versions, write_summary
+from trainer.requeue import STOP_CHECK_STEPS, StoppedForRequeue
 from trainer.sharding import samples_per_rank, shard_indices
-from trainer.snapshot import newest_valid, save_snapshot, snapshot_path
+from trainer.snapshot import newest_valid_position, save_snapshot, snapshot_path
 
 EVAL_BATCH_SIZE = 1024
 SNAPSHOT_FORMAT = 1
@@ -36,6 +38,8 @@ SNAPSHOT_FORMAT = 1
 RUN_IDENTITY = ("model", "dataset", "batch_size", "lr", "momentum", "seed", "synthetic_train_size",
                 "synthetic_test_size")  # fmt: skip
 PRECISIONS = ("fp32", "bf16")
+# A snapshot's place (epochs finished, steps into the next) as one integer, for the nodes to agree on with a min.
+POSITION_SPAN = 10**9
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,10 @@ class Trainer:
         self.per_rank = samples_per_rank(len(self.data.train_y), ctx.world_size)
         self.steps_per_epoch = math.ceil(self.per_rank / config.batch_size)
         self.epochs_done = 0
+        # Resuming a snapshot taken mid-epoch (a stop for a requeue): steps done in the next epoch, its metric sums
+        # and training seconds so far; None otherwise.
+        self.resume_within: tuple[int, torch.Tensor, float] | None = None
+        self.stop = requeue.current()
         self.records: list[dict[str, Any]] = []
         self.wall_start = time.time()
         self.first_step_time: float | None = None  # this attempt's first optimizer step (launch benchmarks)
@@ -158,15 +166,20 @@ class Trainer:
         order = order.to(ctx.device)
         sums = self.graphed.sums if self.graphed is not None else torch.zeros(2, dtype=torch.float64, device=ctx.device)
         sums.zero_()
+        first_step, seconds_before = 0, 0.0
+        if self.resume_within is not None:
+            first_step, saved_sums, seconds_before = self.resume_within
+            sums.copy_(saved_sums.to(sums.device))
+            self.resume_within = None
         kill_step, hang_step = self._fault_step(self.config.fault_kill), self._fault_step(self.config.fault_hang)
         self.ddp.train()
         start = time.perf_counter()
-        for step in range(self.steps_per_epoch):
+        for step in range(first_step, self.steps_per_epoch):
             global_step = (epoch - 1) * self.steps_per_epoch + step + 1
             if global_step == kill_step:
                 os.kill(os.getpid(), signal.SIGKILL)
-            while global_step == hang_step:
-                time.sleep(3600)
+            while global_step == hang_step and not (self.stop is not None and self.stop.asked):
+                time.sleep(3600 if self.stop is None else 0.5)  # a hung step still hears a requeue's signal
             batch = order[step * cfg.batch_size : (step + 1) * cfg.batch_size]
             if self.graphed is not None and len(batch) == cfg.batch_size:
                 self.graphed.replay(batch)
@@ -176,9 +189,13 @@ class Trainer:
             if self.progress is not None and self.progress.due():
                 rate = (step + 1) * cfg.batch_size * ctx.world_size / max(time.perf_counter() - start, 1e-9)
                 self.progress.write(epoch=epoch, step=step + 1, samples_per_s=rate, state="training")
+            if step + 1 < self.steps_per_epoch and self._stop_agreed(global_step):
+                elapsed = seconds_before + time.perf_counter() - start
+                self._save_snapshot(within=(step + 1, sums, elapsed))
+                raise StoppedForRequeue(epoch, step + 1, self.steps_per_epoch)
         counts = torch.tensor([float(self.per_rank)], dtype=torch.float64, device=ctx.device)
         totals = ctx.all_reduce_sum(torch.cat([sums, counts])).tolist()  # the epoch's one host sync
-        seconds = time.perf_counter() - start
+        seconds = seconds_before + time.perf_counter() - start
         return EpochResult(seconds, self.steps_per_epoch, int(totals[2]), totals[0] / totals[2], totals[1] / totals[2])
 
     def _autocast(self) -> AbstractContextManager[Any]:
@@ -213,9 +230,22 @@ class Trainer:
 
     # --- snapshots -------------------------------------------------------------------------------------
 
-    def _save_snapshot(self) -> None:
-        """Every rank hands its RNG state to the local rank 0s, which each write one copy for their node."""
+    def _stop_agreed(self, global_step: int | None) -> bool:
+        """Whether every rank stops here for a requeue (global_step None: an epoch's end, always asked)."""
+        if self.stop is None:
+            return False
+        if not self.ctx.grouped or self.ctx.world_size == 1:
+            return self.stop.asked
+        if global_step is not None and global_step % STOP_CHECK_STEPS:
+            return False
+        return self.ctx.min_int(0 if self.stop.asked else 1) == 0
+
+    def _save_snapshot(self, within: tuple[int, torch.Tensor, float] | None = None) -> None:
+        """Every rank hands its RNG state to the local rank 0s, which each write one copy for their node.
+        `within`: a stop mid-epoch (steps done in the next epoch, its metric sums, its seconds so far)."""
         rng_states = self.ctx.gather_objects(capture_rng(self.ctx.device))
+        # Mid-epoch, each rank's own partial metric sums (all-reduced only at the epoch's end) are part of the state.
+        rank_sums = self.ctx.gather_objects(within[1].detach().cpu().clone()) if within is not None else []
         if not self._writes_snapshots():
             return
         state = {
@@ -229,7 +259,10 @@ class Trainer:
             "records": self.records,
             "wall_start": self.wall_start,
         }
-        save_snapshot(self.snapshot_dir, self.epochs_done, state, self.config.keep_snapshots)
+        if within is not None:
+            state["within_epoch"] = {"steps": within[0], "sums": rank_sums, "seconds": within[2]}
+        save_snapshot(self.snapshot_dir, self.epochs_done, state, self.config.keep_snapshots,
+                      step=within[0] if within else 0)  # fmt: skip
 
     def _writes_snapshots(self) -> bool:
         """One copy per node, by local rank 0 (local-sgd, whose ranks hold different weights, overrides it)."""
@@ -239,28 +272,36 @@ class Trainer:
         """Resume from the newest snapshot that is valid on every node; False when there is none."""
         ctx = self.ctx
         warn = self._warn if ctx.local_rank == 0 else _quiet
-        found = newest_valid(self.snapshot_dir, warn)
-        agreed = ctx.min_int(found[0] if found else 0)
+        found = newest_valid_position(self.snapshot_dir, warn)
+        agreed = ctx.min_int(_code(found[0]) if found else 0)
         # Another node's newest may be older, and this node's copy of that epoch may be pruned or corrupt:
         # each round every rank offers its newest valid one up to the agreed epoch, until all offer the same.
         while agreed:
-            if found is None or found[0] != agreed:
-                found = newest_valid(self.snapshot_dir, warn, at_most=agreed)
-            offered = ctx.min_int(found[0] if found else 0)
+            if found is None or _code(found[0]) != agreed:
+                found = newest_valid_position(self.snapshot_dir, warn, at_most=divmod(agreed, POSITION_SPAN))
+            offered = ctx.min_int(_code(found[0]) if found else 0)
             if offered == agreed:
                 break
             agreed = offered
         if agreed == 0:
             return False
         assert found is not None
-        state = found[1]
+        (agreed_epoch, agreed_step), state = found
+        path = snapshot_path(self.snapshot_dir, agreed_epoch, agreed_step)
         if state.get("format") != SNAPSHOT_FORMAT or state.get("identity") != self.config.identity():
             raise SnapshotError(
-                f"{snapshot_path(self.snapshot_dir, agreed)} belongs to another run "
+                f"{path} belongs to another run "
                 f"({state.get('identity')}); use another --snapshot-dir or remove it"
             )
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        within = state.get("within_epoch")
+        if within is not None:
+            if state["world_size"] != ctx.world_size:
+                raise SnapshotError(f"{path} stopped mid-epoch with {state['world_size']} processes, not "
+                                    f"{ctx.world_size}: resume it with as many, or remove it to resume from the "
+                                    "epoch before")
+            self.resume_within = (int(within["steps"]), within["sums"][ctx.rank], float(within["seconds"]))
         rng_states = state["rng"]
         if state["world_size"] == ctx.world_size:
             restore_rng(rng_states[ctx.rank], ctx.device)
@@ -269,12 +310,13 @@ class Trainer:
                 f"snapshot was taken by {state['world_size']} processes, now {ctx.world_size}: "
                 "dropout RNG reseeded, the run will not match an uninterrupted one bit for bit"
             )
-            seed_rng(self.config.seed + 1000 * agreed, ctx.rank)
+            seed_rng(self.config.seed + 1000 * agreed_epoch, ctx.rank)
         self.records = list(state["records"])
         self.wall_start = float(state["wall_start"])
         self.epochs_done = int(state["epochs_done"])
         if ctx.local_rank == 0:
-            self._warn(f"resuming after epoch {self.epochs_done} from {snapshot_path(self.snapshot_dir, agreed)}")
+            where = f", step {agreed_step}/{self.steps_per_epoch} of epoch {agreed_epoch + 1}" if agreed_step else ""
+            self._warn(f"resuming after epoch {self.epochs_done}{where} from {path}")
         return True
 
     def _warn(self, message: str) -> None:
@@ -307,8 +349,13 @@ class Trainer:
             if self.timing is not None:
                 self.timing.rewrite(self.records)  # atomic: a full disk cannot leave half a line
             self.epochs_done = epoch
-            if epoch % cfg.save_every == 0 or epoch == cfg.epochs:
+            saved = epoch % cfg.save_every == 0 or epoch == cfg.epochs
+            if saved:
                 self._save_snapshot()
+            if epoch < cfg.epochs and self._stop_agreed(None):
+                if not saved:
+                    self._save_snapshot()
+                raise StoppedForRequeue(epoch + 1, 0, self.steps_per_epoch)
         return self._finish()
 
     def _finish(self) -> dict[str, Any]:
@@ -336,42 +383,8 @@ class Trainer:
         }  # fmt: skip
 
 
-# --- random number generators (dropout draws from torch's; each rank has its own stream) ---------------
-
-
-def seed_rng(seed: int, rank: int) -> None:
-    """Give this rank its own dropout stream (after the model was built from the shared seed)."""
-    torch.manual_seed(seed * 7919 + rank + 1)
-    random.seed(seed * 7919 + rank + 1)
-
-
-def capture_rng(device: torch.device) -> dict[str, Any]:
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def restore_rng(state: dict[str, Any], device: torch.device) -> None:
-    torch.set_rng_state(state["torch"])
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
-
-
-def choose_algorithms(deterministic: bool) -> None:
-    """Deterministic: bitwise repeatable CUDA runs (a resumed run ends with the uninterrupted run's weights).
-
-    warn_only: a few ops (nll_loss on CUDA, adaptive pooling's backward) are flagged as lacking a deterministic
-    kernel and would raise; the resume test on the GPU checks the weights themselves. cuDNN's algorithm search
-    (cudnn.benchmark) stays off either way: on an H100 it cost 2 s (mnist-cnn) and 8.5 s (resnet18) at start and
-    gained 5% per resnet18 step, none per mnist-cnn step (bench_trainer --cudnn-benchmark on/off)."""
-    if not deterministic:
-        return
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts: before the first matmul
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.backends.cudnn.benchmark = False
+def _code(position: tuple[int, int]) -> int:
+    return position[0] * POSITION_SPAN + position[1]
 
 
 def _quiet(message: str) -> None:

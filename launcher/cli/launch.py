@@ -27,7 +27,8 @@ VAST_ONLY = ("nodes", "gpu_name", "max_price", "min_reliability", "disk", "down"
              "ready_timeout", "expected_hours")
 NOT_LOCAL = ("detach", "stall_timeout", "identity_file", "accept_new_host_keys", "connect_timeout", "rdzv_addr",
              "rdzv_port", "allow_public_rendezvous", "no_probe", "outputs")
-SLURM_ONLY = ("partition", "time", "account", "qos", "constraint", "workdir", "sbatch_option", "prelude")
+SLURM_ONLY = ("partition", "time", "account", "qos", "constraint", "workdir", "sbatch_option", "prelude", "requeue",
+              "max_requeues")
 # What the scheduler decides on a Slurm cluster (the job's nodes, its rendezvous, how it is followed).
 NOT_SLURM = ("runtime", "image", "registry", "rdzv_addr", "rdzv_port", "allow_public_rendezvous", "stall_timeout",
              "outputs", "env")
@@ -219,12 +220,13 @@ def _slurm_request(provider: str, values: dict[str, Any]) -> Any:
     """The SlurmRequest for --provider slurm (None for the others)."""
     if provider != "slurm":
         return None
-    from launcher.spec.slurm_request import SlurmRequest
+    from launcher.spec.slurm_request import SlurmRequest, max_requeues_asked
 
     return SlurmRequest(nodes=values.get("nodes", 1), partition=values.get("partition"), time=values.get("time"),
                         account=values.get("account"), qos=values.get("qos"), constraint=values.get("constraint"),
                         workdir=values.get("workdir"), sbatch_options=tuple(values.get("sbatch_option") or ()),
-                        prelude=tuple(values.get("prelude") or ()))
+                        prelude=tuple(values.get("prelude") or ()),
+                        max_requeues=max_requeues_asked(values.get("requeue"), values.get("max_requeues")))
 
 
 def _listed(flags: list[str], singular: str, plural: str) -> str:

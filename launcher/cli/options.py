@@ -124,6 +124,10 @@ SLURM_OPTIONS = (
         "\\[default: ~/.ddpctl/slurm].", SLURM, optional=True),
     opt("sbatch_option", list, (), "Slurm: another sbatch option, e.g. '--mem=64G'; repeat.", SLURM),
     opt("prelude", list, (), "Slurm: a shell line run before torchrun, e.g. 'module load cuda/12.4'; repeat.", SLURM),
+    opt("requeue", bool, False, "Slurm: train past the time limit: signalled before it, the run saves a snapshot "
+        "and the job requeues itself, resuming from it.", SLURM),
+    opt("max_requeues", int, None, "Slurm: requeue at most this many times (implies --requeue) \\[default: 10].",
+        SLURM, optional=True),
 )
 
 # `up` only: one run's experiment (sweep declares the same names as comma lists or preset-defaulted values).

@@ -154,6 +154,8 @@ def describe_event(event: dict[str, Any]) -> str | None:
         "stop_abandoned": lambda: "the stop was abandoned: nodes may still be running",
         "pull_abandoned": lambda: "the pull was abandoned",
         "outcome": lambda: f"outcome: {event.get('text')}",
+        "requeued": lambda: (f"job {event.get('job_id')} requeued ({event.get('requeues')}/"
+                             f"{event.get('max_requeues')}) at the time limit"),
     }
     phrase = phrases.get(kind)
     if phrase is not None:

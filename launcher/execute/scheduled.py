@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import DdpctlError, HostError, Interrupted, PlanError
-from launcher.execute import interruption, scheduled_end
+from launcher.execute import interruption, scheduled_chain, scheduled_end
 from launcher.execute.failure_cause import record_failure
 from launcher.execute.on_hosts import PULLED, TOP_LEVEL_FILES, _cache_key
-from launcher.execute.plain_progress import run_progress
+from launcher.execute.plain_progress import plain_output, run_progress
 from launcher.execute.pull_record import pull_lock, write_pull_record
 from launcher.execute.scheduled_output import Rank0Output
 from launcher.execute.scheduled_plan import MAKE_ONE, plan_json
@@ -68,7 +68,9 @@ def run_scheduled(spec: RunSpec, options: UpOptions, saved_script: str | None = 
             raise PlanError("the cluster no longer gives the saved plan's batch script (its partition, workdir or "
                             f"facts changed): {MAKE_ONE}")
         fields = {**options.record, "provider": "slurm", "hosts": [target_to_json(t) for t in session.targets],
-                  "ssh": session.settings_json(), "slurm": {"login": request.login, "remote_dir": request.remote_dir}}
+                  "ssh": session.settings_json(), "slurm": {"login": request.login, "remote_dir": request.remote_dir,
+                                                     **({"max_requeues": request.job.request.max_requeues}
+                                                        if request.job.request.requeue else {})}}
         run_dir = RunDir.create(options.runs_dir, spec, fields)
         write_json_atomic(run_dir.path / REQUEST_FILE, request.to_json())
         with interruption_before_submit(run_dir):
@@ -169,15 +171,27 @@ def _poll_job(scheduler: SlurmScheduler, conn: Connection, run_dir: RunDir, job_
               rank0: Rank0Output) -> JobStatus:
     submitted, said, last_said_at = time.time(), "", 0.0
     remote_dir = run_dir.record()["slurm"]["remote_dir"]
+    most = scheduled_chain.max_requeues(run_dir)
+    chain = scheduled_chain.RequeueWatch(job_id, most) if most else None
     while True:
         status = scheduler.describe(conn, job_id)
         if status.finished and status.state != "UNKNOWN":
             return status
+        if chain is not None:
+            scheduled_chain.note_submit_time(run_dir, status)
+            requeued = chain.requeued_line(status)
+            if requeued:
+                run_dir.event("requeued", job_id=job_id, requeues=status.restarts, max_requeues=most)
+                if show_progress and not plain_output():  # plain output tells the event itself
+                    console.print(requeued, markup=False, highlight=False)
+                submitted = time.time()  # the next allocation's wait starts now
+        allocation = chain.allocation(status) if chain is not None else ""
         if status.state == PENDING:
-            line = f"job {job_id} pending: {status.reason if status.reason not in ('', 'None') else 'waiting'}"
+            line = (f"job {job_id}{allocation} pending: "
+                    f"{status.reason if status.reason not in ('', 'None') else 'waiting'}")
         elif status.state == RUNNING:
             rank0.poll(conn, status.nodes)
-            line = f"job {job_id} running on {status.nodes}" + _progress_text(conn, remote_dir)
+            line = f"job {job_id}{allocation} running on {status.nodes}" + _progress_text(conn, remote_dir)
         else:
             line = f"job {job_id} {status.state.lower()}"
         now = time.time()
@@ -236,7 +250,8 @@ def pull_job(conn: Connection, run_dir: RunDir) -> list[dict[str, Any]]:
             stats.append(merged)
             run_dir.event("pulled", node=node, **merged)
         write_pull_record(run_dir.path, [f"node {k}" for k in range(spec.nnodes)], list(stats), [None] * len(stats))
-        pull_tree(conn, remote_dir, run_dir.path, include=["/slurm-*.out"], missing_ok=True, python=spec.python)
+        pull_tree(conn, remote_dir, run_dir.path, include=["/slurm-*.out", scheduled_chain.PULLED], missing_ok=True,
+                  python=spec.python)
         primary = primary_node_out(run_dir.path, spec.nnodes)
         for name in TOP_LEVEL_FILES:
             if primary and (primary / name).is_file():
@@ -254,14 +269,23 @@ def finish_job(run_dir: RunDir, status: JobStatus) -> int:
             "cpu_hours": round(status.cpus * ran / 3600, 4) if status.cpus and ran is not None else None,
             "gpu_hours": round(status.gpus * ran / 3600, 4) if status.gpus and ran is not None else None}
     oom = scheduled_end.step_oom(run_dir.path, status)
-    line = end_line(status, queued, ran, oom)
+    line, spent = end_line(status, queued, ran, oom), False
+    most = scheduled_chain.max_requeues(run_dir)
+    if most:  # a chain of allocations: counted over all of them, and the outcome once no requeue was left
+        cost, chain = scheduled_chain.cost(run_dir, status, scheduled_chain.submit_time(run_dir))
+        saved = scheduled_chain.saved_text(run_dir, bool(run_dir.spec().user_command))
+        line, spent = scheduled_chain.end_line(status, cost, chain, most, saved), scheduled_chain.spent(status, chain)
     run_dir.update_record(slurm={**run_dir.record()["slurm"], "status": status.to_json(), "end": line, **cost})
     run_dir.event("job_ended", state=status.state, exit_code=status.exit_code, line=line)
     finish_records(run_dir)
     console.print(line, markup=False, highlight=False)
     if status.state == "COMPLETED":
         return 0
-    record_failure(run_dir, scheduled_end.job_failure(run_dir, status, line, oom))
+    failure = scheduled_end.job_failure(run_dir, status, line, oom)
+    if spent:  # the job stopped itself, every node ended 0: the time limit with no requeue left is the cause
+        failure = {"summary": line, "node": None, "rank": None, "slurm_state": status.state,
+                   "nodes": failure.get("nodes", []), "requeues_spent": most}
+    record_failure(run_dir, failure)
     return 1
 
 

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from launcher.errors import DdpctlError
+from launcher.execute import scheduled_chain
 from launcher.execute.on_hosts import reattach
 from launcher.execute.scheduled import cancel_and_wait, finish_job, pull_job
 from launcher.planning.request import UpOptions
@@ -46,7 +47,7 @@ class SlurmRun:
             conn = session.conn(0)
             status = self.scheduler.describe(conn, job_id)
             nodes = node_states(conn, remote_dir, run_dir.spec().nnodes)
-        shown = job_state_text(status)
+        shown = job_state_text(status) + scheduled_chain.requeues_text(run_dir, status)
         return [{"node": k, "host": f"job {job_id} ({status.nodes or '-'})", "state": shown,
                  "exit_code": code, "epoch": progress.get("epoch"), "epochs": progress.get("epochs"),
                  "restarts": "-" if attempt is None else attempt} for k, (code, progress, attempt) in enumerate(nodes)]

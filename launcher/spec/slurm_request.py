@@ -26,6 +26,13 @@ class SlurmRequest:
     workdir: str | None = None  # on the shared file system; None: ~/.ddpctl/slurm
     sbatch_options: tuple[str, ...] = ()
     prelude: tuple[str, ...] = ()  # shell lines run before torchrun (module load, conda activate)
+    # --requeue / --max-requeues: a signal before the time limit, a snapshot, the job requeued (schedulers/slurm/
+    # requeue.py); max_requeues is how many times at most (0: the job is not requeued).
+    max_requeues: int = 0
+
+    @property
+    def requeue(self) -> bool:
+        return self.max_requeues > 0
 
     def __post_init__(self) -> None:
         if self.nodes < 1:
@@ -46,15 +53,32 @@ class SlurmRequest:
             if option.split("=", 1)[0] in OWN_OPTIONS:
                 raise SpecError(f"--sbatch-option {option!r}: ddpctl sets {option.split('=', 1)[0]} itself; use "
                                 "its own flag (see `ddpctl up --help`, panel Slurm)")
+        if not 0 <= self.max_requeues <= MAX_REQUEUES_LIMIT:
+            raise SpecError(f"--max-requeues {self.max_requeues}: give 1 to {MAX_REQUEUES_LIMIT}")
+        if self.max_requeues and self.time is None:
+            raise SpecError("--requeue needs --time: the job asks for its signal a set time before that limit")
+        if self.max_requeues and time_minutes(self.time or "0") < 1:
+            raise SpecError(f"--time {self.time}: --requeue needs a limit of at least a minute (Slurm's granularity)")
         for line in self.prelude:
             if "\n" in line or "\r" in line or not line.strip():
                 raise SpecError(f"--prelude {line!r}: give one shell line per --prelude (repeat it for more)")
 
 
+DEFAULT_MAX_REQUEUES, MAX_REQUEUES_LIMIT = 10, 1000
 # Options the batch script sets from the request and the plan: a second value would contradict the plan.
 OWN_OPTIONS = ("--nodes", "--ntasks-per-node", "--ntasks", "--partition", "--time", "--account", "--qos",
                "--constraint", "--chdir", "--output", "--error", "--job-name", "--gpus-per-node", "--gres",
-               "--open-mode", "--requeue", "--no-requeue")
+               "--open-mode", "--requeue", "--no-requeue", "--signal")
+
+
+def max_requeues_asked(requeue: bool | None, max_requeues: int | None) -> int:
+    """--requeue alone: DEFAULT_MAX_REQUEUES; --max-requeues N: N (and --requeue implied); neither: 0."""
+    if max_requeues is not None:
+        if max_requeues < 1:
+            raise SpecError(f"--max-requeues {max_requeues}: give 1 or more (or drop it, and --requeue, to end the job "
+                            "at its time limit)")
+        return max_requeues
+    return DEFAULT_MAX_REQUEUES if requeue else 0
 
 
 def time_minutes(text: str) -> float:

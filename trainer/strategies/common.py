@@ -5,6 +5,7 @@ the Trainer's summary with the strategy, its threads and the machine's load adde
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,11 +15,13 @@ from torch import nn
 
 from trainer import failure
 from trainer.data import DataSplits, load_dataset
+from trainer.determinism import seed_rng
 from trainer.distributed import DistContext
 from trainer.errors import DataError
 from trainer.models import build_model
+from trainer.requeue import StoppedForRequeue
 from trainer.strategies.options import StrategyOptions, node_cores
-from trainer.trainer import TrainConfig, Trainer, seed_rng
+from trainer.trainer import TrainConfig, Trainer
 
 TrainerFactory = Callable[[TrainConfig, DistContext, DataSplits, nn.Module], Trainer]
 
@@ -75,7 +78,11 @@ def train_in_process(ctx: DistContext, config: TrainConfig, data_dir: Path, make
     if ctx.is_rank0:
         config.out_dir.mkdir(parents=True, exist_ok=True)
     failure.reserve(config.out_dir, ctx.rank)  # written ahead: the reason must fit on a disk that fills up
-    make_trainer(config, ctx, data, model).train()
+    try:
+        make_trainer(config, ctx, data, model).train()
+    except StoppedForRequeue as stop:  # every rank stopped at the same step, its snapshot saved: a clean end
+        if ctx.is_rank0:
+            print(f"trainer: {stop}", file=sys.stderr, flush=True)
     failure.discard()  # a clean end: no note to keep
 
 

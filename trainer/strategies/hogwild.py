@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainer.data import DataSplits
+from trainer.determinism import seed_rng
 from trainer.distributed import cpu_model
 from trainer.errors import SnapshotError, TrainerError
 from trainer.files import atomic_write_bytes
@@ -35,7 +36,7 @@ from trainer.sharding import samples_per_rank, shard_indices
 from trainer.snapshot import newest_valid, save_snapshot, snapshot_path
 from trainer.strategies.common import initial_model, read_data, set_threads, strategy_summary
 from trainer.strategies.options import StrategyOptions, process_count, threads_per_process
-from trainer.trainer import EVAL_BATCH_SIZE, SNAPSHOT_FORMAT, TrainConfig, seed_rng
+from trainer.trainer import EVAL_BATCH_SIZE, SNAPSHOT_FORMAT, TrainConfig
 
 WORKER_POLL_S = 0.5  # how often the coordinator checks that its workers are alive while it waits
 

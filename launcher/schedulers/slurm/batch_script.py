@@ -12,6 +12,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
+from launcher.schedulers.slurm import requeue
 from launcher.spec import strategies
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.slurm_request import SlurmRequest
@@ -66,7 +67,8 @@ def sbatch_directives(job: SlurmJob) -> list[str]:
                         ("--qos", request.qos), ("--constraint", request.constraint)):
         if value is not None:
             options.append(f"{flag}={value}")
-    options += [f"--chdir={job.remote_dir}", f"--output={job.output_path}", "--open-mode=append", "--no-requeue"]
+    options += [f"--chdir={job.remote_dir}", f"--output={job.output_path}", "--open-mode=append"]
+    options += requeue.directives(request) if request.requeue else ["--no-requeue"]
     return options + list(request.sbatch_options)
 
 
@@ -87,23 +89,30 @@ def node_torchrun_line(spec: RunSpec) -> str:
     return " ".join(words + [shlex.quote(w) for w in rest])
 
 
-def node_script(spec: RunSpec) -> str:
-    """What `srun` runs on each node (bash -c): make the node's workspace, run torchrun in it, keep its status."""
+def node_script(spec: RunSpec, requeued: bool = False) -> str:
+    """What `srun` runs on each node (bash -c): make the node's workspace, run torchrun in it, keep its status.
+    `requeued`: the code is copied once (the script's own checkpoints beside it survive a requeue), the output is
+    appended to, and the time limit's signal is passed on to the workers (requeue.py)."""
     lines = ['ws="$PWD/nodes/$SLURM_NODEID"', 'mkdir -p "$ws/out" "$ws/logs"']
     if spec.user_command:  # the script writes beside itself: each node its own copy, as on hosts
-        lines += ['rm -rf "$ws/code" && cp -R code "$ws/code"', 'export DDPCTL_OUTPUT_DIR="$ws/out"',
+        fresh = '[ -d "$ws/code" ] ||' if requeued else 'rm -rf "$ws/code" &&'
+        copy = f'{fresh} cp -R code "$ws/code"'
+        lines += [copy, 'export DDPCTL_OUTPUT_DIR="$ws/out"',
                   'export PYTHONPATH="$ws/code${PYTHONPATH:+:$PYTHONPATH}"', 'cd "$ws/code"']
     else:
         lines += ['export PYTHONPATH="$PWD/code${PYTHONPATH:+:$PYTHONPATH}"', 'cd "$ws"']
     # The exit status is kept beside the output, as on a host, for the failure attribution after the pull.
-    lines += [f'{node_torchrun_line(spec)} > "$ws/torchrun.out" 2>&1 < /dev/null', "code=$?",
-              'echo "$code" > "$ws/exit_code.tmp" && mv "$ws/exit_code.tmp" "$ws/exit_code"', 'exit "$code"']
+    if requeued:
+        lines += requeue.node_run_lines(node_torchrun_line(spec), '"$ws/torchrun.out"')
+    else:
+        lines += [f'{node_torchrun_line(spec)} > "$ws/torchrun.out" 2>&1 < /dev/null', "code=$?"]
+    lines += ['echo "$code" > "$ws/exit_code.tmp" && mv "$ws/exit_code.tmp" "$ws/exit_code"', 'exit "$code"']
     return "\n".join(lines)
 
 
 def batch_script(job: SlurmJob) -> str:
     """The whole batch script, byte for byte what is written to the cluster and submitted."""
-    spec = job.spec
+    spec, requeued = job.spec, job.request.requeue
     env = sorted({"PYTHONUNBUFFERED": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}.items())
     lines = [
         "#!/bin/bash",
@@ -118,14 +127,16 @@ def batch_script(job: SlurmJob) -> str:
         'rdzv_host=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         f'export DDPCTL_RDZV_ENDPOINT="$rdzv_host:$(({PORT_BASE} + SLURM_JOB_ID % {PORT_SPAN}))"',
         'echo "ddpctl: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, rendezvous at $DDPCTL_RDZV_ENDPOINT"',
+        *(requeue.environment_lines(job.request) if requeued else []),
         "# torchrun keeping every attempt's logs (ddpctl's launcher/spec/attempt_logs.py), run by each node",
         "read -r -d '' DDPCTL_TORCHRUN <<'TORCHRUN' || true",
         TORCHRUN_SOURCE.rstrip("\n"),
         "TORCHRUN",
         "export DDPCTL_TORCHRUN",
         "read -r -d '' node_script <<'NODE' || true",
-        node_script(spec),
+        node_script(spec, requeued),
         "NODE",
-        f'srun --nodes={spec.nnodes} --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c "$node_script"',
     ]
+    srun = f'srun --nodes={spec.nnodes} --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c "$node_script"'
+    lines += requeue.batch_run_lines(srun, job.request, trainer=not spec.user_command) if requeued else [srun]
     return "\n".join(lines) + "\n"

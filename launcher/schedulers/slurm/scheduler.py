@@ -13,7 +13,7 @@ from typing import Any
 
 from launcher.errors import DdpctlError, HostError, SpecError
 from launcher.schedulers.base import JobStatus
-from launcher.schedulers.slurm import cluster
+from launcher.schedulers.slurm import cluster, requeue
 from launcher.schedulers.slurm.batch_script import GPUS_PER_NODE, GRES, SlurmJob, batch_script, sbatch_argv
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.slurm_request import SlurmRequest
@@ -53,7 +53,8 @@ class SlurmSubmit:
         return {"scheduler": "slurm", "login": self.login, "remote_dir": self.remote_dir, "workdir": self.workdir,
                 "sbatch": self.argv, "script": self.script, "gpu_flag": self.job.gpu_flag,
                 "cpus_per_task": self.job.cpus_per_task, "unknown": list(self.unknown),
-                "partition": self.job.request.partition, "time": self.job.request.time}
+                "partition": self.job.request.partition, "time": self.job.request.time,
+                "requeue": requeue.plan_fields(self.job.request)}
 
 
 class SlurmScheduler:
@@ -70,6 +71,9 @@ class SlurmScheduler:
         if spec.launcher != "torchrun":
             raise SpecError(f"--launcher {spec.launcher}: a Slurm job starts torchrun on every node (srun); mpirun "
                             "and spawn are not available with --provider slurm yet: drop --launcher")
+        refusal = requeue.refusal(spec, self.request)
+        if refusal:
+            raise SpecError(refusal)
         if spec.extra_env:
             raise SpecError("--env is not passed to Slurm jobs yet (its values would be written to the batch script "
                             "on the shared file system): set them with --prelude 'export NAME=...' if they are not "

@@ -1,0 +1,114 @@
+"""A requeued Slurm run (`--requeue`) followed and told as one run: while `up` follows, the requeues and the wait
+for the next allocation; at the end, the allocations, time queued and trained, the CPU/GPU-hours over all of them,
+and the outcome when the last allowed requeue was used. The job's own record of its allocations
+(launcher/schedulers/slurm/requeue.py, requeue/chain in its folder) is pulled with the rest."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from launcher.results.rundir import RunDir
+from launcher.schedulers.base import JobStatus
+from launcher.schedulers.slurm.requeue import CHAIN_FILE, EXIT_REQUEUES_SPENT, Chain
+
+PULLED = f"/{CHAIN_FILE}"
+
+
+def max_requeues(run_dir: RunDir) -> int:
+    return int((run_dir.record().get("slurm") or {}).get("max_requeues") or 0)
+
+
+def note_submit_time(run_dir: RunDir, status: JobStatus) -> None:
+    """Slurm's submit time of the first allocation, kept once (a requeue resets the job's SubmitTime)."""
+    slurm = run_dir.record().get("slurm") or {}
+    if status.restarts == 0 and status.submit_time is not None and "first_submit_time" not in slurm:
+        run_dir.update_record(slurm={**slurm, "first_submit_time": status.submit_time})
+
+
+def submit_time(run_dir: RunDir) -> float | None:
+    """When the chain began to wait: Slurm's first submit time, else the time ddpctl submitted it (its events)."""
+    slurm = run_dir.record().get("slurm") or {}
+    if slurm.get("first_submit_time") is not None:
+        return float(slurm["first_submit_time"])
+    submitted = [e for e in run_dir.events() if e.get("event") == "submitted"]
+    return float(submitted[0]["time"]) if submitted and "time" in submitted[0] else None
+
+
+def requeues_text(run_dir: RunDir, status: JobStatus) -> str:
+    """` (requeued 1/3)` for `status` once a requeued run's job was requeued; empty otherwise."""
+    most = max_requeues(run_dir)
+    return f" (requeued {status.restarts}/{most})" if most and status.restarts else ""
+
+
+def chain_of(run_dir: RunDir) -> Chain:
+    path = run_dir.path / CHAIN_FILE
+    return Chain.parse(path.read_text(errors="replace")) if path.is_file() else Chain()
+
+
+class RequeueWatch:
+    """While `up` follows: notices each requeue (scontrol's Restarts) once, and says which allocation runs or waits."""
+
+    def __init__(self, job_id: str, most: int) -> None:
+        self.job_id, self.most, self.seen = job_id, most, 0
+
+    def requeued_line(self, status: JobStatus) -> str | None:
+        """`job 12 requeued (1/3) at the time limit` the first time a new requeue shows; else None."""
+        if status.restarts <= self.seen:
+            return None
+        self.seen = status.restarts
+        return f"job {self.job_id} requeued ({status.restarts}/{self.most}) at the time limit"
+
+    def allocation(self, status: JobStatus) -> str:
+        """` (allocation 2)` once the job was requeued; empty before."""
+        return f" (allocation {status.restarts + 1})" if status.restarts else ""
+
+
+def cost(run_dir: RunDir, status: JobStatus, submitted: float | None) -> tuple[dict[str, Any], Chain]:
+    """Time queued and trained over every allocation, and the CPU/GPU-hours they cost (the allocation's CPUs and
+    GPUs from Slurm, times the time in allocations as the job recorded it)."""
+    chain = chain_of(run_dir)
+    trained = round(chain.trained_seconds(), 1) if chain.allocations else None
+    queued = chain.queued_seconds(submitted)
+    hours = (lambda n: round(n * trained / 3600, 4) if n and trained is not None else None)  # noqa: E731
+    return {"allocations": len(chain.allocations), "requeues": chain.requeues, "trained_seconds": trained,
+            "queued_seconds": round(queued, 1) if queued is not None else None, "run_seconds": trained,
+            "cpu_hours": hours(status.cpus), "gpu_hours": hours(status.gpus)}, chain
+
+
+def spent(status: JobStatus, chain: Chain) -> bool:
+    """The job stopped itself at its time limit with no requeue left (or scontrol requeue failed)."""
+    return status.exit_code.split(":")[0] == str(EXIT_REQUEUES_SPENT) and chain.spent
+
+
+def end_line(status: JobStatus, fields: dict[str, Any], chain: Chain, most: int, saved: str) -> str:
+    """One line: `job 12 COMPLETED (exit 0:0) after 3 allocations (2 requeues): 95 s trained, 24 s queued`, or the
+    TIMEOUT after the last requeue with what was saved."""
+    times = ", ".join(t for t in (
+        f"{fields['trained_seconds']:.0f} s trained" if fields["trained_seconds"] is not None else "",
+        f"{fields['queued_seconds']:.0f} s queued" if fields["queued_seconds"] is not None else "") if t)
+    span = f"{fields['allocations']} allocation(s) ({fields['requeues']} requeue(s))"
+    if spent(status, chain):
+        return (f"job {status.job_id} TIMEOUT after {fields['requeues']} requeue(s) (--max-requeues {most}): the time "
+                f"limit came again and no requeue was left; saved: {saved}; {times} over {span} (Slurm: "
+                f"{status.state}, exit {status.exit_code})")
+    how = {"TIMEOUT": ": hit its time limit", "NODE_FAIL": ": lost a node", "CANCELLED": ": was cancelled",
+           "OUT_OF_MEMORY": ": ran out of memory", "PREEMPTED": ": was preempted"}.get(status.state, "")
+    return f"job {status.job_id} {status.state}{how} (exit {status.exit_code or '?'}) after {span}: {times}"
+
+
+def saved_text(run_dir: RunDir, user_command: bool) -> str:
+    """What the stopped run left to resume from: the newest snapshot pulled, or the script's own files."""
+    if user_command:
+        return "what the command saved itself (in nodes/*/out or beside its code)"
+    names = sorted({p.name for p in run_dir.path.glob("nodes/*/out/snapshots/snapshot-epoch-*.pt")})
+    if not names:
+        return "no snapshot"
+    return f"{_position(names[-1])} (nodes/*/out/snapshots/{names[-1]})"
+
+
+def _position(name: str) -> str:
+    """`after epoch 2` or `epoch 3, 40 steps in` from a snapshot's file name."""
+    parts = Path(name).stem.split("-")  # snapshot-epoch-000002[-step-00000040]
+    epoch = int(parts[2])
+    return f"epoch {epoch + 1}, {int(parts[4])} steps in" if len(parts) > 4 else f"after epoch {epoch}"

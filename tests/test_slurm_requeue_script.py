@@ -1,0 +1,153 @@
+"""`--requeue` as text and records (pure): the batch script's signal and requeue lines, the options' validation, the
+plan's record of them, the job's own record of its allocations, and the lines ddpctl tells from them."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher.errors import SpecError
+from launcher.execute import scheduled_chain
+from launcher.schedulers.base import JobStatus
+from launcher.schedulers.slurm import requeue
+from launcher.schedulers.slurm.batch_script import SlurmJob, batch_script
+from launcher.schedulers.slurm.requeue import Chain
+from launcher.schedulers.slurm.scheduler import SlurmSubmit
+from launcher.spec.run_spec import RunSpec
+from launcher.spec.slurm_request import DEFAULT_MAX_REQUEUES, SlurmRequest, max_requeues_asked
+
+RUN = "/scratch/u/ddpctl/runs/r1"
+SPEC = RunSpec(run_id="r1", nnodes=2, nproc_per_node=4, python="python3", epochs=2)
+
+
+def script(spec: RunSpec = SPEC, **request: object) -> str:
+    return batch_script(SlurmJob(spec, SlurmRequest(nodes=spec.nnodes, **request), RUN, gpu_flag=None))  # type: ignore[arg-type]
+
+
+def test_a_requeued_run_asks_for_the_signal_and_the_requeue_instead_of_no_requeue() -> None:
+    text = script(time="4:00:00", max_requeues=3)
+    assert "#SBATCH --open-mode=append\n#SBATCH --requeue\n#SBATCH --signal=B:USR1@300\n" in text
+    assert "--no-requeue" not in text
+    plain = script(time="4:00:00")
+    assert "#SBATCH --no-requeue\n" in plain and "USR1" not in plain and "DDPCTL_REQUEUE" not in plain
+
+
+@pytest.mark.parametrize(("time", "notice"), [("1", 30), ("2", 60), ("10", 300), ("2-00:00:00", 300)])
+def test_the_notice_is_half_the_limit_up_to_five_minutes(time: str, notice: int) -> None:
+    assert requeue.notice_seconds(SlurmRequest(time=time, max_requeues=1)) == notice
+    assert f"#SBATCH --signal=B:USR1@{notice}\n" in script(time=time, max_requeues=1)
+
+
+def test_the_batch_shell_passes_the_signal_on_and_requeues_itself_at_most_n_times() -> None:
+    text = script(time="1", max_requeues=3)
+    # What the nodes' commands are told, and the allocation's first record.
+    assert ('export DDPCTL_REQUEUE_SIGNAL=USR1 DDPCTL_REQUEUE_NOTICE=30 DDPCTL_MAX_REQUEUES=3 '
+            'DDPCTL_REQUEUE_FLAG="$PWD/requeue/signalled"\n'
+            'export DDPCTL_REQUEUE_COUNT="${SLURM_RESTART_COUNT:-0}"\n'
+            'mkdir -p requeue && rm -f "$DDPCTL_REQUEUE_FLAG"\n'
+            'echo "$DDPCTL_REQUEUE_COUNT start $(date +%s) $SLURM_JOB_NODELIST" >> requeue/chain\n') in text
+    # srun runs in the background so that the trap runs at once; the trap flags and passes the signal to srun.
+    assert "trap on_signal USR1\nsrun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c \"$node_script\" &\n"\
+        "srun_pid=$!\n" in text
+    assert 'date +%s > "$DDPCTL_REQUEUE_FLAG"' in text and 'kill -USR1 "$srun_pid"' in text
+    # Requeued only when the signal came, srun ended 0 and the trainer wrote no summary (training not done).
+    assert ('if [ -f "$DDPCTL_REQUEUE_FLAG" ] && [ "$status" = 0 ] && ! ls nodes/*/out/summary.json >/dev/null '
+            '2>&1; then\n  if [ "$DDPCTL_REQUEUE_COUNT" -lt 3 ]; then\n') in text
+    assert '    scontrol requeue "$SLURM_JOB_ID" && exit 0\n' in text
+    assert "  exit 75\nfi\nexit \"$status\"\n" in text
+
+
+def test_each_node_ignores_the_signal_in_torchrun_and_passes_it_to_the_workers() -> None:
+    text = script(time="1", max_requeues=1)
+    node = text.split("<<'NODE' || true\n")[1].split("\nNODE\n")[0]
+    assert 'pkill -USR1 -P "$runner"' in node and "trap stop_workers USR1\n" in node
+    assert "( trap '' USR1; exec python3 -c \"$DDPCTL_TORCHRUN\" --nnodes 2 " in node
+    assert ' ) >> "$ws/torchrun.out" 2>&1 < /dev/null &\nrunner=$!\ncode=0; wait_for "$runner" || code=$?\n' in node
+
+
+def test_a_requeued_users_script_keeps_its_copy_and_is_requeued_without_a_summary_check() -> None:
+    spec = RunSpec(run_id="r2", nnodes=1, nproc_per_node=1, python="python3", user_command=("python", "loop.py"))
+    text = script(spec, time="1", max_requeues=2)
+    assert '[ -d "$ws/code" ] || cp -R code "$ws/code"\n' in text and 'rm -rf "$ws/code"' not in text
+    assert 'if [ -f "$DDPCTL_REQUEUE_FLAG" ] && [ "$status" = 0 ]; then\n' in text
+
+
+@pytest.mark.parametrize(("kwargs", "named"), [
+    ({"max_requeues": 2}, "--requeue needs --time"),
+    ({"max_requeues": 1001, "time": "10"}, "--max-requeues 1001: give 1 to 1000"),
+    ({"max_requeues": 1, "time": "0:30"}, "--requeue needs a limit of at least a minute"),
+    ({"sbatch_options": ("--signal=USR2@60",)}, "ddpctl sets --signal itself"),
+])
+def test_bad_requeue_requests_are_refused_in_one_line(kwargs: dict[str, object], named: str) -> None:
+    with pytest.raises(SpecError, match=named.replace("(", r"\(").replace(")", r"\)")):
+        SlurmRequest(**kwargs)  # type: ignore[arg-type]
+
+
+def test_requeue_and_max_requeues_flags() -> None:
+    assert max_requeues_asked(None, None) == 0 and max_requeues_asked(False, None) == 0
+    assert max_requeues_asked(True, None) == DEFAULT_MAX_REQUEUES == 10
+    assert max_requeues_asked(None, 4) == 4 == max_requeues_asked(True, 4)
+    with pytest.raises(SpecError, match="--max-requeues 0: give 1 or more"):
+        max_requeues_asked(True, 0)
+
+
+def test_only_the_ddp_strategy_of_our_trainer_is_requeued() -> None:
+    request = SlurmRequest(time="10", max_requeues=1)
+    assert requeue.refusal(SPEC, request) == ""
+    assert "--strategy local-sgd" in requeue.refusal(RunSpec(run_id="r", strategy="local-sgd", nproc_per_node=2),
+                                                      request)
+    assert requeue.refusal(RunSpec(run_id="r", strategy="local-sgd", nproc_per_node=2), SlurmRequest()) == ""
+
+
+def test_the_plan_records_the_signal_and_the_requeue() -> None:
+    request = SlurmRequest(nodes=2, time="1", max_requeues=3)
+    job = SlurmJob(SPEC, request, RUN, gpu_flag=None)
+    plan = SlurmSubmit(job, batch_script(job), "/scratch/u/ddpctl", "login").to_json()
+    assert plan["requeue"] == {"max_requeues": 3, "signal": "USR1", "notice_seconds": 30,
+                               "directives": ["--requeue", "--signal=B:USR1@30"]}
+    job = SlurmJob(SPEC, SlurmRequest(nodes=2), RUN, gpu_flag=None)
+    assert SlurmSubmit(job, batch_script(job), "/w", "login").to_json()["requeue"] is None
+
+
+CHAIN = """0 start 1000 n[1-2]
+0 signal 1040
+0 end 1052 0
+0 requeue 1052
+1 start 1070 n[1-2]
+1 end 1100 0
+"""
+
+
+def test_the_jobs_record_of_its_allocations_counts_time_trained_and_queued() -> None:
+    chain = Chain.parse(CHAIN + "garbage line\n1 end\n")
+    assert [(a.count, a.start, a.end, a.status, a.requeued) for a in chain.allocations] == \
+        [(0, 1000, 1052, 0, True), (1, 1070, 1100, 0, False)]
+    assert chain.allocations[0].signalled == 1040 and chain.requeues == 1 and not chain.spent
+    assert chain.trained_seconds() == 52 + 30
+    assert chain.queued_seconds(990) == 10 + 18  # before the first, and between the two
+    assert chain.queued_seconds(None) is None
+    running = Chain.parse("0 start 1000 n1\n")
+    assert running.trained_seconds(now=1010) == 10 and running.trained_seconds() == 0
+
+
+def test_end_lines_of_a_chain_completed_and_of_one_whose_requeues_were_spent() -> None:
+    done = JobStatus("12", "COMPLETED", exit_code="0:0", cpus=4)
+    chain = Chain.parse(CHAIN)
+    fields = {"allocations": 2, "requeues": 1, "trained_seconds": 82.0, "queued_seconds": 28.0}
+    assert scheduled_chain.end_line(done, fields, chain, 3, "-") == \
+        "job 12 COMPLETED (exit 0:0) after 2 allocation(s) (1 requeue(s)): 82 s trained, 28 s queued"
+    spent_chain = Chain.parse(CHAIN + "1 signal 1095\n1 spent 1100\n")
+    stopped = JobStatus("12", "FAILED", exit_code="75:0", cpus=4)
+    assert scheduled_chain.spent(stopped, spent_chain) and not scheduled_chain.spent(stopped, chain)
+    line = scheduled_chain.end_line(stopped, fields, spent_chain, 1, "epoch 2, 40 steps in (x.pt)")
+    assert line == ("job 12 TIMEOUT after 1 requeue(s) (--max-requeues 1): the time limit came again and no requeue "
+                    "was left; saved: epoch 2, 40 steps in (x.pt); 82 s trained, 28 s queued over 2 allocation(s) "
+                    "(1 requeue(s)) (Slurm: FAILED, exit 75:0)")
+
+
+def test_requeues_are_told_once_each() -> None:
+    watch = scheduled_chain.RequeueWatch("12", 3)
+    assert watch.requeued_line(JobStatus("12", "RUNNING")) is None
+    assert watch.requeued_line(JobStatus("12", "PENDING", restarts=1)) == \
+        "job 12 requeued (1/3) at the time limit"
+    assert watch.requeued_line(JobStatus("12", "RUNNING", restarts=1)) is None
+    assert watch.allocation(JobStatus("12", "RUNNING", restarts=1)) == " (allocation 2)"
