@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import launcher.remote
+from launcher.execute import scheduled_output
 from launcher.planning import mpi_check
 from launcher.providers.vast import watchdog_state
 from launcher.remote import shell_text
@@ -35,6 +36,7 @@ SENT = {  # file -> the text the launcher puts on the hosts' command lines
     "mpi_peer.sh": launchers.MPI_PEER_SCRIPT,
     "mpi_check.sh": mpi_check.MPI_CHECK_SCRIPT,
     "autostop_state.sh": watchdog_state.STATE_SCRIPT,
+    "rank0_output.sh": scheduled_output.RANK0_OUTPUT_SCRIPT,
 }
 
 
@@ -134,3 +136,32 @@ def test_the_docker_info_of_a_host_without_docker_names_the_problem(tmp_path: Pa
     found = subprocess.run(["/bin/sh", "-c", docker_hosts.INFO_SCRIPT, "i", "img"], capture_output=True, text=True,
                            timeout=60, env={"PATH": str(tmp_path)})
     assert found.returncode == 0 and found.stdout == "problem no docker command on this host\n"
+
+
+@pytest.mark.integration
+def test_rank0_output_reads_the_newest_attempt_of_the_node_that_writes_progress(tmp_path: Path) -> None:
+    """A Slurm run's folder on the shared file system: rank 0's node found by its progress.json (or given), the
+    newest attempt's stdout from the offset already shown, at most the bytes asked, a restart starting over."""
+    def log(node: int, attempt: int, text: str) -> None:
+        path = tmp_path / "nodes" / str(node) / "logs" / "job-7" / f"attempt_{attempt}" / "0" / "stdout.log"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+    def read(node: int, offset: int, attempt: str, most: int = 65536) -> str:
+        done = sh(scheduled_output.RANK0_OUTPUT_SCRIPT, "ddpctl-rank0", str(tmp_path), "2", "0", str(node), "0",
+                  str(offset), attempt, str(most))
+        assert done.returncode == 0 and done.stderr == "", done.stderr
+        return done.stdout
+
+    assert read(-1, 0, "-") == "NODE 0 ATTEMPT - SIZE 0 START 0 BY name\n"  # nothing written yet
+    log(0, 0, "node 0 line\n")
+    log(1, 0, "first\n")
+    (tmp_path / "nodes" / "1" / "out").mkdir(parents=True)
+    (tmp_path / "nodes" / "1" / "out" / "progress.json").write_text("{}")
+    assert read(-1, 0, "-") == "NODE 1 ATTEMPT 0 SIZE 6 START 0 BY progress\nfirst\n"
+    log(1, 0, "first\nsecond\n")
+    assert read(1, 6, "0") == "NODE 1 ATTEMPT 0 SIZE 13 START 6 BY given\nsecond\n"  # only what is new
+    assert read(1, 0, "-", most=4) == "NODE 1 ATTEMPT 0 SIZE 13 START 9 BY given\nond\n"  # the last bytes only
+    log(1, 10, "after the restart\n")  # attempt 10 is newer than 0..9 (numbers, not text)
+    log(1, 9, "older\n")
+    assert read(1, 13, "0") == "NODE 1 ATTEMPT 10 SIZE 18 START 0 BY given\nafter the restart\n"

@@ -9,33 +9,14 @@ nodes' rendezvous addresses, here their host names, as text. What is shown goes 
 from __future__ import annotations
 
 from launcher.execute.live_tail import OutputTail
+from launcher.remote import shell_text
 from launcher.results.progress import ProgressDisplay, RunProgress
 from launcher.schedulers.slurm.job_output import expand_hostlist
 from launcher.spec.run_spec import RunSpec
 from launcher.transport.ssh import Connection
 
 MAX_BYTES_PER_POLL = 65536
-# $1 the run's folder, $2 nodes, $3 local rank, $4 the node to read (-1: the one with progress.json, else $5),
-# $6 the byte offset already shown, $7 the attempt it was in, $8 the most bytes to send. Prints
-# `NODE k ATTEMPT n SIZE s START b BY rule` then the bytes from b.
-RANK0_OUTPUT_SCRIPT = r'''
-node="$4" by=given
-if [ "$node" -lt 0 ]; then
-  node="$5" by=name
-  for k in $(seq 0 $(($2 - 1))); do [ -f "$1/nodes/$k/out/progress.json" ] && node=$k by=progress && break; done
-fi
-ws="$1/nodes/$node"
-attempt=$(ls -d "$ws"/logs/*/attempt_* 2>/dev/null | sed 's/.*attempt_//' | sort -n | tail -n 1)
-[ -n "$attempt" ] || { echo "NODE $node ATTEMPT - SIZE 0 START 0 BY $by"; exit 0; }
-file=$(ls -d "$ws"/logs/*/attempt_"$attempt"/"$3"/stdout.log 2>/dev/null | head -n 1)
-size=$(wc -c < "$file" 2>/dev/null || echo 0)
-start="$6"
-[ "$attempt" = "$7" ] && [ "$start" -le "$size" ] || start=0
-[ $((size - start)) -le "$8" ] || start=$((size - $8))
-echo "NODE $node ATTEMPT $attempt SIZE $size START $start BY $by"
-[ "$size" -gt "$start" ] && tail -c +$((start + 1)) "$file" | head -c $((size - start))
-true
-'''
+RANK0_OUTPUT_SCRIPT = shell_text("rank0_output.sh")  # launcher/remote/rank0_output.sh: its arguments there
 
 
 class Rank0Output:
@@ -52,7 +33,7 @@ class Rank0Output:
         by_name = _first_by_name(expand_hostlist(nodelist), self._spec.nnodes)
         # Known, else for a script c10d's rule, for our trainer the node whose rank 0 writes progress.json (-1).
         wanted = self._node if self._node is not None else by_name if self._spec.user_command else -1
-        result = conn.run(["bash", "-c", RANK0_OUTPUT_SCRIPT, "ddpctl-rank0", self._remote_dir,
+        result = conn.run(["sh", "-c", RANK0_OUTPUT_SCRIPT, "ddpctl-rank0", self._remote_dir,
                            str(self._spec.nnodes), "0", str(wanted), str(by_name), str(self._offset),
                            self._attempt or "-", str(MAX_BYTES_PER_POLL)], timeout=30)
         head, _, body = result.stdout.partition("\n")
