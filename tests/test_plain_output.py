@@ -150,7 +150,7 @@ def test_sweep_to_a_file_tells_each_run_as_it_goes(tmp_path: Path) -> None:
 def test_up_in_a_terminal_keeps_the_live_display(tmp_path: Path) -> None:
     terminal = Terminal(tmp_path / "up.tty")
     up = terminal.start([sys.executable, "-m", "launcher", "up", "--epochs", "2", *SMALL, "--runs-dir",
-                         str(tmp_path / "runs")], {**ENV, "COLUMNS": "120", "TERM": "xterm"})
+                         str(tmp_path / "runs")], {**ENV, "COLUMNS": "120"}, term="xterm")
     try:
         assert up.wait(timeout=180) == 0
     finally:
@@ -161,3 +161,20 @@ def test_up_in_a_terminal_keeps_the_live_display(tmp_path: Path) -> None:
     assert "\x1b[" in shown and "\r" in shown  # redrawn in place
     assert "epoch 2/2 step" in shown and "validation accuracy" in shown
     assert not STAMPED_LINE.search(shown) and "epoch 1/2 ended" not in shown
+
+
+def test_up_in_a_dumb_terminal_prints_plain_lines_as_it_goes(tmp_path: Path) -> None:
+    """TERM=dumb (an editor's shell, a CI runner's pseudo-terminal): no redrawing, so the lines of a log file,
+    while the run goes, not one table at the end."""
+    terminal = Terminal(tmp_path / "up.tty")
+    up = terminal.start([sys.executable, "-m", "launcher", "up", "--epochs", "30", *SMALL, "--runs-dir",
+                         str(tmp_path / "runs")], {**ENV, "COLUMNS": "120"}, term="dumb")
+    try:
+        wait_in_log(tmp_path / "up.tty", r"node 0 \(local\): epoch \d+/30 ended", up)
+        assert up.poll() is None  # told while it runs
+    finally:
+        stop(up)
+        time.sleep(0.5)
+        terminal.close()
+    shown = (tmp_path / "up.tty").read_bytes().decode(errors="replace")
+    assert "\x1b[" not in shown and STAMPED_LINE.search(shown)

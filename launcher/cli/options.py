@@ -178,8 +178,8 @@ UP_OUTPUT_OPTIONS = (
     opt("runs_dir", Path, Path("runs"), "Where run directories live.", OUTPUT, in_config=False),
     opt("json_out", bool, False, "Print the final summary as JSON on stdout.", OUTPUT, in_config=False),
     opt("progress", str, "auto", "How the run is shown as it goes: live (a display redrawn in place), plain "
-        "(time-stamped lines as things happen, for a log file, a pipe or CI), or auto: live on a terminal, plain "
-        "otherwise.", OUTPUT, choices=("auto", "live", "plain"), in_config=False),
+        "(time-stamped lines as things happen, for a log file, a pipe or CI), or auto: live on a terminal that can "
+        "redraw, plain otherwise (TERM=dumb included).", OUTPUT, choices=("auto", "live", "plain"), in_config=False),
     opt("quiet", bool, False, "Hide the live tail of global rank 0's output under the progress display.", OUTPUT,
         in_config=False),
     opt("dry_run", bool, False, "Print what each node would run (hosts are probed, read-only); change nothing.",

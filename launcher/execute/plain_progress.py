@@ -78,14 +78,16 @@ def plain_output() -> bool:
 
 @contextlib.contextmanager
 def output_style(style: str) -> Iterator[bool]:
-    """For one command: with `style` plain (auto: when stderr is not a terminal), everything the launcher's
-    console prints becomes stamped plain lines, the run directory's events are told as they happen, and stdout
-    is line-buffered (a sweep's lines reach a file as they come). Yields whether the output is plain."""
+    """For one command: with `style` plain (auto: when stderr is not a terminal, or a dumb one), everything the
+    launcher's console prints becomes stamped plain lines, the run directory's events are told as they happen, and
+    stdout is line-buffered (a sweep's lines reach a file as they come). Yields whether the output is plain."""
     if style not in STYLES:
         from launcher.errors import SpecError
 
         raise SpecError(f"--progress {style!r} is not one of {', '.join(STYLES)}")
-    plain = style == "plain" or (style == "auto" and not console.is_terminal)
+    # A terminal that cannot redraw in place (TERM=dumb: an editor's shell, some CI runners) gets the plain lines
+    # too: the live display would show nothing there until the run ends.
+    plain = style == "plain" or (style == "auto" and not (console.is_terminal and not console.is_dumb_terminal))
     if not plain or plain_output():
         yield plain_output()
         return

@@ -146,10 +146,13 @@ class Terminal:
         self.closed = threading.Event()
         self.reader = threading.Thread(target=self._copy, daemon=True)
 
-    def start(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    def start(self, argv: list[str], env: dict[str, str], term: str = "xterm-256color") -> subprocess.Popen[bytes]:
+        """`term`: the terminal's TERM, as a terminal window sets it (the suite's own, dumb under `env -i
+        TERM=dumb` or none under cron, is not the terminal's)."""
         def take_terminal() -> None:  # runs in the child after setsid(): the terminal becomes its controlling one
             fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
+        env = {**env, "TERM": term}
         proc = subprocess.Popen(argv, env=env, stdin=self.slave, stdout=self.slave, stderr=self.slave,
                                 start_new_session=True, preexec_fn=take_terminal)
         os.close(self.slave)
