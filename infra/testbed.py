@@ -52,6 +52,7 @@ from infra.testbed_host import (  # noqa: F401 - TestHost, TestbedError, SSHD re
     user_pids,
     write_user_file,
 )
+from launcher.planning.rdzv_reservation import RESERVATION_DIR
 
 STATE_ROOT = Path(os.environ.get("DDPCTL_TESTBED_ROOT", "/tmp/ddpctl-testbed"))
 SUBNET_FMT = "10.231.{idx}"
@@ -261,10 +262,24 @@ def _teardown_host(host: dict[str, Any]) -> None:
 def _teardown_bed(state: BedState) -> None:
     for host in state.hosts:
         _teardown_host(host)
+    _remove_reservations({host["user"] for host in state.hosts})
     if state.iptables_rule:
         while run_cmd("iptables", "-w", "-D", *state.iptables_rule).returncode == 0:
             pass
     run_cmd("ip", "link", "del", state.bridge)
+
+
+def _remove_reservations(users: set[str]) -> None:
+    """The rendezvous-port reservations of a bed's users (RESERVATION_DIR is shared by every bed on the machine):
+    debris once the users are gone, and a later bed whose network namespace gets the same id (the kernel reuses
+    them) would find its default port held by a run that no longer exists."""
+    for path in Path(RESERVATION_DIR).glob("port-*"):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and record.get("user") in users:
+            path.unlink(missing_ok=True)
 
 
 def load_state(bed_dir: Path) -> BedState | None:
