@@ -10,14 +10,16 @@ import hashlib
 import io
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from trainer.errors import SnapshotError
 from trainer.files import atomic_write_bytes, is_temp_file
+
+_Key = TypeVar("_Key", int, tuple[int, int])  # an epoch, or (epoch, step)
 
 MAGIC = b"DDPCTL-SNAPSHOT 1 sha256="
 STALE_TEMP_SECONDS = 600
@@ -90,25 +92,25 @@ def newest_valid(
 
     Every invalid one met on the way is named through `warn`.
     """
-    for epoch, path in list_snapshots(directory):
-        if at_most is not None and epoch > at_most:
-            continue
-        try:
-            return epoch, read_snapshot(path)
-        except SnapshotError as exc:
-            warn(f"{exc}; trying the previous one")
-    return None
+    return _newest_readable(list_snapshots(directory), warn, at_most)
 
 
 def newest_valid_position(
     directory: Path, warn: Callable[[str], None], at_most: tuple[int, int] | None = None
 ) -> tuple[tuple[int, int], dict[str, Any]] | None:
     """newest_valid over every snapshot, mid-epoch ones included: ((epoch, step), state), or None."""
-    for position, path in list_positions(directory):
-        if at_most is not None and position > at_most:
+    return _newest_readable(list_positions(directory), warn, at_most)
+
+
+def _newest_readable(
+    found: Iterable[tuple[_Key, Path]], warn: Callable[[str], None], at_most: _Key | None
+) -> tuple[_Key, dict[str, Any]] | None:
+    """The first of `found` (newest first) not past `at_most` that reads back whole; each unreadable one warned."""
+    for key, path in found:
+        if at_most is not None and key > at_most:
             continue
         try:
-            return position, read_snapshot(path)
+            return key, read_snapshot(path)
         except SnapshotError as exc:
             warn(f"{exc}; trying the previous one")
     return None
