@@ -203,11 +203,21 @@ NODE = ("import signal, subprocess, sys, time\n"
         "print('worker started', flush=True)\n"
         "time.sleep(600)\n")
 
+# One like a Python trainer's: a SIGTERM handler that ends it cleanly, in it and in its worker (a stopped process
+# with a handler acts on SIGTERM only once continued; one without a handler is ended by the kernel either way).
+NODE_WITH_HANDLER = ("import signal, subprocess, sys, time\n"
+                     "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+                     "subprocess.Popen([sys.executable, '-c', 'import signal, sys, time; "
+                     "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0)); time.sleep(600)'],"
+                     " start_new_session=True)\n"
+                     "print('worker started', flush=True)\n"
+                     "time.sleep(600)\n")
 
-def _start(conn: HomeHere, workspace: str) -> int:
+
+def _start(conn: HomeHere, workspace: str, node: str = NODE) -> int:
     (conn.home / workspace / "code").mkdir(parents=True, exist_ok=True)
     result = conn.run([sys.executable, "-c", start_program(), workspace, workspace, "", "2", sys.executable, "-c",
-                       NODE], timeout=60)
+                       node], timeout=60)
     assert result.exit_code == 0 and result.stdout.strip().isdigit(), result
     return int(result.stdout)
 
@@ -269,6 +279,24 @@ def test_a_node_whose_workspace_was_deleted_is_found_by_its_marks_and_stopped(tm
         _wait_for(f"end of {pid}", lambda pid=pid: not proctree.alive(pid), timeout=10)
     again = stop_node(conn, "runs/r1", sys.executable, grace_seconds=1)
     assert again.stopped == {"signalled": [], "found_by": ""}  # nothing of the run is left to find
+
+
+@pytest.mark.integration
+def test_a_frozen_node_whose_workspace_was_deleted_is_stopped_without_waiting_out_the_grace(tmp_path: Path) -> None:
+    """Stopped processes (SIGSTOP: a job-control stop, a debugger) get SIGTERM and SIGCONT: they end at once."""
+    conn = HomeHere(tmp_path, isolated=True)
+    _start(conn, "runs/r2", NODE_WITH_HANDLER)
+    _wait_for("worker", lambda: len(_marked(conn, "runs/r2")) >= 3)
+    ours = set(_marked(conn, "runs/r2"))
+    for pid in ours:
+        os.kill(pid, signal.SIGSTOP)
+    shutil.rmtree(tmp_path / "runs" / "r2")
+    started = time.monotonic()
+    after = stop_node(conn, "runs/r2", sys.executable, grace_seconds=30)
+    assert after.stopped is not None and set(after.stopped["signalled"]) == ours
+    assert time.monotonic() - started < 20, "waited out the grace: the frozen processes never saw SIGTERM"
+    for pid in ours:
+        _wait_for(f"end of {pid}", lambda pid=pid: not proctree.alive(pid), timeout=10)
 
 
 @pytest.mark.integration

@@ -60,13 +60,22 @@ def test_down_from_another_terminal_is_named_by_up(bed: Testbed, tmp_path: Path)
     assert_nothing_left_running(bed.hosts)
 
 
+def delete_while_written(folder: Path) -> None:
+    """rm -r of a folder a run writes to: a file added meanwhile fails one pass (not empty), not the deletion."""
+    while folder.exists():
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def test_a_workspace_deleted_mid_run_ends_up_with_a_stated_outcome(bed: Testbed, tmp_path: Path) -> None:
     """The node's pid file went with its workspace: its processes are found by the run's marks (the supervisor's
     command line, the output folder in their environment), stopped, and the line says so."""
     up = Up(bed, bed.hosts, tmp_path / "runs", *LONG)
     training(up)
     assert running_processes(bed.hosts[0])  # the node runs
-    shutil.rmtree(up.workspace(0))
+    # The built-in trainer writes to its workspace each step and so ends by itself (at once) once it is gone; its
+    # workers are frozen first, as a script that writes elsewhere would keep running: the stop is what ends them.
+    bed.hosts[0].run_as_user(["pkill", "-STOP", "-u", bed.hosts[0].user, "-f", "m trainer --model"], check=False)
+    delete_while_written(up.workspace(0))
     code, err = up.finish(timeout=120)
     assert code == 1, err
     line = last_line(err)

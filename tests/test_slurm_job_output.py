@@ -45,6 +45,26 @@ def test_oom_kill_notes_name_the_step_and_node() -> None:
     assert over[0].text == "Slurm step 1.0 on n1 exceeded its memory limit (118730752 > 104857600 bytes) and was killed"
 
 
+# As Slurm 22.05 wrote it on the test cluster when node 2's slurmstepd note did not reach srun before it ended.
+SRUN_ONLY_OUTPUT = """ddpctl: job 2 on ddpslt1h[1-2], rendezvous at ddpslt1h1:20002
+srun: error: ddpslt1h2: task 1: Out Of Memory
+srun: launch/slurm: _step_signal: Terminating StepId=2.0
+slurmstepd-ddpslt1h1: error: *** STEP 2.0 ON ddpslt1h1 CANCELLED AT 2026-11-25T22:18:35 ***
+srun: error: ddpslt1h1: task 0: Terminated
+srun: Force Terminated StepId=2.0
+"""
+
+
+def test_sruns_own_out_of_memory_line_counts_where_slurmstepds_note_is_missing() -> None:
+    assert oom_kills(SRUN_ONLY_OUTPUT) == [OomKill("2.0", "ddpslt1h2", 1)]
+    assert oom_kills(OOM_OUTPUT) == [OomKill("4.0", "ddpslt5h2", 1)]  # one kill, not srun's line and the note
+    assert oom_kills("srun: error: n1: tasks 0-2,5: Out Of Memory\n") == [OomKill("", "n1", 4)]
+    assert OomKill("", "n1", 4).text == "4 oom-kill event(s) in a Slurm step on n1"
+    failed = JobStatus("2", "FAILED", exit_code="1:0")
+    assert end_line(failed, None, 9.0, OomKill("", "n1", 1)).startswith("job 2 OUT_OF_MEMORY: a step ran out of "
+                                                                         "memory on n1")
+
+
 def test_a_step_killed_for_memory_is_named_out_of_memory_with_slurms_own_state_beside_it() -> None:
     failed = JobStatus("4", "FAILED", exit_code="1:0", nodes="ddpslt5h[1-2]")
     oom = OomKill("4.0", "ddpslt5h2", 1)

@@ -132,6 +132,10 @@ def _describe_cause(node: int, label: str, report: dict[str, Any] | None, python
         raised = attribution.exception_line(record["explain"])
         if raised and worker["signal"] is None:  # the exception, never a line the script printed before it ended
             record["summary"] += ": " + raised
+        elif raised and worker["signal"] == "SIGABRT":
+            # an uncaught exception, then an abort on the way out (a C++ thread still running at exit: "terminate
+            # called without an active exception"): the exception is the cause the user needs to read
+            record["summary"] += " as it exited after raising " + raised
     elif code is not None and code > 128:
         record.update(exit_code=code, signal=attribution.signal_name(code - 128), time=report.get("exit_time"))
         record["summary"] = f"torchrun's agent on {where} was ended by {record['signal']} (exit {code})"

@@ -297,7 +297,8 @@ def end_line(status: JobStatus, queued: float | None, ran: float | None, oom: Oo
     how = {"TIMEOUT": "hit its time limit", "NODE_FAIL": "lost a node", "OUT_OF_MEMORY": "ran out of memory",
            "PREEMPTED": "was preempted", "CANCELLED": "was cancelled"}.get(state, "")
     if oom is not None and state == "OUT_OF_MEMORY":
-        how = f"step {oom.step} ran out of memory" + (f" on {oom.node}" if oom.node else "") + (
+        step = f"step {oom.step}" if oom.step else "a step"
+        how = f"{step} ran out of memory" + (f" on {oom.node}" if oom.node else "") + (
             f" (Slurm's job state: {status.state})" if status.state != state else "")
     by = f" ({status.reason})" if status.state == "CANCELLED" and status.reason not in ("", "None") else ""
     return (f"job {status.job_id} {state}" + (f": {how}{by}" if how else "") +

@@ -8,8 +8,9 @@ What is signalled is the node's own, never another process that now has a record
   workspace's absolute path) or, in its environment, the node's output folder (DDPCTL_OUTPUT_DIR=WORKSPACE/out,
   which everything the node ran inherits). This finds the workers torchrun left behind, and the whole node when
   its workspace (and so its pid file) was deleted.
-Each is held by its start time (and a pidfd where the system has them) until it is signalled. Nothing is signalled
-once the node recorded its exit status."""
+Each is held by its start time (and a pidfd where the system has them) until it is signalled; SIGTERM is followed by
+SIGCONT, so a stopped process ends at once rather than after the grace. Nothing is signalled once the node recorded
+its exit status."""
 
 import contextlib
 import os
@@ -60,6 +61,9 @@ def stop(workspace: str, grace: str, fallback: str) -> "dict[str, object]":
         with contextlib.suppress(OSError):
             os.killpg(pid, signal.SIGTERM)
     signalled = {p: started for p, started in victims.items() if proctree.signal_same(p, started, signal.SIGTERM)}
+    # a process stopped by SIGSTOP (a job control stop, a debugger, a freezer) acts on SIGTERM only once continued
+    for p, started in signalled.items():
+        proctree.signal_same(p, started, signal.SIGCONT)
     deadline = time.time() + seconds
     while time.time() < deadline and any(_lives(p, started) for p, started in signalled.items()):
         time.sleep(0.2)

@@ -143,6 +143,7 @@ class Terminal:
     def __init__(self, copy_to: Path) -> None:
         self.master, self.slave = pty.openpty()
         self.copy_to = copy_to
+        copy_to.write_bytes(b"")  # there from the start: a reader may look before the terminal shows anything
         self.closed = threading.Event()
         self.reader = threading.Thread(target=self._copy, daemon=True)
 
@@ -160,7 +161,7 @@ class Terminal:
         return proc
 
     def _copy(self) -> None:
-        with open(self.copy_to, "wb") as out:
+        with open(self.copy_to, "ab") as out:
             while not self.closed.is_set():
                 if select.select([self.master], [], [], 0.1)[0]:
                     try:

@@ -96,6 +96,21 @@ def test_an_exception_is_the_reason_even_with_lines_printed_after_it(tmp_path: P
     assert record["summary"] == "rank 3 on node 0 (b) exited with 1: ValueError: bad batch in epoch 1 on rank 3"
 
 
+def test_an_exception_then_an_abort_on_the_way_out_names_both(tmp_path: Path) -> None:
+    """The rank raised, then aborted while exiting (a process-group thread still ran: "terminate called without an
+    active exception", SIGABRT): the exception is still the reason, after the signal."""
+    aborted = TRACEBACK + "terminate called without an active exception\n"
+    ws = workspace(tmp_path, "n1", child_failed(3, 1, -6, 77), {1: ("rank 3 epoch 1\n", aborted)})
+    record = attribute([node_report(ws)], ["b"])
+    assert record is not None
+    assert record["summary"] == ("rank 3 on node 0 (b) was killed by SIGABRT as it exited after raising "
+                                 "ValueError: bad batch in epoch 1 on rank 3"), record["summary"]
+    # a signal with no traceback names the signal alone
+    ws = workspace(tmp_path, "n2", child_failed(3, 1, -6, 78), {1: ("rank 3 epoch 1\n", "abort\n")})
+    record = attribute([node_report(ws)], ["b"])
+    assert record is not None and record["summary"] == "rank 3 on node 0 (b) was killed by SIGABRT"
+
+
 def test_only_a_node_that_lost_its_peer_failed_after_the_cause(tmp_path: Path) -> None:
     """Node 1's rank 3 raised first; node 0's rank 0 raised its own error a little later (not about a peer), node
     2's rank 4 failed because its peer went away: node 0 failed by itself, node 2 failed after node 1."""

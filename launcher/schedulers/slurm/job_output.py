@@ -16,6 +16,10 @@ _OVER_LIMIT_NOTE = re.compile(r"^slurmstepd(?:-(?P<node>[^:\s]+))?: error: StepI
                               r"exceeded memory limit \((?P<used>\d+) > (?P<limit>\d+)\)", re.MULTILINE)
 _OOM_NOTE = re.compile(r"^slurmstepd(?:-(?P<node>[^:\s]+))?: error: Detected (?P<count>\d+) oom[-_]kill event\(s\) "
                        r"in StepId=(?P<step>[0-9]+\.[A-Za-z0-9_]+)", re.MULTILINE)
+# srun's own line for a task whose exit carried the out-of-memory flag; slurmstepd's note above can be missing
+# (srun may end the step's output before a remote slurmstepd's note reaches it), this line is srun's and stays.
+_SRUN_OOM = re.compile(r"^srun: error: (?P<node>[^:\s]+): tasks? (?P<tasks>[0-9,\-]+): Out Of Memory$", re.MULTILINE)
+_SRUN_STEP = re.compile(r"^srun: .*\bStepId=(?P<step>[0-9]+\.[A-Za-z0-9_]+)", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -30,17 +34,41 @@ class OomKill:
     @property
     def text(self) -> str:
         where = f" on {self.node}" if self.node else ""
+        step = f"Slurm step {self.step}" if self.step else "a Slurm step"
         if self.over_limit:
-            return f"Slurm step {self.step}{where} exceeded its memory limit ({self.over_limit} bytes) and was killed"
-        return f"{self.count} oom-kill event(s) in Slurm step {self.step}{where}"
+            return f"{step}{where} exceeded its memory limit ({self.over_limit} bytes) and was killed"
+        return f"{self.count} oom-kill event(s) in {step}{where}"
 
 
 def oom_kills(job_output: str) -> list[OomKill]:
-    """The oom-kill notes in a job's output (and OverMemoryKill's), in the order written."""
+    """The oom-kill notes in a job's output (and OverMemoryKill's), in the order written; srun's "Out Of Memory"
+    line of a task counts where no slurmstepd note names that node."""
     found = [(m.start(), OomKill(m["step"], m["node"], int(m["count"]))) for m in _OOM_NOTE.finditer(job_output)]
     found += [(m.start(), OomKill(m["step"], m["node"], 1, f"{m['used']} > {m['limit']}"))
               for m in _OVER_LIMIT_NOTE.finditer(job_output)]
+    noted = {kill.node for _, kill in found}
+    for m in _SRUN_OOM.finditer(job_output):
+        if m["node"] not in noted and None not in noted:
+            found.append((m.start(), OomKill(_srun_step(job_output, m.end()), m["node"], _task_count(m["tasks"]))))
+            noted.add(m["node"])
     return [kill for _, kill in sorted(found, key=lambda item: item[0])]
+
+
+def _srun_step(job_output: str, after: int) -> str:
+    """The step srun names next (`Terminating StepId=12.0`), else the one it named last; "" when it named none."""
+    steps = [(m.start(), m["step"]) for m in _SRUN_STEP.finditer(job_output)]
+    later = [step for at, step in steps if at >= after]
+    earlier = [step for at, step in steps if at < after]
+    return later[0] if later else earlier[-1] if earlier else ""
+
+
+def _task_count(tasks: str) -> int:
+    """How many tasks srun's task list names (`1`, `0-3`, `1,3`)."""
+    count = 0
+    for part in tasks.split(","):
+        low, _, high = part.partition("-")
+        count += int(high) - int(low) + 1 if high else 1
+    return count
 
 
 def expand_hostlist(hostlist: str) -> list[str]:
