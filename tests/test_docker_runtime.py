@@ -211,10 +211,11 @@ class _ThisMachine:
     def __init__(self, home: Path) -> None:
         self.home = home
 
-    def run(self, argv: list[str], *, timeout: float | None = None) -> CommandResult:
+    def run(self, argv: list[str], *, timeout: float | None = None, stdin: bytes | None = None) -> CommandResult:
         env = {"PATH": os.environ["PATH"], "HOME": str(self.home)}
-        done = subprocess.run(argv, cwd=self.home, env=env, capture_output=True, text=True, timeout=timeout)
-        return CommandResult(done.returncode, done.stdout, done.stderr)
+        done = subprocess.run(argv, cwd=self.home, env=env, capture_output=True, timeout=timeout, input=stdin or b"")
+        out, err = (stream.decode(errors="replace") for stream in (done.stdout, done.stderr))
+        return CommandResult(done.returncode, out, err)
 
 
 @requires_docker

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from launcher.execute.hang_watch import RunWatch
 from launcher.execute.node_stops import stop_and_report
 from launcher.execute.on_hosts import poll_states
 from launcher.remote import attribution, node_report, node_start, node_state, node_stop, proctree, source_of
+from launcher.remote.program import STDIN_LOADER
 from launcher.results.rundir import RunDir
 from launcher.runtimes.native import NodeState, encode_env, node_program, read_state, start_program, stop_node
 from launcher.spec.run_spec import RunSpec
@@ -59,7 +61,8 @@ class InProcess:
         self.calls = 0
 
     def run(self, argv: list[str], *, timeout: float | None = None, stdin: bytes | None = None) -> CommandResult:
-        assert argv[1:3] == ["-c", node_program()] and len(argv) == 4
+        assert argv[1:3] == ["-c", STDIN_LOADER] and len(argv) == 4  # a line long, whatever the program
+        assert stdin is not None and zlib.decompress(stdin).decode() == node_program()
         self.calls += 1
         # what main() prints (not main itself: the nodes are asked from threads at once, and stdout is shared)
         return CommandResult(0, json.dumps(node_state.answer(json.loads(argv[3]))) + "\n", "")
@@ -190,9 +193,10 @@ class HomeHere:
         if self.isolated:  # a python that cannot import launcher: the program must carry all it needs
             argv = [argv[0], "-I", "-S", *argv[1:]]
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"HOME": str(self.home)}
-        done = subprocess.run(["sh", "-c", shlex.join(argv)], cwd=self.home, env=env, capture_output=True, text=True,
-                              timeout=timeout)
-        return CommandResult(done.returncode, done.stdout, done.stderr)
+        done = subprocess.run(["sh", "-c", shlex.join(argv)], cwd=self.home, env=env, capture_output=True,
+                              timeout=timeout, input=stdin or b"")
+        out, err = (stream.decode(errors="replace") for stream in (done.stdout, done.stderr))
+        return CommandResult(done.returncode, out, err)
 
 
 # A node command like torchrun's: it starts a "worker" in a session of its own, and both ignore SIGTERM.

@@ -44,8 +44,10 @@ class Shell:
                        else [])
 
     def run(self, argv: list[str], *, timeout: float | None = None, stdin: bytes | None = None) -> CommandResult:
-        done = subprocess.run([*self.prefix, *argv], capture_output=True, text=True, timeout=timeout, env=self.env)
-        return CommandResult(done.returncode, done.stdout, done.stderr)
+        done = subprocess.run([*self.prefix, *argv], capture_output=True, timeout=timeout, env=self.env,
+                              input=stdin or b"")
+        out, err = (stream.decode(errors="replace") for stream in (done.stdout, done.stderr))
+        return CommandResult(done.returncode, out, err)
 
 
 @pytest.fixture

@@ -91,8 +91,9 @@ class ThisMachine:
     label = "this machine"
 
     def run(self, argv: list[str], *, timeout: float | None = None, stdin: bytes | None = None) -> CommandResult:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-        return CommandResult(done.returncode, done.stdout, done.stderr)
+        done = subprocess.run(argv, capture_output=True, timeout=timeout, input=stdin or b"")
+        out, err = (stream.decode(errors="replace") for stream in (done.stdout, done.stderr))
+        return CommandResult(done.returncode, out, err)
 
 
 def test_the_probe_sent_to_the_hosts_is_the_modules_text() -> None:

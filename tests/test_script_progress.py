@@ -104,7 +104,7 @@ class _Shell:
     """Runs a command here, as a host would run it over SSH."""
 
     def run(self, argv: list[str], *, timeout: float | None = None, stdin: bytes | None = None) -> Any:
-        done = subprocess.run(argv, capture_output=True, timeout=timeout, check=False)
+        done = subprocess.run(argv, capture_output=True, timeout=timeout, check=False, input=stdin or b"")
 
         class Result:
             exit_code = done.returncode

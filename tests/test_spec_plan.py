@@ -241,8 +241,9 @@ class _HereAt:
 
     def run(self, argv: list[str], *, timeout: float | None = None, stdin: bytes | None = None) -> CommandResult:
         done = subprocess.run(["sh", "-c", shlex.join(argv)], cwd=self.home, env={**os.environ, "HOME": str(self.home)},
-                              capture_output=True, text=True, timeout=timeout)
-        return CommandResult(done.returncode, done.stdout, done.stderr)
+                              capture_output=True, timeout=timeout, input=stdin or b"")
+        out, err = (stream.decode(errors="replace") for stream in (done.stdout, done.stderr))
+        return CommandResult(done.returncode, out, err)
 
 
 def _start_locally(node: NodePlan, home: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

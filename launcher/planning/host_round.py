@@ -13,11 +13,12 @@ from typing import Any
 from launcher.errors import HostError
 from launcher.planning.facts import HostFacts
 from launcher.remote import daemon, host_probe, probe_round, rdzv_port
-from launcher.remote.program import program
+from launcher.remote.program import on_stdin, program
 from launcher.transport.connection import HostConnection
 from launcher.transport.parallel import HostOutcome, run_on_hosts
 
-# What the hosts run: `python -c PROBE_PROGRAM REQUEST-JSON`, the modules' own text (no second copy).
+# What the hosts run: PROBE_PROGRAM, the modules' own text (no second copy), sent on standard input
+# (program.on_stdin), with the request as its argument.
 PROBE_PROGRAM = program(probe_round, daemon, host_probe, rdzv_port)
 PROBE_TIMEOUT = 90.0  # seconds: nvidia-smi, a Docker engine's answer, node 0's reservation lock (30 s at most)
 
@@ -48,7 +49,8 @@ def run_probe(conn: HostConnection, python: str, label: str, *, checks: Sequence
               timeout: float = PROBE_TIMEOUT) -> ProbeAnswer:
     """Probe one host in one round trip; a missing python or an unparsable answer is that host's HostError."""
     request = {"checks": [list(c) for c in checks], "connect": connect, "listen": listen}
-    result = conn.run([python, "-c", PROBE_PROGRAM, json.dumps(request)], timeout=timeout)
+    loader, text = on_stdin(PROBE_PROGRAM)
+    result = conn.run([python, *loader, json.dumps(request)], timeout=timeout, stdin=text)
     if result.exit_code != 0:
         raise HostError(label, f"{python} failed ({(result.stderr or result.stdout).strip()[-200:]}); "
                         "install python3 there or pass --python PATH")

@@ -3,6 +3,7 @@
 there as they do here (`from launcher.remote import proctree`), then the first one's `main(argv)` runs and its
 return value is the exit status. The host needs its python only: nothing is written there first."""
 
+import zlib
 from types import ModuleType
 
 from launcher.remote import source_of
@@ -41,3 +42,14 @@ def program(main: ModuleType, *needs: ModuleType) -> str:
     after those it imports itself) defined from their own source first."""
     sources = [(m.__name__, source_of(m)) for m in (*needs, main)]
     return f"_SOURCES = {sources!r}\n_MAIN = {main.__name__!r}\n" + _LOADER
+
+
+# The command line of a program sent on standard input: read it all, decompress, run it as the main module. The
+# arguments after it are the program's (sys.argv[1:]), as with the program itself after `-c`.
+STDIN_LOADER = "import sys, zlib; exec(zlib.decompress(sys.stdin.buffer.read()))"
+
+
+def on_stdin(text: str) -> "tuple[list[str], bytes]":
+    """`python` arguments and standard input that run the program `text` as `python -c TEXT` would:
+    (["-c", STDIN_LOADER], TEXT compressed)."""
+    return ["-c", STDIN_LOADER], zlib.compress(text.encode(), 9)

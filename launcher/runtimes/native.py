@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from launcher.errors import HostError
 from launcher.planning.plan import NodePlan, native_node_plan
 from launcher.remote import attribution, node_report, node_start, node_state, node_stop, proctree
-from launcher.remote.program import program
+from launcher.remote.program import on_stdin, program
 from launcher.runtimes.base import NODE_STOP_GRACE_SECONDS
 
 if TYPE_CHECKING:
@@ -142,7 +142,8 @@ def ask_node(conn: HostConnection, workspace: str, python: str = "python3", outp
     if report:
         request["report"] = True
         timeout += 30
-    result = conn.run([python, "-c", node_program(), json.dumps(request)], timeout=timeout)
+    loader, text = on_stdin(node_program())
+    result = conn.run([python, *loader, json.dumps(request)], timeout=timeout, stdin=text)
     try:
         found = json.loads(result.stdout) if result.exit_code == 0 else None
     except (ValueError, RecursionError):

@@ -366,7 +366,7 @@ class HostShell:
         self.host = host
 
     def run(self, argv: list[str], *, timeout: float | None = None, stdin: bytes | None = None) -> CommandResult:
-        done = self.host.run_as_user(argv, check=False, timeout=timeout or 60)
+        done = self.host.run_as_user(argv, check=False, timeout=timeout or 60, input=stdin)
         text = [stream.decode(errors="replace") for stream in (done.stdout, done.stderr)]
         return CommandResult(done.returncode, *text)
 
