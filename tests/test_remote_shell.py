@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import launcher.remote
-from launcher.execute import scheduled_output
+from launcher.execute import scheduled, scheduled_output, scheduled_reattach
 from launcher.planning import mpi_check
 from launcher.providers.vast import watchdog_state
 from launcher.remote import shell_text
@@ -37,6 +37,8 @@ SENT = {  # file -> the text the launcher puts on the hosts' command lines
     "mpi_check.sh": mpi_check.MPI_CHECK_SCRIPT,
     "autostop_state.sh": watchdog_state.STATE_SCRIPT,
     "rank0_output.sh": scheduled_output.RANK0_OUTPUT_SCRIPT,
+    "slurm_progress.sh": scheduled.PROGRESS_SCRIPT,
+    "slurm_nodes.sh": scheduled_reattach.NODES_SCRIPT,
 }
 
 
@@ -165,3 +167,21 @@ def test_rank0_output_reads_the_newest_attempt_of_the_node_that_writes_progress(
     log(1, 10, "after the restart\n")  # attempt 10 is newer than 0..9 (numbers, not text)
     log(1, 9, "older\n")
     assert read(1, 13, "0") == "NODE 1 ATTEMPT 10 SIZE 18 START 0 BY given\nafter the restart\n"
+
+
+@pytest.mark.integration
+def test_the_slurm_followers_read_each_nodes_progress_exit_and_newest_attempt(tmp_path: Path) -> None:
+    """A Slurm run's folder on the shared file system, as `up` follows it and `status` reads it: node 0 wrote its
+    progress and restarted (attempts 0..10), node 1 ended (exit 1) with no progress; node 2 has not started."""
+    for attempt in (0, 2, 10, 9):
+        (tmp_path / "nodes" / "0" / "logs" / "job-7" / f"attempt_{attempt}").mkdir(parents=True)
+    (tmp_path / "nodes" / "0" / "out").mkdir(parents=True)
+    (tmp_path / "nodes" / "0" / "out" / "progress.json").write_text('{"epoch": 2}')
+    (tmp_path / "nodes" / "1").mkdir(parents=True)
+    (tmp_path / "nodes" / "1" / "exit_code").write_text("1\n")
+    done = sh(scheduled_reattach.NODES_SCRIPT, "ddpctl-nodes", str(tmp_path), "3")
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert done.stdout == 'NODE 0||10\n{"epoch": 2}\nNODE 1|1|\n\nNODE 2||\n\n'
+    done = sh(scheduled.PROGRESS_SCRIPT, "ddpctl-progress", str(tmp_path))
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert done.stdout == f'NODE {tmp_path}/nodes/0/out/progress.json\n{{"epoch": 2}}\n'

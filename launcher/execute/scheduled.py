@@ -23,6 +23,7 @@ from launcher.execute.scheduled_output import Rank0Output
 from launcher.execute.scheduled_plan import MAKE_ONE, plan_json
 from launcher.execute.shipment import trainer_source_dir
 from launcher.planning.request import UpOptions, UpResult
+from launcher.remote import shell_text
 from launcher.results.progress import console
 from launcher.results.run_records import finish_records
 from launcher.results.rundir import RunDir, primary_node_out, read_json, write_bytes_atomic, write_json_atomic
@@ -39,8 +40,7 @@ from launcher.transport.sync import ship_tree
 POLL_SECONDS = 2.0
 REQUEST_FILE = "plan.json"  # as on hosts: what was carried out, as `up --dry-run --json` prints it
 # The progress records of every node in one answer: `NODE <k>` then its progress.json.
-PROGRESS_SCRIPT = 'for f in "$1"/nodes/*/out/progress.json; do [ -f "$f" ] && echo "NODE $f" && cat "$f" && echo; ' \
-                  "done; true"
+PROGRESS_SCRIPT = shell_text("slurm_progress.sh")  # launcher/remote/slurm_progress.sh: its argument there
 
 
 def scheduler_for(options: UpOptions) -> SlurmScheduler:

@@ -14,6 +14,7 @@ from launcher.execute import scheduled_chain
 from launcher.execute.on_hosts import reattach
 from launcher.execute.scheduled import cancel_and_wait, finish_job, pull_job
 from launcher.planning.request import UpOptions
+from launcher.remote import shell_text
 from launcher.results.rundir import RunDir
 from launcher.schedulers.base import JobStatus
 from launcher.schedulers.slurm.scheduler import SlurmScheduler
@@ -23,9 +24,7 @@ from launcher.transport.ssh import Connection
 FOLLOW_POLL_SECONDS = 1.0
 # Each node's exit status, newest attempt (torchrun's attempt_<N>, numbered alike on every node) and progress
 # record: `NODE k|exit code|attempt` then the record (empty when none).
-NODES_SCRIPT = ('for k in $(seq 0 $(($2 - 1))); do ws="$1/nodes/$k"; echo "NODE $k|$(cat "$ws/exit_code" '
-                '2>/dev/null)|$(ls -d "$ws"/logs/*/attempt_* 2>/dev/null | sed "s/.*attempt_//" | sort -n | '
-                'tail -n 1)"; cat "$ws/out/progress.json" 2>/dev/null; echo; done')
+NODES_SCRIPT = shell_text("slurm_nodes.sh")  # launcher/remote/slurm_nodes.sh: its arguments there
 
 
 def _job(run_dir: RunDir) -> tuple[str, str]:
@@ -103,7 +102,7 @@ def node_states(conn: Connection, remote_dir: str,
                 nodes: int) -> list[tuple[int | None, dict[str, Any], int | None]]:
     """Each node's exit status (None while it runs), progress record and restarts (its newest attempt; None before
     its workers start), read from the shared file system."""
-    result = conn.run(["bash", "-c", NODES_SCRIPT, "ddpctl-nodes", remote_dir, str(nodes)], timeout=60)
+    result = conn.run(["sh", "-c", NODES_SCRIPT, "ddpctl-nodes", remote_dir, str(nodes)], timeout=60)
     states: list[tuple[int | None, dict[str, Any], int | None]] = [(None, {}, None) for _ in range(nodes)]
     for chunk in result.stdout.split("NODE ")[1:]:
         head, _, body = chunk.partition("\n")
