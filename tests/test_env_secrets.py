@@ -20,8 +20,8 @@ import pytest
 from infra.testbed import Testbed, cleanup_stale
 from launcher.planning.plan import NodeHost, plan_remote
 from launcher.runtimes.docker import container_name, docker_node_plan
-from launcher.runtimes.native import encode_env
-from launcher.runtimes.start import env_file, start_argv, write_env_file
+from launcher.runtimes.native import encode_env, start_program
+from launcher.runtimes.start import env_file, node_files, start_argv
 from launcher.spec.run_spec import RunSpec
 from tests.docker_fixtures import REPO, base_image, requires_docker, test_image  # noqa: F401
 from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, connect, run_ddpctl
@@ -154,8 +154,10 @@ def test_the_value_reaches_the_host_in_a_0600_file(bed: Testbed) -> None:
     node = plan_remote(RunSpec(run_id="envfile", nnodes=1, extra_env=((NAME, value),)),
                        [NodeHost(host.spec, host.address)]).nodes[0]
     host.run_as_user(["mkdir", "-p", node.workspace])
-    with connect(bed, host) as conn:
-        write_env_file(conn, node)
+    with connect(bed, host) as conn:  # the start program as start_node runs it, with no environment file to read
+        started = conn.run(["python3", "-c", start_program(), node.workspace, node.workspace, "", "2", "stdin", "true"],
+                           timeout=30, stdin=node_files(node))
+    assert started.exit_code == 0 and started.stdout.strip().isdigit(), started
     name, data = env_file(node)
     path = f"{host.home}/{node.workspace}/{name}"
     assert host.run_as_user(["stat", "-c", "%a %U", path]).stdout.decode().split() == ["600", host.user]

@@ -6,6 +6,7 @@ What the hosts are sent is the modules' own text, and a poll or a failure costs 
 from __future__ import annotations
 
 import ast
+import base64
 import json
 import os
 import shlex
@@ -220,7 +221,7 @@ NODE_WITH_HANDLER = ("import signal, subprocess, sys, time\n"
 
 def _start(conn: HomeHere, workspace: str, node: str = NODE) -> int:
     (conn.home / workspace / "code").mkdir(parents=True, exist_ok=True)
-    result = conn.run([sys.executable, "-c", start_program(), workspace, workspace, "", "2", sys.executable, "-c",
+    result = conn.run([sys.executable, "-c", start_program(), workspace, workspace, "", "2", "", sys.executable, "-c",
                        node], timeout=60)
     assert result.exit_code == 0 and result.stdout.strip().isdigit(), result
     return int(result.stdout)
@@ -326,10 +327,29 @@ def test_the_node_gets_its_environment_file_and_the_workspace_paths_before_its_o
     (ws / "code").mkdir(parents=True)
     (ws / "env").write_bytes(encode_env((("PYTHONPATH", "/users/own"), ("K", "a\nb"))))
     show = "import json, os; print(json.dumps([os.environ[k] for k in ('PYTHONPATH', 'K', 'DDPCTL_OUTPUT_DIR')]))"
-    result = conn.run([sys.executable, "-c", start_program(), "ws", "ws", "env", "2", sys.executable, "-c", show])
+    result = conn.run([sys.executable, "-c", start_program(), "ws", "ws", "env", "2", "", sys.executable, "-c", show])
     assert result.exit_code == 0, result
     _wait_for("exit_code", lambda: (ws / "exit_code").exists())
     real = os.path.realpath(ws)
     assert json.loads((ws / "torchrun.out").read_text()) == [f"{real}/hook:{real}/code:/users/own", "a\nb",
                                                               f"{real}/out"]
     assert not (ws / "env").exists() and (ws / "exit_code").read_text() == "0\n"
+
+
+def test_the_start_writes_the_nodes_files_inside_its_workspace_only(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The files that come with the start (environment file, join hook) land in the workspace with their modes;
+    a path that leaves the workspace is refused, whatever sent it."""
+    monkeypatch.chdir(tmp_path)
+
+    def payload(*files: tuple[str, bytes, int]) -> bytes:
+        return json.dumps([[p, base64.b64encode(d).decode(), m] for p, d, m in files]).encode()
+
+    assert node_start.write_files(payload(("env", b"K=v\n", 0o600), ("hook/sitecustomize.py", b"x = 1\n", 0o644))) \
+        is None
+    assert (tmp_path / "env").read_bytes() == b"K=v\n" and (tmp_path / "env").stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "hook" / "sitecustomize.py").stat().st_mode & 0o777 == 0o644
+    for bad in ("../escape", "/etc/passwd", "a//b", "hook/../../x"):
+        assert "not a path inside the workspace" in str(node_start.write_files(payload((bad, b"", 0o600))))
+    assert not (tmp_path.parent / "escape").exists()
+    assert node_start.write_files(b"not json") is not None and node_start.write_files(b"") is None

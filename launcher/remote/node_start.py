@@ -1,14 +1,18 @@
 """Runs on a host (sent as source, launcher/runtimes/start.py): start a node's command so that it outlives the SSH
 connection, and record what every later poll and stop reads (docs/contracts.md's "Remote workspace").
 
-`start`: in the workspace, make out/ and logs/, forget an earlier attempt's `pid` and `exit_code`, write the stop
-grace, then start the supervisor in a session of its own (stdin /dev/null, output to torchrun.out), record its pid
-and start time (`pid`, `pid_start`: a pid alone is no identity) and print the pid. The supervisor is this same
-program run again (`python -c` of its own text) with the marker argument NODE_MARKER and the workspace's absolute
-path, which is how a stop knows the process is the node's even when the workspace is gone: it takes the node's
-environment from the file the launcher wrote (then deletes it), runs the command from `cwd` and, when the command
-ends, records its exit status in `exit_code` (128+N for a signal N, as a shell does)."""
+`start`: in the workspace (made 0700), write the files that came on standard input (the node's environment file,
+0600, and the join hook: never on a command line, and no second round trip for them), make out/ and logs/, forget
+an earlier attempt's `pid` and `exit_code`, write the stop grace, then start the supervisor in a session of its own
+(stdin /dev/null, output to torchrun.out), record its pid and start time (`pid`, `pid_start`: a pid alone is no
+identity) and print the pid. The supervisor is this same program run again (`python -c` of its own text) with the
+marker argument NODE_MARKER and the workspace's absolute path, which is how a stop knows the process is the node's
+even when the workspace is gone: it takes the node's environment from the file the launcher wrote (then deletes
+it), runs the command from `cwd` and, when the command ends, records its exit status in `exit_code` (128+N for a
+signal N, as a shell does)."""
 
+import base64
+import json
 import os
 import subprocess
 import sys
@@ -48,8 +52,29 @@ def _own_program() -> "list[str]":
     return [sys.executable, "-c", argv[at + 1]]
 
 
-def start(workspace: str, cwd: str, env_file: str, grace: str, command: "list[str]") -> int:
-    """Start the node's supervisor detached; return 0 (its pid printed) or 3 (the workspace or file missing)."""
+def write_files(payload: bytes) -> "str | None":
+    """Write the files of `payload` (JSON: [[PATH, BASE64, MODE], ...], paths inside the workspace) into the
+    current directory, each created with its mode; the error, or None."""
+    try:
+        files = json.loads(payload) if payload.strip() else []
+        for path, data, mode in files:
+            parts = path.split("/")
+            if path.startswith("/") or ".." in parts or "" in parts:
+                return f"refused to write {path!r}: not a path inside the workspace"
+            if len(parts) > 1:
+                os.makedirs(os.path.join(*parts[:-1]), exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+            with os.fdopen(fd, "wb") as f:
+                os.fchmod(f.fileno(), mode)
+                f.write(base64.b64decode(data))
+    except (OSError, ValueError, TypeError) as e:
+        return f"could not write the node's files: {e}"
+    return None
+
+
+def start(workspace: str, cwd: str, env_file: str, grace: str, files: str, command: "list[str]") -> int:
+    """Start the node's supervisor detached; return 0 (its pid printed) or 3 (the workspace or file missing).
+    `files`: "stdin" when the node's files come on standard input, "" when they were written before."""
     try:
         os.chdir(os.path.expanduser("~"))
         os.chdir(workspace)
@@ -57,6 +82,12 @@ def start(workspace: str, cwd: str, env_file: str, grace: str, command: "list[st
         print(f"no workspace {workspace}", file=sys.stderr)
         return 3
     here = os.getcwd()
+    if files == "stdin":
+        os.chmod(".", 0o700)  # before any file is written: nobody else may open them, even for a moment
+        failed = write_files(sys.stdin.buffer.read())
+        if failed:
+            print(failed, file=sys.stderr)
+            return 3
     if env_file and not os.path.isfile(env_file):
         print(f"no environment file {os.path.join(here, env_file)}", file=sys.stderr)
         return 3
@@ -121,8 +152,8 @@ def _write(path: str, text: str) -> None:
 
 
 def main(argv: "list[str]") -> int:
-    """`WORKSPACE CWD ENV_FILE GRACE COMMAND...` starts a node; `NODE_MARKER WORKSPACE CWD ENV_FILE COMMAND...` is
-    the supervisor it starts."""
+    """`WORKSPACE CWD ENV_FILE GRACE FILES COMMAND...` starts a node (FILES: "stdin" or ""); `NODE_MARKER
+    WORKSPACE CWD ENV_FILE COMMAND...` is the supervisor it starts."""
     if argv[:1] == [NODE_MARKER]:
         return supervise(argv[1], argv[2], argv[3], argv[4:])
-    return start(argv[0], argv[1], argv[2], argv[3], argv[4:])
+    return start(argv[0], argv[1], argv[2], argv[3], argv[4], argv[5:])

@@ -4,9 +4,7 @@ over SFTP), never imported here."""
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
-from typing import Any
 
 from launcher.spec.launchers import HOOK_DIR
 
@@ -24,12 +22,3 @@ def write_local_hook(workspace: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / HOOK_FILE).write_bytes(join_hook_source())
     return folder
-
-
-def write_remote_hook(sftp: Any, workspace: str) -> None:
-    """Write the hook into a host's `workspace`/HOOK_DIR over SFTP (the workspace exists)."""
-    folder = f"{workspace}/{HOOK_DIR}"
-    with contextlib.suppress(OSError):  # there already (a restarted start)
-        sftp.mkdir(folder)
-    with sftp.open(f"{folder}/{HOOK_FILE}", "wb") as f:
-        f.write(join_hook_source())

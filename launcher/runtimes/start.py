@@ -1,18 +1,21 @@
-"""Starting a planned node on its host, whatever its runtime: the environment file first (over SFTP, 0600 in the
-0700 workspace: never on a command line), then the start program (launcher/remote/node_start.py, run by the
-host's python) around the node's command. The node's runtime answers what differs: the file's name and format,
+"""Starting a planned node on its host, whatever its runtime, in one round trip: the start program
+(launcher/remote/node_start.py, run by the host's python) around the node's command, with the node's files on its
+standard input (the environment file, 0600 in the 0700 workspace: never on a command line; a `-- CMD` node's join
+hook), written there before the start. The node's runtime answers what differs: the file's name and format,
 whether the start program's supervisor or the node's own wrapper reads it, and how long a stop waits."""
 
 from __future__ import annotations
 
+import base64
+import json
 from typing import TYPE_CHECKING
 
 from launcher.errors import HostError
 from launcher.results.record import RecordError
 from launcher.runtimes.docker import DockerRuntime
-from launcher.runtimes.join_files import write_remote_hook
+from launcher.runtimes.join_files import HOOK_FILE, join_hook_source
 from launcher.runtimes.native import NativeRuntime, start_program
-from launcher.spec.launchers import NODE_RANK_ENV
+from launcher.spec.launchers import HOOK_DIR, NODE_RANK_ENV
 from launcher.transport.connection import HostConnection
 
 if TYPE_CHECKING:
@@ -39,13 +42,22 @@ def runtime_of(record: RunRecord) -> NodeRuntime:
     return runtime_named(name, image if isinstance(image, str) else None)
 
 
-def start_argv(node: NodePlan, python: str = "python3") -> list[str]:
+def start_argv(node: NodePlan, python: str = "python3", files_on_stdin: bool = False) -> list[str]:
     """The quoted-argv command that starts a node detached with the host's `python`; its environment is in
-    env_file(node), written first."""
+    env_file(node): written first, or (`files_on_stdin`) given with node_files() on its standard input."""
     runtime = runtime_named(node.runtime)
     name = runtime.env_file(node)[0] if runtime.detach_reads_env_file else ""
     return [python, "-c", start_program(), node.workspace, node.cwd, name, str(runtime.stop_grace_seconds),
-            *node.command]
+            "stdin" if files_on_stdin else "", *node.command]
+
+
+def node_files(node: NodePlan) -> bytes:
+    """The start program's standard input: the node's files (path in the workspace, bytes, mode) as JSON."""
+    name, data = env_file(node)
+    files = [(name, data, 0o600)]
+    if NODE_RANK_ENV in dict(node.env):  # a `-- CMD` node: the world its processes join is measured
+        files.append((f"{HOOK_DIR}/{HOOK_FILE}", join_hook_source(), 0o644))
+    return json.dumps([[path, base64.b64encode(content).decode(), mode] for path, content, mode in files]).encode()
 
 
 def env_file(node: NodePlan) -> tuple[str, bytes]:
@@ -53,27 +65,10 @@ def env_file(node: NodePlan) -> tuple[str, bytes]:
     return runtime_named(node.runtime).env_file(node)
 
 
-def write_env_file(conn: HostConnection, node: NodePlan) -> None:
-    """Write env_file(node) over SFTP into the node's workspace (which must exist): the workspace is made 0700
-    first, so nobody else can open the file even before its own mode, 0600, is set."""
-    name, data = env_file(node)
-    sftp = conn.sftp
-    sftp.chmod(node.workspace, 0o700)
-    with sftp.open(f"{node.workspace}/{name}", "wb") as f:
-        f.chmod(0o600)
-        f.write(data)
-
-
 def start_node(conn: HostConnection, node: NodePlan, label: str, python: str = "python3") -> int:
-    """Write the node's environment file, then start its command detached with the host's `python`; return its
-    pid."""
-    try:
-        write_env_file(conn, node)
-        if NODE_RANK_ENV in dict(node.env):  # a `-- CMD` node: the world its processes join is measured
-            write_remote_hook(conn.sftp, node.workspace)
-    except OSError as e:
-        raise HostError(label, f"could not write the node's environment into {node.workspace}: {e}") from e
-    result = conn.run(start_argv(node, python), timeout=30)
+    """Start the node's command detached with the host's `python`, its files written first by the same command;
+    return its pid."""
+    result = conn.run(start_argv(node, python, files_on_stdin=True), timeout=30, stdin=node_files(node))
     if result.exit_code != 0 or not result.stdout.strip().isdigit():
         raise HostError(label, f"could not start torchrun: {(result.stderr or result.stdout).strip()[:300]}")
     return int(result.stdout.strip())
