@@ -5,6 +5,8 @@ reservation, the other nodes' reachability check) merged into one (launcher/remo
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import time
 from collections import Counter
@@ -15,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from infra.testbed import Testbed, cleanup_stale
+from launcher.cli.doctor import run_doctor
 from launcher.execute import interruption
 from launcher.execute.up import run_up
 from launcher.planning.rdzv_reservation import RESERVATION_DIR
@@ -78,7 +81,7 @@ def test_a_dry_run_and_up_reach_each_host_once_per_phase(bed: Testbed, tmp_path:
                    trainer_args=TRAIN)
     dry = run_up(spec, options)
     assert dry.error is None and dry.plan is not None and dry.plan.unknown == () and dry.plan.runtime == "native"
-    assert dict(channels) == {labels[0]: 2, labels[1]: 2}
+    assert dict(channels) == {labels[0]: 1, labels[1]: 1}
     assert not list(Path(RESERVATION_DIR).glob(f"*{spec.run_id}*")), "a dry run reserves nothing"
     assert not any(Path(h.home, ".ddpctl", "runs", spec.run_id).exists() for h in bed.hosts)
 
@@ -95,3 +98,19 @@ def test_a_dry_run_and_up_reach_each_host_once_per_phase(bed: Testbed, tmp_path:
     finally:
         interruption.act_on_deferred()
         interruption.restore_signals(previous)
+
+
+def test_doctor_reaches_each_host_once_and_checks_the_network_in_the_same_round(
+        bed: Testbed, channels: Counter[str], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`doctor` on two hosts: the facts and node 0's rendezvous port reached from node 1 come from one probe per
+    host, one channel each (before: a probe, then a second round for the network)."""
+    monkeypatch.setenv("DDPCTL_KNOWN_HOSTS", str(bed.known_hosts_path))
+    labels = [h.spec for h in bed.hosts]
+    options = UpOptions(runs_dir=Path("unused"), hosts=tuple(parse_host(h) for h in labels),
+                        identity_file=Path(bed.client_key_path), show_progress=False, show_output=False)
+    assert run_doctor(options, gpus=1, python="python3", rdzv_port=29400, json_out=True)
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] is True and [r["ok"] for r in report["hosts"]] == [True, True], report
+    assert re.fullmatch(rf"every node reached node 0 at {re.escape(bed.hosts[0].address)}:\d+", report["network"])
+    assert dict(channels) == {labels[0]: 1, labels[1]: 1}

@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 
 from launcher.errors import DdpctlError, HostError
-from launcher.planning.preflight import HostFacts, Problem, check_rendezvous_reachable, check_requirements, probe_host
+from launcher.planning.host_round import probe_all
+from launcher.planning.preflight import REACH_TIMEOUT, HostFacts, Problem, check_requirements, reached_port
+from launcher.planning.rdzv_reservation import listen_request
 from launcher.results.progress import console
 from launcher.transport.hostsession import HostSession
-from launcher.transport.parallel import run_on_hosts
 from launcher.transport.ssh import resolve_target
 
 if TYPE_CHECKING:
@@ -20,32 +21,38 @@ if TYPE_CHECKING:
 
 
 def run_doctor(options: UpOptions, *, gpus: int, python: str, rdzv_port: int, json_out: bool) -> bool:
-    """Check each host and the network between them; print the findings; True when a run could start."""
+    """Check each host and the network between them in one probe round trip per host (node 0 listens on the
+    rendezvous port, the others connect to it); print the findings; True when a run could start."""
     targets = [resolve_target(h, options.ssh_config, options.identity_file) for h in options.hosts]
     rows: list[dict[str, Any]] = []
     with HostSession(targets, options) as session:
-        outcomes = run_on_hosts(list(range(len(targets))),
-                                lambda i: probe_host(session.conn(i), python, session.label_of(i)),
-                                timeout=options.connect_timeout + 90, label=session.label_of)
+        count = len(targets)
+        listen = None
+        if count > 1:  # nothing is reserved (no run id): the port is only tried
+            listen = listen_request(addr=options.rdzv_addr, own=not options.rdzv_addr, hostname=targets[0].hostname,
+                                    port=rdzv_port, expect=count - 1, seconds=REACH_TIMEOUT + 20, any_free=False,
+                                    run_id=None)
+        outcomes = probe_all([session.conn(i) for i in range(count)], session.labels, python, listen=listen,
+                             connect_timeout=REACH_TIMEOUT, timeout=options.connect_timeout + 90)
         facts: list[HostFacts] = []
         for outcome in outcomes:
             row: dict[str, Any] = {"host": outcome.label, "ok": outcome.error is None, "problems": []}
             if outcome.value is None:
                 row["problems"].append(_short(outcome.error))
             else:
-                facts.append(outcome.value)
-                found = outcome.value
+                found = outcome.value.facts
+                facts.append(found)
                 row.update(python=found.python, torch=found.torch, gpus=found.gpus, cpus=found.cpus,
                            disk_free_gb=round(found.disk_free / 2**30, 1), address=found.address)
             rows.append(row)
         problems = check_requirements(facts, gpus, runs_host_torch=True) if len(facts) == len(rows) else []
         network: str | None = None
-        if not any(r["problems"] for r in rows) and len(rows) > 1:
-            addr0 = options.rdzv_addr or facts[0].address or targets[0].hostname
+        if listen is not None and len(facts) == len(rows):
+            node0 = outcomes[0].value
+            addr0 = (node0.addr if node0 is not None else None) or options.rdzv_addr or targets[0].hostname
             try:
-                check_rendezvous_reachable([session.conn(i) for i in range(len(rows))], session.labels, python,
-                                           addr0, rdzv_port)
-                network = f"every node reached node 0 at {addr0}:{rdzv_port}"
+                port = reached_port(outcomes, session.labels, addr0, rdzv_port)
+                network = f"every node reached node 0 at {addr0}:{port}"
             except HostError as e:
                 problems.append(Problem(e.host, e.reason))
             except DdpctlError as e:
