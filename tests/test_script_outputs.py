@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import secrets
+import shlex
 import shutil
 import subprocess
 import sys
@@ -181,7 +182,10 @@ def python3_only_bed() -> Iterator[Testbed]:
         only.mkdir(mode=0o755)
         env = bed.hosts[0].ssh_environment()
         interpreter = Path(env["PATH"].split(":")[0]) / "python3"
-        (only / "python3").symlink_to(interpreter)
+        # A wrapper, as pyenv's shims are: a symlink would hide the virtual environment that this machine's python
+        # may be (python finds its pyvenv.cfg beside the path it was started by, not beside the link's target).
+        (only / "python3").write_text(f'#!/bin/sh\nexec {shlex.quote(str(interpreter))} "$@"\n')
+        (only / "python3").chmod(0o755)
         for host in bed.hosts:
             host.update_ssh_environment({"PATH": f"{only}:/usr/local/bin:/usr/bin:/bin"})
         yield bed
