@@ -9,11 +9,12 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 
 from launcher.errors import DdpctlError, HostError
-from launcher.planning.host_round import probe_all
+from launcher.planning.host_round import ProbeAnswer, probe_all
 from launcher.planning.preflight import REACH_TIMEOUT, HostFacts, Problem, check_requirements, reached_port
 from launcher.planning.rdzv_reservation import listen_request
 from launcher.results.progress import console
 from launcher.transport.hostsession import HostSession
+from launcher.transport.parallel import HostOutcome
 from launcher.transport.ssh import resolve_target
 
 if TYPE_CHECKING:
@@ -24,7 +25,6 @@ def run_doctor(options: UpOptions, *, gpus: int, python: str, rdzv_port: int, js
     """Check each host and the network between them in one probe round trip per host (node 0 listens on the
     rendezvous port, the others connect to it); print the findings; True when a run could start."""
     targets = [resolve_target(h, options.ssh_config, options.identity_file) for h in options.hosts]
-    rows: list[dict[str, Any]] = []
     with HostSession(targets, options) as session:
         count = len(targets)
         listen = None
@@ -34,17 +34,7 @@ def run_doctor(options: UpOptions, *, gpus: int, python: str, rdzv_port: int, js
                                     run_id=None)
         outcomes = probe_all([session.conn(i) for i in range(count)], session.labels, python, listen=listen,
                              connect_timeout=REACH_TIMEOUT, timeout=options.connect_timeout + 90)
-        facts: list[HostFacts] = []
-        for outcome in outcomes:
-            row: dict[str, Any] = {"host": outcome.label, "ok": outcome.error is None, "problems": []}
-            if outcome.value is None:
-                row["problems"].append(_short(outcome.error))
-            else:
-                found = outcome.value.facts
-                facts.append(found)
-                row.update(python=found.python, torch=found.torch, gpus=found.gpus, cpus=found.cpus,
-                           disk_free_gb=round(found.disk_free / 2**30, 1), address=found.address)
-            rows.append(row)
+        rows, facts = _host_rows(outcomes)
         problems = check_requirements(facts, gpus, runs_host_torch=True) if len(facts) == len(rows) else []
         network: str | None = None
         if listen is not None and len(facts) == len(rows):
@@ -86,6 +76,23 @@ def run_doctor(options: UpOptions, *, gpus: int, python: str, rdzv_port: int, js
     if network:
         console.print(network)
     return ok
+
+
+def _host_rows(outcomes: list[HostOutcome[int, ProbeAnswer]]) -> tuple[list[dict[str, Any]], list[HostFacts]]:
+    """A row per host (what it is, or why it could not be asked), and the facts of those that answered."""
+    rows: list[dict[str, Any]] = []
+    facts: list[HostFacts] = []
+    for outcome in outcomes:
+        row: dict[str, Any] = {"host": outcome.label, "ok": outcome.error is None, "problems": []}
+        if outcome.value is None:
+            row["problems"].append(_short(outcome.error))
+        else:
+            found = outcome.value.facts
+            facts.append(found)
+            row.update(python=found.python, torch=found.torch, gpus=found.gpus, cpus=found.cpus,
+                       disk_free_gb=round(found.disk_free / 2**30, 1), address=found.address)
+        rows.append(row)
+    return rows, facts
 
 
 def _short(error: BaseException | None) -> str:
