@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -181,7 +182,10 @@ def test_the_slurm_followers_read_each_nodes_progress_exit_and_newest_attempt(tm
     (tmp_path / "nodes" / "1" / "exit_code").write_text("1\n")
     done = sh(scheduled_reattach.NODES_SCRIPT, "ddpctl-nodes", str(tmp_path), "3")
     assert done.returncode == 0 and done.stderr == "", done.stderr
-    assert done.stdout == 'NODE 0||10\n{"epoch": 2}\nNODE 1|1|\n\nNODE 2||\n\n'
+    assert done.stdout == 'NODE 0|| 0 10 2 9\n{"epoch": 2}\nNODE 1|1|\n\nNODE 2||\n\n'
+    here = SimpleNamespace(run=lambda argv, timeout: SimpleNamespace(stdout=sh(*argv[2:]).stdout))
+    assert scheduled_reattach.node_states(here, str(tmp_path), 3) == [  # type: ignore[arg-type]
+        (None, {"epoch": 2}, 10), (1, {}, None), (None, {}, None)]  # attempt 10 is the newest: numbers, not text
     done = sh(scheduled.PROGRESS_SCRIPT, "ddpctl-progress", str(tmp_path))
     assert done.returncode == 0 and done.stderr == "", done.stderr
     assert done.stdout == f'NODE {tmp_path}/nodes/0/out/progress.json\n{{"epoch": 2}}\n'

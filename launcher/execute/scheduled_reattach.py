@@ -106,14 +106,15 @@ def node_states(conn: Connection, remote_dir: str,
     states: list[tuple[int | None, dict[str, Any], int | None]] = [(None, {}, None) for _ in range(nodes)]
     for chunk in result.stdout.split("NODE ")[1:]:
         head, _, body = chunk.partition("\n")
-        index, code, attempt = (head.split("|") + ["", ""])[:3]
+        index, code, attempts = (head.split("|") + ["", ""])[:3]
+        numbers = [int(a) for a in attempts.split() if a.isdigit()]
         try:
             progress = json.loads(body) if body.strip() else {}
         except ValueError:
             progress = {}
         if index.isdigit() and int(index) < nodes:
             states[int(index)] = (int(code) if code.strip().lstrip("-").isdigit() else None, progress,
-                                  int(attempt) if attempt.strip().isdigit() else None)
+                                  max(numbers) if numbers else None)
     return states
 
 
