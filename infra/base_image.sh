@@ -112,8 +112,12 @@ rm -f "$work/wheels/complete"
 
 # Docs, man pages and translations are useless in a test image and cost tens of MB. The pip in the chroot
 # gets a clean environment: this machine's PIP_* settings point at paths that exist only here.
+# Debian's archive keys (debian-archive-keyring, installed by setup): apt trusts the host's own archive's keys by
+# default, which on a host that is not Debian (Ubuntu) cannot check Debian's archive.
+keyring=()
+[ -f /usr/share/keyrings/debian-archive-keyring.gpg ] && keyring=(--keyring=/usr/share/keyrings/debian-archive-keyring.gpg)
 log "building the $SUITE root file system with mmdebstrap"
-mmdebstrap --quiet --variant=minbase --include="$PACKAGES" --aptopt='APT::Install-Recommends "false"' \
+mmdebstrap --quiet --variant=minbase --include="$PACKAGES" --aptopt='APT::Install-Recommends "false"' "${keyring[@]}" \
   --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
   --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \
   --customize-hook="cp -r '$work/wheels' \"\$1/tmp/wheels\"" \

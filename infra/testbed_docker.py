@@ -94,10 +94,17 @@ def start_engine(host: TestHost, timeout: float = 60, insecure_registries: tuple
             "--bridge", "none", "--iptables=false", "--ip-masq=false", "--log-level", "warn",
             *(f"--insecure-registry={registry}" for registry in insecure_registries),
             *(f"--add-runtime={name}=runc" for name in extra_runtimes)]
+    # The test registries are reached straight: under the suite's cut from the internet (HTTPS through a proxy that
+    # refuses) a newer dockerd does not fall back to plain HTTP for an insecure registry once the proxy refused.
+    env = dict(os.environ)
+    direct = [registry.rsplit(":", 1)[0] for registry in insecure_registries]
+    for name in ("NO_PROXY", "no_proxy"):
+        if direct:
+            env[name] = ",".join(x for x in (env.get(name, ""), *direct) if x)
     # setsid --fork: dockerd becomes init's child, so once stopped it is reaped rather than left a zombie of ours.
     with open(engine.log, "ab") as log:
         subprocess.run(["setsid", "--fork", *argv], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                       check=True)
+                       check=True, env=env)
     deadline = time.monotonic() + timeout
     while engine.docker("info", check=False, timeout=30).returncode != 0:
         if time.monotonic() > deadline:

@@ -327,8 +327,9 @@ class LocalConn:
     def run(self, argv: list[str], timeout: float | None = None, stdin: bytes | None = None) -> object:
         from launcher.transport.ssh import CommandResult
 
-        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
-        return CommandResult(done.returncode, done.stdout, done.stderr)
+        done = subprocess.run(list(argv), capture_output=True, timeout=timeout, input=stdin or b"")
+        out, err = (stream.decode(errors="replace") for stream in (done.stdout, done.stderr))
+        return CommandResult(done.returncode, out, err)
 
 
 class LocalSession:

@@ -81,7 +81,7 @@ def test_a_dry_run_and_up_reach_each_host_once_per_phase(bed: Testbed, tmp_path:
                    trainer_args=TRAIN)
     dry = run_up(spec, options)
     assert dry.error is None and dry.plan is not None and dry.plan.unknown == () and dry.plan.runtime == "native"
-    assert dict(channels) == {labels[0]: 1, labels[1]: 1}
+    assert dict(channels) == {labels[0]: 2, labels[1]: 2}
     assert not list(Path(RESERVATION_DIR).glob(f"*{spec.run_id}*")), "a dry run reserves nothing"
     assert not any(Path(h.home, ".ddpctl", "runs", spec.run_id).exists() for h in bed.hosts)
 
