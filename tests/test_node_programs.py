@@ -352,4 +352,8 @@ def test_the_start_writes_the_nodes_files_inside_its_workspace_only(tmp_path: Pa
     for bad in ("../escape", "/etc/passwd", "a//b", "hook/../../x"):
         assert "not a path inside the workspace" in str(node_start.write_files(payload((bad, b"", 0o600))))
     assert not (tmp_path.parent / "escape").exists()
+    (tmp_path / "elsewhere").write_bytes(b"kept\n")
+    (tmp_path / "linked").symlink_to(tmp_path / "elsewhere")  # a link where a file goes is not written through
+    assert node_start.write_files(payload(("linked", b"K=v\n", 0o600))) is not None
+    assert (tmp_path / "elsewhere").read_bytes() == b"kept\n"
     assert node_start.write_files(b"not json") is not None and node_start.write_files(b"") is None

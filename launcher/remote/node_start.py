@@ -63,7 +63,7 @@ def write_files(payload: bytes) -> "str | None":
                 return f"refused to write {path!r}: not a path inside the workspace"
             if len(parts) > 1:
                 os.makedirs(os.path.join(*parts[:-1]), exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)  # never through a link
             with os.fdopen(fd, "wb") as f:
                 os.fchmod(f.fileno(), mode)
                 f.write(base64.b64decode(data))
