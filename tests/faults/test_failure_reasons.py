@@ -105,6 +105,7 @@ def test_an_exception_then_an_abort_on_the_way_out_names_both(tmp_path: Path) ->
     assert record is not None
     assert record["summary"] == ("rank 3 on node 0 (b) was killed by SIGABRT as it exited after raising "
                                  "ValueError: bad batch in epoch 1 on rank 3"), record["summary"]
+    assert record["explain"][-1] == "terminate called without an active exception"  # the log's own end, as written
     # a signal with no traceback names the signal alone
     ws = workspace(tmp_path, "n2", child_failed(3, 1, -6, 78), {1: ("rank 3 epoch 1\n", "abort\n")})
     record = attribute([node_report(ws)], ["b"])
