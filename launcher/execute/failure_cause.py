@@ -52,6 +52,17 @@ def _lost_a_peer(report: dict[str, Any]) -> bool:
     return bool(failures) and lost_a_peer(failures[0].get("explain") or [])
 
 
+def _causes_first(report: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The report with its workers' failures in the order they are causes: one that lost a peer after any other
+    (a rank that raised, then its neighbour on the node aborted when the group broke: the one that raised), each
+    group in the order torchrun saw them."""
+    failures = (report or {}).get("failures") or []
+    if report is None or len(failures) < 2:
+        return report
+    ordered = sorted(failures, key=lambda f: lost_a_peer(f.get("explain") or []))
+    return {**report, "failures": ordered}
+
+
 def _cause_time(report: dict[str, Any]) -> float | None:
     failures = report.get("failures") or []
     if failures and failures[0].get("time") is not None:
@@ -84,6 +95,7 @@ def attribute(reports: Sequence[dict[str, Any] | None], labels: Sequence[str], s
     """The run's failure record from every node's report: the cause (the earliest failure of a node that failed
     by itself) and each node's outcome; None when no node failed. `stopped`: nodes still running when ddpctl
     began stopping them at `stop_time` (this machine's clock); `hints`: what the run's hints need."""
+    reports = [_causes_first(r) for r in reports]
     own = [i for i, r in enumerate(reports) if _own_failure(r, stop_time if i in stopped else None)]
     if not own:
         unknown = [i for i, r in enumerate(reports) if r is None]

@@ -112,6 +112,23 @@ def test_an_exception_then_an_abort_on_the_way_out_names_both(tmp_path: Path) ->
     assert record is not None and record["summary"] == "rank 3 on node 0 (b) was killed by SIGABRT"
 
 
+def test_a_rank_that_raised_is_the_cause_before_its_neighbour_that_lost_the_group() -> None:
+    """Seen on a fresh Ubuntu root: node 1's torchrun saw rank 2 end first (aborted once rank 3's exception broke
+    the group: its log says a peer closed the connection), rank 3 (the ValueError) second; node 0's rank 1 lost its
+    peer earlier than both. The cause is rank 3 on node 1."""
+    peer = ["RuntimeError: [pair.cc:553] Connection closed by peer [10.0.0.3]:48779. This is typically caused by a "
+            "remote worker crashing."]
+    node0 = {"exit_code": 1, "failures": [{"rank": 1, "local_rank": 1, "exitcode": 1, "signal": None, "time": 9.0,
+                                           "explain": peer}]}
+    node1 = {"exit_code": 1, "failures": [
+        {"rank": 2, "local_rank": 0, "exitcode": -6, "signal": "SIGABRT", "time": 10.0, "explain": peer},
+        {"rank": 3, "local_rank": 1, "exitcode": 1, "signal": None, "time": 10.5, "explain": TRACEBACK.splitlines()}]}
+    record = attribute([node0, node1], ["a", "b"])
+    assert record is not None
+    assert record["summary"] == "rank 3 on node 1 (b) exited with 1: ValueError: bad batch in epoch 1 on rank 3"
+    assert [n["outcome"] for n in record["nodes"]] == ["failed after node 1: rank 1 (exit 1)", "failed: the cause"]
+
+
 def test_only_a_node_that_lost_its_peer_failed_after_the_cause(tmp_path: Path) -> None:
     """Node 1's rank 3 raised first; node 0's rank 0 raised its own error a little later (not about a peer), node
     2's rank 4 failed because its peer went away: node 0 failed by itself, node 2 failed after node 1."""
