@@ -3,6 +3,7 @@
 there as they do here (`from launcher.remote import proctree`), then the first one's `main(argv)` runs and its
 return value is the exit status. The host needs its python only: nothing is written there first."""
 
+import functools
 import zlib
 from types import ModuleType
 
@@ -49,6 +50,7 @@ def program(main: ModuleType, *needs: ModuleType) -> str:
 STDIN_LOADER = "import sys, zlib; exec(zlib.decompress(sys.stdin.buffer.read()))"
 
 
+@functools.lru_cache(maxsize=8)  # each poll of each node sends the same program: compressed once, not per poll
 def on_stdin(text: str) -> "tuple[list[str], bytes]":
     """`python` arguments and standard input that run the program `text` as `python -c TEXT` would:
     (["-c", STDIN_LOADER], TEXT compressed)."""
