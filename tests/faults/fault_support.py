@@ -85,7 +85,22 @@ class Up:
                 return {f"{k}/{p.name}": sha256(p) for k, files in found.items() for p in files}
             return None
 
-        return dict(wait_for(f"{count} snapshot(s) on every node", written, timeout, every=0.2))
+        try:
+            return dict(wait_for(f"{count} snapshot(s) on every node", written, timeout, every=0.2))
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{self.nodes_told()}") from None
+
+    def nodes_told(self, most: int = 3000) -> str:
+        """What a failed wait shows: `up`'s stderr so far and each node's workspace files and the end of its
+        torchrun.out (the supervisor's own traceback, if it failed, is there)."""
+        told = [f"up's stderr:\n{self.err_path.read_text(errors='replace')[-most:]}"]
+        for k in range(len(self.hosts)):
+            workspace = self.workspace(k)
+            names = sorted(p.name for p in workspace.iterdir()) if workspace.is_dir() else "no workspace"
+            out = workspace / "torchrun.out"
+            tail = out.read_text(errors="replace")[-most:] if out.is_file() else "(none)"
+            told.append(f"node {k}: {names}; torchrun.out ends:\n{tail}")
+        return "\n".join(told)
 
     def finish(self, timeout: float = 180) -> tuple[int, str]:
         """Wait for `up` to end; its exit status and stderr."""

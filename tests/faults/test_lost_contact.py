@@ -117,7 +117,7 @@ def test_a_node_silent_past_the_limit_ends_up_stopping_the_node_that_waits_for_i
         bed.hosts[1].link_up()
     status = ddpctl(bed, "status", str(up.run), "--json")
     assert status.returncode == 0, status.stderr
-    assert '"state": "failed (exit 1)"' in status.stdout  # what the line said to do, now it answers
+    assert '"state": "failed (exit 1)"' in status.stdout, f"{status.stdout}\n{up.nodes_told()}"  # now it answers
     down = ddpctl(bed, "down", str(up.run))
     assert down.returncode == 0, down.stderr
     assert_nothing_left_running(bed.hosts)
