@@ -125,6 +125,7 @@ def test_up_to_a_file_shows_rank_0_restarts_and_the_failure_at_a_sane_rate(tmp_p
     assert 0 < shown < 120, text
     assert re.search(r"\(\d+ line\(s\) of rank 0's output not shown here", lines), text
     assert "node 0 (local): failed" in lines
+    assert not re.search(r"^node 0: failed \(exit status", lines, re.M), text  # once is enough: the state line
     assert "│ restarts" in text and "│ 1" in text  # the summary table, as on a terminal
     assert re.search(r"^error: training failed: rank 1 .*ValueError: attempt 1 fails on purpose", text, re.M), text
 

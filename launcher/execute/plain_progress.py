@@ -124,9 +124,10 @@ def say(text: str) -> None:
     console.print(plain_line(text), markup=False, highlight=False, soft_wrap=True)
 
 
-# Events whose news another line already gives (the hang watch's, a restart's with its cause, the provider's own).
+# Events whose news another line already gives (the hang watch's, a restart's with its cause, the provider's own;
+# a node's failure: its state line, "node K (HOST): failed (exit N)", comes from the same poll, just before).
 _TOLD_ELSEWHERE = ("rank_failed", "hang", "low_disk", "teardown_failed", "failure_attributed", "restarted",
-                   "contact_lost", "contact_back", "lost_contact")
+                   "contact_lost", "contact_back", "lost_contact", "node_failed")
 
 
 def describe_event(event: dict[str, Any]) -> str | None:
@@ -145,7 +146,6 @@ def describe_event(event: dict[str, Any]) -> str | None:
         "started": lambda: f"torchrun started (pid {event.get('pid')})",
         "exited": lambda: f"torchrun exited with status {event.get('exit_code')}",
         "finished": lambda: f"every node ended (exit statuses {event.get('exit_codes')})",
-        "node_failed": lambda: f"failed (exit status {event.get('exit_code')})",
         "stalled": lambda: f"no training step for {event.get('seconds')} s",
         "stop_requested": lambda: f"stopping: {event.get('reason')}",
         "stopping": lambda: f"stopping node(s) {event.get('nodes')}: {event.get('reason')}",
