@@ -24,10 +24,17 @@ import pytest
 from launcher.errors import HostError
 from launcher.execute.failure_cause import attribute, final_line
 from launcher.planning import rdzv_reservation
-from launcher.planning.preflight import check_rendezvous_reachable
-from launcher.planning.rdzv_reservation import RESERVATION_TTL, release_reservation, reserve_and_listen
+from launcher.planning.host_round import probe_all
+from launcher.planning.preflight import reached_port
+from launcher.planning.rdzv_reservation import (
+    RESERVATION_TTL,
+    listen_request,
+    release_reservation,
+    reserve_and_listen,
+)
 from launcher.remote.attribution import node_report
 from launcher.transport.connection import HostConnection
+from launcher.transport.parallel import raise_for_errors
 from launcher.transport.ssh import CommandResult
 
 ADDR = "127.0.0.1"
@@ -89,6 +96,16 @@ def wait_unbound(port: int) -> None:
     raise AssertionError(f"port {port} stayed bound")
 
 
+def probe_round(nodes: list[HostConnection], labels: list[str], port: int, run_id: str | None = None) -> int:
+    """One probe round as `up` makes it (`run_id`: the port reserved for that run) or a dry run and doctor do
+    (None: read-only): node 0 listens on its rendezvous port, or on one it picks where that one is taken, and the
+    other nodes connect to it; the port node 0 listened on."""
+    listen = listen_request(addr=ADDR, port=port, expect=len(nodes) - 1, seconds=30, any_free=True, run_id=run_id)
+    outcomes = probe_all(nodes, labels, sys.executable, listen=listen, connect_timeout=10)
+    raise_for_errors(outcomes, "rendezvous check")
+    return reached_port(outcomes, labels, ADDR, port)
+
+
 def reserved(place: Path) -> dict[str, dict[str, Any]]:
     return {p.name: json.loads(p.read_text()) for p in place.glob("port-*")}
 
@@ -99,11 +116,9 @@ def test_a_port_reserved_and_not_yet_bound_is_never_chosen_again(place: Path, tm
     shell, port = Shell(tmp_path), free_port()
     nodes: list[HostConnection] = [shell, shell]
     labels = ["node0", "node1"]  # node 1 connects to node 0's port, as in a probe
-    assert check_rendezvous_reachable(nodes, labels, sys.executable, ADDR, port, any_free_port=True,
-                                      reserve_for="run-a") == port
+    assert probe_round(nodes, labels, port, "run-a") == port
     wait_unbound(port)
-    second = check_rendezvous_reachable(nodes, labels, sys.executable, ADDR, port, any_free_port=True,
-                                        reserve_for="run-b")
+    second = probe_round(nodes, labels, port, "run-b")
     assert second != port, "a reserved port was chosen again while its run had not started torchrun"
     assert {name: r["run_id"] for name, r in reserved(place).items()} == {f"port-{port}-run-a": "run-a",
                                                                          f"port-{second}-run-b": "run-b"}
@@ -193,12 +208,12 @@ def test_a_reservation_is_released_at_once_or_once_the_started_torchrun_listens(
 def test_a_dry_run_or_doctor_reads_reservations_and_writes_nothing(place: Path, tmp_path: Path) -> None:
     shell, port = Shell(tmp_path), free_port()
     nodes: list[HostConnection] = [shell, shell]
-    assert check_rendezvous_reachable(nodes, ["n0", "n1"], sys.executable, ADDR, port, any_free_port=True) == port
+    assert probe_round(nodes, ["n0", "n1"], port) == port
     assert not place.exists(), "a read-only probe made the reservation directory"
     reserve(shell, port, "holder")
     wait_unbound(port)
     before = sorted(p.name for p in place.iterdir())
-    assert check_rendezvous_reachable(nodes, ["n0", "n1"], sys.executable, ADDR, port, any_free_port=True) != port
+    assert probe_round(nodes, ["n0", "n1"], port) != port
     assert sorted(p.name for p in place.iterdir()) == before
 
 

@@ -3,7 +3,6 @@ reach node 0's rendezvous address — checked before anything is started. `ddpct
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 import math
 import shutil
@@ -12,8 +11,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from launcher.errors import DdpctlError, HostError
 from launcher.planning.facts import HostFacts
-from launcher.planning.host_round import ProbeAnswer, probe_all, run_probe
-from launcher.planning.rdzv_reservation import listen_request, listening_port, release_reservation
+from launcher.planning.host_round import ProbeAnswer, run_probe
+from launcher.planning.rdzv_reservation import listening_port
 from launcher.transport.connection import HostConnection
 from launcher.transport.parallel import HostOutcome, raise_for_errors
 
@@ -68,29 +67,6 @@ def check_requirements(facts: list[HostFacts], gpus: int, runs_host_torch: bool,
 
 def _major_minor(version: Any) -> str:
     return ".".join(str(version).split(".")[:2]) if version else "none"
-
-
-def check_rendezvous_reachable(conns: list[HostConnection], labels: list[str], python: str, addr: str, port: int,
-                               timeout: float = REACH_TIMEOUT, any_free_port: bool = False,
-                               reserve_for: str | None = None) -> int:
-    """Open node 0's rendezvous port for a moment and connect to it from every other node; return the port.
-
-    With `any_free_port`, a port in use or reserved by another run is replaced by one the host picks; with
-    `reserve_for` (a run id) the port is reserved for that run (launcher/planning/rdzv_reservation.py)."""
-    if len(conns) < 2:
-        return port
-    listen = listen_request(addr=addr, port=port, expect=len(conns) - 1, seconds=timeout + 20,
-                            any_free=any_free_port, run_id=reserve_for)
-    try:  # an interruption while node 0 reserves may come after its reservation was made there: released too
-        outcomes = probe_all(conns, labels, python, listen=listen, connect_timeout=timeout)
-        raise_for_errors(outcomes[:1], "rendezvous check")
-        raise_for_errors(outcomes[1:], "rendezvous check")
-        return reached_port(outcomes, labels, addr, port)
-    except BaseException:
-        if reserve_for:  # refused (or interrupted) before anything ran: the reservation goes with it
-            with contextlib.suppress(Exception):  # best effort: one left behind goes stale by rule
-                release_reservation(conns[0], python, reserve_for, wait=0)
-        raise
 
 
 def reached_port(outcomes: list[HostOutcome[int, ProbeAnswer]], labels: list[str], addr: str, port: int) -> int:
