@@ -133,6 +133,8 @@ def test_sigterm_while_following_cancels_the_job_and_pulls_what_it_wrote(slurm_c
     run = only_run(tmp_path / "runs")
     job = json.loads((run / "run.json").read_text())["slurm"]["job_id"]
     last = err.read_text().strip().splitlines()[-1]
-    assert last == f"error: interrupted by SIGTERM: stopped every node and pulled what they wrote to {run}", last
+    pulled = (run / "pull.json").read_text() if (run / "pull.json").is_file() else "no pull.json"
+    assert last == f"error: interrupted by SIGTERM: stopped every node and pulled what they wrote to {run}", \
+        f"{last}\n{pulled}"
     assert "JobState=CANCELLED" in slurm_cluster.slurm("scontrol", "show", "job", job).stdout
     assert (run / "nodes" / "0" / "torchrun.out").is_file() and (run / "nodes" / "1" / "torchrun.out").is_file()
