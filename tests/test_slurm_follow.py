@@ -138,3 +138,6 @@ def test_sigterm_while_following_cancels_the_job_and_pulls_what_it_wrote(slurm_c
         f"{last}\n{pulled}"
     assert "JobState=CANCELLED" in slurm_cluster.slurm("scontrol", "show", "job", job).stdout
     assert (run / "nodes" / "0" / "torchrun.out").is_file() and (run / "nodes" / "1" / "torchrun.out").is_file()
+    # each node's shell outlived its torchrun and recorded how it ended: nothing was still writing when Slurm
+    # called the job over and the pull began (a shell killed first orphaned torchrun, untracked by linuxproc)
+    assert all((run / "nodes" / str(k) / "exit_code").is_file() for k in (0, 1)), sorted(run.glob("nodes/*/*"))

@@ -61,6 +61,7 @@ ws="$PWD/nodes/$SLURM_NODEID"
 mkdir -p "$ws/out" "$ws/logs"
 export PYTHONPATH="$PWD/code${{PYTHONPATH:+:$PYTHONPATH}}"
 cd "$ws"
+trap : TERM
 {TRAINER_LINE}
 code=$?
 echo "$code" > "$ws/exit_code.tmp" && mv "$ws/exit_code.tmp" "$ws/exit_code"

@@ -102,6 +102,10 @@ def node_script(spec: RunSpec, requeued: bool = False) -> str:
     else:
         lines += ['export PYTHONPATH="$PWD/code${PYTHONPATH:+:$PYTHONPATH}"', 'cd "$ws"']
     # The exit status is kept beside the output, as on a host, for the failure attribution after the pull.
+    # A cancel signals every process of the step at once: this shell, which would die at once, outlives torchrun
+    # (a trap runs after the command it waits for) so that torchrun is never orphaned, which a cluster tracking
+    # processes by parent (proctrack/linuxproc) would take for the step's end while torchrun still writes.
+    lines.append("trap : TERM")
     if requeued:
         lines += requeue.node_run_lines(node_torchrun_line(spec), '"$ws/torchrun.out"')
     else:
