@@ -2,7 +2,7 @@
 # The whole test suite, from a fresh machine: set-up, a Docker engine, lint, types, then pytest.
 # pytest runs on DDPCTL_TEST_WORKERS pytest-xdist workers, 3 unless set (tests/worker_groups.py keeps what must
 # share one worker together); 0: one process. Most of the suite waits (on sshd, torchrun, Slurm, a time limit),
-# so on a 2-core machine 3 workers take the whole suite from about 40 to about 24 minutes (docs/development.md).
+# so on a 2-core machine 3 workers take the whole suite from about 40 to about 24 minutes (docs/performance.md).
 # Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
