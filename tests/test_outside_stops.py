@@ -7,6 +7,7 @@ process is left."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -155,7 +156,8 @@ def test_a_host_key_changed_mid_run_is_named_by_up_and_status(bed: Testbed, tmp_
     host.regenerate_host_key()  # sshd restarted with a new key (the machine reinstalled, or another one)
     sessions = subprocess.run(["pgrep", "-u", host.user, "-f", "^sshd: "], capture_output=True, text=True).stdout
     for pid in sessions.split():  # the connections to the old sshd end with it: `up` connects again
-        os.kill(int(pid), signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):  # a session that ended since pgrep listed it
+            os.kill(int(pid), signal.SIGTERM)
     code, err = up.finish(timeout=120)
     assert code == 1, err
     assert "HOST KEY CHANGED" in last_line(err) and "the run goes on there unseen" in last_line(err), err
