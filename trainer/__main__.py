@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import math
 import os
@@ -194,15 +193,5 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def exit_without_teardown(code: int) -> NoReturn:
-    """End the process with `code` without Python's and C++'s teardown: every file is closed by then and the
-    process group destroyed, and what teardown would still do is free memory and stop torch's threads, where
-    gloo can abort a rank whose training ended well ("terminate called without an active exception", SIGABRT)."""
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(code)
-
-
 if __name__ == "__main__":
-    exit_without_teardown(main())
+    sys.exit(main())

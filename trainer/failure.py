@@ -21,6 +21,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import NoReturn
 
 from trainer.errors import TrainerError
 
@@ -124,6 +125,11 @@ def leave(exc: BaseException) -> int:
     if not _group_initialized():
         return code
     _abort_group()
+    exit_without_teardown(code)
+
+
+def exit_without_teardown(code: int) -> NoReturn:
+    """End the process with `code` now, its streams flushed, without Python's teardown, which could wait on peers."""
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()

@@ -64,9 +64,8 @@ if __name__ == "__main__":
     main(sys.argv[1], int(sys.argv[2]))
 """
 # Loaded first by every Python of a node that has it on PYTHONPATH: global rank 1 ends with status 3 once its
-# program is done (after the trainer wrote every result), as a crash in a library's exit handler would. The
-# trainer leaves through os._exit (no interpreter teardown, trainer/__main__.py), a program that does not through
-# its atexit handlers: both ways end with 3.
+# program is done (after the trainer wrote every result), as a crash in a library's exit handler would, whether
+# the program ends through its atexit handlers or through os._exit: both ways end with 3.
 TEARDOWN_FAILS = """\
 import atexit, os
 if os.environ.get("RANK") == "1":
