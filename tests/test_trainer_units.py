@@ -325,3 +325,23 @@ def test_bf16_run_records_its_precision_and_its_snapshots_resume_only_bf16(tmp_p
     assert all(value.dtype == torch.float32 for value in weights.values())  # autocast leaves the weights fp32
     result = run_trainer([*tiny, "--epochs", "2"])  # fp32 now: bf16's snapshot must not be resumed
     assert result.returncode == 2 and "belongs to another run" in result.stderr, describe(result)
+
+
+def test_a_clean_end_after_a_torn_down_group_skips_the_interpreters_teardown(monkeypatch: pytest.MonkeyPatch) -> None:
+    """gloo can abort a rank in C++ teardown after a clean end: the trainer then leaves by os._exit; a failing
+    rank, or a process that never had a group (a world of one, hogwild's coordinator), through Python's exit."""
+    import trainer.__main__ as entry
+
+    skipped: list[int] = []
+
+    def exit_without_teardown(code: int) -> None:
+        skipped.append(code)
+        raise SystemExit(code)
+
+    monkeypatch.setattr(entry.failure, "exit_without_teardown", exit_without_teardown)
+    for torn_down, code, expected in ((True, 0, [0]), (False, 0, []), (True, 1, [])):
+        skipped.clear()
+        monkeypatch.setattr(entry, "group_torn_down", lambda torn_down=torn_down: torn_down)
+        with pytest.raises(SystemExit) as left:
+            entry.leave_cleanly(code)
+        assert left.value.code == code and skipped == expected

@@ -14,6 +14,7 @@ from typing import Any, NoReturn
 
 from trainer import failure, requeue
 from trainer.determinism import choose_algorithms
+from trainer.distributed import group_torn_down
 from trainer.models import MODELS
 from trainer.strategies import STRATEGIES, StrategyOptions, check_runnable, run_strategy
 from trainer.strategies.options import (
@@ -193,5 +194,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def leave_cleanly(code: int) -> NoReturn:
+    """End a run: after a clean end with a process group torn down, without the interpreter's and C++'s
+    teardown, where gloo's threads can still abort a rank whose training ended well ("terminate called without
+    an active exception", SIGABRT); every result is written and closed by then. Otherwise (a world of one,
+    hogwild's processes, whose semaphores the teardown releases) through Python's exit."""
+    if code == 0 and group_torn_down():
+        failure.exit_without_teardown(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    leave_cleanly(main())

@@ -72,6 +72,16 @@ class DistContext:
             # at exit ("terminate called without an active exception") while its peer is still connected.
             dist.barrier()
             dist.destroy_process_group()
+            global _group_torn_down
+            _group_torn_down = True
+
+
+_group_torn_down = False  # set once close() has destroyed this process's group after a clean end
+
+
+def group_torn_down() -> bool:
+    """Whether this process ended a process group cleanly (its peers are done with it)."""
+    return _group_torn_down
 
 
 def setup(backend: str = "auto", gpus_per_process: int = 1) -> DistContext:
