@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: set-up, a Docker engine, lint, types, then pytest.
-# DDPCTL_TEST_WORKERS=N runs pytest on N pytest-xdist workers (tests/worker_groups.py keeps what must share one
-# worker together): 3 took the suite from about 40 to about 24 minutes on a 2-core machine (docs/performance.md),
-# but on a fresh root the compose test's race is still open there; unset or 0: one process, the default.
-# Extra arguments go to pytest.
+# pytest runs on DDPCTL_TEST_WORKERS pytest-xdist workers, 3 unless set (tests/worker_groups.py keeps what must
+# share one worker together): 3 took the suite from about 40 to about 24 minutes on a 2-core machine, where 4
+# were slower again (docs/performance.md); 0: one process. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash infra/setup.sh --test
@@ -12,7 +11,7 @@ source infra/pick_python.sh  # the python infra/setup.sh installed into
 "$py" -m ruff check .
 "$py" -m mypy launcher trainer
 parallel=()
-if [ "${DDPCTL_TEST_WORKERS:-0}" != 0 ]; then
-  parallel=(-n "$DDPCTL_TEST_WORKERS" --dist loadgroup)
+if [ "${DDPCTL_TEST_WORKERS:-3}" != 0 ]; then
+  parallel=(-n "${DDPCTL_TEST_WORKERS:-3}" --dist loadgroup)
 fi
 exec "$py" -m pytest -q -ra --durations=30 "${parallel[@]}" "$@"  # the slowest tests, to keep the suite under 15 minutes

@@ -170,6 +170,29 @@ class Testbed:
         target.write_text("".join(h.known_hosts_line() + "\n" for h in self.hosts))
         return target
 
+    def reset(self) -> None:
+        """Every host as the bed made it, for the next tests that share the bed: its link up, its sshd running with
+        SFTP, no process of its user, a home holding only the bed's SSH files, its rendezvous reservations gone."""
+        for host in self.hosts:
+            host.link_up()
+            kill_and_wait(user_pids(host.user))
+            pid = read_pid(Path(host.dir, "sshd.pid"))
+            if not host.sftp:
+                host.set_sftp(True)
+            elif pid is None or process_state(pid) in (None, "Z"):
+                host.start_sshd()
+            for entry in Path(host.home).iterdir():
+                if entry.name == ".ssh":
+                    continue
+                if entry.is_dir() and not entry.is_symlink():
+                    remove_mounted_tree(str(entry))
+                else:
+                    entry.unlink()
+            write_user_file(Path(host.home, ".ssh", "authorized_keys"), Path(self.client_key_path + ".pub").read_text(),
+                            host.user, 0o600)
+            host.set_ssh_environment(self.host_env)
+        _remove_reservations({host.user for host in self.hosts})
+
     def stop(self) -> None:
         """Remove everything the bed made; safe after a partial start and when called twice."""
         _teardown_bed(self.state)

@@ -23,7 +23,7 @@ from tests.interruption_fixtures import run_dir  # noqa: F401
 from tests.network_isolation import isolate_from_internet
 from tests.session_leaks import pytest_sessionfinish, pytest_sessionstart, pytest_testnodedown  # noqa: F401
 from tests.slurm_fixtures import slurm_cluster  # noqa: F401
-from tests.testbed_fixtures import testbed  # noqa: F401
+from tests.testbed_fixtures import testbed, two_hosts  # noqa: F401
 from tests.tiers import _unit_tier_guard, pytest_collection_modifyitems  # noqa: F401
 
 pytest_plugins = ["tests.worker_groups"]  # which tests share one xdist worker (`-n N --dist loadgroup`)

@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from infra.testbed import Testbed, cleanup_stale
+from infra.testbed import Testbed
 from launcher.planning.plan import NodeHost, plan_remote
 from launcher.runtimes.docker import container_name, docker_node_plan
 from launcher.runtimes.native import encode_env, start_program
 from launcher.runtimes.start import env_file, node_files, start_argv
 from launcher.spec.run_spec import RunSpec
 from tests.docker_fixtures import REPO, base_image, requires_docker, test_image  # noqa: F401
-from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, connect, run_ddpctl
+from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, connect, lent, run_ddpctl
 
 NAME = "DDPCTL_TEST_TOKEN"
 # The user's script: prints the variable into the run's output (each rank's stdout log), then, given a path,
@@ -135,16 +135,9 @@ def test_a_local_run_gets_the_value_and_run_json_keeps_the_name_only(tmp_path: P
 
 
 @pytest.fixture(scope="module")
-def bed() -> Iterator[Testbed]:
-    """One host with this machine's python and torch."""
-    if TESTBED_UNAVAILABLE:
-        pytest.skip(TESTBED_SKIP_REASON)
-    cleanup_stale("ddpenv")
-    testbed = Testbed("ddpenv", n_hosts=1, host_python=True)
-    try:
-        yield testbed
-    finally:
-        testbed.stop()
+def bed(two_hosts: Testbed) -> Iterator[Testbed]:
+    """The shared two hosts, of which the first is used."""
+    yield from lent(two_hosts)
 
 
 @needs_testbed

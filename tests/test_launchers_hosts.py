@@ -15,21 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from infra.testbed import Testbed, cleanup_stale
+from infra.testbed import Testbed
 from tests.launcher_scripts import write_scripts
-from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, run_ddpctl
+from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, lent, run_ddpctl
 
 pytestmark = pytest.mark.skipif(TESTBED_UNAVAILABLE, reason=TESTBED_SKIP_REASON)
 
 
 @pytest.fixture(scope="module")
-def bed() -> Iterator[Testbed]:
-    cleanup_stale("ddpln")
-    testbed = Testbed("ddpln", n_hosts=2, ports=[22, 2222], host_python=True)
-    try:
-        yield testbed
-    finally:
-        testbed.stop()
+def bed(two_hosts: Testbed) -> Iterator[Testbed]:
+    yield from lent(two_hosts)
 
 
 @pytest.fixture(scope="module")

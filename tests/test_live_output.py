@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from infra.testbed import Testbed, cleanup_stale
+from infra.testbed import Testbed
 from launcher.results.run_figures import load_run, scaling_table
 from tests.plain_lines import unstamped
-from tests.testbed_fixtures import REPO, TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE
+from tests.testbed_fixtures import REPO, lent
 
 EPOCHS = 5
 # The classic torchrun tutorial's shape: prints "[GPU<rank>] Epoch N | Batchsize: B | Steps: S" each epoch, keeps a
@@ -183,16 +183,9 @@ def test_a_tutorial_script_on_this_machine(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def bed() -> Iterator[Testbed]:
+def bed(two_hosts: Testbed) -> Iterator[Testbed]:
     """Two hosts with this machine's python and torch, each its own login user."""
-    if TESTBED_UNAVAILABLE:
-        pytest.skip(TESTBED_SKIP_REASON)
-    cleanup_stale("ddplive")
-    testbed = Testbed("ddplive", n_hosts=2, ports=[22, 2222], host_python=True)
-    try:
-        yield testbed
-    finally:
-        testbed.stop()
+    yield from lent(two_hosts)
 
 
 def test_a_tutorial_script_on_two_hosts(bed: Testbed, tmp_path: Path) -> None:
@@ -209,11 +202,13 @@ def test_a_tutorial_script_on_two_hosts(bed: Testbed, tmp_path: Path) -> None:
         assert last[-1] == f"[GPU{rank}] Epoch {EPOCHS - 1} | Batchsize: 32 | Steps: 8"
     wrong = ddpctl("logs", *key_args, str(run.run_dir), "--rank", "4", env=run.env, cwd=tmp_path)
     assert wrong.returncode != 0 and "the run has ranks 0-3" in wrong.stderr
-    # With the hosts gone, a finished run's logs come from the pulled copy.
+    # With the hosts gone (their links cut: nothing answers; the bed puts them back for the next module), a
+    # finished run's logs come from the pulled copy.
     key = tmp_path / "key"
     key.write_bytes(Path(bed.client_key_path).read_bytes())
     key.chmod(0o600)
-    bed.stop()
+    for host in bed.hosts:
+        host.link_down()
     gone = ddpctl("logs", "-i", str(key), str(run.run_dir), "--rank", "3", "-n", "1", "--connect-timeout", "2",
                   env=run.env, cwd=tmp_path)
     assert gone.returncode == 0, gone.stderr

@@ -132,7 +132,8 @@ def test_up_to_a_file_shows_rank_0_restarts_and_the_failure_at_a_sane_rate(tmp_p
 
 def test_sweep_to_a_file_tells_each_run_as_it_goes(tmp_path: Path) -> None:
     log = tmp_path / "sweep.log"
-    sweep = start(log, "sweep", "--gpus", "1,2", "--epochs", "3", "--synthetic-train-size", "16384",
+    # Epochs of about a second on an idle 2-core machine (4,096 samples): each is seen while the sweep runs on.
+    sweep = start(log, "sweep", "--gpus", "1,2", "--epochs", "3", "--synthetic-train-size", "4096",
                   "--synthetic-test-size", "128", "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
     try:
         wait_in_log(log, r"ddp: layout 1x1 .*: run ", sweep, timeout=60)

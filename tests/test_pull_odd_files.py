@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from infra.testbed import Testbed, cleanup_stale
+from infra.testbed import Testbed
 from launcher.execute.pull_record import PULL_LOCK, PULL_RECORD, incomplete_pull_line, write_pull_record
 from launcher.transport.pull import CHANGED, pull_tree
 from launcher.transport.sync import NAME_MAX, PART_MARK, part_name
 from tests.faults.fault_support import wait_for
 from tests.plain_lines import unstamped
-from tests.testbed_fixtures import REPO, TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, connect, run_ddpctl
+from tests.testbed_fixtures import REPO, TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, connect, lent, run_ddpctl
 
 pytestmark = pytest.mark.skipif(TESTBED_UNAVAILABLE, reason=TESTBED_SKIP_REASON)
 
@@ -61,14 +61,9 @@ class OddRun:
 
 
 @pytest.fixture(scope="module")
-def bed() -> Iterator[Testbed]:
-    """One host with this machine's python and torch (one real run of a tiny script)."""
-    cleanup_stale("ddpodd")
-    testbed = Testbed("ddpodd", n_hosts=1, host_python=True)
-    try:
-        yield testbed
-    finally:
-        testbed.stop()
+def bed(two_hosts: Testbed) -> Iterator[Testbed]:
+    """The shared two hosts, of which the first runs one tiny script."""
+    yield from lent(two_hosts)
 
 
 @pytest.fixture(scope="module")

@@ -104,17 +104,10 @@ needs_bed = pytest.mark.skipif(TESTBED_UNAVAILABLE, reason=TESTBED_SKIP_REASON)
 
 
 @pytest.fixture(scope="module")
-def bed() -> Iterator[Any]:
-    from infra.testbed import Testbed, cleanup_stale
+def bed(two_hosts: Any) -> Iterator[Any]:
+    from tests.testbed_fixtures import lent
 
-    if TESTBED_UNAVAILABLE:
-        pytest.skip(TESTBED_SKIP_REASON)
-    cleanup_stale("ddprec")
-    testbed = Testbed("ddprec", n_hosts=2, ports=[22, 2222], host_python=True)
-    try:
-        yield testbed
-    finally:
-        testbed.stop()
+    yield from lent(two_hosts)
 
 
 def planned_lines(run: RunDir) -> list[str]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.testbed import Testbed, cleanup_stale
+from infra.testbed import Testbed
 from launcher.cli.doctor import run_doctor
 from launcher.execute import interruption
 from launcher.execute.up import run_up
@@ -25,21 +25,16 @@ from launcher.planning.request import UpOptions
 from launcher.spec.hosts import parse_host
 from launcher.spec.run_spec import RunSpec, new_run_id
 from launcher.transport.ssh import Connection
-from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE
+from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, lent
 
 pytestmark = pytest.mark.skipif(TESTBED_UNAVAILABLE, reason=TESTBED_SKIP_REASON)
 TRAIN = ("--synthetic-train-size", "256", "--synthetic-test-size", "64")
 
 
 @pytest.fixture(scope="module")
-def bed() -> Iterator[Testbed]:
-    """Two hosts with this machine's python and torch."""
-    cleanup_stale("ddprtt")
-    testbed = Testbed("ddprtt", n_hosts=2, host_python=True)
-    try:
-        yield testbed
-    finally:
-        testbed.stop()
+def bed(two_hosts: Testbed) -> Iterator[Testbed]:
+    """Two hosts with this machine's python and torch (the shared ones: their code caches start empty)."""
+    yield from lent(two_hosts)
 
 
 @pytest.fixture

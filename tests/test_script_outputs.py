@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from infra.testbed import Testbed, TestHost, cleanup_stale
+from infra.testbed import Testbed, TestHost
 from tests.plain_lines import unstamped
-from tests.testbed_fixtures import REPO, TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, connect, run_ddpctl
+from tests.testbed_fixtures import REPO, connect, lent, run_ddpctl
 
 TUTORIAL = r'''
 import json, os, sys
@@ -171,12 +171,9 @@ def make_project(root: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def python3_only_bed() -> Iterator[Testbed]:
+def python3_only_bed(two_hosts: Testbed) -> Iterator[Testbed]:
     """Two hosts whose logins find this machine's python (with torch) as `python3` and have no `python`."""
-    if TESTBED_UNAVAILABLE:
-        pytest.skip(TESTBED_SKIP_REASON)
-    cleanup_stale("ddpout")
-    bed = Testbed("ddpout", n_hosts=2, ports=[22, 2222], host_python=True)
+    bed = two_hosts
     only = Path("/opt/ddpctl-testbed") / f"python3-only-{secrets.token_hex(4)}"
     try:
         only.mkdir(mode=0o755)
@@ -188,9 +185,8 @@ def python3_only_bed() -> Iterator[Testbed]:
         (only / "python3").chmod(0o755)
         for host in bed.hosts:
             host.update_ssh_environment({"PATH": f"{only}:/usr/local/bin:/usr/bin:/bin"})
-        yield bed
+        yield from lent(bed)  # the hosts' PATH back as the bed made it
     finally:
-        bed.stop()
         shutil.rmtree(only, ignore_errors=True)
 
 

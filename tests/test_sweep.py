@@ -306,10 +306,8 @@ def test_local_sweep_interrupted_after_its_first_run_resumes_with_the_second(tmp
 @needs_testbed
 @pytest.mark.testbed
 @pytest.mark.timeout(500)
-def test_sweep_over_ssh_hosts_reports_the_runs_pulled_from_them(tmp_path: Path) -> None:
-    from infra.testbed import Testbed
-
-    bed = Testbed("ddpsw", n_hosts=2, ports=[22, 2222], host_python=True)
+def test_sweep_over_ssh_hosts_reports_the_runs_pulled_from_them(two_hosts: Any, tmp_path: Path) -> None:
+    bed = two_hosts
     try:
         env = {**os.environ, "DDPCTL_KNOWN_HOSTS": str(bed.write_known_hosts(tmp_path / "known_hosts"))}
         hosts = [arg for h in bed.hosts for arg in ("--host", h.spec)]
@@ -317,7 +315,7 @@ def test_sweep_over_ssh_hosts_reports_the_runs_pulled_from_them(tmp_path: Path) 
                       "--runs-dir", str(tmp_path / "runs"), "--no-progress", env=env)
         out, err = proc.communicate(timeout=450)
     finally:
-        bed.stop()
+        bed.reset()
     assert proc.returncode == 0, out + err
     sweep_dir = sweep_dir_in(tmp_path / "runs")
     entries = load_manifest(sweep_dir)["entries"]

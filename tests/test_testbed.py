@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,33 @@ def test_add_and_remove_host(testbed):
     state = tb.BedState(**{**testbed.state.__dict__, "hosts": [host.__dict__], "iptables_rule": None,
                            "bridge": "ddpnosuchbr"})
     assert leftovers(state) == []
+
+
+def test_reset_gives_the_next_module_the_hosts_as_the_bed_made_them(testbed):
+    """What a module sharing the bed may leave (tests/testbed_fixtures.py `lent`): a cut link, a stopped sshd or
+    one without SFTP, a detached process of the host's user, files in its home, a changed SSH environment."""
+    h0, h1 = testbed.hosts
+    h0.set_sftp(False)
+    h0.link_down()
+    h1.stop_sshd()
+    h0.update_ssh_environment({"PATH": "/nowhere"})
+    Path(h0.home, ".ddpctl", "runs", "r1").mkdir(parents=True)
+    Path(h1.home, "notes.txt").write_text("left by a test")
+    subprocess.Popen([*h1.nsenter(), "setpriv", f"--reuid={h1.user}", f"--regid={h1.user}", "--init-groups",
+                      "setsid", "sleep", "300"], start_new_session=True)
+    deadline = time.monotonic() + 10
+    while not tb.user_pids(h1.user):  # setpriv has yet to become the user
+        assert time.monotonic() < deadline, "the user's process did not start"
+        time.sleep(0.05)
+    testbed.reset()
+    for host in (h0, h1):  # (a killed process not yet reaped by its parent is a zombie: it runs no more)
+        assert [pid for pid in tb.user_pids(host.user) if tb.process_state(pid) not in (None, "Z")] == []
+    for host in (h0, h1):
+        assert sorted(p.name for p in Path(host.home).iterdir()) == [".ssh"]
+        assert host.ssh_environment() == {}
+        with connect(testbed, host) as conn:  # reached over its link, its sshd up, SFTP served again
+            assert conn.run(["sh", "-c", 'echo "$PATH"']).stdout.strip() != "/nowhere"
+            assert conn.sftp.listdir(".") == [".ssh"]
 
 
 def test_stop_removes_everything_even_with_user_processes():

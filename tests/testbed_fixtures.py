@@ -85,6 +85,32 @@ def testbed() -> Iterator[Testbed]:
         bed.stop()
 
 
+SHARED_PREFIX = "ddp2h"
+
+
+@pytest.fixture(scope="session")
+def two_hosts() -> Iterator[Testbed]:
+    """Two hosts (ports 22 and 2222, each its own login user) with this machine's python and torch, made once per
+    pytest process for every module that runs on two such hosts; a module borrows them through `lent`."""
+    if TESTBED_UNAVAILABLE:
+        pytest.skip(TESTBED_SKIP_REASON)
+    cleanup_stale(SHARED_PREFIX)
+    bed = Testbed(SHARED_PREFIX, n_hosts=2, ports=[22, 2222], host_python=True)
+    try:
+        yield bed
+    finally:
+        bed.stop()
+
+
+def lent(bed: Testbed) -> Iterator[Testbed]:
+    """A module's fixture over `two_hosts` (`yield from lent(two_hosts)`): the bed, then, whatever the module did
+    to it (links cut, sshd stopped, processes left, files written), each host back as the bed made it."""
+    try:
+        yield bed
+    finally:
+        bed.reset()
+
+
 def comparable_plan(plan: dict[str, Any]) -> dict[str, Any]:
     """A plan (`up --dry-run --json`, or a run's plan.json) with what differs between two runs of the same
     options taken out: the run id (in workspaces, container names and commands) and the facts that change on

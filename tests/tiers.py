@@ -65,7 +65,7 @@ INTEGRATION_TESTS = {
     "test_vast_offers::test_offers_explain_lists_the_excluded_and_why",
     "test_vast_offers::test_search_sorts_by_price_with_our_disk",
 }
-E2E_FIXTURES = {"testbed", "bed", "docker_bed", "base_image", "test_image", "small_image", "slurm_cluster"}
+E2E_FIXTURES = {"testbed", "two_hosts", "bed", "docker_bed", "base_image", "test_image", "small_image", "slurm_cluster"}
 
 
 def module_key(item: pytest.Item) -> str:

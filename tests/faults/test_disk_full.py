@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from infra.testbed import Testbed, TestHost, cleanup_stale
+from infra.testbed import Testbed, TestHost
 from tests.plain_lines import unstamped
-from tests.testbed_fixtures import REPO, TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, run_ddpctl
+from tests.testbed_fixtures import REPO, lent, run_ddpctl
 
 MIB = 1 << 20
 # 32 steps per epoch per rank (a second or so an epoch on an idle machine), 30 epochs: the disk is filled between
@@ -91,15 +91,8 @@ def trainer_processes(host: TestHost) -> str:
 
 
 @pytest.fixture(scope="module")
-def bed() -> Iterator[Testbed]:
-    if TESTBED_UNAVAILABLE:
-        pytest.skip(TESTBED_SKIP_REASON)
-    cleanup_stale("ddpdisk")
-    testbed = Testbed("ddpdisk", n_hosts=2, ports=[22, 2222], host_python=True)
-    try:
-        yield testbed
-    finally:
-        testbed.stop()
+def bed(two_hosts: Testbed) -> Iterator[Testbed]:
+    yield from lent(two_hosts)
 
 
 @pytest.fixture(scope="module")

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from infra.testbed import Testbed, cleanup_stale
+from infra.testbed import Testbed
 from launcher.execute.failure_cause import attribute, cause_exit_code, shown_state
 from launcher.remote.attribution import explaining_lines, parse_failures
-from tests.testbed_fixtures import REPO, TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, run_ddpctl
+from tests.testbed_fixtures import REPO, TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, lent, run_ddpctl
 
 needs_testbed = pytest.mark.skipif(TESTBED_UNAVAILABLE, reason=TESTBED_SKIP_REASON)
 
@@ -76,16 +76,9 @@ if os.environ.get("RANK") == "1":
 
 
 @pytest.fixture(scope="module")
-def bed() -> Iterator[Testbed]:
+def bed(two_hosts: Testbed) -> Iterator[Testbed]:
     """Two hosts, each its own login user, with this machine's python and torch."""
-    if TESTBED_UNAVAILABLE:
-        pytest.skip(TESTBED_SKIP_REASON)
-    cleanup_stale("ddpblame")
-    testbed = Testbed("ddpblame", n_hosts=2, ports=[22, 2222], host_python=True)
-    try:
-        yield testbed
-    finally:
-        testbed.stop()
+    yield from lent(two_hosts)
 
 
 @pytest.fixture(scope="module")

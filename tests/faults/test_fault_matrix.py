@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.testbed import Testbed, TestHost, cleanup_stale
+from infra.testbed import Testbed, TestHost
 from launcher.planning.rdzv_reservation import RESERVATION_DIR, release_reservation, reserve_and_listen
 from launcher.transport.ssh import CommandResult
 from tests.faults.fault_support import (
@@ -34,21 +34,16 @@ from tests.faults.fault_support import (
     last_line,
     wait_for,
 )
-from tests.testbed_fixtures import REPO, TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE
+from tests.testbed_fixtures import REPO, TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, lent
 
 pytestmark = pytest.mark.skipif(TESTBED_UNAVAILABLE, reason=TESTBED_SKIP_REASON)
 LONG = ["--epochs", "500"]  # runs that only a fault (or the test) ends
 
 
 @pytest.fixture(scope="module")
-def bed() -> Iterator[Testbed]:
+def bed(two_hosts: Testbed) -> Iterator[Testbed]:
     """Two hosts, each its own login user, with this machine's python and torch; shared by every fault."""
-    cleanup_stale("ddpflt")
-    testbed = Testbed("ddpflt", n_hosts=2, ports=[22, 2222], host_python=True)
-    try:
-        yield testbed
-    finally:
-        testbed.stop()
+    yield from lent(two_hosts)
 
 
 def kinds(up: Up) -> list[str]:

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from infra.testbed import Testbed, TestHost, cleanup_stale
+from infra.testbed import Testbed, TestHost
 from tests.plain_lines import unstamped
-from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, run_ddpctl
+from tests.testbed_fixtures import lent, run_ddpctl
 
 HANG_FLOOR = 8  # seconds (DDPCTL_HANG_FLOOR): the default 60 s floor would only make the test slower
 STALL_TIMEOUT = 30
@@ -25,15 +25,8 @@ STEPS_PER_EPOCH = 32  # 2048 samples / 2 ranks / 32 per batch
 
 
 @pytest.fixture(scope="module")
-def bed() -> Iterator[Testbed]:
-    if TESTBED_UNAVAILABLE:
-        pytest.skip(TESTBED_SKIP_REASON)
-    cleanup_stale("ddphang")
-    testbed = Testbed("ddphang", n_hosts=2, ports=[22, 2222], host_python=True)
-    try:
-        yield testbed
-    finally:
-        testbed.stop()
+def bed(two_hosts: Testbed) -> Iterator[Testbed]:
+    yield from lent(two_hosts)
 
 
 @pytest.fixture(scope="module")

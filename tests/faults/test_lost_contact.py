@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.testbed import Testbed, cleanup_stale
+from infra.testbed import Testbed
 from tests.faults.fault_support import (
     TINY,
     Up,
@@ -26,7 +26,7 @@ from tests.faults.fault_support import (
     wait_for,
 )
 from tests.plain_lines import unstamped
-from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE
+from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, lent
 
 pytestmark = pytest.mark.skipif(TESTBED_UNAVAILABLE, reason=TESTBED_SKIP_REASON)
 LONG = [*TINY, "--epochs", "500"]
@@ -34,15 +34,8 @@ CLOCK = r"\d\d:\d\d:\d\d"
 
 
 @pytest.fixture(scope="module")
-def bed() -> Iterator[Testbed]:
-    cleanup_stale("ddplost")
-    testbed = Testbed("ddplost", n_hosts=2, ports=[22, 2222], host_python=True)
-    try:
-        yield testbed
-    finally:
-        for host in testbed.hosts:
-            host.link_up()
-        testbed.stop()
+def bed(two_hosts: Testbed) -> Iterator[Testbed]:
+    yield from lent(two_hosts)
 
 
 def cut_node_1_right_after_start(bed: Testbed, up: Up) -> None:
