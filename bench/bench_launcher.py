@@ -41,6 +41,7 @@ def ddpctl_run(bed: Testbed, hosts: list[TestHost], runs: Path, *extra: str, cwd
     """One `ddpctl up` of `checkout` (its launcher and trainer); `extra` with `-- CMD` runs a user command."""
     env = {**os.environ, "DDPCTL_KNOWN_HOSTS": str(bed.known_hosts_path),
            "PYTHONPATH": os.pathsep.join(p for p in (str(checkout), os.environ.get("PYTHONPATH")) if p)}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # as a user's ddpctl runs: compiled once (the cold run), then cached
     host_args = [a for h in hosts for a in ("--host", h.spec)]
     train = [] if "--" in extra else TRAIN  # a user command takes its own options
     t0 = time.time()

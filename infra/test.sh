@@ -5,6 +5,10 @@
 # were slower again (docs/performance.md); 0: one process. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Python caches what it compiles (__pycache__/, ignored by git, Docker and shipping), as on a user's machine: a
+# machine that forbids it (PYTHONDONTWRITEBYTECODE) would compile the launcher anew in each of the suite's ddpctl
+# commands, about 0.1 s of CPU each, and pytest would rewrite every test module in every worker.
+unset PYTHONDONTWRITEBYTECODE
 bash infra/setup.sh --test
 bash infra/dockerd.sh
 source infra/pick_python.sh  # the python infra/setup.sh installed into
