@@ -14,8 +14,9 @@ bash infra/dockerd.sh
 source infra/pick_python.sh  # the python infra/setup.sh installed into
 "$py" -m ruff check .
 "$py" -m mypy launcher trainer
+workers=${DDPCTL_TEST_WORKERS:-3}
 parallel=()
-if [ "${DDPCTL_TEST_WORKERS:-3}" != 0 ]; then
-  parallel=(-n "${DDPCTL_TEST_WORKERS:-3}" --dist loadgroup)
+if [ "$workers" != 0 ]; then
+  parallel=(-n "$workers" --dist loadgroup)
 fi
 exec "$py" -m pytest -q -ra --durations=30 "${parallel[@]}" "$@"  # the slowest tests, to keep the suite under 15 minutes

@@ -151,8 +151,6 @@ class Testbed:
         self._create_user(host)
         host._make_host_key()
         host.start_sshd()
-        if self.host_env:
-            host.set_ssh_environment(self.host_env)
         self.hosts.append(host)
         self._sync_state()
         return host
@@ -188,9 +186,7 @@ class Testbed:
                     remove_mounted_tree(str(entry))
                 else:
                     entry.unlink()
-            write_user_file(Path(host.home, ".ssh", "authorized_keys"), Path(self.client_key_path + ".pub").read_text(),
-                            host.user, 0o600)
-            host.set_ssh_environment(self.host_env)
+            self._write_login_files(host)
         _remove_reservations({host.user for host in self.hosts})
 
     def stop(self) -> None:
@@ -252,9 +248,13 @@ class Testbed:
             if attempt == 19 or "lock" not in proc.stderr:
                 raise TestbedError(f"useradd {host.user} failed: {proc.stderr.strip()}")
             time.sleep(0.2)
+        self._write_login_files(host)
+
+    def _write_login_files(self, host: TestHost) -> None:
+        """The bed's client key as the user's only authorized key; the bed's variables for every SSH session."""
         pub = Path(self.client_key_path + ".pub").read_text()
         write_user_file(Path(host.home, ".ssh", "authorized_keys"), pub, host.user, 0o600)
-        write_user_file(Path(host.home, ".ssh", "environment"), "", host.user, 0o600)
+        host.set_ssh_environment(self.host_env)
 
 
 # -- teardown: works from the saved state alone, so it also serves stale beds of dead processes -------------
