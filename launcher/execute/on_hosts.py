@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,7 +49,7 @@ from launcher.transport import outputs
 from launcher.transport.hostsession import HostSession, target_from_json, target_to_json
 from launcher.transport.parallel import raise_for_errors, run_on_hosts
 from launcher.transport.pull import CHANGED, pull_tree
-from launcher.transport.sync import ship_tree
+from launcher.transport.sync import Listing, read_listing, ship_tree
 
 if TYPE_CHECKING:
     from launcher.planning.request import UpOptions, UpResult
@@ -67,12 +67,14 @@ PULLED = ("/out/", "/logs/", "/torchrun.out", "/exit_code", "/pid")
 
 
 def run_remote_up(plan: RunPlan, options: UpOptions, session: HostSession, record_extra: dict[str, Any] | None = None,
-                  run_dir: RunDir | None = None, watch: Callable[[], str] | None = None) -> UpResult:
+                  run_dir: RunDir | None = None, watch: Callable[[], str] | None = None,
+                  listed: Sequence[object] | None = None) -> UpResult:
     """Carry out `plan` on the session's hosts (node k on host k) and pull the results; nothing is re-decided.
 
     A provider may pass the run directory it already made (it records rented machines before they are
     reachable) and `watch`, called on every poll: its text joins the progress display; it may raise
-    RunStopRequested. The executed plan is kept in the run directory as plan.json."""
+    RunStopRequested. `listed`: each host's code cache as the probe listed it (ship_code). The executed plan is
+    kept in the run directory as plan.json."""
     from launcher.planning.request import UpResult
 
     if plan.unknown:
@@ -97,9 +99,9 @@ def run_remote_up(plan: RunPlan, options: UpOptions, session: HostSession, recor
     with nothing_started_if_interrupted(shipping, run_dir, keep_run_dir=not made_here, failures_too=True,
                                         kept_because="it records the machines the provider acquired"):
         ship_image(session, plan, run_dir, options.show_progress)
-        ship_code(session, plan, run_dir)
+        ship_code(session, plan, run_dir, listed)
     interruption.defer_signals()  # nodes are never left half-started: an interruption waits for the start
-    access = MpiAccess(session, plan, run_dir) if spec.launcher == "mpirun" and spec.nnodes > 1 else None
+    access = MpiAccess(session, plan, run_dir) if workspace_before_start(plan) else None
     try:  # node 0's SSH access to the others (an MPI job): for the run only, removed however it ends
         if access is not None:
             access.set_up()
@@ -167,10 +169,23 @@ def _cache_key(path: Path) -> str:
     return hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
 
 
-def ship_code(session: HostSession, plan: RunPlan, run_dir: RunDir) -> None:
+def code_cache(source: str | Path) -> str:
+    """The host's code cache (from its home folder) for what is shipped from `source`, a local directory."""
+    return f"{CODE_CACHE}/{_cache_key(Path(source))}"
+
+
+def workspace_before_start(plan: RunPlan) -> bool:
+    """Whether something is written into a node's workspace before its start (an MPI job's SSH access files on
+    node 0): the code is then copied into the workspaces when shipped, otherwise by the start itself."""
+    return plan.spec.launcher == "mpirun" and plan.spec.nnodes > 1
+
+
+def ship_code(session: HostSession, plan: RunPlan, run_dir: RunDir, listed: Sequence[object] | None = None) -> None:
     """Send what the plan ships (the trainer, or the user's directory: plan.ship, refused when its files changed
-    since) to a per-host cache incrementally, then copy it into the run's workspace, so a relaunch moves only
-    changed files and each run keeps the code it ran."""
+    since) to a per-host cache incrementally; its copy into the run's workspace is the start's (start_nodes), or
+    done here when the workspace is needed first (workspace_before_start). A relaunch moves only changed files and
+    each run keeps the code it ran. `listed`: each host's cache as the probe listed it (its manifest's JSON data,
+launcher/remote/tree_sync.py; None: listed here, as is a malformed one)."""
     if plan.ship is None:
         raise ValueError("a plan on hosts says what it ships (launcher/execute/shipment.py)")
     check_unchanged(plan.ship)
@@ -178,28 +193,30 @@ def ship_code(session: HostSession, plan: RunPlan, run_dir: RunDir) -> None:
     if plan.spec.user_command:
         manifest, left_out = outputs.record_shipped(run_dir.path, source)  # what is not an output, for pull_run
         console.print(outputs.shipping_note(source, manifest, left_out), markup=False, highlight=False, soft_wrap=True)
-    cache = f"{CODE_CACHE}/{_cache_key(source)}"
+    cache = code_cache(source)
 
     def ship(index: int) -> dict[str, Any]:
         # Another run shipping the same code to this host's cache at the same moment renames and prunes files
         # under our copy: once it is done the cache is whole again, so a failed attempt is retried.
         for attempt in range(SHIP_ATTEMPTS):
             try:
-                return ship_once(index)
+                given = listed[index] if listed and attempt == 0 else None  # a retry lists the cache again
+                return ship_once(index, None if given is None else read_listing(session.label_of(index), cache, given))
             except DdpctlError:
                 if attempt == SHIP_ATTEMPTS - 1:
                     raise
                 time.sleep(1 + attempt)
         raise AssertionError("unreachable")
 
-    def ship_once(index: int) -> dict[str, Any]:
+    def ship_once(index: int, listing: Listing | None) -> dict[str, Any]:
         conn = session.conn(index)
-        stats = ship_tree(conn, source, cache, python=plan.spec.python)
-        workspace = plan.nodes[index].workspace
-        result = conn.run(["sh", "-c", 'mkdir -p "$1/code$3" && rm -rf "$1/code$3" && cp -R "$2" "$1/code$3"',
-                           "ddpctl-copy", workspace, cache, dest], timeout=120)
-        if result.exit_code != 0:
-            raise DdpctlError(f"could not prepare the workspace: {result.stderr.strip()[:200]}")
+        stats = ship_tree(conn, source, cache, python=plan.spec.python, listed=listing)
+        if workspace_before_start(plan):
+            workspace = plan.nodes[index].workspace
+            result = conn.run(["sh", "-c", 'mkdir -p "$1/code$3" && rm -rf "$1/code$3" && cp -R "$2" "$1/code$3"',
+                               "ddpctl-copy", workspace, cache, dest], timeout=120)
+            if result.exit_code != 0:
+                raise DdpctlError(f"could not prepare the workspace: {result.stderr.strip()[:200]}")
         return asdict(stats)
 
     outcomes = run_on_hosts(list(range(len(plan.nodes))), ship, timeout=600, label=session.label_of)
@@ -208,8 +225,14 @@ def ship_code(session: HostSession, plan: RunPlan, run_dir: RunDir) -> None:
 
 
 def start_nodes(session: HostSession, plan: RunPlan, run_dir: RunDir) -> None:
+    """Start every node (its code copied from the host's code cache into its workspace by the same round trip,
+    unless ship_code did it: workspace_before_start)."""
+    code = None
+    if plan.ship is not None and not workspace_before_start(plan):
+        code = (code_cache(plan.ship.source), plan.ship.dest)
     outcomes = run_on_hosts(list(range(len(plan.nodes))),
-                            lambda i: start_node(session.conn(i), plan.nodes[i], session.labels[i], plan.spec.python),
+                            lambda i: start_node(session.conn(i), plan.nodes[i], session.labels[i], plan.spec.python,
+                                                 code),
                             timeout=60, label=session.label_of)
     for index, outcome in enumerate(outcomes):
         if outcome.error is None:
