@@ -93,7 +93,8 @@ def run_on_provider(provider: HostProvider, spec: RunSpec, options: UpOptions, s
 def _run_on_hosts(acquired: AcquiredHosts, saved: RunPlan | None) -> UpResult:
     """Probe the hosts (each also lists its code cache for what the run ships, in the same round trip), plan,
     then run the plan (launcher/execute/on_hosts.py)."""
-    from launcher.execute.on_hosts import code_cache, run_remote_up
+    from launcher.execute.on_hosts import run_remote_up
+    from launcher.execute.shipping import code_cache
     from launcher.planning.probe import plan_probed, probe_hosts
     from launcher.planning.rdzv_reservation import reservation_released
     from launcher.runtimes.choose import choose_runtime
