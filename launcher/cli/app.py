@@ -175,8 +175,10 @@ def _register_commands() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app, turning our errors and usage errors into one line on stderr."""
+    from launcher.cli.plain_values import use_plain_values
     from launcher.execute.interruption import catch_stop_signals, interrupted_by, restore_signals
 
+    use_plain_values()  # option values read without importing pydantic (launcher/cli/plain_values.py)
     _register_commands()
     previous = catch_stop_signals()  # SIGTERM and SIGHUP (a closed terminal) end every command as Ctrl-C does
     try:
