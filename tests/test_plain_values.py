@@ -1,5 +1,6 @@
 """Option values read without pydantic (launcher/cli/plain_values.py) are what typer's own reading gives: the same
-value, or the same refusal, for each type the launcher's options have; and `up` imports no pydantic."""
+value, or the same refusal, for each type the launcher's options have; and `up` imports no pydantic (nor the other
+commands' modules)."""
 
 from __future__ import annotations
 
@@ -67,7 +68,8 @@ def test_up_reads_its_options_without_importing_pydantic_and_refuses_as_before(t
     env = {**os.environ, "PYTHONPATH": str(checkout)}
     code = ("import sys, json\nfrom launcher.cli.app import main\n"
             "try:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n    code = e.code\nelse:\n    code = 0\n"
-            "print(json.dumps([code, 'pydantic' in sys.modules]), file=sys.stderr)\n")
+            "print(json.dumps([code, 'pydantic' in sys.modules, 'launcher.cli.report_sweep' in sys.modules]), "
+            "file=sys.stderr)\n")
 
     def up(*args: str) -> tuple[list[Any], str]:
         done = subprocess.run([sys.executable, "-c", code, "up", "--host", "h", "--no-probe", "--dry-run", "--json",
@@ -75,12 +77,12 @@ def test_up_reads_its_options_without_importing_pydantic_and_refuses_as_before(t
                               timeout=60, cwd=tmp_path, stdin=subprocess.DEVNULL)
         return json.loads(done.stderr.strip().splitlines()[-1]), done.stdout + done.stderr
 
-    (status, imported), out = up("--epochs", " 4 ", "--lr", "1e-3", "--identity-file", str(tmp_path / "k"))
-    assert (status, imported) == (0, False), out
+    (status, imported, others), out = up("--epochs", " 4 ", "--lr", "1e-3", "--identity-file", str(tmp_path / "k"))
+    assert (status, imported, others) == (0, False, False), out  # nor the modules of the other commands
     plan = json.loads(out[:out.rindex("}") + 1])
     assert plan["spec"]["epochs"] == 4 and plan["spec"]["lr"] == 0.001
-    (status, _), out = up("--epochs", "3.5")
+    (status, *_), out = up("--epochs", "3.5")
     assert status != 0 and ("Invalid value for '--epochs': Input should be a valid integer, unable to parse string "
                             "as an integer") in out
-    (status, _), out = up("--lr", "fast")
+    (status, *_), out = up("--lr", "fast")
     assert status != 0 and "Invalid value for '--lr': Input should be a valid number" in out
