@@ -100,9 +100,10 @@ def test_terminal_closing_stops_every_node_even_when_nothing_can_be_printed(bed:
     assert_nothing_left_running(bed.hosts)
 
 
-# The host's python for `--python`: it stops at the step the test gates (every call, or the ship's first listing
-# of the code cache: `python -c SCRIPT manifest DIR`), says so in a file, waits until the test opens the gate, then
-# runs the hosts' python3 (the bed puts this machine's python with torch first on their PATH).
+# The host's python for `--python`: it stops at the step the test gates (every call, or the ship's creation of the
+# code cache on a host that has none: `python -c SCRIPT mkdirs DIR`; the probe lists the cache), says so in a file,
+# waits until the test opens the gate, then runs the hosts' python3 (the bed puts this machine's python with torch
+# first on their PATH).
 GATED_PYTHON = """#!/bin/sh
 if {gated}; then
     touch {gate_dir}/reached
@@ -126,7 +127,7 @@ def bed_reservations(bed: Testbed) -> set[Path]:
 @pytest.mark.parametrize(("phase", "gated", "signal_name", "line"), [
     ("probe", "true", "SIGINT", "error: interrupted by Ctrl-C while probing the hosts: nothing was started on any "
                                 "host; no run directory was made"),
-    ("ship", '[ "$3" = manifest ]', "SIGTERM", "error: interrupted by SIGTERM while shipping the code to the hosts: "
+    ("ship", '[ "$3" = mkdirs ]', "SIGTERM", "error: interrupted by SIGTERM while shipping the code to the hosts: "
                                                "nothing was started on any host; no run directory kept (it held only "
                                                "the plan)"),
     # The last step of the probe: node 0's port is reserved and node 1's probe, asked to connect to it, is held
@@ -141,6 +142,9 @@ def test_interrupted_before_torchrun_starts_says_nothing_was_started(bed: Testbe
     and what became of the run directory; exit 130; nothing in --runs-dir; no process left on the hosts."""
     gate_dir = Path(tempfile.mkdtemp(prefix=f"ddpctl-gate-{phase}-"))
     reserved_before = bed_reservations(bed)
+    if phase == "ship":  # no code cache on the hosts (earlier runs made one): the ship creates it
+        for host in bed.hosts:
+            host.run_as_user(["rm", "-rf", f"{host.home}/.ddpctl/code"])
     try:
         os.chmod(gate_dir, 0o777)  # the hosts' login users say there that they reached the gate
         python = gate_dir / "gated-python"
