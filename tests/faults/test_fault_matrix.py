@@ -1,4 +1,5 @@
-"""The fault matrix on the SSH test bed: one real `ddpctl up` per fault, on one shared two-host bed.
+"""The fault matrix on the SSH test bed: one real `ddpctl up` per fault (the two brief losses of contact with a
+host, its link and its sshd, in turn in one run), on one shared two-host bed.
 
 Each test asserts the outcome (exit status, the run's recorded events), the one line the user sees (key words),
 that nothing was lost (what the hosts wrote before the fault is what was pulled, by sha256) and that no
@@ -18,6 +19,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -250,12 +252,15 @@ def test_agent_killed_fails_the_run_and_leaves_no_worker(bed: Testbed, tmp_path:
 def test_kill_during_a_snapshot_write_resumes_from_a_whole_snapshot(bed: Testbed, tmp_path: Path) -> None:
     """Node 1's worker SIGKILLed while its snapshot file is being written: the half-written file is never used,
     the restarted workers resume from a whole snapshot and the run completes."""
-    # The larger model's snapshot (about 10 MB) takes a few milliseconds to write; the directory is watched
-    # without pause, and eight epochs give seven writes to catch.
-    up = Up(bed, bed.hosts, tmp_path / "runs", *TINY, "--model", "mnist-cnn", "--epochs", "8", "--max-restarts", "1",
-            "--json")
+    # The larger model's snapshot (about 10 MB) takes a few milliseconds to write; once epoch 1's is there the
+    # directory is watched without pause, and eight epochs give six more writes to catch. Epochs of 4 steps per
+    # rank: the write is as long as with more, the pauses between writes (watched without pause) are shorter.
+    up = Up(bed, bed.hosts, tmp_path / "runs", *TINY, "--model", "mnist-cnn", "--synthetic-train-size", "256",
+            "--epochs", "8", "--max-restarts", "1", "--json")
     snapshots = up.workspace(1) / "out" / "snapshots"
     worker = int(wait_for("node 1's worker", lambda: _children(up.agent_pid(1), "trainer"), timeout=150))
+    wait_for("epoch 1's snapshot on node 1", lambda: "snapshot-epoch-000001.pt" in _listing(snapshots), timeout=150,
+             every=0.05)
     seen = wait_for("a snapshot being written on node 1", lambda: [p for p in _listing(snapshots) if ".tmp-" in p],
                     timeout=150, every=0)
     os.kill(worker, signal.SIGKILL)
@@ -284,38 +289,62 @@ def _children(pid: int, pattern: str) -> int | None:
 # -- faults between the launcher and the hosts ------------------------------------------------------------
 
 
-def test_sshd_stopped_mid_run_and_back_the_run_completes(bed: Testbed, tmp_path: Path) -> None:
-    up = Up(bed, bed.hosts, tmp_path / "runs", *TINY, "--epochs", "4", "--json")
-    before = up.wait_snapshots()
+@dataclass
+class ContactLost:
+    """One run through both losses of contact with host 1, and what its hosts held before each."""
+
+    up: Up
+    before_link_down: dict[str, str]
+    before_sshd_stop: dict[str, str]
+    code: int
+    err: str
+
+
+@pytest.fixture(scope="module")
+def contact_lost_and_back(bed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> ContactLost:
+    """One 4-epoch run loses contact with host 1 twice, each time for a few seconds, then follows it to its end:
+    first host 1's link goes down for 8 s (node 1 cut from node 0 and from `up`: the training waits), then, once
+    it is back and the training moves on, host 1's sshd is stopped for 4 s with `up`'s open connection killed.
+    Each of the two tests reads the run as its own fault left it: complete, and nothing written before lost."""
+    up = Up(bed, bed.hosts, tmp_path_factory.mktemp("contact") / "runs", *TINY, "--epochs", "4", "--json")
     host = bed.hosts[1]
+    before_link_down = up.wait_snapshots()
+    host.link_down()
+    try:
+        time.sleep(8)
+    finally:
+        host.link_up()
+    # The training moves again: every node writes a snapshot it had not written before the link went down.
+    written = max(sum(key.startswith(f"{k}/") for key in before_link_down) for k in range(len(bed.hosts)))
+    before_sshd_stop = up.wait_snapshots(written + 1)
     host.stop_sshd()
     try:
-        # The launcher's open connection goes too (its per-connection sshd runs as the login user).
+        # The launcher's open connection goes too (its per-connection sshd runs as the login user); a session
+        # that ended since it was listed (one from before the link went down) is gone already.
         sessions = subprocess.run(["pgrep", "-u", host.user, "-x", "sshd"], capture_output=True, text=True)
         for pid in sessions.stdout.split():
-            os.kill(int(pid), signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
         time.sleep(4)
     finally:
         host.start_sshd()
     code, err = up.finish()
-    assert code == 0, err
-    assert json.loads(up.out_path.read_text())["summary"]["epochs"] == 4
-    assert_nothing_lost(up, before)
+    return ContactLost(up, before_link_down, before_sshd_stop, code, err)
+
+
+def test_sshd_stopped_mid_run_and_back_the_run_completes(bed: Testbed, contact_lost_and_back: ContactLost) -> None:
+    lost = contact_lost_and_back
+    assert lost.code == 0, lost.err
+    assert json.loads(lost.up.out_path.read_text())["summary"]["epochs"] == 4
+    assert_nothing_lost(lost.up, lost.before_sshd_stop)
     assert_nothing_left_running(bed.hosts)
 
 
-def test_link_down_and_up_the_run_completes(bed: Testbed, tmp_path: Path) -> None:
-    up = Up(bed, bed.hosts, tmp_path / "runs", *TINY, "--epochs", "4", "--json")
-    before = up.wait_snapshots()
-    bed.hosts[1].link_down()
-    try:
-        time.sleep(8)
-    finally:
-        bed.hosts[1].link_up()
-    code, err = up.finish()
-    assert code == 0, err
-    assert json.loads(up.out_path.read_text())["summary"]["epochs"] == 4
-    assert_nothing_lost(up, before)
+def test_link_down_and_up_the_run_completes(bed: Testbed, contact_lost_and_back: ContactLost) -> None:
+    lost = contact_lost_and_back
+    assert lost.code == 0, lost.err
+    assert json.loads(lost.up.out_path.read_text())["summary"]["epochs"] == 4
+    assert_nothing_lost(lost.up, lost.before_link_down)
     assert_nothing_left_running(bed.hosts)
 
 
