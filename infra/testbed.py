@@ -90,7 +90,8 @@ class Testbed:
 
     def __init__(self, name_prefix: str = "ddptb", n_hosts: int = 2, ports: Sequence[int] | None = None,
                  *, persistent: bool = False, host_python: bool = False) -> None:
-        """`host_python`: hosts' SSH sessions get this machine's Python (with torch) first on PATH."""
+        """`host_python`: hosts' SSH sessions get this machine's Python (with torch) first on PATH, and one
+        thread per torch process."""
         if not _PREFIX_RE.match(name_prefix):
             raise ValueError(f"name_prefix {name_prefix!r}: use 1-8 lower-case letters or digits, first a letter")
         if os.geteuid() != 0:
@@ -101,7 +102,10 @@ class Testbed:
         self.prefix = name_prefix
         self.dir, idx = _claim_index()
         self.hosts: list[TestHost] = []
-        self.host_env = shared_python_env() if host_python else {}
+        # Every host is a namespace on this machine's cores, which all hosts and runs share: one intra-op thread
+        # per torch process (as torchrun sets when it starts several on a node; a run's own OMP_NUM_THREADS
+        # still wins), so that a rank's spare thread does not spin against the ranks of the other hosts.
+        self.host_env = {**shared_python_env(), "OMP_NUM_THREADS": "1"} if host_python else {}
         owner = None if persistent else os.getpid()
         self.state = BedState(idx=idx, prefix=name_prefix, owner_pid=owner,
                               owner_start=start_time(owner) if owner else None,

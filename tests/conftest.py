@@ -14,8 +14,15 @@ runner that ignores them) would hand the ignore on to every ddpctl it starts, an
 ignore, as `nohup` and the shell ask: the tests of Ctrl-C and of a terminal closing need ddpctl started as a
 terminal starts it. An ignored SIGINT gets Python's usual handler back; an ignored SIGHUP or SIGTERM becomes a
 handler that does nothing, so the suite itself still outlives them. A handler, unlike an ignore, is not inherited
-by the programs the suite starts."""
+by the programs the suite starts.
 
+The suite's runs share this machine's cores (several workers, each test-bed host a namespace on the same cores):
+every torch process gets one intra-op thread unless a test sets its own, as torchrun itself sets when it starts
+several processes on a node. A rank's spare thread would only spin against the other workers' ranks (a 1-rank
+training measured at 5.7 s of CPU with 2 threads, 3.7 s with 1, both cores loaded). The trainer's own default,
+the node's cores shared out, is what tests/test_strategies_units.py checks."""
+
+import os
 import signal
 
 from tests.faults.fault_support import stop_leftover_ups  # noqa: F401
@@ -29,6 +36,7 @@ from tests.tiers import _unit_tier_guard, pytest_collection_modifyitems  # noqa:
 pytest_plugins = ["tests.worker_groups"]  # which tests share one xdist worker (`-n N --dist loadgroup`)
 
 isolate_from_internet()
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def _outlive(_signum: int, _frame: object) -> None:

@@ -4,6 +4,7 @@ hosts carry the module's own text (no second copy); the daemon helper is tried h
 from __future__ import annotations
 
 import ast
+import hashlib
 import importlib.metadata
 import os
 import platform
@@ -16,11 +17,12 @@ from pathlib import Path
 import pytest
 
 import launcher.remote
+from launcher.errors import HostError
 from launcher.planning.host_round import PROBE_PROGRAM
 from launcher.planning.preflight import probe_host
 from launcher.planning.rdzv_reservation import RELEASE_PROGRAM
 from launcher.providers.vast.autostop import WATCHDOG
-from launcher.remote import daemon, host_probe, probe_round, rdzv_port, source_of
+from launcher.remote import daemon, host_probe, node_start, probe_round, rdzv_port, source_of, tree_sync
 from launcher.transport.ssh import CommandResult
 
 REMOTE = Path(launcher.remote.__file__).parent
@@ -98,7 +100,7 @@ class ThisMachine:
 
 def test_the_probe_sent_to_the_hosts_is_the_modules_text() -> None:
     assert sources_of(PROBE_PROGRAM) == {m.__name__: source_of(m) for m in (daemon, host_probe, rdzv_port,
-                                                                            probe_round)}
+                                                                            tree_sync, probe_round)}
     assert sources_of(RELEASE_PROGRAM) == {m.__name__: source_of(m) for m in (daemon, rdzv_port)}
 
 
@@ -138,3 +140,61 @@ def test_the_probes_one_round_trip_answers_checks_and_the_rendezvous_check(tmp_p
     assert node1.checks[1].exit_code == 127 and "/nonexistent/program" in node1.checks[1].stderr
     assert node0.facts.python == platform.python_version() and node1.facts.cpus == os.cpu_count()
     assert not (tmp_path / "rdzv").exists(), "a dry run's probe wrote a reservation"
+
+
+@pytest.mark.integration
+def test_the_probe_lists_the_code_cache_as_shipping_reads_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Asked for a folder (from the home folder), the probe's answer carries its manifest, which shipping reads as
+    it reads its own listing's: a relaunch needs no round trip to list the cache. A folder that is not there is
+    listed as missing; one that is a file comes back as an error, and shipping then lists it itself."""
+    from launcher.planning.host_round import run_probe
+    from launcher.transport.sync import read_listing
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cache = tmp_path / ".ddpctl" / "code" / "k"
+    (cache / "trainer").mkdir(parents=True)
+    (cache / "trainer" / "a.py").write_bytes(b"x = 1\n")
+    answer = run_probe(ThisMachine(), sys.executable, "host", manifest=".ddpctl/code/k")
+    exists, entries = read_listing("host", ".ddpctl/code/k", answer.manifest)
+    assert exists and [(e.path, e.type, e.size, e.sha256) for e in entries] == [
+        ("trainer/a.py", "file", 6, hashlib.sha256(b"x = 1\n").hexdigest())]
+    assert read_listing("host", "x", run_probe(ThisMachine(), sys.executable, "host", manifest="nothing").manifest) \
+        == (False, [])
+    (tmp_path / "plain").write_text("")
+    refused = run_probe(ThisMachine(), sys.executable, "host", manifest="plain").manifest
+    assert "is not a directory" in refused["error"]
+    with pytest.raises(HostError, match="malformed manifest"):
+        read_listing("host", "plain", refused)
+    assert run_probe(ThisMachine(), sys.executable, "host").manifest is None  # not asked: not listed
+
+
+def test_the_start_copies_the_code_cache_into_the_workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The start's copy of the shipped code (what `cp -R CACHE WS/code/trainer` did in a round trip of its own):
+    what was there is replaced, files keep their modes, links stay links; a destination outside code/ and a
+    missing cache are refused in one line."""
+    (tmp_path / "ws").mkdir()
+    monkeypatch.chdir(tmp_path / "ws")
+    cache = tmp_path / "home" / ".ddpctl" / "code" / "k"
+    (cache / "sub").mkdir(parents=True)
+    (cache / "run.sh").write_text("echo\n")
+    (cache / "run.sh").chmod(0o755)
+    (cache / "sub" / "m.py").write_text("y = 2\n")
+    (cache / "link").symlink_to("run.sh")
+    (tmp_path / "ws" / "code" / "trainer").mkdir(parents=True)
+    (tmp_path / "ws" / "code" / "trainer" / "stale.py").write_text("")
+    assert node_start.copy_code(str(tmp_path / "home"), ".ddpctl/code/k", "/trainer") is None
+    copied = tmp_path / "ws" / "code" / "trainer"
+    assert sorted(p.relative_to(copied).as_posix() for p in copied.rglob("*")) == ["link", "run.sh", "sub",
+                                                                                     "sub/m.py"]
+    assert (copied / "run.sh").stat().st_mode & 0o777 == 0o755 and os.readlink(copied / "link") == "run.sh"
+    assert node_start.copy_code(str(tmp_path / "home"), ".ddpctl/code/k", "") is None  # `-- CMD`: code/ itself
+    assert (tmp_path / "ws" / "code" / "sub" / "m.py").read_text() == "y = 2\n"
+    for bad in ("/../x", "trainer", "/a//b"):
+        assert "not a path inside the workspace" in str(node_start.copy_code(str(tmp_path / "home"), "c", bad))
+    monkeypatch.setattr(node_start, "COPY_ATTEMPTS", 1)
+    assert "could not copy the code" in str(node_start.copy_code(str(tmp_path / "home"), "missing", "/trainer"))
+    assert "no code cache" in str(node_start.copy_code(str(tmp_path / "home"), "", "/trainer"))
+    assert node_start.read_request(b'{"files": [], "code": {"cache": "c", "dest": ""}}') == (
+        [], {"cache": "c", "dest": ""})
+    assert node_start.read_request(b'[["env", "", 384]]') == ([["env", "", 384]], None)
+    assert isinstance(node_start.read_request(b"not json"), str) and node_start.read_request(b"") == ([], None)

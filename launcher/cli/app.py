@@ -173,11 +173,20 @@ def _register_commands() -> None:
         importlib.import_module(module_name).register(app)
 
 
+def _names_own_command(argv: list[str]) -> bool:
+    """Whether the command line runs a command of this module (`up`): COMMAND_MODULES are then not imported."""
+    own = {c.name or (c.callback.__name__.replace("_", "-") if c.callback else "") for c in app.registered_commands}
+    return bool(argv) and argv[0] in own
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app, turning our errors and usage errors into one line on stderr."""
+    from launcher.cli.plain_values import use_plain_values
     from launcher.execute.interruption import catch_stop_signals, interrupted_by, restore_signals
 
-    _register_commands()
+    use_plain_values()  # option values read without importing pydantic (launcher/cli/plain_values.py)
+    if not _names_own_command(sys.argv[1:] if argv is None else argv):  # `up` needs none of the others
+        _register_commands()
     previous = catch_stop_signals()  # SIGTERM and SIGHUP (a closed terminal) end every command as Ctrl-C does
     try:
         status = app(args=argv, standalone_mode=False)  # click returns an Exit's code instead of raising it

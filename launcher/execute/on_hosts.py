@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher.errors import DdpctlError, Interrupted, RunStopRequested
@@ -30,7 +28,7 @@ from launcher.execute.outside_stops import outside_stop
 from launcher.execute.plain_progress import run_progress
 from launcher.execute.pull_record import pull_lock, write_pull_record
 from launcher.execute.restart_causes import finish_run_records
-from launcher.execute.shipment import check_unchanged
+from launcher.execute.shipping import code_cache, ship_code, ship_image, workspace_before_start
 from launcher.planning.plan import RunPlan
 from launcher.results.progress import FreshestProgress, console, stall_note
 from launcher.results.run_records import world_exit_code
@@ -42,14 +40,12 @@ from launcher.results.rundir import (
     write_bytes_atomic,
     write_json_atomic,
 )
-from launcher.runtimes.docker_hosts import ensure_image, local_image_id, registry_digest
 from launcher.runtimes.native import NodeState, OutputRequest, read_state
 from launcher.runtimes.start import start_node
 from launcher.transport import outputs
 from launcher.transport.hostsession import HostSession, target_from_json, target_to_json
 from launcher.transport.parallel import raise_for_errors, run_on_hosts
 from launcher.transport.pull import CHANGED, pull_tree
-from launcher.transport.sync import ship_tree
 
 if TYPE_CHECKING:
     from launcher.planning.request import UpOptions, UpResult
@@ -57,9 +53,7 @@ if TYPE_CHECKING:
 POLL_SECONDS = 1.0
 # Files copied from node 0 to the top of the run directory, so every run reads the same way.
 TOP_LEVEL_FILES = ("timing.jsonl", "summary.json", "progress.json")
-CODE_CACHE = ".ddpctl/code"
 PULL_ATTEMPTS = 3
-SHIP_ATTEMPTS = 3
 # The plan a run carried out, in its run directory: what `up --dry-run --json` printed for it.
 PLAN_FILE = "plan.json"
 # What comes back from a node's workspace (gitignore patterns): everything but the shipped code.
@@ -67,12 +61,14 @@ PULLED = ("/out/", "/logs/", "/torchrun.out", "/exit_code", "/pid")
 
 
 def run_remote_up(plan: RunPlan, options: UpOptions, session: HostSession, record_extra: dict[str, Any] | None = None,
-                  run_dir: RunDir | None = None, watch: Callable[[], str] | None = None) -> UpResult:
+                  run_dir: RunDir | None = None, watch: Callable[[], str] | None = None,
+                  listed: Sequence[object] | None = None) -> UpResult:
     """Carry out `plan` on the session's hosts (node k on host k) and pull the results; nothing is re-decided.
 
     A provider may pass the run directory it already made (it records rented machines before they are
     reachable) and `watch`, called on every poll: its text joins the progress display; it may raise
-    RunStopRequested. The executed plan is kept in the run directory as plan.json."""
+    RunStopRequested. `listed`: each host's code cache as the probe listed it (ship_code). The executed plan is
+    kept in the run directory as plan.json."""
     from launcher.planning.request import UpResult
 
     if plan.unknown:
@@ -97,9 +93,9 @@ def run_remote_up(plan: RunPlan, options: UpOptions, session: HostSession, recor
     with nothing_started_if_interrupted(shipping, run_dir, keep_run_dir=not made_here, failures_too=True,
                                         kept_because="it records the machines the provider acquired"):
         ship_image(session, plan, run_dir, options.show_progress)
-        ship_code(session, plan, run_dir)
+        ship_code(session, plan, run_dir, listed)
     interruption.defer_signals()  # nodes are never left half-started: an interruption waits for the start
-    access = MpiAccess(session, plan, run_dir) if spec.launcher == "mpirun" and spec.nnodes > 1 else None
+    access = MpiAccess(session, plan, run_dir) if workspace_before_start(plan) else None
     try:  # node 0's SSH access to the others (an MPI job): for the run only, removed however it ends
         if access is not None:
             access.set_up()
@@ -138,78 +134,15 @@ def run_remote_up(plan: RunPlan, options: UpOptions, session: HostSession, recor
             access.remove()
 
 
-def ship_image(session: HostSession, plan: RunPlan, run_dir: RunDir, show_progress: bool) -> None:
-    """Put the plan's image on every node of a runtime that runs one: streamed from the local engine where
-    missing or different (a second run ships nothing), or pulled from the registry (plan.pull_image)."""
-    image = plan.image
-    if image is None:
-        return
-    from launcher.runtimes.image import docker_client
-
-    engine = None if plan.pull_image else docker_client()
-    planned = plan.ship.image_id if plan.ship else None
-    if engine is not None and planned is not None and (now := local_image_id(engine, image)) != planned:
-        raise DdpctlError(f"the local image {image} is {now[:19]}... now, not the {planned[:19]}... the plan ships "
-                          "(it was built again since): make the plan again")
-    outcomes = ensure_image([session.conn(n.index) for n in plan.nodes], image, engine,
-                            pull=plan.pull_image, show_progress=show_progress)
-    results = raise_for_errors(outcomes, "image")
-    for node, result in zip(plan.nodes, results, strict=True):
-        run_dir.event("image", node=node.index, image=image, bytes_sent=result.bytes_sent, skipped=result.skipped,
-                      replaced=result.replaced, pulled=result.pulled, image_id=result.image_id)
-    # What the nodes ran, for run.json: node 0's image ID (streamed images are verified equal on every node), and
-    # where it was pulled from a registry, the digest that names it there.
-    digest = registry_digest(image, results[0].repo_digests) if plan.pull_image else None
-    run_dir.update_record(image_id=results[0].image_id, **({"image_digest": digest} if digest else {}))
-
-
-def _cache_key(path: Path) -> str:
-    return hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
-
-
-def ship_code(session: HostSession, plan: RunPlan, run_dir: RunDir) -> None:
-    """Send what the plan ships (the trainer, or the user's directory: plan.ship, refused when its files changed
-    since) to a per-host cache incrementally, then copy it into the run's workspace, so a relaunch moves only
-    changed files and each run keeps the code it ran."""
-    if plan.ship is None:
-        raise ValueError("a plan on hosts says what it ships (launcher/execute/shipment.py)")
-    check_unchanged(plan.ship)
-    source, dest = Path(plan.ship.source), plan.ship.dest
-    if plan.spec.user_command:
-        manifest, left_out = outputs.record_shipped(run_dir.path, source)  # what is not an output, for pull_run
-        console.print(outputs.shipping_note(source, manifest, left_out), markup=False, highlight=False, soft_wrap=True)
-    cache = f"{CODE_CACHE}/{_cache_key(source)}"
-
-    def ship(index: int) -> dict[str, Any]:
-        # Another run shipping the same code to this host's cache at the same moment renames and prunes files
-        # under our copy: once it is done the cache is whole again, so a failed attempt is retried.
-        for attempt in range(SHIP_ATTEMPTS):
-            try:
-                return ship_once(index)
-            except DdpctlError:
-                if attempt == SHIP_ATTEMPTS - 1:
-                    raise
-                time.sleep(1 + attempt)
-        raise AssertionError("unreachable")
-
-    def ship_once(index: int) -> dict[str, Any]:
-        conn = session.conn(index)
-        stats = ship_tree(conn, source, cache, python=plan.spec.python)
-        workspace = plan.nodes[index].workspace
-        result = conn.run(["sh", "-c", 'mkdir -p "$1/code$3" && rm -rf "$1/code$3" && cp -R "$2" "$1/code$3"',
-                           "ddpctl-copy", workspace, cache, dest], timeout=120)
-        if result.exit_code != 0:
-            raise DdpctlError(f"could not prepare the workspace: {result.stderr.strip()[:200]}")
-        return asdict(stats)
-
-    outcomes = run_on_hosts(list(range(len(plan.nodes))), ship, timeout=600, label=session.label_of)
-    for index, stats in enumerate(raise_for_errors(outcomes, "ship")):
-        run_dir.event("shipped", node=index, **stats)
-
-
 def start_nodes(session: HostSession, plan: RunPlan, run_dir: RunDir) -> None:
+    """Start every node (its code copied from the host's code cache into its workspace by the same round trip,
+    unless ship_code did it: workspace_before_start)."""
+    code = None
+    if plan.ship is not None and not workspace_before_start(plan):
+        code = (code_cache(plan.ship.source), plan.ship.dest)
     outcomes = run_on_hosts(list(range(len(plan.nodes))),
-                            lambda i: start_node(session.conn(i), plan.nodes[i], session.labels[i], plan.spec.python),
+                            lambda i: start_node(session.conn(i), plan.nodes[i], session.labels[i], plan.spec.python,
+                                                 code),
                             timeout=60, label=session.label_of)
     for index, outcome in enumerate(outcomes):
         if outcome.error is None:

@@ -16,12 +16,13 @@ from typing import Any
 from launcher.errors import DdpctlError, HostError, Interrupted, PlanError
 from launcher.execute import interruption, scheduled_chain, scheduled_end
 from launcher.execute.failure_cause import record_failure
-from launcher.execute.on_hosts import PULLED, TOP_LEVEL_FILES, _cache_key
+from launcher.execute.on_hosts import PULLED, TOP_LEVEL_FILES
 from launcher.execute.plain_progress import plain_output, run_progress
 from launcher.execute.pull_record import pull_lock, write_pull_record
 from launcher.execute.scheduled_output import Rank0Output
 from launcher.execute.scheduled_plan import MAKE_ONE, plan_json
 from launcher.execute.shipment import trainer_source_dir
+from launcher.execute.shipping import _cache_key
 from launcher.planning.request import UpOptions, UpResult
 from launcher.remote import shell_text
 from launcher.results.progress import console

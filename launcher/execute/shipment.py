@@ -11,6 +11,7 @@ from pathlib import Path
 
 from launcher.errors import DdpctlError
 from launcher.planning.plan import LOCAL, RunPlan, Shipment
+from launcher.spec.run_spec import RunSpec
 
 
 def with_shipment(plan: RunPlan, cwd: Path, *, dry_run: bool = False) -> RunPlan:
@@ -20,7 +21,7 @@ def with_shipment(plan: RunPlan, cwd: Path, *, dry_run: bool = False) -> RunPlan
         return plan
     from launcher.transport.sync import tree_digest  # paramiko: only a run on hosts ships, and gets here
 
-    source, dest = (cwd, "") if plan.spec.user_command else (trainer_source_dir(), "/trainer")
+    source, dest = ship_source(plan.spec, cwd)
     image_id, unknown = None, plan.unknown
     if plan.image and not plan.pull_image:
         try:
@@ -29,8 +30,14 @@ def with_shipment(plan: RunPlan, cwd: Path, *, dry_run: bool = False) -> RunPlan
             if not dry_run:
                 raise
             unknown = (*unknown, f"image ID: {str(e).splitlines()[0]}")
-    ship = Shipment(str(source.resolve()), dest, tree_digest(source), image_id)
+    ship = Shipment(str(source), dest, tree_digest(source), image_id)
     return replace(plan, ship=ship, unknown=unknown)
+
+
+def ship_source(spec: RunSpec, cwd: Path) -> tuple[Path, str]:
+    """The local directory a run on hosts ships, resolved, and where under the workspace's code/ it goes: with
+    `-- CMD` the working directory (to code/ itself), else the trainer package (to code/trainer)."""
+    return (cwd.resolve(), "") if spec.user_command else (trainer_source_dir().resolve(), "/trainer")
 
 
 def local_image_id_of(image: str) -> str:

@@ -15,7 +15,7 @@ from launcher.execute.local_disk import full_disk_named, raise_if_disk_full
 from launcher.execute.local_outputs import LocalOutputs
 from launcher.execute.restart_causes import finish_run_records
 from launcher.execute.saved_plan import options_for_saved, same_plan
-from launcher.execute.shipment import with_shipment
+from launcher.execute.shipment import ship_source, with_shipment
 from launcher.planning.request import UpOptions, UpResult
 from launcher.providers.base import ExecutorCalls
 from launcher.results.rank_layout import PLAN_FILE
@@ -91,20 +91,27 @@ def run_on_provider(provider: HostProvider, spec: RunSpec, options: UpOptions, s
 
 
 def _run_on_hosts(acquired: AcquiredHosts, saved: RunPlan | None) -> UpResult:
+    """Probe the hosts (each also lists its code cache for what the run ships, in the same round trip), plan,
+    then run the plan (launcher/execute/on_hosts.py)."""
     from launcher.execute.on_hosts import run_remote_up
+    from launcher.execute.shipping import code_cache
     from launcher.planning.probe import plan_probed, probe_hosts
     from launcher.planning.rdzv_reservation import reservation_released
     from launcher.runtimes.choose import choose_runtime
 
     assert acquired.session is not None
+    shipped = (saved.ship.source if saved.ship else None) if saved is not None else ship_source(acquired.spec,
+                                                                                                 Path.cwd())[0]
     with nothing_started_if_interrupted("probing the hosts", acquired.run_dir, keep_run_dir=True,
                                         kept_because="it records the machines the provider acquired"):
-        probe = probe_hosts(acquired.session, acquired.spec, acquired.options, choose_runtime, acquired.hosts)
+        probe = probe_hosts(acquired.session, acquired.spec, acquired.options, choose_runtime, acquired.hosts,
+                            manifest=code_cache(shipped) if shipped is not None else None)
     with reservation_released(acquired.session, acquired.spec.python, acquired.spec.run_id):  # node 0's port
         plan = plan_probed(acquired.spec, acquired.options, probe, acquired.hosts)
         plan = with_shipment(plan, Path.cwd()) if saved is None else same_plan(saved, plan)
+        listed = probe.manifests if plan.ship is not None and plan.ship.source == str(shipped) else None
         return run_remote_up(plan, acquired.options, acquired.session, record_extra=acquired.record,
-                             run_dir=acquired.run_dir, watch=acquired.watch)
+                             run_dir=acquired.run_dir, watch=acquired.watch, listed=listed)
 
 
 def _run_here(acquired: AcquiredHosts, saved: RunPlan | None) -> UpResult:

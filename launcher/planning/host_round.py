@@ -12,14 +12,14 @@ from typing import Any
 
 from launcher.errors import HostError
 from launcher.planning.facts import HostFacts
-from launcher.remote import daemon, host_probe, probe_round, rdzv_port
+from launcher.remote import daemon, host_probe, probe_round, rdzv_port, tree_sync
 from launcher.remote.program import on_stdin, program
 from launcher.transport.connection import HostConnection
 from launcher.transport.parallel import HostOutcome, run_on_hosts
 
 # What the hosts run: PROBE_PROGRAM, the modules' own text (no second copy), sent on standard input
 # (program.on_stdin), with the request as its argument.
-PROBE_PROGRAM = program(probe_round, daemon, host_probe, rdzv_port)
+PROBE_PROGRAM = program(probe_round, daemon, host_probe, rdzv_port, tree_sync)
 PROBE_TIMEOUT = 90.0  # seconds: nvidia-smi, a Docker engine's answer, node 0's reservation lock (30 s at most)
 
 
@@ -34,21 +34,24 @@ class CheckResult:
 
 @dataclass(frozen=True)
 class ProbeAnswer:
-    """One host's answer: its facts, each check's result (in the order asked), and what came of `connect`
-    (`ok` or `failed: WHY`) and `listen` (`listening PORT` or why not) with the address listened on."""
+    """One host's answer: its facts, each check's result (in the order asked), what came of `connect`
+    (`ok` or `failed: WHY`) and `listen` (`listening PORT` or why not) with the address listened on, and the
+    `manifest` asked for (launcher/remote/tree_sync.py's JSON data, read by launcher/transport/sync.py)."""
 
     facts: HostFacts
     checks: tuple[CheckResult, ...] = ()
     connect: str | None = None
     listen: str | None = None
     addr: str | None = None
+    manifest: Any = None
 
 
 def run_probe(conn: HostConnection, python: str, label: str, *, checks: Sequence[Sequence[str]] = (),
               connect: dict[str, Any] | None = None, listen: dict[str, Any] | None = None,
-              timeout: float = PROBE_TIMEOUT) -> ProbeAnswer:
-    """Probe one host in one round trip; a missing python or an unparsable answer is that host's HostError."""
-    request = {"checks": [list(c) for c in checks], "connect": connect, "listen": listen}
+              manifest: str | None = None, timeout: float = PROBE_TIMEOUT) -> ProbeAnswer:
+    """Probe one host in one round trip (with `manifest`, a folder to list as shipping does: the code cache); a
+    missing python or an unparsable answer is that host's HostError."""
+    request = {"checks": [list(c) for c in checks], "connect": connect, "listen": listen, "manifest": manifest}
     loader, text = on_stdin(PROBE_PROGRAM)
     result = conn.run([python, *loader, json.dumps(request)], timeout=timeout, stdin=text)
     if result.exit_code != 0:
@@ -58,7 +61,7 @@ def run_probe(conn: HostConnection, python: str, label: str, *, checks: Sequence
         data = json.loads(result.stdout.strip().splitlines()[-1])
         found = tuple(CheckResult(int(c["code"]), str(c["stdout"]), str(c["stderr"])) for c in data["checks"])
         return ProbeAnswer(HostFacts.from_probe(label, data["facts"]), found, _text(data.get("connect")),
-                           _text(data.get("listen")), _text(data.get("addr")))
+                           _text(data.get("listen")), _text(data.get("addr")), data.get("manifest"))
     except (ValueError, IndexError, KeyError, TypeError, AttributeError, RecursionError) as e:
         raise HostError(label, f"unexpected preflight answer: {result.stdout[:200]!r}") from e
 
@@ -70,15 +73,16 @@ def _text(value: Any) -> str | None:
 def probe_all(conns: Sequence[HostConnection], labels: Sequence[str], python: str, *,
               checks: Callable[[int], Sequence[Sequence[str]]] = lambda index: (),
               listen: dict[str, Any] | None = None, connect_timeout: float = 10.0,
-              timeout: float = PROBE_TIMEOUT) -> list[HostOutcome[int, ProbeAnswer]]:
-    """Every host probed in one round trip, host k asked `checks(k)`: all at once; or, with `listen` (node 0's
-    rendezvous request, launcher/planning/rdzv_reservation.py's listen_request) and several hosts, node 0 first,
-    then the others at once, each connecting to node 0's port (within `connect_timeout` seconds) when node 0
-    listens. An outcome per host, in host order: its answer or its error."""
+              manifest: str | None = None, timeout: float = PROBE_TIMEOUT) -> list[HostOutcome[int, ProbeAnswer]]:
+    """Every host probed in one round trip, host k asked `checks(k)` (and with `manifest`, to list that folder):
+    all at once; or, with `listen` (node 0's rendezvous request, launcher/planning/rdzv_reservation.py's
+    listen_request) and several hosts, node 0 first, then the others at once, each connecting to node 0's port
+    (within `connect_timeout` seconds) when node 0 listens. An outcome per host, in host order: its answer or its
+    error."""
 
     def ask(index: int, connect: dict[str, Any] | None = None, listen: dict[str, Any] | None = None) -> ProbeAnswer:
         return run_probe(conns[index], python, labels[index], checks=checks(index), connect=connect, listen=listen,
-                         timeout=timeout)
+                         manifest=manifest, timeout=timeout)
 
     indexes = list(range(len(conns)))
     if listen is None or len(conns) < 2:

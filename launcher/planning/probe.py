@@ -54,13 +54,15 @@ CPU_PROCS = 2
 @dataclass(frozen=True)
 class HostProbe:
     """What the probe found: each host's facts, the runtime chosen from them, the rendezvous port node 0 has free,
-    and (docker) whether each host's engine has the NVIDIA runtime."""
+    (docker) whether each host's engine has the NVIDIA runtime, and each host's listing of the folder it was asked
+    to list (the code cache: its manifest's JSON data, which shipping reads; none unless asked)."""
 
     facts: tuple[HostFacts, ...]
     runtime: NodeRuntime
     rdzv_port: int
     engine_gpus: tuple[bool, ...] | None = None
     first_hostname: str = ""  # node 0's SSH hostname: the rendezvous address when no better one is known
+    manifests: tuple[Any, ...] = ()
 
 
 def procs_per_node(spec: RunSpec, options: UpOptions, facts: tuple[HostFacts, ...]) -> int:
@@ -80,12 +82,13 @@ def node_hosts(options: UpOptions, probe: HostProbe, provider_hosts: list[NodeHo
 
 
 def probe_hosts(session: HostSession, spec: RunSpec, options: UpOptions, choose_runtime: RuntimeChoice,
-                provider_hosts: list[NodeHost] | None = None) -> HostProbe:
+                provider_hosts: list[NodeHost] | None = None, manifest: str | None = None) -> HostProbe:
     """Probe every host in one round trip each (node 0 first when there are several: it listens on the rendezvous
     port the others then connect to) and refuse what cannot run: missing torch, too few GPUs, a public or
     unreachable rendezvous address; `choose_runtime` picks the runtime. Raises a DdpctlError naming every failing
     host. A run that is not a dry run reserves node 0's rendezvous port (launcher/planning/rdzv_reservation.py),
-    and releases it when the probe refuses the run or is interrupted."""
+    and releases it when the probe refuses the run or is interrupted. `manifest`: a folder every host lists in
+    the same round trip (the code cache that shipping then compares, HostProbe.manifests)."""
     count = len(session.targets)
     # Only torchrun runs in a container: another --launcher makes `auto` native (`docker` was refused).
     chosen = options if spec.launcher == "torchrun" else replace(options, runtime="native")
@@ -106,7 +109,7 @@ def probe_hosts(session: HostSession, spec: RunSpec, options: UpOptions, choose_
     conns = [session.conn(i) for i in range(count)]
     try:  # an interruption while node 0 reserves may come after its reservation was made there: released too
         outcomes = probe_all(conns, session.labels, spec.python, checks=checks, listen=listen,
-                             connect_timeout=REACH_TIMEOUT, timeout=options.connect_timeout + 90)
+                             connect_timeout=REACH_TIMEOUT, manifest=manifest, timeout=options.connect_timeout + 90)
         return _judged(spec, options, choose_runtime, chosen, session, outcomes, provider_hosts)
     except BaseException:
         if listen is not None and run_id is not None:  # best effort: one left behind goes stale by rule
@@ -133,7 +136,8 @@ def _judged(spec: RunSpec, options: UpOptions, choose_runtime: RuntimeChoice, ch
     problems += strategy_problems(spec, procs, facts)
     if problems:
         raise DdpctlError("preflight failed:\n" + "\n".join(f"  {p}" for p in problems))
-    probe = HostProbe(facts, runtime, spec.rdzv_port, engine_gpus, session.targets[0].hostname)
+    probe = HostProbe(facts, runtime, spec.rdzv_port, engine_gpus, session.targets[0].hostname,
+                      tuple(a.manifest for a in answers))
     if len(facts) < 2:
         return probe
     _hosts, addr0 = node_hosts(options, probe, provider_hosts)

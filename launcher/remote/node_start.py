@@ -1,21 +1,25 @@
 """Runs on a host (sent as source, launcher/runtimes/start.py): start a node's command so that it outlives the SSH
 connection, and record what every later poll and stop reads (docs/contracts.md's "Remote workspace").
 
-`start`: in the workspace (made 0700), write the files that came on standard input (the node's environment file,
-0600, and the join hook: never on a command line, and no second round trip for them), make out/ and logs/, forget
+`start`: in the workspace (made 0700), copy the code the launcher shipped to the host's code cache into code/ when
+asked, write the files that came on standard input (the node's environment file, 0600, and the join hook: never on a
+command line, and no second round trip for them), make out/ and logs/, forget
 an earlier attempt's `pid` and `exit_code`, write the stop grace, then start the supervisor in a session of its own
 (stdin /dev/null, output to torchrun.out), record its pid and start time (`pid`, `pid_start`: a pid alone is no
 identity) and print the pid. The supervisor is this same program run again (`python -c` of its own text) with the
 marker argument NODE_MARKER and the workspace's absolute path, which is how a stop knows the process is the node's
 even when the workspace is gone: it takes the node's environment from the file the launcher wrote (then deletes
 it), runs the command from `cwd` and, when the command ends, records its exit status in `exit_code` (128+N for a
-signal N, as a shell does)."""
+signal N, as a shell does). The supervisor's python runs without `site` (-S): it needs the standard library only,
+and the command it starts gets its own python's usual start."""
 
 import base64
 import json
 import os
+import shutil
 import subprocess
 import sys
+import time
 
 from launcher.remote import proctree
 
@@ -23,6 +27,9 @@ from launcher.remote import proctree
 NODE_MARKER = "ddpctl-node"
 # What the supervisor exports for the command; the workspace is found in it when its files are gone.
 OUTPUT_DIR_ENV = "DDPCTL_OUTPUT_DIR"
+# Tries of the code's copy: another run shipping the same code to the cache at that moment renames and prunes files
+# under it; once that run is done the cache is whole again.
+COPY_ATTEMPTS = 3
 
 
 def decode_env(data: bytes) -> "list[tuple[bytes, bytes]]":
@@ -49,7 +56,47 @@ def _own_program() -> "list[str]":
     """The interpreter and `-c TEXT` this program was started with (what runs the supervisor)."""
     argv = sys.orig_argv
     at = argv.index("-c")
-    return [sys.executable, "-c", argv[at + 1]]
+    return [sys.executable, "-S", "-c", argv[at + 1]]
+
+
+def read_request(payload: bytes) -> "tuple[list, dict | None] | str":
+    """The start's standard input: a JSON list of the node's files, or {"files": [...], "code": {"cache": PATH
+    (from the home folder), "dest": "" or "/NAME"}} with the code to copy into the workspace; or the error."""
+    try:
+        request = json.loads(payload) if payload.strip() else []
+    except ValueError as e:
+        return f"could not read the node's files: {e}"
+    if isinstance(request, list):
+        return request, None
+    if not isinstance(request, dict) or not isinstance(request.get("files", []), list):
+        return "could not read the node's files: not a list of files"
+    code = request.get("code")
+    return request.get("files", []), code if isinstance(code, dict) else None
+
+
+def copy_code(home: str, cache: str, dest: str) -> "str | None":
+    """Copy the code cache `cache` (under `home` when relative) to code`dest` in the current directory (the
+    workspace), replacing what is there, links copied as links; the error, or None."""
+    parts = dest.split("/")[1:]
+    if not cache:
+        return "no code cache named to copy into the workspace"
+    if dest and (not dest.startswith("/") or ".." in parts or "" in parts):
+        return f"refused to copy the code to code{dest}: not a path inside the workspace"
+    source, target = os.path.join(home, cache), "code" + dest
+    for attempt in range(COPY_ATTEMPTS):
+        try:
+            if os.path.isdir(target) and not os.path.islink(target):
+                shutil.rmtree(target)
+            elif os.path.lexists(target):
+                os.remove(target)
+            os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+            shutil.copytree(source, target, symlinks=True, copy_function=shutil.copy)
+            return None
+        except (OSError, shutil.Error) as e:
+            if attempt == COPY_ATTEMPTS - 1:
+                return f"could not copy the code from {source} into the workspace: {e}"
+            time.sleep(1 + attempt)
+    return None
 
 
 def write_files(payload: bytes) -> "str | None":
@@ -57,6 +104,14 @@ def write_files(payload: bytes) -> "str | None":
     current directory, each created with its mode; the error, or None."""
     try:
         files = json.loads(payload) if payload.strip() else []
+    except ValueError as e:
+        return f"could not write the node's files: {e}"
+    return write_listed(files)
+
+
+def write_listed(files: "list") -> "str | None":
+    """write_files of the decoded list."""
+    try:
         for path, data, mode in files:
             parts = path.split("/")
             if path.startswith("/") or ".." in parts or "" in parts:
@@ -74,9 +129,18 @@ def write_files(payload: bytes) -> "str | None":
 
 def start(workspace: str, cwd: str, env_file: str, grace: str, files: str, command: "list[str]") -> int:
     """Start the node's supervisor detached; return 0 (its pid printed) or 3 (the workspace or file missing).
-    `files`: "stdin" when the node's files come on standard input, "" when they were written before."""
+    `files`: "stdin" when the node's files come on standard input (read_request: with the code to copy, the
+    workspace is made when missing), "" when they were written before."""
+    request = read_request(sys.stdin.buffer.read()) if files == "stdin" else ([], None)
+    if isinstance(request, str):
+        print(request, file=sys.stderr)
+        return 3
+    listed, code = request
     try:
         os.chdir(os.path.expanduser("~"))
+        home = os.getcwd()
+        if code is not None:
+            os.makedirs(workspace, 0o700, exist_ok=True)
         os.chdir(workspace)
     except OSError:
         print(f"no workspace {workspace}", file=sys.stderr)
@@ -84,7 +148,8 @@ def start(workspace: str, cwd: str, env_file: str, grace: str, files: str, comma
     here = os.getcwd()
     if files == "stdin":
         os.chmod(".", 0o700)  # before any file is written: nobody else may open them, even for a moment
-        failed = write_files(sys.stdin.buffer.read())
+        failed = (copy_code(home, str(code.get("cache", "")), str(code.get("dest", ""))) if code is not None
+                  else None) or write_listed(listed)
         if failed:
             print(failed, file=sys.stderr)
             return 3

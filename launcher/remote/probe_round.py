@@ -6,7 +6,9 @@ then, as the launcher asks:
 - on node 0 (`listen`): chooses the rendezvous port, reserves it for the run (or, in a dry run, only reads the
   reservations: nothing is written) and listens on it (launcher/remote/rdzv_port.py); the answer comes back and
   the program goes on detached, accepting the other nodes' connections for a few seconds, then ends;
-- on the other nodes (`connect`): connects to node 0's port, first, while node 0 listens.
+- on the other nodes (`connect`): connects to node 0's port, first, while node 0 listens;
+- on every node of a run that ships code (`manifest`): lists the host's code cache as shipping compares it
+  (launcher/remote/tree_sync.py), so that a relaunch whose code is there already makes no round trip for it.
 
 The request is one JSON argument (no secrets: addresses, ports, a run id, check commands); the answer is one
 JSON line. The program never fails on what it finds: the launcher judges the answer."""
@@ -17,7 +19,7 @@ import json
 import os
 import subprocess
 
-from launcher.remote import daemon, host_probe, rdzv_port
+from launcher.remote import daemon, host_probe, rdzv_port, tree_sync
 
 CHECK_TIMEOUT = 60.0  # seconds one check may take (a Docker engine that hangs is reported, not waited for)
 
@@ -48,11 +50,22 @@ def listen_address(listen: "dict", facts: "dict") -> str:
     return str(listen.get("addr") or own or listen.get("hostname") or "")
 
 
+def listing(root: str) -> "dict":
+    """tree_sync's manifest of `root` (relative to the home folder), or {"error": why} where it cannot be made."""
+    try:
+        return tree_sync.manifest(os.path.join(os.path.expanduser("~"), root))
+    except SystemExit as refused:  # ROOT is not a folder: shipping lists it again and says so
+        return {"error": str(refused)}
+    except (OSError, ValueError) as e:
+        return {"error": str(e)}
+
+
 def main(argv: "list[str]") -> int:
     """argv: one JSON object, {"checks": [ARGV...], "connect": {addr, port, timeout}, "listen": {addr, own,
-    hostname, port, expect, seconds, any_free, allow_public, run_id, dir, ttl, workspace}} (each optional).
-    Prints {"facts", "checks", "connect", "listen", "addr"}: `listen` is `listening PORT`, `public ADDR` (a
-    public address is never listened on unless allowed) or rdzv_port's one-line refusal."""
+    hostname, port, expect, seconds, any_free, allow_public, run_id, dir, ttl, workspace}, "manifest": ROOT}
+    (each optional). Prints {"facts", "checks", "connect", "listen", "addr", "manifest"}: `listen` is `listening
+    PORT`, `public ADDR` (a public address is never listened on unless allowed) or rdzv_port's one-line refusal;
+    `manifest` is listing(ROOT)."""
     request = json.loads(argv[0]) if argv else {}
     answer: dict = {}
     connect = request.get("connect")
@@ -60,6 +73,8 @@ def main(argv: "list[str]") -> int:
         answer["connect"] = rdzv_port.connect(str(connect["addr"]), int(connect["port"]), float(connect["timeout"]))
     answer["facts"] = facts = host_probe.host_facts()
     answer["checks"] = [run_check([str(word) for word in check]) for check in request.get("checks") or []]
+    if request.get("manifest"):
+        answer["manifest"] = listing(str(request["manifest"]))
     listen = request.get("listen")
     if not listen:
         print(json.dumps(answer))

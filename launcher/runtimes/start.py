@@ -43,21 +43,27 @@ def runtime_of(record: RunRecord) -> NodeRuntime:
 
 
 def start_argv(node: NodePlan, python: str = "python3", files_on_stdin: bool = False) -> list[str]:
-    """The quoted-argv command that starts a node detached with the host's `python`; its environment is in
-    env_file(node): written first, or (`files_on_stdin`) given with node_files() on its standard input."""
+    """The quoted-argv command that starts a node detached with the host's `python` (without `site`: the start
+    program needs the standard library only); its environment is in env_file(node): written first, or
+    (`files_on_stdin`) given with node_files() on its standard input."""
     runtime = runtime_named(node.runtime)
     name = runtime.env_file(node)[0] if runtime.detach_reads_env_file else ""
-    return [python, "-c", start_program(), node.workspace, node.cwd, name, str(runtime.stop_grace_seconds),
+    return [python, "-S", "-c", start_program(), node.workspace, node.cwd, name, str(runtime.stop_grace_seconds),
             "stdin" if files_on_stdin else "", *node.command]
 
 
-def node_files(node: NodePlan) -> bytes:
-    """The start program's standard input: the node's files (path in the workspace, bytes, mode) as JSON."""
+def node_files(node: NodePlan, code: tuple[str, str] | None = None) -> bytes:
+    """The start program's standard input: the node's files (path in the workspace, bytes, mode) as JSON; with
+    `code` (the host's code cache, from its home folder, and where under code/ it goes), the copy of the shipped
+    code into the workspace too, done by the start itself (launcher/remote/node_start.py: no round trip of its own)."""
     name, data = env_file(node)
     files = [(name, data, 0o600)]
     if NODE_RANK_ENV in dict(node.env):  # a `-- CMD` node: the world its processes join is measured
         files.append((f"{HOOK_DIR}/{HOOK_FILE}", join_hook_source(), 0o644))
-    return json.dumps([[path, base64.b64encode(content).decode(), mode] for path, content, mode in files]).encode()
+    listed = [[path, base64.b64encode(content).decode(), mode] for path, content, mode in files]
+    if code is None:
+        return json.dumps(listed).encode()
+    return json.dumps({"files": listed, "code": {"cache": code[0], "dest": code[1]}}).encode()
 
 
 def env_file(node: NodePlan) -> tuple[str, bytes]:
@@ -65,10 +71,12 @@ def env_file(node: NodePlan) -> tuple[str, bytes]:
     return runtime_named(node.runtime).env_file(node)
 
 
-def start_node(conn: HostConnection, node: NodePlan, label: str, python: str = "python3") -> int:
-    """Start the node's command detached with the host's `python`, its files written first by the same command;
-    return its pid."""
-    result = conn.run(start_argv(node, python, files_on_stdin=True), timeout=30, stdin=node_files(node))
+def start_node(conn: HostConnection, node: NodePlan, label: str, python: str = "python3",
+               code: tuple[str, str] | None = None) -> int:
+    """Start the node's command detached with the host's `python`, its files written first by the same command
+    (and with `code`, node_files', the shipped code copied from the host's code cache into the workspace, which is
+    made); return its pid."""
+    result = conn.run(start_argv(node, python, files_on_stdin=True), timeout=30, stdin=node_files(node, code))
     if result.exit_code != 0 or not result.stdout.strip().isdigit():
         raise HostError(label, f"could not start torchrun: {(result.stderr or result.stdout).strip()[:300]}")
     return int(result.stdout.strip())

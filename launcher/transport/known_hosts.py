@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import paramiko
+from launcher.transport.paramiko_loader import paramiko
 
 ACCEPT_FLAG = "--accept-new-host-keys"
 

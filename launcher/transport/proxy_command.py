@@ -18,9 +18,8 @@ import threading
 from collections import deque
 from typing import Any
 
-import paramiko
-
 from launcher.errors import DdpctlError
+from launcher.transport.paramiko_loader import paramiko
 
 _STDERR_LINES = 5
 

@@ -22,11 +22,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import paramiko
-
 from launcher.errors import AuthenticationFailed, DdpctlError, HostError
 from launcher.spec.hosts import HostSpec, parse_host
 from launcher.transport.known_hosts import ACCEPT_FLAG, KnownHosts, KnownKey, fingerprint, host_key_name
+from launcher.transport.paramiko_loader import config_lookup, paramiko
 from launcher.transport.proxy_command import ProxyCommandSocket, RawProxyCommandConfig, expand_proxy_command
 from launcher.transport.ssh_keys import KeyLoad, check_identity_file
 
@@ -64,7 +63,7 @@ def resolve_target(host: HostSpec, ssh_config: Path | None = None, identity_file
         check_identity_file(identity_file)
     try:
         config = RawProxyCommandConfig.from_path(str(path)) if path.is_file() else paramiko.SSHConfig()
-        opts: dict[str, Any] = dict(config.lookup(host.hostname))
+        opts: dict[str, Any] = dict(config_lookup(config, host.hostname))
     except (OSError, paramiko.SSHException, ValueError) as e:
         raise DdpctlError(f"cannot read ssh config {path}: {e}") from e
     # Absolute, so run.json's record of them serves `status`/`pull`/`down` from any working directory.

@@ -7,9 +7,8 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-import paramiko
-
 from launcher.errors import SpecError
+from launcher.transport.paramiko_loader import paramiko
 
 _PUBLIC_PREFIXES = (b"ssh-", b"ecdsa-sha2-", b"sk-ssh-", b"sk-ecdsa-")
 

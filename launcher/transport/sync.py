@@ -107,17 +107,32 @@ def tree_digest(local_dir: Path) -> str:
     return "sha256:" + hashlib.sha256(lines.encode()).hexdigest()
 
 
-def remote_manifest(conn: Connection, remote_dir: str, python: str = "python3") -> tuple[bool, list[RemoteEntry]]:
+# A host's folder as its manifest gives it: (whether it exists, its entries).
+Listing = tuple[bool, list[RemoteEntry]]
+
+
+def remote_manifest(conn: Connection, remote_dir: str, python: str = "python3") -> Listing:
     """(exists, entries) of remote_dir, computed on the host by `python`; HostError on a malformed answer."""
     result = conn.check([python, "-c", REMOTE_SCRIPT, "manifest", remote_dir], f"listing {remote_dir}", timeout=600)
     try:
         data = json.loads(result.stdout)
+    except (ValueError, RecursionError) as e:
+        raise HostError(conn.label, f"malformed manifest of {remote_dir}: {e}") from e
+    return read_listing(conn.label, remote_dir, data)
+
+
+def read_listing(label: str, remote_dir: str, data: object) -> Listing:
+    """The Listing of the host's manifest (launcher/remote/tree_sync.py's, as JSON data, however it came: its own
+    round trip or the probe's); HostError naming `label` when it is malformed."""
+    try:
+        if not isinstance(data, dict):
+            raise TypeError(f"not an object: {str(data)[:80]}")
         entries = [RemoteEntry(str(e["path"]), str(e["type"]), int(e.get("size", 0)), str(e.get("sha256", "")),
                                int(e.get("mode", 0o644)), str(e.get("reason", "")),
                                bytes.fromhex(e["raw"]) if e.get("raw") else None) for e in data["entries"]]
         return bool(data["exists"]), entries
-    except (ValueError, KeyError, TypeError, RecursionError) as e:
-        raise HostError(conn.label, f"malformed manifest of {remote_dir}: {e}") from e
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise HostError(label, f"malformed manifest of {remote_dir}: {e or type(e).__name__}") from e
 
 
 def _with_parents(folder: str) -> list[str]:
@@ -126,15 +141,17 @@ def _with_parents(folder: str) -> list[str]:
     return ["/".join(parts[:i]) for i in range(len(parts), 0, -1)]
 
 
-def ship_tree(conn: Connection, local_dir: Path, remote_dir: str, *, python: str = "python3") -> ShipStats:
+def ship_tree(conn: Connection, local_dir: Path, remote_dir: str, *, python: str = "python3",
+              listed: Listing | None = None) -> ShipStats:
     """Make remote_dir equal local_dir (minus ignored files), sending only new or changed files; `python` is
-    the host's interpreter, which lists, creates and prunes there."""
+    the host's interpreter, which lists, creates and prunes there. `listed`: remote_dir as already listed (the
+    probe's round trip lists the code cache); None: listed here."""
     local_dir = Path(local_dir)
     if not local_dir.is_dir():
         raise DdpctlError(f"cannot ship {local_dir}: not a directory")
     spec = ignore_spec(local_dir)
     local = local_manifest(local_dir, spec)
-    exists, entries = remote_manifest(conn, remote_dir, python)
+    exists, entries = listed if listed is not None else remote_manifest(conn, remote_dir, python)
     remote = {e.path: e for e in entries}
     to_send = [rel for rel, (_, sha, mode) in local.items()
                if rel not in remote or remote[rel].type != "file" or remote[rel].sha256 != sha
