@@ -62,11 +62,11 @@ class InProcess:
         self.calls = 0
 
     def run(self, argv: list[str], *, timeout: float | None = None, stdin: bytes | None = None) -> CommandResult:
-        assert argv[1:3] == ["-c", STDIN_LOADER] and len(argv) == 4  # a line long, whatever the program
+        assert argv[1:4] == ["-S", "-c", STDIN_LOADER] and len(argv) == 5  # a line long, whatever the program
         assert stdin is not None and zlib.decompress(stdin).decode() == node_program()
         self.calls += 1
         # what main() prints (not main itself: the nodes are asked from threads at once, and stdout is shared)
-        return CommandResult(0, json.dumps(node_state.answer(json.loads(argv[3]))) + "\n", "")
+        return CommandResult(0, json.dumps(node_state.answer(json.loads(argv[4]))) + "\n", "")
 
 
 def _workspace(root: Path, exit_code: str | None, out_line: str = "") -> Path:

@@ -18,12 +18,14 @@ import pytest
 
 import launcher.remote
 from launcher.errors import HostError
+from launcher.execute.shipping import probed_listing
 from launcher.planning.host_round import PROBE_PROGRAM
 from launcher.planning.preflight import probe_host
 from launcher.planning.rdzv_reservation import RELEASE_PROGRAM
 from launcher.providers.vast.autostop import WATCHDOG
 from launcher.remote import daemon, host_probe, node_start, probe_round, rdzv_port, source_of, tree_sync
 from launcher.transport.ssh import CommandResult
+from launcher.transport.sync import read_listing
 
 REMOTE = Path(launcher.remote.__file__).parent
 
@@ -148,7 +150,6 @@ def test_the_probe_lists_the_code_cache_as_shipping_reads_it(tmp_path: Path, mon
     it reads its own listing's: a relaunch needs no round trip to list the cache. A folder that is not there is
     listed as missing; one that is a file comes back as an error, and shipping then lists it itself."""
     from launcher.planning.host_round import run_probe
-    from launcher.transport.sync import read_listing
 
     monkeypatch.setenv("HOME", str(tmp_path))
     cache = tmp_path / ".ddpctl" / "code" / "k"
@@ -165,7 +166,22 @@ def test_the_probe_lists_the_code_cache_as_shipping_reads_it(tmp_path: Path, mon
     assert "is not a directory" in refused["error"]
     with pytest.raises(HostError, match="malformed manifest"):
         read_listing("host", "plain", refused)
+    assert probed_listing("host", "plain", refused) is None  # shipping lists it itself, and says what is wrong
     assert run_probe(ThisMachine(), sys.executable, "host").manifest is None  # not asked: not listed
+
+
+def test_a_listing_that_takes_too_long_is_left_to_shipping(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A code cache too big to hash within the probe's LIST_SECONDS is not listed there (the probe keeps its own
+    time limit): the answer says so, and shipping lists the cache in a round trip of its own."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "big.bin").write_bytes(b"0" * 1000)
+    late = probe_round.listing("cache", seconds=-1)
+    assert "took too long" in late["error"] and probed_listing("host", "cache", late) is None
+    listed = probed_listing("host", "cache", probe_round.listing("cache"))
+    assert listed is not None and [e.path for e in listed[1]] == ["big.bin"]
+    with pytest.raises(HostError, match="malformed manifest"):
+        probed_listing("host", "cache", {"exists": True})
 
 
 def test_the_start_copies_the_code_cache_into_the_workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -66,6 +66,14 @@ def workspace_before_start(plan: RunPlan) -> bool:
     return plan.spec.launcher == "mpirun" and plan.spec.nnodes > 1
 
 
+def probed_listing(label: str, cache: str, data: object) -> Listing | None:
+    """The probe's listing of a host's code cache; None where it has none (not asked, or the host could not list
+    it within the probe: shipping then lists it itself). HostError when it is malformed."""
+    if data is None or (isinstance(data, dict) and "error" in data):
+        return None
+    return read_listing(label, cache, data)
+
+
 def ship_code(session: HostSession, plan: RunPlan, run_dir: RunDir, listed: Sequence[object] | None = None) -> None:
     """Send what the plan ships (the trainer, or the user's directory: plan.ship, refused when its files changed
     since) to a per-host cache incrementally; its copy into the run's workspace is the start's (start_nodes), or
@@ -87,7 +95,7 @@ launcher/remote/tree_sync.py; None: listed here, as is a malformed one)."""
         for attempt in range(SHIP_ATTEMPTS):
             try:
                 given = listed[index] if listed and attempt == 0 else None  # a retry lists the cache again
-                return ship_once(index, None if given is None else read_listing(session.label_of(index), cache, given))
+                return ship_once(index, probed_listing(session.label_of(index), cache, given))
             except DdpctlError:
                 if attempt == SHIP_ATTEMPTS - 1:
                     raise

@@ -18,10 +18,14 @@ import ipaddress
 import json
 import os
 import subprocess
+import time
 
 from launcher.remote import daemon, host_probe, rdzv_port, tree_sync
 
 CHECK_TIMEOUT = 60.0  # seconds one check may take (a Docker engine that hangs is reported, not waited for)
+# Seconds the code cache's listing may take within the probe (a cache of large files): past them the probe answers
+# without it, and shipping lists the cache in a round trip of its own, under its own longer limit.
+LIST_SECONDS = 20.0
 
 
 def run_check(argv: "list[str]", timeout: float = CHECK_TIMEOUT) -> "dict":
@@ -50,10 +54,11 @@ def listen_address(listen: "dict", facts: "dict") -> str:
     return str(listen.get("addr") or own or listen.get("hostname") or "")
 
 
-def listing(root: str) -> "dict":
-    """tree_sync's manifest of `root` (relative to the home folder), or {"error": why} where it cannot be made."""
+def listing(root: str, seconds: float = LIST_SECONDS) -> "dict":
+    """tree_sync's manifest of `root` (relative to the home folder), or {"error": why} where it cannot be made
+    within `seconds`."""
     try:
-        return tree_sync.manifest(os.path.join(os.path.expanduser("~"), root))
+        return tree_sync.manifest(os.path.join(os.path.expanduser("~"), root), time.monotonic() + seconds)
     except SystemExit as refused:  # ROOT is not a folder: shipping lists it again and says so
         return {"error": str(refused)}
     except (OSError, ValueError) as e:

@@ -9,6 +9,7 @@ import json
 import os
 import stat
 import sys
+import time
 from typing import Any
 
 
@@ -20,10 +21,10 @@ def safe_path(root: str, rel: str) -> str:
     return os.path.join(root, rel)
 
 
-def manifest(root: str) -> "dict[str, Any]":
+def manifest(root: str, deadline: "float | None" = None) -> "dict[str, Any]":
     """{"exists": bool, "entries": [...]}: every file under `root` with its size, sha256 and mode; links,
     special files and what could not be read (with `reason`) as entries of their own type. A path whose bytes are
-    not UTF-8 is given escaped, with its bytes in hex as `raw`."""
+    not UTF-8 is given escaped, with its bytes in hex as `raw`. Past `deadline` (time.monotonic()), TimeoutError."""
     try:
         st = os.lstat(root)
     except FileNotFoundError:
@@ -67,6 +68,8 @@ def manifest(root: str) -> "dict[str, Any]":
             if not stat.S_ISREG(st.st_mode):
                 add(rel, type="special")
                 continue
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError("listing " + root + " took too long")
             digest = file_digest(full)
             if isinstance(digest, OSError):
                 unreadable(rel, digest)

@@ -142,8 +142,8 @@ def ask_node(conn: HostConnection, workspace: str, python: str = "python3", outp
     if report:
         request["report"] = True
         timeout += 30
-    loader, text = on_stdin(node_program())
-    result = conn.run([python, *loader, json.dumps(request)], timeout=timeout, stdin=text)
+    loader, text = on_stdin(node_program())  # without `site` (-S): the program needs the standard library only
+    result = conn.run([python, "-S", *loader, json.dumps(request)], timeout=timeout, stdin=text)
     try:
         found = json.loads(result.stdout) if result.exit_code == 0 else None
     except (ValueError, RecursionError):
