@@ -3,7 +3,8 @@ line saying what was wrong and what to do (runs on hosts: one line per failing h
 non-zero exit, nothing written (no run directory, no file under the temporary home, working directory or
 --runs-dir, no workspace on a host) and no process left behind (here or on a host).
 
-Rows that need hosts share one module-scoped test bed: host 0 as it comes, host 1 with no SFTP subsystem.
+Rows that need hosts share the session's two-host test bed, lent to the module: host 0 as it comes, host 1 with no
+SFTP subsystem.
 tests/test_local_up.py keeps its own table of option values; the rows here are the cases issue 12 found unclear
 and a sample of every other family (config files, `-- CMD`, providers, reattach, SSH trust and keys).
 """
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,7 +24,7 @@ import pytest
 
 from infra.testbed import Testbed, user_pids
 from launcher.spec.trainer_bounds import SEED_MAX, TRAINER_BOUNDS
-from tests.testbed_fixtures import REPO
+from tests.testbed_fixtures import REPO, lent
 
 # A row's argv may name: {h0} (a working host), {nosftp} (a host whose sshd has no SFTP), {key} (the bed's client
 # key), {pub} ({key}.pub), {enc} (a passphrase-protected key), {tmp} (the row's own directory).
@@ -116,11 +118,13 @@ ROWS = {
 
 
 @pytest.fixture(scope="module")
-def bed(testbed: Testbed) -> Testbed:
-    """The module's test bed, host 1 without SFTP; only rows that need hosts ask for it (it skips, saying why,
-    where no bed can run)."""
-    testbed.hosts[1].set_sftp(False)
-    return testbed
+def bed(two_hosts: Testbed) -> Iterator[Testbed]:
+    """The pytest process's two hosts (tests/testbed_fixtures.py), lent to this module with host 1's SFTP off and
+    given back as the bed made them; only rows that need hosts ask for it (it skips, saying why, where no bed can
+    run)."""
+    for lent_bed in lent(two_hosts):
+        lent_bed.hosts[1].set_sftp(False)
+        yield lent_bed
 
 
 @pytest.fixture(scope="module")

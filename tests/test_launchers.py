@@ -1,6 +1,7 @@
 """`--launcher` on this machine: spawn scripts run once and train with their own processes, the summary's world
 size is the one that ran (measured from the processes' joins), and scripts that would start processes or MPI
-worlds ddpctl did not plan are refused before the run or caught after it (tests/launcher_scripts.py: the shapes)."""
+worlds ddpctl did not plan are refused before the run or caught after it (tests/launcher_scripts.py: the shapes).
+Runs start ddpctl as a process; refusals and dry runs call its main() here (`ddpctl_here`)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from launcher.results.joined_worlds import JoinRecord, MeasuredWorlds, world_ver
 from launcher.spec.launchers import check_script
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.script_look import look
+from tests.cli_in_process import ddpctl_in_process
 from tests.launcher_scripts import write_scripts
 
 REPO = Path(__file__).resolve().parent.parent
@@ -26,6 +28,11 @@ REPO = Path(__file__).resolve().parent.parent
 def ddpctl(project: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True, cwd=project,
                           timeout=timeout, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def ddpctl_here(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """A refusal or a dry run: ddpctl's main() in this process (nothing here is about a process boundary)."""
+    return ddpctl_in_process(*args, cwd=project)
 
 
 def only_run(runs: Path) -> Path:
@@ -69,7 +76,8 @@ def test_a_spawn_script_is_told_its_place_by_ddpctls_variables(tmp_path: Path) -
     """The multi-node shape on one node: DDPCTL_NODE_RANK 0, NNODES 1, NPROC_PER_NODE from --gpus, and node 0's
     address and a free port (MASTER_ADDR/MASTER_PORT too); shown by --dry-run."""
     project = write_scripts(tmp_path / "project")
-    dry = ddpctl(project, "up", "--launcher", "spawn", "--gpus", "3", "--dry-run", "--", "python", "spawn_ddpctl.py")
+    dry = ddpctl_here(project, "up", "--launcher", "spawn", "--gpus", "3", "--dry-run", "--", "python",
+                      "spawn_ddpctl.py")
     assert dry.returncode == 0, dry.stderr
     assert "launcher spawn" in dry.stdout and "DDPCTL_NPROC_PER_NODE=3" in dry.stdout
     assert "torch.distributed.run" not in dry.stdout and "once on this node (--launcher spawn)" in dry.stdout
@@ -86,7 +94,7 @@ def test_a_spawn_script_is_told_its_place_by_ddpctls_variables(tmp_path: Path) -
 @pytest.mark.integration
 def test_a_spawn_script_under_torchrun_is_refused_naming_the_line_and_the_launcher(tmp_path: Path) -> None:
     project = write_scripts(tmp_path / "project")
-    result = ddpctl(project, "up", "--runs-dir", "runs", "--", "python", "spawn_localhost.py")
+    result = ddpctl_here(project, "up", "--runs-dir", "runs", "--", "python", "spawn_localhost.py")
     assert result.returncode == 1 and result.stdout == ""
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("error: spawn_localhost.py:") and "mp.spawn(main" in line and "--launcher spawn" in line
@@ -136,7 +144,7 @@ def test_an_mpi_script_as_torchrun_workers_fails_as_separate_worlds(tmp_path: Pa
                                      ["/usr/bin/mpiexec.openmpi", "python", "parallel_sgd.py"]])
 def test_mpi_launchers_after_the_dash_dash_are_refused(tmp_path: Path, command: list[str]) -> None:
     project = write_scripts(tmp_path / "project")
-    result = ddpctl(project, "up", "--runs-dir", "runs", "--", *command)
+    result = ddpctl_here(project, "up", "--runs-dir", "runs", "--", *command)
     assert result.returncode == 1
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith(f"error: `-- {Path(command[0]).name} ...` would start a whole MPI job"), line
@@ -148,7 +156,7 @@ def test_mpi_launchers_after_the_dash_dash_are_refused(tmp_path: Path, command: 
 def test_an_mpi_script_is_refused_under_torchrun_and_spawn(tmp_path: Path) -> None:
     project = write_scripts(tmp_path / "project")
     for launcher in ("torchrun", "spawn"):
-        result = ddpctl(project, "up", "--dry-run", *(["--launcher", launcher] if launcher == "spawn" else []),
+        result = ddpctl_here(project, "up", "--dry-run", *(["--launcher", launcher] if launcher == "spawn" else []),
                         "--", "python", "parallel_sgd.py")
         assert result.returncode == 1
         assert "parallel_sgd.py:3: `from mpi4py import MPI`: an MPI script" in result.stderr
@@ -163,7 +171,7 @@ def test_an_mpi_script_is_refused_under_torchrun_and_spawn(tmp_path: Path) -> No
 ])
 def test_launcher_bad_input_is_one_line(tmp_path: Path, args: list[str], message: str) -> None:
     project = write_scripts(tmp_path / "project")
-    result = ddpctl(project, "up", "--runs-dir", "runs", *args)
+    result = ddpctl_here(project, "up", "--runs-dir", "runs", *args)
     assert result.returncode != 0 and message in result.stderr
     assert not (project / "runs").exists()
 
@@ -206,7 +214,8 @@ def test_an_mpi4py_script_runs_as_one_mpi_world_with_launcher_mpirun(tmp_path: P
     root, which mpirun refuses unless told: ddpctl tells it (--allow-run-as-root), no banner as the outcome."""
     pytest.importorskip("mpi4py", reason="mpi4py (infra/setup.sh --test installs it)")
     project = write_scripts(tmp_path / "project")
-    dry = ddpctl(project, "up", "--launcher", "mpirun", "--gpus", "2", "--dry-run", "--", "python", "parallel_sgd.py")
+    dry = ddpctl_here(project, "up", "--launcher", "mpirun", "--gpus", "2", "--dry-run", "--", "python",
+                      "parallel_sgd.py")
     assert dry.returncode == 0 and "mpirun -np 2 --host localhost:2 --bind-to none " in dry.stdout
     assert " -m mpi4py parallel_sgd.py" in dry.stdout, dry.stderr
     result = ddpctl(project, "up", "--launcher", "mpirun", "--gpus", "2", "--runs-dir", "runs", "--json",
@@ -225,7 +234,7 @@ def test_a_python_without_mpi4py_is_named_in_one_line(tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     project = write_scripts(tmp_path / "project")
-    result = ddpctl(project, "up", "--launcher", "mpirun", "--python", str(venv / "bin" / "python"), "--runs-dir",
+    result = ddpctl_here(project, "up", "--launcher", "mpirun", "--python", str(venv / "bin" / "python"), "--runs-dir",
                     "runs", "--", "python", "parallel_sgd.py")
     assert result.returncode == 1
     (line,) = result.stderr.strip().splitlines()

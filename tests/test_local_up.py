@@ -1,4 +1,8 @@
-"""`ddpctl up` on this machine, end to end: real torchrun, two gloo processes, the synthetic data set."""
+"""`ddpctl up` on this machine, end to end: real torchrun, two gloo processes, the synthetic data set.
+
+Runs, Ctrl-C and restarts start ddpctl as a process (`ddpctl`); refusals, dry runs and the reattach commands on a
+recorded run call its command line in this process (`ddpctl_in_process`: the same main(), its exit status, stdout
+and stderr), as nothing about a process boundary is what they test."""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from launcher.remote.proctree import alive, process_tree
+from tests.cli_in_process import ddpctl_in_process
 
 SMALL = ["--synthetic-train-size", "2048", "--synthetic-test-size", "512"]
 
@@ -106,10 +111,10 @@ def test_a_failed_run_shows_the_failing_workers_own_log(tmp_path: Path) -> None:
 
 def test_local_runs_use_the_python_running_ddpctl(tmp_path: Path) -> None:
     """A venv's ddpctl run without activating the venv: python3 on PATH may lack torch; ddpctl's own has it."""
-    result = ddpctl("up", "--dry-run", "--epochs", "1", cwd=tmp_path)
+    result = ddpctl_in_process("up", "--dry-run", "--epochs", "1", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert f' {sys.executable} -c "$(cat launcher/spec/attempt_logs.py)" ' in result.stdout
-    hosts = ddpctl("up", "--dry-run", "--no-probe", "--host", "u@10.0.0.1", "--epochs", "1", cwd=tmp_path)
+    hosts = ddpctl_in_process("up", "--dry-run", "--no-probe", "--host", "u@10.0.0.1", "--epochs", "1", cwd=tmp_path)
     assert ' python3 -c "$(cat launcher/spec/attempt_logs.py)" ' in hosts.stdout, hosts.stderr
 
 
@@ -124,7 +129,7 @@ def test_a_dry_run_whose_hosts_cannot_be_reached_prints_the_plan_and_its_unknown
             sock.bind(("127.0.0.1", 0))
         hosts = [arg for k, sock in enumerate(closed)
                  for arg in ("--host", f"u{k}@127.0.0.1:{sock.getsockname()[1]}")]
-        result = ddpctl("up", "--dry-run", "--json", *hosts, "--runtime", "auto", "--runs-dir",
+        result = ddpctl_in_process("up", "--dry-run", "--json", *hosts, "--runtime", "auto", "--runs-dir",
                         str(tmp_path / "runs"), cwd=tmp_path)
     finally:
         for sock in closed:
@@ -191,7 +196,7 @@ def test_a_dry_run_whose_hosts_cannot_be_reached_prints_the_plan_and_its_unknown
 ])  # fmt: skip
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, args: list[str], message: str) -> None:
     runs = tmp_path / "runs"
-    result = ddpctl("up", "--runs-dir", str(runs), *args)
+    result = ddpctl_in_process("up", "--runs-dir", str(runs), *args)
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
@@ -201,7 +206,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, args: list[str
 def test_unwritable_runs_dir(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
-    result = ddpctl("up", "--runs-dir", str(blocker / "runs"), *SMALL)
+    result = ddpctl_in_process("up", "--runs-dir", str(blocker / "runs"), *SMALL)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [result.stderr.strip()]
     assert "cannot write the run directory" in result.stderr
@@ -211,7 +216,7 @@ def test_runs_dir_that_is_a_file_is_named_as_such(tmp_path: Path) -> None:
     afile = tmp_path / "afile"
     afile.write_text("keep me")
     for command in (["up", "--epochs", "1", *SMALL], ["status"], ["logs"], ["pull"], ["down"]):
-        result = ddpctl(*command, "--runs-dir", str(afile))
+        result = ddpctl_in_process(*command, "--runs-dir", str(afile))
         assert result.returncode == 1, command
         assert result.stderr == f"error: --runs-dir {afile} is a file, not a directory: give a directory for run " \
                                 "directories (it is created if missing)\n", command
@@ -224,7 +229,7 @@ def test_a_python_that_cannot_be_started_is_one_line_and_the_run_is_recorded_as_
     fake.write_text("#!/nonexistent/interpreter\n")
     fake.chmod(0o755)
     runs = tmp_path / "runs"
-    result = ddpctl("up", "--python", str(fake), "--epochs", "1", "--runs-dir", str(runs), *SMALL)
+    result = ddpctl_in_process("up", "--python", str(fake), "--epochs", "1", "--runs-dir", str(runs), *SMALL)
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: could not start torchrun ({fake}: "), result.stderr
@@ -232,7 +237,7 @@ def test_a_python_that_cannot_be_started_is_one_line_and_the_run_is_recorded_as_
     run = only_run(runs)
     events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
     assert [e["event"] for e in events] == ["exited"] and "could not start torchrun" in events[0]["error"]
-    status = ddpctl("status", "--runs-dir", str(runs), "--json")
+    status = ddpctl_in_process("status", "--runs-dir", str(runs), "--json")
     assert status.returncode == 0 and json.loads(status.stdout)["nodes"][0]["state"] == "ended"
 
 
@@ -249,12 +254,12 @@ def test_logs_of_a_local_run_without_output_say_so_and_succeed(tmp_path: Path) -
     runs = tmp_path / "runs"
     run = local_run(runs, created=time.time() - 3600)  # it never started: no pid, long ago
     for follow in ([], ["-f"]):
-        result = ddpctl("logs", "--runs-dir", str(runs), *follow, timeout=60)
+        result = ddpctl_in_process("logs", "--runs-dir", str(runs), *follow)
         assert result.returncode == 0, result.stderr
         assert result.stdout == ""
         assert result.stderr == "node 0 has no output yet (the run is starting, or it never started)\n"
     (run / "torchrun.out").write_text("".join(f"line {i}\n" for i in range(10)))
-    result = ddpctl("logs", "--runs-dir", str(runs), "-n", "3")
+    result = ddpctl_in_process("logs", "--runs-dir", str(runs), "-n", "3")
     assert (result.returncode, result.stdout, result.stderr) == (0, "line 7\nline 8\nline 9\n", "")
 
 
@@ -266,7 +271,7 @@ def test_logs_of_a_local_run_without_output_say_so_and_succeed(tmp_path: Path) -
 ])  # fmt: skip
 def test_logs_bad_input_is_one_line(tmp_path: Path, args: list[str], message: str) -> None:
     local_run(tmp_path / "runs")
-    result = ddpctl("logs", "--runs-dir", str(tmp_path / "runs"), *args)
+    result = ddpctl_in_process("logs", "--runs-dir", str(tmp_path / "runs"), *args)
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr == f"error: {message}\n"
 
@@ -282,7 +287,7 @@ def test_logs_follow_a_local_run_until_its_torchrun_ends(tmp_path: Path) -> None
     reaper.start()
     try:
         RunDir(run).update_record(local_pid=writer.pid)
-        result = ddpctl("logs", "-f", "--runs-dir", str(runs), timeout=60)
+        result = ddpctl_in_process("logs", "-f", "--runs-dir", str(runs))
     finally:
         writer.kill()
         reaper.join()
@@ -292,11 +297,11 @@ def test_logs_follow_a_local_run_until_its_torchrun_ends(tmp_path: Path) -> None
 
 def test_pull_refuses_a_local_run_and_down_of_an_ended_one_has_nothing_to_stop(tmp_path: Path) -> None:
     run = local_run(tmp_path / "runs", local_pid=999999)
-    pull = ddpctl("pull", "--runs-dir", str(tmp_path / "runs"))
+    pull = ddpctl_in_process("pull", "--runs-dir", str(tmp_path / "runs"))
     assert pull.returncode == 1
     assert pull.stderr == (f"error: run local-run is a local run and `pull` is for runs on hosts: its files are "
                            f"already in {run}\n")
-    down = ddpctl("down", "--runs-dir", str(tmp_path / "runs"))  # pid 999999 is no process: the run has ended
+    down = ddpctl_in_process("down", "--runs-dir", str(tmp_path / "runs"))  # pid 999999 is no process: it ended
     assert down.returncode == 0, down.stderr
     assert down.stderr == f"run local-run ran on this machine and has ended: nothing to stop; its files are in {run}\n"
 
@@ -308,11 +313,11 @@ def test_down_names_a_local_runs_pid_only_while_it_is_still_its_torchrun(tmp_pat
     victim = subprocess.Popen(["sleep", "60"])  # the process the system gave the run's pid to after it ended
     try:
         run = local_run(tmp_path / "runs", local_pid=victim.pid, local_pid_start=str(int(start_time(victim.pid)) - 7))
-        down = ddpctl("down", "--runs-dir", str(tmp_path / "runs"))
+        down = ddpctl_in_process("down", "--runs-dir", str(tmp_path / "runs"))
         assert down.returncode == 0, down.stderr
         assert "has ended: nothing to stop" in down.stderr and "kill" not in down.stderr
         RunDir(run).update_record(local_pid_start=start_time(victim.pid))  # now it is the run's torchrun
-        down = ddpctl("down", "--runs-dir", str(tmp_path / "runs"))
+        down = ddpctl_in_process("down", "--runs-dir", str(tmp_path / "runs"))
         assert down.returncode == 1 and down.stderr.count("\n") == 1
         assert "is a local run and `down` is for runs on hosts" in down.stderr and f"`kill {victim.pid}`" in down.stderr
         assert victim.poll() is None  # never signalled
@@ -380,7 +385,7 @@ def test_logs_of_a_host_without_output_yet_say_so(tmp_path: Path, monkeypatch: p
     (["status", "--connect-timeout", "-1"], "--connect-timeout -1: give a positive number of seconds"),
 ])  # fmt: skip
 def test_other_commands_bad_input_is_one_line(tmp_path: Path, args: list[str], message: str) -> None:
-    result = ddpctl(*args, cwd=tmp_path)
+    result = ddpctl_in_process(*args, cwd=tmp_path)
     assert result.returncode == 1 and result.stdout == ""
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {message}"), result.stderr

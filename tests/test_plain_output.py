@@ -20,7 +20,10 @@ from tests.testbed_fixtures import REPO
 
 pytestmark = pytest.mark.integration  # local runs, no test bed
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
-SMALL = ["--synthetic-train-size", "1024", "--synthetic-test-size", "128", "--gpus", "2"]
+# One rank of one thread: what these tests read is the launcher's output, which the rank count does not change; a
+# lone rank's default of one thread per core would spin on a busy machine (a 3-epoch run: 56 s of CPU against 8.5).
+ONE_RANK = ["--gpus", "1", "--threads-per-process", "1"]
+SMALL = ["--synthetic-train-size", "1024", "--synthetic-test-size", "128", *ONE_RANK]
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # ESC and carriage return among them
 
 # Rank 0 prints a burst bigger than the tail's rate allows, colours and a \r-redrawn counter; rank 1 fails in
@@ -80,8 +83,9 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 def test_up_to_a_file_tells_the_run_as_it_goes_and_is_interrupted_cleanly(tmp_path: Path) -> None:
     log = tmp_path / "run.log"
     # Epochs of over a second on an idle 2-core machine, several times the 0.5 s poll: each one's end is seen
-    # (an epoch shorter than a poll is told with the next one seen, as a terminal's display skips it too).
-    up = start(log, "up", "--epochs", "30", *SMALL, "--synthetic-train-size", "16384", "--runs-dir",
+    # (an epoch shorter than a poll is told with the next one seen, as a terminal's display skips it too). One rank
+    # on 8,192 samples takes as long as two on 16,384 did, for half the CPU.
+    up = start(log, "up", "--epochs", "30", *SMALL, "--synthetic-train-size", "8192", "--runs-dir",
                str(tmp_path / "runs"), cwd=tmp_path)
     try:
         wait_in_log(log, r"node 0: torchrun started", up, timeout=60)
@@ -133,8 +137,10 @@ def test_up_to_a_file_shows_rank_0_restarts_and_the_failure_at_a_sane_rate(tmp_p
 def test_sweep_to_a_file_tells_each_run_as_it_goes(tmp_path: Path) -> None:
     log = tmp_path / "sweep.log"
     # Epochs of about a second on an idle 2-core machine (4,096 samples): each is seen while the sweep runs on.
-    sweep = start(log, "sweep", "--gpus", "1,2", "--epochs", "3", "--synthetic-train-size", "4096",
-                  "--synthetic-test-size", "128", "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    # One thread per rank: the 1x1 run's default of two spun on a busy machine (this test: 58 s of CPU, 23 s with one).
+    sweep = start(log, "sweep", "--gpus", "1,2", "--threads-per-process", "1", "--epochs", "3",
+                  "--synthetic-train-size", "4096", "--synthetic-test-size", "128",
+                  "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
     try:
         wait_in_log(log, r"ddp: layout 1x1 .*: run ", sweep, timeout=60)
         wait_in_log(log, r"node 0 \(local\): epoch [12]/3 ended", sweep)

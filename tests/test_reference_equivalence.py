@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 import torch
 
 from tests.trainer_support import SMALL_RUN, assert_same_weights, describe, finish_command, load_weights, start_command
@@ -52,7 +54,19 @@ def reference_epoch(seed: int, sampler_seed: int) -> dict[str, torch.Tensor]:
     return model.state_dict()
 
 
-def test_one_process_epoch_equals_reference_loop() -> None:
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """One intra-op thread, as each process of a 2-process run on this 2-core machine has: torch's default here (a
+    thread per core) spins on a busy machine (this test: ~64 s of CPU there, 6 s with one)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_one_process_epoch_equals_reference_loop(one_thread: None) -> None:
     ours = our_epoch(SEED)
     reference = reference_epoch(SEED, sampler_seed=SEED)
     assert_same_weights(ours, reference)

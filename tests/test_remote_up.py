@@ -10,7 +10,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -67,22 +69,53 @@ def test_dry_run_prints_each_node_and_connects_to_nothing(tmp_path: Path) -> Non
     assert not any(tmp_path.iterdir())
 
 
+@dataclass
+class PlannedRun:
+    """`up --dry-run --json` on the first two hosts, then `up --json` with the same options."""
+
+    planned: dict[str, Any]  # the dry run's plan
+    dry_runs: Path  # the dry run's --runs-dir: a dry run records nothing
+    result: subprocess.CompletedProcess[str]  # the run's `up`
+    run: Path  # its run directory
+
+
+def planned_run(bed: Testbed, root: Path, *args: str) -> PlannedRun:
+    """No --gpus, no --rdzv-port: what only the hosts can tell is left to the probes of the dry run and the run."""
+    dry = ddpctl(bed, "up", *host_args(bed.hosts[:2]), "--runs-dir", str(root / "dry"), "--dry-run", "--json", *args)
+    assert dry.returncode == 0, dry.stderr
+    ran = ddpctl(bed, "up", *host_args(bed.hosts[:2]), "--runs-dir", str(root / "runs"), "--json", *args)
+    assert ran.returncode == 0, ran.stderr
+    return PlannedRun(json.loads(dry.stdout), root / "dry", ran, the_run(root / "runs"))
+
+
+@pytest.fixture(scope="module")
+def native_run(bed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> PlannedRun:
+    """--runtime native, 2 epochs, two processes per host (the probe's choice): read by the plan test and by the
+    pull test."""
+    return planned_run(bed, tmp_path_factory.mktemp("native"), "--runtime", "native", "--epochs", "2", *SMALL)
+
+
+@pytest.fixture(scope="module")
+def auto_run(bed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> PlannedRun:
+    """--runtime auto, 3 epochs, two processes per host (the probe's choice), global rank 2 (node 1's first worker)
+    SIGKILLing itself at step 10 (in epoch 2) of the first attempt, --max-restarts 1: read by the plan test and by
+    the restart test."""
+    return planned_run(bed, tmp_path_factory.mktemp("auto"), "--runtime", "auto", "--epochs", "3", *SMALL,
+                       "--max-restarts", "1", "--trainer-arg=--fault-kill", "--trainer-arg=2:10")
+
+
 @pytest.mark.parametrize("runtime", ["native", "auto"])
-def test_the_dry_run_plan_is_the_plan_that_runs(bed: Testbed, tmp_path: Path, runtime: str) -> None:
+def test_the_dry_run_plan_is_the_plan_that_runs(runtime: str, request: pytest.FixtureRequest) -> None:
     """No --gpus, no --rdzv-port, --runtime auto: what only the hosts can tell is decided by the dry run's probe
     exactly as by the run's (these hosts' users cannot reach a Docker engine: auto is native)."""
-    args = ["--runtime", runtime, "--epochs", "1", *SMALL]
-    dry = ddpctl(bed, "up", *host_args(bed.hosts[:2]), "--runs-dir", str(tmp_path / "dry"), "--dry-run", "--json",
-                 *args)
-    assert dry.returncode == 0, dry.stderr
-    planned = json.loads(dry.stdout)
-    assert not (tmp_path / "dry").exists()  # a dry run records nothing
+    made: PlannedRun = request.getfixturevalue(f"{runtime}_run")
+    bed: Testbed = request.getfixturevalue("bed")
+    planned = made.planned
+    assert not made.dry_runs.exists()  # a dry run records nothing
     assert planned["unknown"] == [] and planned["runtime"] == "native" and planned["rdzv_port"] == 29400
     assert planned["nproc_per_node"] == 2  # CPU-only hosts: two processes each
     assert [f["torch"] for f in planned["node_facts"]] == [torch_version()] * 2
-    ran = ddpctl(bed, "up", *host_args(bed.hosts[:2]), "--runs-dir", str(tmp_path / "runs"), "--json", *args)
-    assert ran.returncode == 0, ran.stderr
-    run = the_run(tmp_path / "runs")
+    ran, run = made.result, made.run
     executed = json.loads((run / "plan.json").read_text())
     assert comparable_plan(executed) == comparable_plan(planned)
     record = json.loads((run / "run.json").read_text())
@@ -139,11 +172,9 @@ def torch_version() -> str:
     return metadata.version("torch").split("+")[0]
 
 
-def test_two_hosts_train_and_everything_is_pulled_and_verified(bed: Testbed, tmp_path: Path) -> None:
-    runs = tmp_path / "runs"
-    result = up(bed, bed.hosts[:2], runs, "--gpus", "2", "--json")
-    assert result.returncode == 0, result.stderr
-    run = the_run(runs)
+def test_two_hosts_train_and_everything_is_pulled_and_verified(bed: Testbed, native_run: PlannedRun) -> None:
+    """Two hosts, two processes each, 2 epochs (the run of `native_run`)."""
+    run = native_run.run
     summary = json.loads((run / "summary.json").read_text())
     assert summary["world_size"] == 4 and summary["nnodes"] == 2 and summary["epochs"] == 2
     assert [json.loads(x)["epoch"] for x in (run / "timing.jsonl").read_text().splitlines()] == [1, 2]
@@ -177,15 +208,23 @@ def test_two_hosts_train_and_everything_is_pulled_and_verified(bed: Testbed, tmp
     assert [n["state"] for n in json.loads(status.stdout)["nodes"]] == ["finished", "finished"]
 
 
-def test_three_hosts_with_different_ports_and_users(bed: Testbed, tmp_path: Path) -> None:
-    assert len({h.port for h in bed.hosts}) == 3 and len({h.user for h in bed.hosts}) == 3
-    # Hosts in reverse: node 0 hosts the rendezvous, but torchrun gives global rank 0 to the smallest address,
-    # the last node's; its outputs are the run's all the same.
-    result = up(bed, bed.hosts[::-1], tmp_path / "runs", "--gpus", "1", "--json")
+@pytest.fixture(scope="module")
+def three_host_run(bed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
+    """`up --json` on the three hosts in reverse order, one process each, 1 epoch: read by the three-hosts test and
+    by the pull's symlink test. Hosts in reverse: node 0 hosts the rendezvous, but torchrun gives global rank 0 to
+    the smallest address, the last node's (bed.hosts[0]); its outputs are the run's all the same."""
+    runs = tmp_path_factory.mktemp("three") / "runs"
+    result = up(bed, bed.hosts[::-1], runs, "--gpus", "1", "--epochs", "1", "--json")
     assert result.returncode == 0, result.stderr
-    summary = json.loads(result.stdout)["summary"]
+    return result
+
+
+def test_three_hosts_with_different_ports_and_users(bed: Testbed,
+                                                    three_host_run: subprocess.CompletedProcess[str]) -> None:
+    assert len({h.port for h in bed.hosts}) == 3 and len({h.user for h in bed.hosts}) == 3
+    summary = json.loads(three_host_run.stdout)["summary"]
     assert summary["world_size"] == 3 and summary["nnodes"] == 3
-    run = the_run(tmp_path / "runs")
+    run = Path(json.loads(three_host_run.stdout)["run_dir"])
     assert (run / "nodes" / "2" / "out" / "summary.json").exists(), "rank 0 ran on the last node"
     assert not (run / "nodes" / "0" / "out" / "summary.json").exists()
     assert json.loads((run / "summary.json").read_text()) == summary
@@ -196,7 +235,7 @@ def test_launcher_killed_mid_run_training_finishes_and_status_pull_get_it(bed: T
     runs = tmp_path / "runs"
     env = {**os.environ, "DDPCTL_KNOWN_HOSTS": str(bed.known_hosts_path)}
     proc = subprocess.Popen([sys.executable, "-m", "launcher", "up", *host_args(bed.hosts[:2]), "--gpus", "1",
-                             "--runs-dir", str(runs), "--epochs", "4", *SMALL, "-i", bed.client_key_path],
+                             "--runs-dir", str(runs), "--epochs", "2", *SMALL, "-i", bed.client_key_path],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
@@ -211,7 +250,14 @@ def test_launcher_killed_mid_run_training_finishes_and_status_pull_get_it(bed: T
         if proc.poll() is None:
             proc.kill()
     run = the_run(runs)
+    status = ddpctl(bed, "status", str(run), "--json")  # the launcher gone, the nodes still training
+    assert status.returncode == 0, status.stderr
     deadline = time.monotonic() + 240
+    # Each node writes its exit code when its torchrun has ended (hosts share this file system): `status` is asked
+    # again once both have, not every two seconds of the training.
+    ended = [Path(h.home, ".ddpctl", "runs", run.name, "exit_code") for h in bed.hosts[:2]]
+    while time.monotonic() < deadline and not all(p.exists() for p in ended):
+        time.sleep(0.5)
     states: list[str] = []
     while time.monotonic() < deadline:
         status = ddpctl(bed, "status", str(run), "--json")
@@ -223,13 +269,12 @@ def test_launcher_killed_mid_run_training_finishes_and_status_pull_get_it(bed: T
     assert states == ["finished", "finished"]
     pulled = ddpctl(bed, "pull", str(run))
     assert pulled.returncode == 0, pulled.stderr
-    assert json.loads((run / "summary.json").read_text())["epochs"] == 4
+    assert json.loads((run / "summary.json").read_text())["epochs"] == 2
 
 
-def test_worker_killed_on_node1_recovers_from_snapshots(bed: Testbed, tmp_path: Path) -> None:
+def test_worker_killed_on_node1_recovers_from_snapshots(bed: Testbed, auto_run: PlannedRun) -> None:
     # Global rank 2 is node 1's first worker (2 per node); it SIGKILLs itself mid-epoch on the first attempt.
-    result = up(bed, bed.hosts[:2], tmp_path / "runs", "--gpus", "2", "--epochs", "3", "--max-restarts", "1",
-                "--json", "--trainer-arg=--fault-kill", "--trainer-arg=2:10")
+    result = auto_run.result
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)["summary"]
     assert summary["restarts"] == 1 and summary["epochs"] == 3
@@ -396,15 +441,14 @@ def test_doctor_marks_the_host_that_cannot_run_not_ready(bed: Testbed) -> None:
     assert fine.spec in rows
 
 
-def test_malicious_host_symlink_is_not_followed_by_pull(bed: Testbed, tmp_path: Path) -> None:
-    runs = tmp_path / "runs"
-    result = up(bed, bed.hosts[:1], runs, "--gpus", "1", "--epochs", "1")
-    assert result.returncode == 0, result.stderr
-    run = the_run(runs)
+def test_malicious_host_symlink_is_not_followed_by_pull(bed: Testbed,
+                                                       three_host_run: subprocess.CompletedProcess[str]) -> None:
+    """A link to /etc/shadow in the output folder of node 2 (bed.hosts[0], where rank 0 wrote the run's summary)."""
+    run = Path(json.loads(three_host_run.stdout)["run_dir"])
     host = bed.hosts[0]
     host.run_as_user(["ln", "-s", "/etc/shadow", f"{host.home}/.ddpctl/runs/{run.name}/out/stolen"])
     pulled = ddpctl(bed, "pull", str(run))
     assert pulled.returncode == 0, pulled.stderr
     assert "symbolic links are not pulled" in pulled.stderr and "out/stolen" in pulled.stderr
     assert not list(run.rglob("stolen"))
-    assert (run / "nodes" / "0" / "out" / "summary.json").is_file()
+    assert (run / "nodes" / "2" / "out" / "summary.json").is_file()

@@ -1,5 +1,6 @@
 """Runs re-run from their record: `ddpctl up --from runs/<id>` (a local run and a test-bed run: same spec, hosts,
-trainer argv; on CPU with the same seed the same final weights), and `sweep` with up's launch options on the bed."""
+trainer argv; on CPU with the same seed the same final weights). (`sweep` with up's launch options on the bed is
+tests/test_sweep.py's, on that module's sweep over the bed.)"""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 
 from launcher.cli import app as cli
 from launcher.planning.request import UpResult
-from launcher.results.rundir import RunDir, read_jsonl
+from launcher.results.rundir import RunDir
 from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, run_ddpctl
 
 REPO = Path(__file__).resolve().parent.parent
@@ -132,28 +133,3 @@ def test_from_a_test_bed_run_uses_the_same_hosts_spec_and_trainer_argv(bed: Any,
     import torch
 
     assert all(torch.equal(weights[k], weights_again[k]) for k in weights)
-
-
-@needs_bed
-@pytest.mark.timeout(600)
-def test_sweep_with_env_stall_timeout_and_rdzv_port_reaches_every_run(bed: Any, tmp_path: Path) -> None:
-    runs = tmp_path / "runs"
-    hosts = [arg for h in bed.hosts for arg in ("--host", h.spec)]
-    # OMP_NUM_THREADS sets the trainer's threads per process, which summary.json records: proof the value got there.
-    result = run_ddpctl(bed, "sweep", "--gpus", "1", "--nodes", "1,2", *hosts, *TINY, "--env", "OMP_NUM_THREADS=3",
-                        "--stall-timeout", "120", "--rdzv-port", "29517", "--runs-dir", str(runs), "--no-progress",
-                        timeout=550)
-    assert result.returncode == 0, result.stdout + result.stderr
-    (sweep_dir,) = [p for p in runs.iterdir() if p.name.startswith("sweep-")]
-    manifest = json.loads((sweep_dir / "sweep.json").read_text())
-    assert "OMP_NUM_THREADS=3" not in json.dumps(manifest) and manifest["launch"]["env_names"] == ["OMP_NUM_THREADS"]
-    entries = manifest["entries"]
-    assert [(e["nnodes"], e["status"]) for e in entries] == [(1, "done"), (2, "done")]
-    for entry in entries:
-        run = RunDir.open(sweep_dir / entry["run_dir"])
-        assert run.spec().rdzv_port == 29517 and run.spec().withheld_env == ("OMP_NUM_THREADS",)
-        assert all(":29517" in line or "--standalone" in line for line in planned_lines(run))
-        summaries = list(run.path.glob("nodes/*/out/summary.json"))
-        assert summaries and all(json.loads(s.read_text())["threads_per_process"] == 3 for s in summaries)
-        assert run.typed_record().options["stall_timeout"] == 120.0  # type: ignore[index]
-        assert not [e for e in read_jsonl(run.path / "events.jsonl") if "stall" in e["event"]]

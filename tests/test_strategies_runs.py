@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,13 +17,11 @@ import torch
 from tests.trainer_support import (
     assert_same_weights,
     describe,
-    finish_command,
     load_weights,
     read_json,
     read_timing,
     run_torchrun,
     run_trainer,
-    start_command,
 )
 from trainer.snapshot import list_snapshots
 
@@ -216,13 +214,28 @@ TORCHRUN_ENV: dict[str, str | None] = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2
     ],
 )  # fmt: skip
 def test_a_strategy_that_cannot_run_here_is_refused_in_one_line_before_anything_starts(
-    tmp_path: Path, args: list[str], env: dict[str, str | None], needs: str
+    tmp_path: Path, args: list[str], env: dict[str, str | None], needs: str, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
+    """The trainer's main() in this process (what `python -m trainer` exits with): a refusal is a check of the
+    command line and the environment, before any process group or process, so no process of its own is needed."""
+    from trainer.__main__ import main
+
     out = tmp_path / "out"
     # The environment of a torchrun worker, without torchrun: a refusal must come before any process group.
-    result = finish_command(start_command([sys.executable, "-m", "trainer", *RUN, *args, "--out-dir", str(out)], env))
-    lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2 and len(lines) == 1, describe(result)
+    for key, value in env.items():
+        if value is None:
+            monkeypatch.delenv(key, raising=False)
+        else:
+            monkeypatch.setenv(key, value)
+    on_sigterm = signal.getsignal(signal.SIGTERM)  # main() installs the trainer's own
+    try:
+        code = main([*RUN, *args, "--out-dir", str(out)])
+    finally:
+        signal.signal(signal.SIGTERM, on_sigterm)
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, err
     assert lines[0].startswith("error: --strategy") and needs in lines[0]
     assert not out.exists()
     assert not any(os.scandir(tmp_path))

@@ -1,5 +1,7 @@
 """Strategies from the launcher's side (issue 14): refusals before anything starts, the layout torchrun and the
-trainer get, a real sweep of strategies x process counts and its report, and the "not comparable" flag."""
+trainer get, a real sweep of strategies x process counts and its report, and the "not comparable" flag.
+The refusals call ddpctl's main() in this process (one line, its exit status, nothing written); the sweep runs it
+as a process."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from launcher.results.run_figures import build_report, load_run, scaling_table
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.strategies import STRATEGIES
 from launcher.spec.torchrun import NodeRole, torchrun_argv
+from tests.cli_in_process import ddpctl_in_process
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["--epochs", "1", "--synthetic-train-size", "256", "--synthetic-test-size", "64"]
@@ -59,7 +62,7 @@ REFUSALS = {
 def test_a_strategy_that_cannot_run_is_refused_in_one_line_with_nothing_written(case: str, tmp_path: Path) -> None:
     args, says = REFUSALS[case]
     runs = tmp_path / "runs"
-    proc = ddpctl(args[0], "--runs-dir", str(runs), *args[1:])
+    proc = ddpctl_in_process(args[0], "--runs-dir", str(runs), *args[1:], cwd=REPO, env={"CUDA_VISIBLE_DEVICES": ""})
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], proc.stderr

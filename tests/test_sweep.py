@@ -1,5 +1,6 @@
 """Sweeps: layouts, lr scaling, the manifest and resume (with a run executor that writes contract-format run
-directories), then real local sweeps through `ddpctl sweep` with torchrun, gloo and the trainer."""
+directories), then real local sweeps through `ddpctl sweep` with torchrun, gloo and the trainer, and one sweep on
+the test bed's two hosts with up's launch options."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +22,7 @@ import pytest
 from launcher.cli import app as cli
 from launcher.errors import DdpctlError, SpecError
 from launcher.results.run_figures import load_run, scaling_table
-from launcher.results.rundir import read_jsonl
+from launcher.results.rundir import RunDir, read_jsonl
 from launcher.results.sweep import (
     Layout,
     SweepError,
@@ -33,7 +36,7 @@ from launcher.results.sweep import (
 )
 from launcher.spec.run_spec import RunSpec
 from tests.test_report import median, write_run
-from tests.testbed_fixtures import needs_testbed
+from tests.testbed_fixtures import lent, needs_testbed, run_ddpctl
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["--epochs", "1", "--synthetic-train-size", "256", "--synthetic-test-size", "64"]
@@ -266,8 +269,10 @@ def test_local_sweep_on_synthetic_data_runs_both_layouts_and_reports(tmp_path: P
 
 @pytest.mark.timeout(300)
 def test_local_sweep_interrupted_after_its_first_run_resumes_with_the_second(tmp_path: Path) -> None:
-    # More epochs than the first test so that the second run is still training when Ctrl-C comes.
-    proc = ddpctl("sweep", "--gpus", "1,2", *TINY[:1], "40", *TINY[2:], "--runs-dir", str(tmp_path),
+    # More epochs than the first test so that the second run is still training when Ctrl-C comes (it comes at
+    # once once that run's progress.json is there, written at its first step).
+    epochs = 10
+    proc = ddpctl("sweep", "--gpus", "1,2", *TINY[:1], str(epochs), *TINY[2:], "--runs-dir", str(tmp_path),
                   "--no-progress", start_new_session=True)
     try:
         deadline = time.monotonic() + 200
@@ -299,25 +304,41 @@ def test_local_sweep_interrupted_after_its_first_run_resumes_with_the_second(tmp
     assert [(e["status"], e["attempts"]) for e in entries] == [("done", 1), ("done", 2)]
     assert entries[1]["run_dir"].endswith("-1x2-r2") and "layout 1x1" not in out
     assert (first / "timing.jsonl").read_text() == first_timing  # the first run was not touched
-    assert len(read_jsonl(sweep_dir / entries[1]["run_dir"] / "timing.jsonl")) == 40
+    assert len(read_jsonl(sweep_dir / entries[1]["run_dir"] / "timing.jsonl")) == epochs
     check_report(sweep_dir)
+
+
+@pytest.fixture(scope="module")
+def bed(two_hosts: Any) -> Iterator[Any]:
+    yield from lent(two_hosts)
+
+
+@dataclass
+class HostSweep:
+    runs: Path
+    result: subprocess.CompletedProcess[str]
+
+
+@pytest.fixture(scope="module")
+def host_sweep(bed: Any, tmp_path_factory: pytest.TempPathFactory) -> HostSweep:
+    """One sweep over the bed's two hosts (--nodes 1,2, one process each) with up's launch options: read by the
+    report test and the launch-options test. OMP_NUM_THREADS sets the trainer's threads per process, which
+    summary.json records: proof the value got there."""
+    runs = tmp_path_factory.mktemp("host-sweep") / "runs"
+    hosts = [arg for h in bed.hosts for arg in ("--host", h.spec)]
+    result = run_ddpctl(bed, "sweep", "--gpus", "1", "--nodes", "1,2", *hosts, *TINY, "--env", "OMP_NUM_THREADS=3",
+                        "--stall-timeout", "120", "--rdzv-port", "29517", "--runs-dir", str(runs), "--no-progress",
+                        timeout=450)
+    return HostSweep(runs, result)
 
 
 @needs_testbed
 @pytest.mark.testbed
 @pytest.mark.timeout(500)
-def test_sweep_over_ssh_hosts_reports_the_runs_pulled_from_them(two_hosts: Any, tmp_path: Path) -> None:
-    bed = two_hosts
-    try:
-        env = {**os.environ, "DDPCTL_KNOWN_HOSTS": str(bed.write_known_hosts(tmp_path / "known_hosts"))}
-        hosts = [arg for h in bed.hosts for arg in ("--host", h.spec)]
-        proc = ddpctl("sweep", "--gpus", "1", "--nodes", "1,2", *hosts, "-i", bed.client_key_path, *TINY,
-                      "--runs-dir", str(tmp_path / "runs"), "--no-progress", env=env)
-        out, err = proc.communicate(timeout=450)
-    finally:
-        bed.reset()
-    assert proc.returncode == 0, out + err
-    sweep_dir = sweep_dir_in(tmp_path / "runs")
+def test_sweep_over_ssh_hosts_reports_the_runs_pulled_from_them(host_sweep: HostSweep, tmp_path: Path) -> None:
+    out, err = host_sweep.result.stdout, host_sweep.result.stderr
+    assert host_sweep.result.returncode == 0, out + err
+    sweep_dir = sweep_dir_in(host_sweep.runs)
     entries = load_manifest(sweep_dir)["entries"]
     assert [(e["nnodes"], e["status"]) for e in entries] == [(1, "done"), (2, "done")]
     for entry in entries:
@@ -329,3 +350,29 @@ def test_sweep_over_ssh_hosts_reports_the_runs_pulled_from_them(two_hosts: Any, 
     out, err = report.communicate(timeout=120)
     assert report.returncode == 0, err
     assert [row["layout"] for row in json.loads(out)["rows"]] == ["1x1", "2x1"]
+
+
+def planned_lines(run: RunDir) -> list[str]:
+    """What each node was told to run (its trainer argv), with the run id taken out."""
+    (event,) = [e for e in run.events() if e["event"] == "planned"]
+    return [line.replace(run.run_id, "RUN") for line in event["nodes"]]
+
+
+@needs_testbed
+@pytest.mark.timeout(500)
+def test_sweep_with_env_stall_timeout_and_rdzv_port_reaches_every_run(host_sweep: HostSweep) -> None:
+    result = host_sweep.result
+    assert result.returncode == 0, result.stdout + result.stderr
+    (sweep_dir,) = [p for p in host_sweep.runs.iterdir() if p.name.startswith("sweep-")]
+    manifest = json.loads((sweep_dir / "sweep.json").read_text())
+    assert "OMP_NUM_THREADS=3" not in json.dumps(manifest) and manifest["launch"]["env_names"] == ["OMP_NUM_THREADS"]
+    entries = manifest["entries"]
+    assert [(e["nnodes"], e["status"]) for e in entries] == [(1, "done"), (2, "done")]
+    for entry in entries:
+        run = RunDir.open(sweep_dir / entry["run_dir"])
+        assert run.spec().rdzv_port == 29517 and run.spec().withheld_env == ("OMP_NUM_THREADS",)
+        assert all(":29517" in line or "--standalone" in line for line in planned_lines(run))
+        summaries = list(run.path.glob("nodes/*/out/summary.json"))
+        assert summaries and all(json.loads(s.read_text())["threads_per_process"] == 3 for s in summaries)
+        assert run.typed_record().options["stall_timeout"] == 120.0  # type: ignore[index]
+        assert not [e for e in read_jsonl(run.path / "events.jsonl") if "stall" in e["event"]]

@@ -1,7 +1,8 @@
 """`ddpctl up ... -- CMD`: another launcher is refused, our trainer's options are refused with it, torchrun-style
 option names get the option they mean, and `python`/`python3` as the first word is the node's own interpreter.
-Each refusal is checked as a user sees it: the real CLI in a process, one line on stderr, exit != 0, no run
-directory."""
+Each refusal is checked as a user sees it: the real CLI (its main(), called in this process: nothing here is about a
+process boundary), one line on stderr, exit != 0, no run directory. The runs that train start ddpctl as a process,
+with the PATH they are about."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.cli_in_process import ddpctl_in_process
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -27,7 +30,7 @@ def ddpctl(*args: str, cwd: Path, env: dict[str, str] | None = None,
 def refused(tmp_path: Path, *args: str) -> str:
     """Run `up` (for real, not --dry-run) and check it was refused as one line, with nothing written."""
     runs = tmp_path / "runs"
-    result = ddpctl("up", "--runs-dir", str(runs), *args, cwd=tmp_path)
+    result = ddpctl_in_process("up", "--runs-dir", str(runs), *args, cwd=tmp_path)
     assert result.returncode != 0, result.stdout
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
@@ -62,7 +65,7 @@ def test_another_launcher_is_refused(tmp_path: Path, command: list[str]) -> None
     ["./torchrun_wrapper.sh"],
 ], ids=["torchrun as an argument", "python -m a module", "a script named deepspeed_*", "a script named torchrun_*"])
 def test_commands_that_start_no_launcher_are_planned(tmp_path: Path, command: list[str]) -> None:
-    result = ddpctl("up", "--host", "u@10.0.0.1", "--dry-run", "--no-probe", "--", *command, cwd=tmp_path)
+    result = ddpctl_in_process("up", "--host", "u@10.0.0.1", "--dry-run", "--no-probe", "--", *command, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
 
 
@@ -92,7 +95,7 @@ def test_a_config_that_gives_only_defaults_is_no_request(tmp_path: Path) -> None
     """A file written by --save-config holds every option at its default: that asks for nothing with `-- CMD`."""
     config = tmp_path / "exp.toml"
     config.write_text("gpus = 2\nepochs = 3\n")  # 3: the default
-    result = ddpctl("up", "--config", str(config), "--dry-run", "--", "python", "train.py", cwd=tmp_path)
+    result = ddpctl_in_process("up", "--config", str(config), "--dry-run", "--", "python", "train.py", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
 
 
@@ -114,13 +117,13 @@ def test_an_ordinary_typo_keeps_clicks_suggestion(tmp_path: Path) -> None:
 
 def test_no_hint_for_an_option_the_command_lacks(tmp_path: Path) -> None:
     """`status` has no --gpus: `--nproc` gets no suggestion there."""
-    result = ddpctl("status", "--nproc", "2", cwd=tmp_path)
+    result = ddpctl_in_process("status", "--nproc", "2", cwd=tmp_path)
     assert result.returncode != 0
     assert "--gpus" not in result.stderr and "No such option: --nproc" in result.stderr
 
 
 def planned_command(tmp_path: Path, *args: str) -> list[str]:
-    result = ddpctl("up", "--dry-run", "--json", *args, cwd=tmp_path)
+    result = ddpctl_in_process("up", "--dry-run", "--json", *args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     (node, *_) = json.loads(result.stdout)["nodes"]
     command: list[str] = node["command"]

@@ -53,7 +53,6 @@ INTEGRATION_TESTS = {
     "test_script_progress::test_the_state_poll_brings_new_output_by_offset_and_the_rest_of_an_ended_attempt",
     "test_spec_plan::test_detach_script_passes_hostile_arguments_intact",
     "test_spec_plan::test_stop_kills_workers_that_left_the_process_group",
-    "test_strategy_launch::test_a_strategy_that_cannot_run_is_refused_in_one_line_with_nothing_written",
     "test_strategy_launch::test_sweep_of_strategies_by_process_count_writes_the_comparison_table_and_plots",
     "test_sweep::test_local_sweep_interrupted_after_its_first_run_resumes_with_the_second",
     "test_sweep::test_local_sweep_on_synthetic_data_runs_both_layouts_and_reports",

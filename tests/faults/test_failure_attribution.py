@@ -101,9 +101,10 @@ def project(shared_dir: Path) -> Path:
     return folder
 
 
-def up_on_bed(bed: Testbed, runs: Path, project: Path, *args: str) -> tuple[subprocess.CompletedProcess[str],
-                                                                                 Path, dict[str, Any]]:
-    hosts = [a for h in bed.hosts for a in ("--host", h.spec)]
+def up_on_bed(bed: Testbed, runs: Path, project: Path, *args: str, nodes: int = 2) -> tuple[
+        subprocess.CompletedProcess[str], Path, dict[str, Any]]:
+    """`up` on the bed's first `nodes` hosts, in the project folder."""
+    hosts = [a for h in bed.hosts[:nodes] for a in ("--host", h.spec)]
     result = run_ddpctl(bed, "up", *hosts, "--runs-dir", str(runs), *args, cwd=project, timeout=400)
     print(result.stderr)  # shown when a test fails
     (run,) = [p for p in runs.iterdir() if p.is_dir()]
@@ -204,20 +205,21 @@ def test_teardown_failure_after_training_finished_exits_0_with_a_note(bed: Testb
 @needs_testbed
 def test_a_script_run_by_a_python_without_torch_gets_a_hint(bed: Testbed, project: Path, shared_dir: Path,
                                                             tmp_path: Path) -> None:
+    """On one SSH host: what is checked (the hint naming the interpreter, the node's last state, the preflight's
+    refusal of it as --python) is each node's own."""
     venv = shared_dir / "venv-without-torch"
     subprocess.run(["python3", "-m", "venv", "--without-pip", str(venv)], check=True,
                    env={**os.environ, **bed.host_env})
     result, _, record = up_on_bed(bed, tmp_path / "runs", project, "--gpus", "1", "--", f"{venv}/bin/python",
-                                  "train.py", "raise", "9")
+                                  "train.py", "raise", "9", nodes=1)
     assert result.returncode == 1
     hint = record["failure"]["hint"]
     assert f"{venv}/bin/python on node" in hint and "--python" in hint
     assert "No module named 'torch'" in result.stderr and f"hint: {venv}/bin/python on node" in result.stderr
     assert "failed (the first failure)" in result.stderr  # the display's last state of the failing node
     # The same interpreter as --python (it would run torchrun) is refused by the preflight, naming it.
-    hosts = [a for h in bed.hosts for a in ("--host", h.spec)]
-    refused = run_ddpctl(bed, "up", *hosts, "--runs-dir", str(tmp_path / "runs2"), "--python", f"{venv}/bin/python",
-                         "--", "python", "train.py", "raise", "9", cwd=project)
+    refused = run_ddpctl(bed, "up", "--host", bed.hosts[0].spec, "--runs-dir", str(tmp_path / "runs2"), "--python",
+                         f"{venv}/bin/python", "--", "python", "train.py", "raise", "9", cwd=project)
     assert refused.returncode == 1 and f"torch is not importable by {venv}/bin/python" in refused.stderr
     assert "--python PATH" in refused.stderr and not (tmp_path / "runs2").exists()
 

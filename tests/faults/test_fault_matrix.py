@@ -1,4 +1,5 @@
-"""The fault matrix on the SSH test bed: one real `ddpctl up` per fault, on one shared two-host bed.
+"""The fault matrix on the SSH test bed: one real `ddpctl up` per fault (the two brief losses of contact with a
+host, its link and its sshd, in turn in one run), on one shared two-host bed.
 
 Each test asserts the outcome (exit status, the run's recorded events), the one line the user sees (key words),
 that nothing was lost (what the hosts wrote before the fault is what was pulled, by sha256) and that no
@@ -18,6 +19,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -100,9 +102,10 @@ def test_terminal_closing_stops_every_node_even_when_nothing_can_be_printed(bed:
     assert_nothing_left_running(bed.hosts)
 
 
-# The host's python for `--python`: it stops at the step the test gates (every call, or the ship's first listing
-# of the code cache: `python -c SCRIPT manifest DIR`), says so in a file, waits until the test opens the gate, then
-# runs the hosts' python3 (the bed puts this machine's python with torch first on their PATH).
+# The host's python for `--python`: it stops at the step the test gates (every call, or the ship's creation of the
+# code cache on a host that has none: `python -c SCRIPT mkdirs DIR`; the probe lists the cache), says so in a file,
+# waits until the test opens the gate, then runs the hosts' python3 (the bed puts this machine's python with torch
+# first on their PATH).
 GATED_PYTHON = """#!/bin/sh
 if {gated}; then
     touch {gate_dir}/reached
@@ -126,7 +129,7 @@ def bed_reservations(bed: Testbed) -> set[Path]:
 @pytest.mark.parametrize(("phase", "gated", "signal_name", "line"), [
     ("probe", "true", "SIGINT", "error: interrupted by Ctrl-C while probing the hosts: nothing was started on any "
                                 "host; no run directory was made"),
-    ("ship", '[ "$3" = manifest ]', "SIGTERM", "error: interrupted by SIGTERM while shipping the code to the hosts: "
+    ("ship", '[ "$3" = mkdirs ]', "SIGTERM", "error: interrupted by SIGTERM while shipping the code to the hosts: "
                                                "nothing was started on any host; no run directory kept (it held only "
                                                "the plan)"),
     # The last step of the probe: node 0's port is reserved and node 1's probe, asked to connect to it, is held
@@ -141,6 +144,9 @@ def test_interrupted_before_torchrun_starts_says_nothing_was_started(bed: Testbe
     and what became of the run directory; exit 130; nothing in --runs-dir; no process left on the hosts."""
     gate_dir = Path(tempfile.mkdtemp(prefix=f"ddpctl-gate-{phase}-"))
     reserved_before = bed_reservations(bed)
+    if phase == "ship":  # no code cache on the hosts (earlier runs made one): the ship creates it
+        for host in bed.hosts:
+            host.run_as_user(["rm", "-rf", f"{host.home}/.ddpctl/code"])
     try:
         os.chmod(gate_dir, 0o777)  # the hosts' login users say there that they reached the gate
         python = gate_dir / "gated-python"
@@ -246,12 +252,15 @@ def test_agent_killed_fails_the_run_and_leaves_no_worker(bed: Testbed, tmp_path:
 def test_kill_during_a_snapshot_write_resumes_from_a_whole_snapshot(bed: Testbed, tmp_path: Path) -> None:
     """Node 1's worker SIGKILLed while its snapshot file is being written: the half-written file is never used,
     the restarted workers resume from a whole snapshot and the run completes."""
-    # The larger model's snapshot (about 10 MB) takes a few milliseconds to write; the directory is watched
-    # without pause, and eight epochs give seven writes to catch.
-    up = Up(bed, bed.hosts, tmp_path / "runs", *TINY, "--model", "mnist-cnn", "--epochs", "8", "--max-restarts", "1",
-            "--json")
+    # The larger model's snapshot (about 10 MB) takes a few milliseconds to write; once epoch 1's is there the
+    # directory is watched without pause, and eight epochs give six more writes to catch. Epochs of 4 steps per
+    # rank: the write is as long as with more, the pauses between writes (watched without pause) are shorter.
+    up = Up(bed, bed.hosts, tmp_path / "runs", *TINY, "--model", "mnist-cnn", "--synthetic-train-size", "256",
+            "--epochs", "8", "--max-restarts", "1", "--json")
     snapshots = up.workspace(1) / "out" / "snapshots"
     worker = int(wait_for("node 1's worker", lambda: _children(up.agent_pid(1), "trainer"), timeout=150))
+    wait_for("epoch 1's snapshot on node 1", lambda: "snapshot-epoch-000001.pt" in _listing(snapshots), timeout=150,
+             every=0.05)
     seen = wait_for("a snapshot being written on node 1", lambda: [p for p in _listing(snapshots) if ".tmp-" in p],
                     timeout=150, every=0)
     os.kill(worker, signal.SIGKILL)
@@ -280,38 +289,62 @@ def _children(pid: int, pattern: str) -> int | None:
 # -- faults between the launcher and the hosts ------------------------------------------------------------
 
 
-def test_sshd_stopped_mid_run_and_back_the_run_completes(bed: Testbed, tmp_path: Path) -> None:
-    up = Up(bed, bed.hosts, tmp_path / "runs", *TINY, "--epochs", "4", "--json")
-    before = up.wait_snapshots()
+@dataclass
+class ContactLost:
+    """One run through both losses of contact with host 1, and what its hosts held before each."""
+
+    up: Up
+    before_link_down: dict[str, str]
+    before_sshd_stop: dict[str, str]
+    code: int
+    err: str
+
+
+@pytest.fixture(scope="module")
+def contact_lost_and_back(bed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> ContactLost:
+    """One 4-epoch run loses contact with host 1 twice, each time for a few seconds, then follows it to its end:
+    first host 1's link goes down for 8 s (node 1 cut from node 0 and from `up`: the training waits), then, once
+    it is back and the training moves on, host 1's sshd is stopped for 4 s with `up`'s open connection killed.
+    Each of the two tests reads the run as its own fault left it: complete, and nothing written before lost."""
+    up = Up(bed, bed.hosts, tmp_path_factory.mktemp("contact") / "runs", *TINY, "--epochs", "4", "--json")
     host = bed.hosts[1]
+    before_link_down = up.wait_snapshots()
+    host.link_down()
+    try:
+        time.sleep(8)
+    finally:
+        host.link_up()
+    # The training moves again: every node writes a snapshot it had not written before the link went down.
+    written = max(sum(key.startswith(f"{k}/") for key in before_link_down) for k in range(len(bed.hosts)))
+    before_sshd_stop = up.wait_snapshots(written + 1)
     host.stop_sshd()
     try:
-        # The launcher's open connection goes too (its per-connection sshd runs as the login user).
+        # The launcher's open connection goes too (its per-connection sshd runs as the login user); a session
+        # that ended since it was listed (one from before the link went down) is gone already.
         sessions = subprocess.run(["pgrep", "-u", host.user, "-x", "sshd"], capture_output=True, text=True)
         for pid in sessions.stdout.split():
-            os.kill(int(pid), signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
         time.sleep(4)
     finally:
         host.start_sshd()
     code, err = up.finish()
-    assert code == 0, err
-    assert json.loads(up.out_path.read_text())["summary"]["epochs"] == 4
-    assert_nothing_lost(up, before)
+    return ContactLost(up, before_link_down, before_sshd_stop, code, err)
+
+
+def test_sshd_stopped_mid_run_and_back_the_run_completes(bed: Testbed, contact_lost_and_back: ContactLost) -> None:
+    lost = contact_lost_and_back
+    assert lost.code == 0, lost.err
+    assert json.loads(lost.up.out_path.read_text())["summary"]["epochs"] == 4
+    assert_nothing_lost(lost.up, lost.before_sshd_stop)
     assert_nothing_left_running(bed.hosts)
 
 
-def test_link_down_and_up_the_run_completes(bed: Testbed, tmp_path: Path) -> None:
-    up = Up(bed, bed.hosts, tmp_path / "runs", *TINY, "--epochs", "4", "--json")
-    before = up.wait_snapshots()
-    bed.hosts[1].link_down()
-    try:
-        time.sleep(8)
-    finally:
-        bed.hosts[1].link_up()
-    code, err = up.finish()
-    assert code == 0, err
-    assert json.loads(up.out_path.read_text())["summary"]["epochs"] == 4
-    assert_nothing_lost(up, before)
+def test_link_down_and_up_the_run_completes(bed: Testbed, contact_lost_and_back: ContactLost) -> None:
+    lost = contact_lost_and_back
+    assert lost.code == 0, lost.err
+    assert json.loads(lost.up.out_path.read_text())["summary"]["epochs"] == 4
+    assert_nothing_lost(lost.up, lost.before_link_down)
     assert_nothing_left_running(bed.hosts)
 
 
