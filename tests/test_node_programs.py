@@ -342,8 +342,8 @@ def test_the_start_writes_the_nodes_files_inside_its_workspace_only(tmp_path: Pa
     a path that leaves the workspace is refused, whatever sent it."""
     monkeypatch.chdir(tmp_path)
 
-    def payload(*files: tuple[str, bytes, int]) -> bytes:
-        return json.dumps([[p, base64.b64encode(d).decode(), m] for p, d, m in files]).encode()
+    def payload(*files: tuple[str, bytes, int]) -> list:
+        return [[p, base64.b64encode(d).decode(), m] for p, d, m in files]
 
     assert node_start.write_files(payload(("env", b"K=v\n", 0o600), ("hook/sitecustomize.py", b"x = 1\n", 0o644))) \
         is None
@@ -356,4 +356,4 @@ def test_the_start_writes_the_nodes_files_inside_its_workspace_only(tmp_path: Pa
     (tmp_path / "linked").symlink_to(tmp_path / "elsewhere")  # a link where a file goes is not written through
     assert node_start.write_files(payload(("linked", b"K=v\n", 0o600))) is not None
     assert (tmp_path / "elsewhere").read_bytes() == b"kept\n"
-    assert node_start.write_files(b"not json") is not None and node_start.write_files(b"") is None
+    assert isinstance(node_start.read_request(b"not json"), str) and node_start.read_request(b"") == ([], None)

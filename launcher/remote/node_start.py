@@ -99,18 +99,9 @@ def copy_code(home: str, cache: str, dest: str) -> "str | None":
     return None
 
 
-def write_files(payload: bytes) -> "str | None":
-    """Write the files of `payload` (JSON: [[PATH, BASE64, MODE], ...], paths inside the workspace) into the
+def write_files(files: "list") -> "str | None":
+    """Write `files` ([[PATH, BASE64, MODE], ...] from the start's request, paths inside the workspace) into the
     current directory, each created with its mode; the error, or None."""
-    try:
-        files = json.loads(payload) if payload.strip() else []
-    except ValueError as e:
-        return f"could not write the node's files: {e}"
-    return write_listed(files)
-
-
-def write_listed(files: "list") -> "str | None":
-    """write_files of the decoded list."""
     try:
         for path, data, mode in files:
             parts = path.split("/")
@@ -149,7 +140,7 @@ def start(workspace: str, cwd: str, env_file: str, grace: str, files: str, comma
     if files == "stdin":
         os.chmod(".", 0o700)  # before any file is written: nobody else may open them, even for a moment
         failed = (copy_code(home, str(code.get("cache", "")), str(code.get("dest", ""))) if code is not None
-                  else None) or write_listed(listed)
+                  else None) or write_files(listed)
         if failed:
             print(failed, file=sys.stderr)
             return 3
