@@ -4,7 +4,13 @@ here like any module, and what the hosts run is this file's text (`source_of`), 
 
 What must be shell (a node's command, which also runs inside containers; a host that may have no Python, as a
 Docker host) is a `.sh` file of this package (package data, checked by shellcheck in tests/test_remote_shell.py),
-sent as its text (`shell_text`, run as `sh -c TEXT NAME ARGS...`)."""
+sent as its text (`shell_text`, run as `sh -c TEXT NAME ARGS...`).
+
+LAZY_IMPORTS: a node's state is asked every second, each time a new `python -S` on the host that loads every
+module of the node program (launcher/runtimes/native.py), so what these modules import at their top is paid on
+every node every second, by the CPUs training there. subprocess, shutil, base64 and typing (~10 ms of CPU
+together there) are imported by the functions that need them (a start, a copy, a failure's report), each such
+import marked `# LAZY: see LAZY_IMPORTS`; tests/test_node_programs.py checks that a poll imports none of them."""
 
 from pathlib import Path
 from types import ModuleType

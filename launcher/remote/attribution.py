@@ -18,9 +18,11 @@ import json
 import os
 import re
 import signal
-import subprocess
 import time
-from typing import Any
+
+TYPE_CHECKING = False  # typing is not imported on the hosts (see LAZY_IMPORTS); mypy still reads Any from it
+if TYPE_CHECKING:
+    from typing import Any
 
 _FAILURE_BLOCK = re.compile(
     r"\[\d+\]:\s*\n\s*time\s*:\s*(?P<time>\S+)\s*\n\s*host\s*:\s*(?P<host>.*)\n"
@@ -64,7 +66,7 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def parse_failures(torchrun_out: str) -> list[dict[str, Any]]:
+def parse_failures(torchrun_out: str) -> "list[dict[str, Any]]":
     """The worker failures of torchrun's last ChildFailedError report, the root cause first."""
     start = torchrun_out.rfind("Failures:")
     if start < 0:
@@ -92,7 +94,7 @@ def _report_time(text: str) -> float | None:
         return None
 
 
-def first_failed_line(torchrun_out: str, year: int) -> dict[str, Any] | None:
+def first_failed_line(torchrun_out: str, year: int) -> "dict[str, Any] | None":
     """torchrun's log line about the first worker it saw fail: its time to the millisecond (local time, the year
     from the report) and the program the worker ran."""
     every = list(_FIRST_FAILED_LINE.finditer(torchrun_out))
@@ -151,7 +153,7 @@ def _worker_dir(workspace: str, local_rank: int) -> str | None:
     return os.path.join(attempts[-1], str(local_rank)) if attempts else None
 
 
-def _error_file(path: str | None) -> dict[str, Any]:
+def _error_file(path: str | None) -> "dict[str, Any]":
     """The traceback and time a worker's @record handler wrote (torch's error.json), if it wrote one."""
     if not path:
         return {}
@@ -170,6 +172,8 @@ def _error_file(path: str | None) -> dict[str, Any]:
 
 def killed_for_memory(pid: int) -> str | None:
     """How the kernel says it killed `pid` for memory (its log line), or that the cgroup counted an OOM kill."""
+    import subprocess  # LAZY: see LAZY_IMPORTS
+
     pattern = re.compile(rf"(Killed process {pid}\b|oom-kill:.*\bpid={pid}\b)")
     for command in (["dmesg"], ["journalctl", "-k", "-n", "2000", "--no-pager"]):
         try:
@@ -197,7 +201,7 @@ def rendezvous_port_taken(text: str) -> int | None:
     return int(found[-1]) if found else None
 
 
-def node_report(workspace: str, exit_code: int | None = None) -> dict[str, Any]:
+def node_report(workspace: str, exit_code: int | None = None) -> "dict[str, Any]":
     """What ended this node: torchrun's exit status and when, its first failed worker (rank, exit code or
     signal, time, the program it ran, the lines of its log that explain it), every other failed worker."""
     workspace = os.path.expanduser(workspace) if workspace.startswith("~") else workspace

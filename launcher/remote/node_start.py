@@ -13,11 +13,8 @@ it), runs the command from `cwd` and, when the command ends, records its exit st
 signal N, as a shell does). The supervisor's python runs without `site` (-S): it needs the standard library only,
 and the command it starts gets its own python's usual start."""
 
-import base64
 import json
 import os
-import shutil
-import subprocess
 import sys
 import time
 
@@ -82,6 +79,8 @@ def copy_code(home: str, cache: str, dest: str) -> "str | None":
         return "no code cache named to copy into the workspace"
     if dest and (not dest.startswith("/") or ".." in parts or "" in parts):
         return f"refused to copy the code to code{dest}: not a path inside the workspace"
+    import shutil  # LAZY: see LAZY_IMPORTS
+
     source, target = os.path.join(home, cache), "code" + dest
     for attempt in range(COPY_ATTEMPTS):
         try:
@@ -102,6 +101,8 @@ def copy_code(home: str, cache: str, dest: str) -> "str | None":
 def write_files(files: "list") -> "str | None":
     """Write `files` ([[PATH, BASE64, MODE], ...] from the start's request, paths inside the workspace) into the
     current directory, each created with its mode; the error, or None."""
+    import base64  # LAZY: see LAZY_IMPORTS
+
     try:
         for path, data, mode in files:
             parts = path.split("/")
@@ -153,6 +154,8 @@ def start(workspace: str, cwd: str, env_file: str, grace: str, files: str, comma
         if os.path.lexists(name):
             os.remove(name)
     _write("stop_grace", grace)
+    import subprocess  # LAZY: see LAZY_IMPORTS
+
     with open("torchrun.out", "wb") as out:
         child = subprocess.Popen([*_own_program(), NODE_MARKER, here, cwd, env_file, *command],
                                  stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
@@ -190,6 +193,8 @@ def supervise(workspace: str, cwd: str, env_file: str, command: "list[str]") -> 
 
 def _run(command: "list[str]", env: "dict[bytes, bytes]") -> int:
     """The command's exit status as a shell gives it (127: not found, 126: not runnable)."""
+    import subprocess  # LAZY: see LAZY_IMPORTS
+
     try:
         return subprocess.call(command, env=env)
     except FileNotFoundError:

@@ -1,17 +1,25 @@
 """Several modules of this package sent as one program (`python -c PROGRAM ARGS...`): each module's own text
 (`source_of`, never a second copy) becomes a module of that name on the host, so the modules import each other
 there as they do here (`from launcher.remote import proctree`), then the first one's `main(argv)` runs and its
-return value is the exit status. The host needs its python only: nothing is written there first."""
+return value is the exit status. The host needs its python only: nothing has to be written there first (what
+is compiled is kept there, see _LOADER)."""
 
 import functools
+import hashlib
 import zlib
 from types import ModuleType
 
 from launcher.remote import source_of
 
 # What the host runs after the sources: every module defined in the order given (a module after those it
-# imports), under a `launcher.remote` package made for them, then the main one's main(sys.argv[1:]).
+# imports), under a `launcher.remote` package made for them, then the main one's main(sys.argv[1:]). Compiling
+# the sources is most of a short program's CPU (a state poll: ~20 of ~45 ms, every second on every node), so the
+# compiled modules are kept on the host, ~/.ddpctl/programs/<python's cache tag>-<_KEY> (marshal, which only that
+# Python version reads; _KEY is the sources' digest), as Python keeps a module's .pyc: read when it is there and
+# whole, written (atomically) when not, and done without when the home folder cannot be written.
 _LOADER = r"""
+import marshal
+import os
 import sys
 import types
 
@@ -27,13 +35,41 @@ def _package(name):
     return sys.modules[name]
 
 
-for _name, _source in _SOURCES:
+def _compiled():
+    files = ["<ddpctl " + name + ">" for name, _ in _SOURCES]
+    tag = getattr(sys.implementation, "cache_tag", None)
+    kept = os.path.join(os.path.expanduser("~"), ".ddpctl", "programs", str(tag) + "-" + _KEY)
+    if tag:
+        try:
+            with open(kept, "rb") as f:
+                codes = marshal.load(f)
+            if isinstance(codes, list) and [getattr(c, "co_filename", None) for c in codes] == files:
+                return codes
+        except (OSError, EOFError, ValueError, TypeError):
+            pass
+    codes = [compile(source, file, "exec") for (_, source), file in zip(_SOURCES, files)]
+    if tag:
+        part = kept + "." + str(os.getpid())
+        try:
+            os.makedirs(os.path.dirname(kept), mode=0o700, exist_ok=True)
+            with open(part, "wb") as f:
+                marshal.dump(codes, f)
+            os.replace(part, kept)
+        except OSError:
+            try:
+                os.unlink(part)
+            except OSError:
+                pass
+    return codes
+
+
+for (_name, _), _code in zip(_SOURCES, _compiled()):
     _module = types.ModuleType(_name)
-    _module.__file__ = "<ddpctl " + _name + ">"
+    _module.__file__ = _code.co_filename
     sys.modules[_name] = _module
     _parent, _, _leaf = _name.rpartition(".")
     setattr(_package(_parent), _leaf, _module)
-    exec(compile(_source, _module.__file__, "exec"), _module.__dict__)
+    exec(_code, _module.__dict__)
 sys.exit(sys.modules[_MAIN].main(sys.argv[1:]))
 """
 
@@ -42,7 +78,8 @@ def program(main: ModuleType, *needs: ModuleType) -> str:
     """The text of `python -c` that runs `main.main(argv)` on a host, with the modules it imports (`needs`, each
     after those it imports itself) defined from their own source first."""
     sources = [(m.__name__, source_of(m)) for m in (*needs, main)]
-    return f"_SOURCES = {sources!r}\n_MAIN = {main.__name__!r}\n" + _LOADER
+    key = hashlib.sha256(repr(sources).encode()).hexdigest()[:32]
+    return f"_SOURCES = {sources!r}\n_MAIN = {main.__name__!r}\n_KEY = {key!r}\n" + _LOADER
 
 
 # The command line of a program sent on standard input: read it all, decompress, run it as the main module. The

@@ -331,7 +331,7 @@ def test_out_of_memory_is_named_from_the_kernel_log(monkeypatch: pytest.MonkeyPa
                 if argv[0] == "dmesg" else "")
         return subprocess.CompletedProcess(argv, 0, text, "")
 
-    monkeypatch.setattr(attribution.subprocess, "run", kernel_log)
+    monkeypatch.setattr(subprocess, "run", kernel_log)  # the module killed_for_memory imports when called
     assert "Killed process 4242" in (attribution.killed_for_memory(4242) or "")
     assert attribution.killed_for_memory(4243) is None or "cgroup" in str(attribution.killed_for_memory(4243))
 
