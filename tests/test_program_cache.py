@@ -1,8 +1,10 @@
 """The compiled host programs kept on the host (launcher/remote/program.py's _LOADER): a state poll, as a host runs
 it (`python -S -c STDIN_LOADER REQUEST`, the program on standard input, HOME the user's), compiles the node program
 once and then loads what it kept; a damaged or foreign file is compiled anew, a home that cannot be written changes
-nothing but the cost, and a changed module is never run from an older compilation. A poll imports none of the
-modules the node program imports only where it needs them (launcher/remote/__init__.py's LAZY_IMPORTS)."""
+nothing but the cost, a host where ddpctl has no ~/.ddpctl yet (a probe's, a refused run's) and a program not made
+to keep (the probe's) write nothing, and a changed module is never run from an older compilation. A poll imports
+none of the modules the node program imports only where it needs them (launcher/remote/__init__.py's
+LAZY_IMPORTS)."""
 
 from __future__ import annotations
 
@@ -16,16 +18,18 @@ from pathlib import Path
 
 import pytest
 
-from launcher.remote import node_stop
+from launcher.remote import attribution, node_report, node_start, node_state, node_stop, proctree
 from launcher.remote.program import on_stdin, program
 from launcher.runtimes.native import node_program
 
 LAZY = ("subprocess", "shutil", "base64", "typing")
 
 
-def poll(home: Path, workspace: Path, *python_options: str) -> subprocess.CompletedProcess[str]:
-    """One state poll of `workspace` as the hosts run it, by a user whose home is `home`."""
-    loader, text = on_stdin(node_program())
+def poll(home: Path, workspace: Path, *python_options: str,
+         text: str | None = None) -> subprocess.CompletedProcess[str]:
+    """One state poll of `workspace` as the hosts run it (the node program, or `text`), by a user whose home is
+    `home`."""
+    loader, text = on_stdin(text or node_program())
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"HOME": str(home)}
     request = json.dumps({"workspace": str(workspace)})
     done = subprocess.run([sys.executable, "-I", "-S", *python_options, *loader, request], input=text,
@@ -43,6 +47,13 @@ def sources(text: str) -> list[tuple[str, str]]:
 
 
 @pytest.fixture
+def home(tmp_path: Path) -> Path:
+    """A host user's home where ddpctl has run before (its ~/.ddpctl is there)."""
+    (tmp_path / "home" / ".ddpctl").mkdir(parents=True)
+    return tmp_path / "home"
+
+
+@pytest.fixture
 def workspace(tmp_path: Path) -> Path:
     ws = tmp_path / "ws"
     (ws / "out").mkdir(parents=True)
@@ -51,9 +62,7 @@ def workspace(tmp_path: Path) -> Path:
 
 
 @pytest.mark.integration
-def test_the_first_poll_keeps_its_compilation_and_the_next_runs_what_it_kept(tmp_path: Path, workspace: Path) -> None:
-    home = tmp_path / "home"
-    home.mkdir()
+def test_the_first_poll_keeps_its_compilation_and_the_next_runs_what_it_kept(home: Path, workspace: Path) -> None:
     first = poll(home, workspace)
     assert first.returncode == 0, first.stderr
     assert json.loads(first.stdout)["exit_code"] == 0
@@ -73,9 +82,9 @@ def test_the_first_poll_keeps_its_compilation_and_the_next_runs_what_it_kept(tmp
 
 
 @pytest.mark.integration
-def test_a_poll_imports_none_of_the_lazy_modules(tmp_path: Path, workspace: Path) -> None:
+def test_a_poll_imports_none_of_the_lazy_modules(home: Path, workspace: Path) -> None:
     for _ in range(2):  # compiling (the first poll) and loading what was kept (the second)
-        done = poll(tmp_path, workspace, "-X", "importtime")
+        done = poll(home, workspace, "-X", "importtime")
         assert done.returncode == 0, done.stderr
         imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if "|" in line}
         assert "json" in imported and not imported & set(LAZY), sorted(imported & set(LAZY))
@@ -83,30 +92,43 @@ def test_a_poll_imports_none_of_the_lazy_modules(tmp_path: Path, workspace: Path
 
 @pytest.mark.integration
 @pytest.mark.parametrize("damage", ["truncated", "not marshal", "another program", "not a list"])
-def test_a_damaged_or_foreign_kept_file_is_compiled_anew_and_replaced(tmp_path: Path, workspace: Path,
-                                                                      damage: str) -> None:
-    kept = kept_file(tmp_path, node_program())
-    assert poll(tmp_path, workspace).returncode == 0
+def test_a_damaged_or_foreign_kept_file_is_compiled_anew_and_replaced(home: Path, workspace: Path, damage: str) -> None:
+    kept = kept_file(home, node_program())
+    assert poll(home, workspace).returncode == 0
     whole = kept.read_bytes()
     other = [compile(s, f"<ddpctl {n}>", "exec") for n, s in sources(program(node_stop))]  # under this one's name
     kept.write_bytes({"truncated": whole[: len(whole) // 2],
                       "not marshal": b"\x00garbage\xff" * 10,
                       "another program": marshal.dumps(other),
                       "not a list": marshal.dumps({"code": 1})}[damage])
-    done = poll(tmp_path, workspace)
+    done = poll(home, workspace)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["exit_code"] == 0
     assert marshal.loads(kept.read_bytes()) == marshal.loads(whole)  # the same code (marshal's bytes may differ)
 
 
 @pytest.mark.integration
-def test_a_home_that_cannot_be_written_costs_a_compilation_and_nothing_else(tmp_path: Path, workspace: Path) -> None:
-    home = tmp_path / "home-is-a-file"
-    home.write_text("")  # ~/.ddpctl cannot be made under it (this runs as root: modes would not stop it)
+def test_a_home_that_cannot_be_written_costs_a_compilation_and_nothing_else(home: Path, workspace: Path) -> None:
+    (home / ".ddpctl" / "programs").write_text("")  # not a folder (this runs as root: modes would not stop it)
     done = poll(home, workspace)
     assert done.returncode == 0 and done.stderr == ""
     assert json.loads(done.stdout)["exit_code"] == 0
-    assert home.read_text() == "" and sorted(p.name for p in tmp_path.iterdir()) == ["home-is-a-file", "ws"]
+    assert (home / ".ddpctl" / "programs").read_text() == "" and os.listdir(home / ".ddpctl") == ["programs"]
+
+
+@pytest.mark.integration
+def test_nothing_is_written_where_ddpctl_has_not_been_nor_by_a_program_not_made_to_keep(tmp_path: Path,
+                                                                                         home: Path,
+                                                                                         workspace: Path) -> None:
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    done = poll(fresh, workspace)
+    assert done.returncode == 0 and json.loads(done.stdout)["exit_code"] == 0
+    assert os.listdir(fresh) == []  # no ~/.ddpctl made: a probe or a refused run leaves nothing on a host
+    not_kept = program(node_state, proctree, node_report, attribution, node_start, node_stop)  # as the probe's
+    done = poll(home, workspace, text=not_kept)
+    assert done.returncode == 0 and json.loads(done.stdout)["exit_code"] == 0
+    assert os.listdir(home / ".ddpctl") == []
 
 
 def test_a_changed_module_is_a_new_compilation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,10 +13,12 @@ from launcher.remote import source_of
 
 # What the host runs after the sources: every module defined in the order given (a module after those it
 # imports), under a `launcher.remote` package made for them, then the main one's main(sys.argv[1:]). Compiling
-# the sources is most of a short program's CPU (a state poll: ~20 of ~45 ms, every second on every node), so the
-# compiled modules are kept on the host, ~/.ddpctl/programs/<python's cache tag>-<_KEY> (marshal, which only that
-# Python version reads; _KEY is the sources' digest), as Python keeps a module's .pyc: read when it is there and
-# whole, written (atomically) when not, and done without when the home folder cannot be written.
+# the sources is most of a short program's CPU (a state poll: ~20 of ~45 ms, every second on every node), so a
+# program made with `keep` (a node's start and its state poll: they run where ddpctl already has ~/.ddpctl)
+# keeps its compiled modules on the host, ~/.ddpctl/programs/<python's cache tag>-<_KEY> (marshal, which only
+# that Python version reads; _KEY is the sources' digest), as Python keeps a module's .pyc: read when it is there
+# and whole, written (atomically) when not, never where ~/.ddpctl is not there yet (a probe, which writes nothing,
+# is not made with `keep`), and done without when the home folder cannot be written.
 _LOADER = r"""
 import marshal
 import os
@@ -48,10 +50,11 @@ def _compiled():
         except (OSError, EOFError, ValueError, TypeError):
             pass
     codes = [compile(source, file, "exec") for (_, source), file in zip(_SOURCES, files)]
-    if tag:
+    if tag and _KEEP and os.path.isdir(os.path.dirname(os.path.dirname(kept))):
         part = kept + "." + str(os.getpid())
         try:
-            os.makedirs(os.path.dirname(kept), mode=0o700, exist_ok=True)
+            if not os.path.isdir(os.path.dirname(kept)):
+                os.mkdir(os.path.dirname(kept), 0o700)
             with open(part, "wb") as f:
                 marshal.dump(codes, f)
             os.replace(part, kept)
@@ -74,12 +77,13 @@ sys.exit(sys.modules[_MAIN].main(sys.argv[1:]))
 """
 
 
-def program(main: ModuleType, *needs: ModuleType) -> str:
+def program(main: ModuleType, *needs: ModuleType, keep: bool = False) -> str:
     """The text of `python -c` that runs `main.main(argv)` on a host, with the modules it imports (`needs`, each
-    after those it imports itself) defined from their own source first."""
+    after those it imports itself) defined from their own source first; with `keep`, their compilation is kept on
+    the host (see _LOADER)."""
     sources = [(m.__name__, source_of(m)) for m in (*needs, main)]
     key = hashlib.sha256(repr(sources).encode()).hexdigest()[:32]
-    return f"_SOURCES = {sources!r}\n_MAIN = {main.__name__!r}\n_KEY = {key!r}\n" + _LOADER
+    return f"_SOURCES = {sources!r}\n_MAIN = {main.__name__!r}\n_KEY = {key!r}\n_KEEP = {keep!r}\n" + _LOADER
 
 
 # The command line of a program sent on standard input: read it all, decompress, run it as the main module. The

@@ -61,13 +61,13 @@ NATIVE_STOP_GRACE_SECONDS = 20
 def start_program() -> str:
     """The program that starts a node (launcher/remote/node_start.py, sent as its text): `PYTHON -c PROGRAM
     WORKSPACE CWD ENV_FILE GRACE COMMAND...` prints the node's pid."""
-    return program(node_start, proctree)
+    return program(node_start, proctree, keep=True)
 
 
 def node_program() -> str:
     """The program every question about a node runs (launcher/remote/node_state.py and what it imports, sent as
     their text): its state, a stop, how it ended, in one round trip."""
-    return program(node_state, proctree, node_report, attribution, node_start, node_stop)
+    return program(node_state, proctree, node_report, attribution, node_start, node_stop, keep=True)
 
 
 def encode_env(env: Sequence[tuple[str, str]]) -> bytes:

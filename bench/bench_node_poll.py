@@ -1,0 +1,98 @@
+"""CPU of one state poll on a host: the node program (launcher/runtimes/native.py's node_program) run as a host runs
+it each second for each node, `python -S -c STDIN_LOADER REQUEST` with the program on standard input, against a
+workspace laid out like a node's mid-run. This checkout and, with --baseline, another one, alternating in rounds on
+the same interpreter, each with a home of its own (where the host keeps what it compiled: the first poll of a round
+is left out, as on a host after a run's first second). Prints the median CPU milliseconds per poll (user + system
+of the polls, from RUSAGE_CHILDREN) and each round's figure.
+
+Usage: python bench/bench_node_poll.py [--python PYTHON] [--polls 50] [--rounds 5] [--baseline CHECKOUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CHECKOUT = Path(__file__).resolve().parent.parent
+_PROGRAM = ("import base64, json; from launcher.remote.program import on_stdin; "
+            "from launcher.runtimes.native import node_program; loader, text = on_stdin(node_program()); "
+            "print(json.dumps([loader, base64.b64encode(text).decode()]))")
+
+
+def poll_of(checkout: Path) -> tuple[list[str], bytes]:
+    """The checkout's poll: python's arguments before the request, and the standard input."""
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    done = subprocess.run([sys.executable, "-c", _PROGRAM], cwd=checkout, env=env, capture_output=True, text=True,
+                          check=True)
+    loader, text = json.loads(done.stdout)
+    return loader, base64.b64decode(text)
+
+
+def node_workspace(root: Path) -> Path:
+    """A node mid-run: its pid (this process), torchrun's worker logs of attempt 0, progress, no failure."""
+    ws = root / "ws"
+    worker = ws / "logs" / "run" / "attempt_0" / "0"
+    worker.mkdir(parents=True)
+    (ws / "out").mkdir()
+    (worker / "stdout.log").write_text("".join(f"epoch 1 step {i} loss 0.5\n" for i in range(200)))
+    (worker / "stderr.log").write_text("")
+    (ws / "torchrun.out").write_text("starting\n")
+    (ws / "out" / "progress.json").write_text(json.dumps({"epoch": 1, "step": 200, "time": time.time()}))
+    (ws / "pid").write_text(f"{os.getpid()}\n")
+    return ws
+
+
+def cpu_ms_per_poll(python: str, poll: tuple[list[str], bytes], ws: Path, home: Path, polls: int) -> float:
+    loader, text = poll
+    request = json.dumps({"workspace": str(ws), "output": {"local_rank": 0, "attempt": 0, "offset": 0,
+                                                           "max_bytes": 65536, "stream": "stdout"}})
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"HOME": str(home)}
+    argv = [python, "-S", *loader, request]
+    subprocess.run(argv, input=text, env=env, capture_output=True, check=True)  # the first: compiles (and keeps)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    for _ in range(polls):
+        done = subprocess.run(argv, input=text, env=env, capture_output=True, check=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    assert json.loads(done.stdout)["attempt"] == 0, done.stdout
+    used = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return used / polls * 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--python", default=sys.executable, help="the host's interpreter (default: this one)")
+    parser.add_argument("--polls", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--baseline", type=Path, help="another checkout, measured in the same rounds")
+    args = parser.parse_args()
+    checkouts = {"ddpctl": CHECKOUT, **({f"baseline {args.baseline.name}": args.baseline.resolve()}
+                                         if args.baseline else {})}
+    polls = {name: poll_of(path) for name, path in checkouts.items()}
+    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, {args.python}, "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load {os.getloadavg()[0]:.2f}; "
+          f"{args.rounds} round(s) of {args.polls} polls, medians shown")
+    figures: dict[str, list[float]] = {name: [] for name in checkouts}
+    with tempfile.TemporaryDirectory() as tmp:
+        ws = node_workspace(Path(tmp))
+        for _ in range(args.rounds):  # alternating, so each sees the same load
+            for name in checkouts:
+                home = Path(tempfile.mkdtemp(dir=tmp))
+                figures[name].append(cpu_ms_per_poll(args.python, polls[name], ws, home, args.polls))
+    for name, each in figures.items():
+        print(f"{name}: {statistics.median(each):.1f} ms of CPU per poll "
+              f"(rounds: {' '.join(f'{x:.1f}' for x in each)}; {len(polls[name][1])} bytes sent)")
+    print(f"# load {os.getloadavg()[0]:.2f} at the end")
+
+
+if __name__ == "__main__":
+    main()
