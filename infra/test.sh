@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: set-up, a Docker engine, lint, types, then pytest.
 # pytest runs on DDPCTL_TEST_WORKERS pytest-xdist workers, 3 unless set (tests/worker_groups.py keeps what must
-# share one worker together): 3 take the suite from about 40 to about 21 minutes on a 2-core machine, where 4
+# share one worker together): 3 take the suite from about 40 to about 20 minutes on a 2-core machine, where 4
 # were slower again (docs/performance.md); 0: one process. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
