@@ -101,10 +101,15 @@ def test_restarts_are_the_newest_attempt_folder(tmp_path: Path) -> None:
 
 
 class _Shell:
-    """Runs a command here, as a host would run it over SSH."""
+    """Runs a command here, as a host would run it over SSH, for a user whose home is `home` (never this machine's
+    own: the node program keeps its compilation in ~/.ddpctl where that exists)."""
+
+    def __init__(self, home: Path) -> None:
+        self.env = {**os.environ, "HOME": str(home)}
 
     def run(self, argv: list[str], *, timeout: float | None = None, stdin: bytes | None = None) -> Any:
-        done = subprocess.run(argv, capture_output=True, timeout=timeout, check=False, input=stdin or b"")
+        done = subprocess.run(argv, capture_output=True, timeout=timeout, check=False, input=stdin or b"",
+                              env=self.env)
 
         class Result:
             exit_code = done.returncode
@@ -121,7 +126,7 @@ def test_the_state_poll_brings_new_output_by_offset_and_the_rest_of_an_ended_att
     (first / "stdout.log").write_text("one\ntwo\n")
     (ws / "out").mkdir()
     (ws / "out" / "progress.json").write_text('{"epoch": 1}')
-    state = read_state(_Shell(), str(ws), OutputRequest(0))
+    state = read_state(_Shell(tmp_path), str(ws), OutputRequest(0))
     assert (state.attempt, state.output, state.output_from, state.output_to) == (0, "one\ntwo\n", 0, 8)
     assert state.progress == {"epoch": 1}
     with open(first / "stdout.log", "a") as f:
@@ -129,18 +134,18 @@ def test_the_state_poll_brings_new_output_by_offset_and_the_rest_of_an_ended_att
     second = ws / "logs" / "run_a" / "attempt_1" / "0"
     second.mkdir(parents=True)
     (second / "stdout.log").write_text("resumed\n")
-    state = read_state(_Shell(), str(ws), OutputRequest(0, attempt=0, offset=8))
+    state = read_state(_Shell(tmp_path), str(ws), OutputRequest(0, attempt=0, offset=8))
     assert (state.attempt, state.output_attempt, state.output) == (1, 0, "three\n")  # the old attempt's rest first
-    state = read_state(_Shell(), str(ws), OutputRequest(0, attempt=0, offset=14))
+    state = read_state(_Shell(tmp_path), str(ws), OutputRequest(0, attempt=0, offset=14))
     assert (state.output_attempt, state.output, state.output_from) == (1, "resumed\n", 0)
-    state = read_state(_Shell(), str(ws), OutputRequest(0, attempt=1, offset=0, max_bytes=4))
+    state = read_state(_Shell(tmp_path), str(ws), OutputRequest(0, attempt=1, offset=0, max_bytes=4))
     assert (state.output, state.output_from) == ("med\n", 4)  # only the newest bytes
-    assert read_state(_Shell(), str(ws)).output == ""  # nothing asked, nothing sent
-    assert read_state(_Shell(), str(tmp_path / "gone"), OutputRequest(0)).attempt is None
+    assert read_state(_Shell(tmp_path), str(ws)).output == ""  # nothing asked, nothing sent
+    assert read_state(_Shell(tmp_path), str(tmp_path / "gone"), OutputRequest(0)).attempt is None
     # How attempt 0 ended (launcher/spec/attempt_logs.py's note) comes with the poll; the progress record still reads.
     note = {"time": 1.0, "failures": [{"rank": 2, "local_rank": 0, "exitcode": -9, "pid": 7, "time": 1}]}
     (ws / "logs" / "run_a" / "attempt_0" / "ended.json").write_text(json.dumps(note))
-    state = read_state(_Shell(), str(ws), OutputRequest(0))
+    state = read_state(_Shell(tmp_path), str(ws), OutputRequest(0))
     assert state.ended == {0: note} and state.progress == {"epoch": 1} and state.attempt == 1
 
 
