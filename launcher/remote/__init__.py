@@ -10,7 +10,7 @@ LAZY_IMPORTS: a node's state is asked every second, each time a new `python -S` 
 module of the node program (launcher/runtimes/native.py), so what these modules import at their top is paid on
 every node every second, by the CPUs training there. subprocess, shutil, base64 and typing (~10 ms of CPU
 together there) are imported by the functions that need them (a start, a copy, a failure's report), each such
-import marked `# LAZY: see LAZY_IMPORTS`; tests/test_node_programs.py checks that a poll imports none of them."""
+import marked `# LAZY: see LAZY_IMPORTS`; tests/test_program_cache.py checks that a poll imports none of them."""
 
 from pathlib import Path
 from types import ModuleType

@@ -40,8 +40,9 @@ def _package(name):
 def _compiled():
     files = ["<ddpctl " + name + ">" for name, _ in _SOURCES]
     tag = getattr(sys.implementation, "cache_tag", None)
-    kept = os.path.join(os.path.expanduser("~"), ".ddpctl", "programs", str(tag) + "-" + _KEY)
-    if tag:
+    home = os.path.join(os.path.expanduser("~"), ".ddpctl")
+    kept = os.path.join(home, "programs", str(tag) + "-" + _KEY) if tag and _KEEP else ""
+    if kept:
         try:
             with open(kept, "rb") as f:
                 codes = marshal.load(f)
@@ -50,7 +51,7 @@ def _compiled():
         except (OSError, EOFError, ValueError, TypeError):
             pass
     codes = [compile(source, file, "exec") for (_, source), file in zip(_SOURCES, files)]
-    if tag and _KEEP and os.path.isdir(os.path.dirname(os.path.dirname(kept))):
+    if kept and os.path.isdir(home):
         part = kept + "." + str(os.getpid())
         try:
             if not os.path.isdir(os.path.dirname(kept)):
