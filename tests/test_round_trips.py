@@ -2,27 +2,31 @@
 SSH channel a Connection opens: a command, the SFTP subsystem), on the real two-host test bed: one round trip per
 host per phase (connect, probe, ship, start), the probe's pieces (facts, Docker engine check, node 0's rendezvous
 reservation, the other nodes' reachability check, the code cache's listing) merged into one
-(launcher/remote/probe_round.py), and the code's copy into the workspace done by the start."""
+(launcher/remote/probe_round.py), the code's copy into the workspace done by the start, and a followed run's
+polls asked of one node program per host."""
 
 from __future__ import annotations
 
 import json
 import re
 import shutil
+import subprocess
 import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from infra.testbed import Testbed
 from launcher.cli.doctor import run_doctor
-from launcher.execute import interruption
+from launcher.execute import interruption, on_hosts
 from launcher.execute.up import run_up
 from launcher.planning.rdzv_reservation import RESERVATION_DIR
 from launcher.planning.request import UpOptions
+from launcher.runtimes.served_polls import ServedNodeProgram
 from launcher.spec.hosts import parse_host
 from launcher.spec.run_spec import RunSpec, new_run_id
 from launcher.transport.ssh import Connection
@@ -112,3 +116,46 @@ def test_doctor_reaches_each_host_once_and_checks_the_network_in_the_same_round(
     assert report["ok"] is True and [r["ok"] for r in report["hosts"]] == [True, True], report
     assert re.fullmatch(rf"every node reached node 0 at {re.escape(bed.hosts[0].address)}:\d+", report["network"])
     assert dict(channels) == {labels[0]: 1, labels[1]: 1}
+
+
+def test_a_followed_runs_polls_go_to_one_node_program_per_host(bed: Testbed, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every poll of a followed run is asked of the node program kept running on each host (one channel, one
+    Python start there for all of them: launcher/runtimes/served_polls.py), none of a program of its own, and
+    no served program is left on a host once `up` has returned."""
+    monkeypatch.setenv("DDPCTL_KNOWN_HOSTS", str(bed.known_hosts_path))
+    opened: Counter[str] = Counter()
+    asked: Counter[str] = Counter()
+    one_shot: list[str] = []
+    open_served, ask_served = ServedNodeProgram.__init__, ServedNodeProgram.ask
+
+    def counted_open(self: ServedNodeProgram, conn: Any, python: str) -> None:
+        opened[conn.label] += 1
+        open_served(self, conn, python)
+
+    def counted_ask(self: ServedNodeProgram, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+        found = ask_served(self, request, timeout)
+        asked[self.label] += 1
+        return found
+
+    monkeypatch.setattr(ServedNodeProgram, "__init__", counted_open)
+    monkeypatch.setattr(ServedNodeProgram, "ask", counted_ask)
+    monkeypatch.setattr(on_hosts, "read_state", lambda conn, *a, **k: one_shot.append(conn.label))
+    labels = [h.spec for h in bed.hosts]
+    options = UpOptions(runs_dir=tmp_path / "runs", hosts=tuple(parse_host(h) for h in labels),
+                        identity_file=Path(bed.client_key_path), show_progress=False, show_output=False)
+    spec = RunSpec(run_id=new_run_id(None, "mnist-cnn", "synthetic"), nnodes=2, nproc_per_node=1, epochs=1,
+                   trainer_args=TRAIN)
+    result = run_up(spec, options)
+    assert result.error is None and result.exit_code == 0
+    assert dict(opened) == {labels[0]: 1, labels[1]: 1} and one_shot == []
+    assert all(asked[label] >= 2 for label in labels), f"polls answered per host: {dict(asked)}"
+    deadline = time.monotonic() + 10
+    while left := [line for h in bed.hosts for line in _served_programs(h.user)]:
+        assert time.monotonic() < deadline, f"served node programs left: {left}"
+        time.sleep(0.2)
+
+
+def _served_programs(user: str) -> list[str]:
+    found = subprocess.run(["pgrep", "-a", "-u", user, "-f", "--", "--serve"], capture_output=True, text=True)
+    return found.stdout.splitlines()

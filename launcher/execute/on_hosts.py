@@ -41,6 +41,7 @@ from launcher.results.rundir import (
     write_json_atomic,
 )
 from launcher.runtimes.native import NodeState, OutputRequest, read_state
+from launcher.runtimes.served_polls import ServedPolls, served_until_done
 from launcher.runtimes.start import start_node
 from launcher.transport import outputs
 from launcher.transport.hostsession import HostSession, target_from_json, target_to_json
@@ -154,16 +155,21 @@ def start_nodes(session: HostSession, plan: RunPlan, run_dir: RunDir) -> None:
 
 
 def poll_states(session: HostSession, run_dir: RunDir, outputs: list[OutputRequest | None] | None = None,
-                key_changes: dict[int, str] | None = None,
-                errors: dict[int, str] | None = None) -> list[NodeState | None]:
+                key_changes: dict[int, str] | None = None, errors: dict[int, str] | None = None,
+                served: ServedPolls | None = None) -> list[NodeState | None]:
     """Every node's state (with `outputs`, a worker's new output too); None for a node that cannot be reached.
     `key_changes` gets, by node, the refusal of a host whose key is not the one pinned (HOST KEY CHANGED);
-    `errors` why each node that gave no state could not be asked (one line)."""
+    `errors` why each node that gave no state could not be asked (one line). With `served` (a followed run's
+    polls), each node is asked by the node program kept running there, else by a node program of its own."""
     workspaces, python = node_workspaces(run_dir), run_dir.spec().python
     wanted = outputs or [None] * len(workspaces)
-    outcomes = run_on_hosts(list(range(len(workspaces))),
-                            lambda i: read_state(session.conn(i), workspaces[i], wanted[i], python),
-                            timeout=45, label=session.label_of)
+
+    def ask(i: int) -> NodeState:
+        if served is not None:
+            return served.read_state(i, session.conn(i), workspaces[i], wanted[i])
+        return read_state(session.conn(i), workspaces[i], wanted[i], python)
+
+    outcomes = run_on_hosts(list(range(len(workspaces))), ask, timeout=45, label=session.label_of)
     states: list[NodeState | None] = []
     for index, outcome in enumerate(outcomes):
         if outcome.error is not None:
@@ -196,7 +202,8 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
     stall_reported = False
     freshest = FreshestProgress(len(labels))
     node_watch = RunWatch.for_run(labels, run_dir)  # hangs, low disk, the first rank failure: told unasked
-    with run_progress(labels, enabled=show_progress) as progress:
+    served = ServedPolls(run_dir.spec().python)  # one node program per host for all the polls
+    with served_until_done(served), run_progress(labels, enabled=show_progress) as progress:
         live = LiveOutput(run_dir, progress, show_output)  # rank 0's output, a script's progress, restarts
         facts = stop_facts(run_dir)  # what stops the nodes, should the run directory go
         while True:
@@ -204,7 +211,8 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
             try:
                 if not (run_dir.path / RUN_FILE).is_file():
                     raise DdpctlError(f"{run_dir.path / RUN_FILE}: missing")
-                states = live.observe(poll_states(session, run_dir, live.requests(len(labels)), key_changes))
+                states = live.observe(poll_states(session, run_dir, live.requests(len(labels)), key_changes,
+                                                  served=served))
             except DdpctlError:
                 if (run_dir.path / RUN_FILE).is_file():
                     raise

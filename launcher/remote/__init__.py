@@ -6,11 +6,13 @@ What must be shell (a node's command, which also runs inside containers; a host 
 Docker host) is a `.sh` file of this package (package data, checked by shellcheck in tests/test_remote_shell.py),
 sent as its text (`shell_text`, run as `sh -c TEXT NAME ARGS...`).
 
-LAZY_IMPORTS: a node's state is asked every second, each time a new `python -S` on the host that loads every
-module of the node program (launcher/runtimes/native.py), so what these modules import at their top is paid on
-every node every second, by the CPUs training there. subprocess, shutil, base64 and typing (~10 ms of CPU
-together there) are imported by the functions that need them (a start, a copy, a failure's report), each such
-import marked `# LAZY: see LAZY_IMPORTS`; tests/test_program_cache.py checks that a poll imports none of them."""
+LAZY_IMPORTS: a node's state is asked every second. A followed run asks one program per host for all its polls
+(launcher/runtimes/served_polls.py); `status`, `logs` and a failure's report start a new `python -S` on the host
+for each question, which loads every module of the node program (launcher/runtimes/native.py), so what these
+modules import at their top is paid each time, by the CPUs training there. subprocess, shutil, base64, signal and
+typing (~10 ms of CPU together there) are imported by the functions that need them (a start, a copy, a failure's
+report, serving), each such import marked `# LAZY: see LAZY_IMPORTS`; tests/test_program_cache.py checks that a
+poll imports none of them."""
 
 from pathlib import Path
 from types import ModuleType

@@ -3,6 +3,9 @@
 one JSON request: `workspace`; `output` (a worker's new output to send: local_rank, attempt, offset, max_bytes,
 stream); `stop` (stop the node first, launcher/remote/node_stop.py: grace, fallback); `report` (how the node
 ended, launcher/remote/attribution.py). It prints one JSON object: the node's state after the stop, if any.
+With `--serve [IDLE_SECONDS]` instead, it answers one request per line read on standard input, one JSON line
+each, until its input ends (a followed run's polls: one program on the host for all of them,
+launcher/runtimes/served_polls.py).
 
 The state: `pid`, `exit_code`, `alive`, `disk_free` (bytes free on the workspace's file system), `attempt` (the
 newest logs/*/attempt_<N>: torchrun's restarts), `ended` (attempts N and N-1 whose workers failed: the note
@@ -21,7 +24,14 @@ import time
 
 from launcher.remote import attribution, node_report, node_stop, proctree
 
+TYPE_CHECKING = False  # typing is not imported on the hosts (see LAZY_IMPORTS); mypy still reads IO from it
+if TYPE_CHECKING:
+    from typing import IO
+
 DEFAULT_MAX_BYTES = 65536
+# A served node program ends when no request has come for this long (the launcher polls every second; its
+# connection may vanish without the host's sshd noticing, and nothing may be left running for that).
+SERVE_IDLE_SECONDS = 300
 
 
 def _read(path: str) -> str:
@@ -148,8 +158,31 @@ def answer(request: "dict[str, object]") -> "dict[str, object]":
     return found
 
 
+def serve(requests: "IO[bytes]", answers: "IO[str]", idle_seconds: int = SERVE_IDLE_SECONDS) -> int:
+    """Answer each line of `requests` (a JSON request) with one line on `answers`, until `requests` ends; a line
+    that is no request gets `{"error": ...}`. The process ends (SIGALRM) when no request came for `idle_seconds`."""
+    import signal  # LAZY: see LAZY_IMPORTS
+
+    while True:
+        signal.alarm(idle_seconds)
+        line = requests.readline()
+        signal.alarm(0)
+        if not line:
+            return 0
+        try:
+            request = json.loads(line)
+            found = answer(request) if isinstance(request, dict) else {"error": "a request is a JSON object"}
+        except (ValueError, RecursionError, KeyError) as e:
+            found = {"error": f"{type(e).__name__}: {e}"}
+        answers.write(json.dumps(found) + "\n")
+        answers.flush()
+
+
 def main(argv: "list[str]") -> int:
-    """`REQUEST` (JSON): print the answer as one JSON line."""
+    """`REQUEST` (JSON): print the answer as one JSON line; `--serve [IDLE_SECONDS]`: answer requests from
+    standard input (serve)."""
+    if argv[:1] == ["--serve"]:
+        return serve(sys.stdin.buffer, sys.stdout, int(argv[1]) if len(argv) > 1 else SERVE_IDLE_SECONDS)
     print(json.dumps(answer(json.loads(argv[0]))))
     sys.stdout.flush()
     return 0

@@ -97,3 +97,16 @@ def on_stdin(text: str) -> "tuple[list[str], bytes]":
     """`python` arguments and standard input that run the program `text` as `python -c TEXT` would:
     (["-c", STDIN_LOADER], TEXT compressed)."""
     return ["-c", STDIN_LOADER], zlib.compress(text.encode(), 9)
+
+
+# The command line of a program followed by more input (a served program's requests): the compressed program's
+# length on a line, then the program, whose own reads of standard input then get what follows it.
+AHEAD_LOADER = "import sys, zlib; exec(zlib.decompress(sys.stdin.buffer.read(int(sys.stdin.buffer.readline()))))"
+
+
+@functools.lru_cache(maxsize=8)
+def ahead_of_input(text: str) -> "tuple[list[str], bytes]":
+    """`python` arguments and the first bytes of standard input that run the program `text` as `python -c TEXT`
+    would, with the rest of standard input left for it to read: (["-c", AHEAD_LOADER], LENGTH\\nCOMPRESSED)."""
+    packed = zlib.compress(text.encode(), 9)
+    return ["-c", AHEAD_LOADER], f"{len(packed)}\n".encode() + packed

@@ -130,6 +130,23 @@ def ask_node(conn: HostConnection, workspace: str, python: str = "python3", outp
     """One round trip to the node program (launcher/remote/node_state.py): with `stop` ((grace or None for the
     node's own, fallback grace)) the node is stopped first, with `report` its report of how it ended comes too;
     always its state, and with `output` a worker's new output."""
+    request, timeout = node_request(workspace, output, stop, report)
+    loader, text = on_stdin(node_program())  # without `site` (-S): the program needs the standard library only
+    result = conn.run([python, "-S", *loader, json.dumps(request)], timeout=timeout, stdin=text)
+    try:
+        found = json.loads(result.stdout) if result.exit_code == 0 else None
+    except (ValueError, RecursionError):
+        found = None
+    if not isinstance(found, dict):
+        why = " ".join((result.stderr or result.stdout or f"exit {result.exit_code}").split()[-30:])
+        raise HostError(getattr(conn, "label", "host"), f"the node program could not run with {python}: {why[:300]}")
+    return answered_state(found)
+
+
+def node_request(workspace: str, output: OutputRequest | None = None, stop: tuple[float | None, float] | None = None,
+                 report: bool = False) -> tuple[dict[str, Any], float]:
+    """The node program's request (launcher/remote/node_state.py) for ask_node's arguments, and how long its
+    answer may take."""
     request: dict[str, Any] = {"workspace": workspace}
     if output is not None:
         request["output"] = {"local_rank": output.local_rank, "attempt": output.attempt, "offset": output.offset,
@@ -142,15 +159,11 @@ def ask_node(conn: HostConnection, workspace: str, python: str = "python3", outp
     if report:
         request["report"] = True
         timeout += 30
-    loader, text = on_stdin(node_program())  # without `site` (-S): the program needs the standard library only
-    result = conn.run([python, "-S", *loader, json.dumps(request)], timeout=timeout, stdin=text)
-    try:
-        found = json.loads(result.stdout) if result.exit_code == 0 else None
-    except (ValueError, RecursionError):
-        found = None
-    if not isinstance(found, dict):
-        why = " ".join((result.stderr or result.stdout or f"exit {result.exit_code}").split()[-30:])
-        raise HostError(getattr(conn, "label", "host"), f"the node program could not run with {python}: {why[:300]}")
+    return request, timeout
+
+
+def answered_state(found: dict[str, Any]) -> NodeState:
+    """The NodeState of the node program's answer, just received: its times put on this machine's clock."""
     answered = time.time()
     state = replace(node_state_of(found), answered_at=answered)
     host_now, ended = found.get("now"), found.get("exit_time")

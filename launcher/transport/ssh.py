@@ -149,8 +149,6 @@ class Connection:
         self._lock = threading.Lock()
         self._opening: socket.socket | paramiko.Channel | ProxyCommandSocket | None = None  # the last connect's
 
-    # -- public -------------------------------------------------------------------------------------------
-
     @property
     def label(self) -> str:
         return self.target.label
@@ -201,7 +199,11 @@ class Connection:
                              cwd: str | None = None) -> paramiko.Channel:
         """Start argv and return its channel for streaming (sendall/shutdown_write, recv, recv_exit_status)."""
         chan = self._session()
-        chan.exec_command(command_line(argv, env=env, cwd=cwd))
+        try:
+            chan.exec_command(command_line(argv, env=env, cwd=cwd))
+        except (paramiko.SSHException, EOFError, OSError) as e:
+            chan.close()
+            raise HostError(self.label, f"connection lost while starting `{_short(shlex.join(argv))}`: {e}") from e
         return chan
 
     def check(self, argv: Sequence[str], what: str, **kwargs: Any) -> CommandResult:
@@ -224,8 +226,6 @@ class Connection:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    # -- internals ------------------------------------------------------------------------------------------
 
     def _session(self) -> paramiko.Channel:
         try:
