@@ -15,7 +15,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +50,10 @@ class Shell:
         self.prefix = (["setpriv", f"--reuid={ids.pw_uid}", f"--regid={ids.pw_gid}", "--clear-groups"] if ids
                        else [])
 
-    def run(self, argv: list[str], *, timeout: float | None = None, stdin: bytes | None = None) -> CommandResult:
-        done = subprocess.run([*self.prefix, *argv], capture_output=True, timeout=timeout, env=self.env,
-                              input=stdin or b"")
+    def run(self, argv: list[str], *, timeout: float | None = None,
+            stdin: bytes | Iterable[bytes] | None = None) -> CommandResult:
+        given = stdin if isinstance(stdin, bytes) else b"".join(stdin or ())  # parts: the last may wait for node 0
+        done = subprocess.run([*self.prefix, *argv], capture_output=True, timeout=timeout, env=self.env, input=given)
         out, err = (stream.decode(errors="replace") for stream in (done.stdout, done.stderr))
         return CommandResult(done.returncode, out, err)
 

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -94,10 +95,16 @@ class ThisMachine:
 
     label = "this machine"
 
-    def run(self, argv: list[str], *, timeout: float | None = None, stdin: bytes | None = None) -> CommandResult:
-        done = subprocess.run(argv, capture_output=True, timeout=timeout, input=stdin or b"")
-        out, err = (stream.decode(errors="replace") for stream in (done.stdout, done.stderr))
-        return CommandResult(done.returncode, out, err)
+    def run(self, argv: list[str], *, timeout: float | None = None,
+            stdin: bytes | Iterable[bytes] | None = None) -> CommandResult:
+        """Standard input in parts is written a part at a time, as each comes (the program runs meanwhile)."""
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert proc.stdin is not None
+        for part in [stdin] if isinstance(stdin, bytes) else stdin or ():
+            proc.stdin.write(part)
+            proc.stdin.flush()
+        out, err = (stream.decode(errors="replace") for stream in proc.communicate(timeout=timeout))
+        return CommandResult(proc.returncode, out, err)
 
 
 def test_the_probe_sent_to_the_hosts_is_the_modules_text() -> None:
@@ -124,7 +131,8 @@ def test_the_probes_one_round_trip_answers_checks_and_the_rendezvous_check(tmp_p
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """The probe's program run here as on two hosts (launcher/planning/host_round.py's probe_all): each runs the
     checks it is asked (their exit codes and output come back), node 0 listens on a port the host has free and
-    node 1, probed next, connects to it; a dry run's request writes no reservation."""
+    node 1, probed at the same time, connects to it once told the port; a dry run's request writes no
+    reservation."""
     from launcher.planning import rdzv_reservation
     from launcher.planning.host_round import probe_all
     from launcher.planning.rdzv_reservation import listen_request

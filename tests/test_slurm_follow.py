@@ -82,7 +82,7 @@ def test_a_slurmd_killed_mid_run_ends_the_job_as_node_fail_with_what_was_pulled(
                                                                                  tmp_path: Path) -> None:
     env = {**os.environ, "DDPCTL_KNOWN_HOSTS": str(slurm_cluster.bed.known_hosts_path), "PYTHONPATH": str(REPO)}
     argv = [sys.executable, "-m", "launcher", "up", "-i", slurm_cluster.bed.client_key_path,
-            *up_argv(slurm_cluster, "--epochs", "200")[1:]]
+            *up_argv(slurm_cluster, "--epochs", "5000")[1:]]  # longer than Slurm takes to find the node lost
     err = tmp_path / "up.err"
     lost = slurm_cluster.node_names[1]
     with open(err, "w") as f:

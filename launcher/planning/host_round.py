@@ -6,14 +6,15 @@ answer; launcher/planning/probe.py decides what to ask each host and when."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from launcher.errors import HostError
 from launcher.planning.facts import HostFacts
 from launcher.remote import daemon, host_probe, probe_round, rdzv_port, tree_sync
-from launcher.remote.program import on_stdin, program
+from launcher.remote.program import ahead_of_input, on_stdin, program
 from launcher.transport.connection import HostConnection
 from launcher.transport.parallel import HostOutcome, run_on_hosts
 
@@ -47,13 +48,22 @@ class ProbeAnswer:
 
 
 def run_probe(conn: HostConnection, python: str, label: str, *, checks: Sequence[Sequence[str]] = (),
-              connect: dict[str, Any] | None = None, listen: dict[str, Any] | None = None,
-              manifest: str | None = None, timeout: float = PROBE_TIMEOUT) -> ProbeAnswer:
+              connect: dict[str, Any] | Callable[[], dict[str, Any] | None] | None = None,
+              listen: dict[str, Any] | None = None, manifest: str | None = None,
+              timeout: float = PROBE_TIMEOUT) -> ProbeAnswer:
     """Probe one host in one round trip (with `manifest`, a folder to list as shipping does: the code cache); a
-    missing python or an unparsable answer is that host's HostError."""
-    request = {"checks": [list(c) for c in checks], "connect": connect, "listen": listen, "manifest": manifest}
-    loader, text = on_stdin(PROBE_PROGRAM)
-    result = conn.run([python, *loader, json.dumps(request)], timeout=timeout, stdin=text)
+    missing python or an unparsable answer is that host's HostError. `connect` as a function: the host starts at
+    once, and what to connect to (its result, called while the host finds what it is) is sent when it is known."""
+    later = connect if callable(connect) else None
+    request = {"checks": [list(c) for c in checks], "connect": "later" if later else connect, "listen": listen,
+               "manifest": manifest}
+    if later is None:
+        loader, text = on_stdin(PROBE_PROGRAM)
+        stdin: bytes | Iterable[bytes] = text
+    else:
+        loader, first = ahead_of_input(PROBE_PROGRAM)
+        stdin = (part() for part in (lambda: first, lambda: json.dumps(later()).encode() + b"\n"))
+    result = conn.run([python, *loader, json.dumps(request)], timeout=timeout, stdin=stdin)
     if result.exit_code != 0:
         raise HostError(label, f"{python} failed ({(result.stderr or result.stdout).strip()[-200:]}); "
                         "install python3 there or pass --python PATH")
@@ -75,23 +85,36 @@ def probe_all(conns: Sequence[HostConnection], labels: Sequence[str], python: st
               listen: dict[str, Any] | None = None, connect_timeout: float = 10.0,
               manifest: str | None = None, timeout: float = PROBE_TIMEOUT) -> list[HostOutcome[int, ProbeAnswer]]:
     """Every host probed in one round trip, host k asked `checks(k)` (and with `manifest`, to list that folder):
-    all at once; or, with `listen` (node 0's rendezvous request, launcher/planning/rdzv_reservation.py's
-    listen_request) and several hosts, node 0 first, then the others at once, each connecting to node 0's port
-    (within `connect_timeout` seconds) when node 0 listens. An outcome per host, in host order: its answer or its
-    error."""
+    all at once. With `listen` (node 0's rendezvous request, launcher/planning/rdzv_reservation.py's
+    listen_request) and several hosts, node 0 reserves its port and listens while the others find what they are;
+    each of them is then sent node 0's port and connects to it (within `connect_timeout` seconds), or is told that
+    node 0 does not listen. An outcome per host, in host order: its answer or its error."""
 
-    def ask(index: int, connect: dict[str, Any] | None = None, listen: dict[str, Any] | None = None) -> ProbeAnswer:
+    def ask(index: int, connect: Callable[[], dict[str, Any] | None] | None = None,
+            listen: dict[str, Any] | None = None) -> ProbeAnswer:
         return run_probe(conns[index], python, labels[index], checks=checks(index), connect=connect, listen=listen,
                          manifest=manifest, timeout=timeout)
 
     indexes = list(range(len(conns)))
     if listen is None or len(conns) < 2:
         return run_on_hosts(indexes, ask, timeout=timeout + 5, label=lambda i: labels[i])
-    first = run_on_hosts([0], lambda i: ask(i, listen=listen), timeout=timeout + 5, label=lambda i: labels[i])
-    node0 = first[0].value
-    words = (node0.listen or "").split() if node0 is not None else []
-    connect = None
-    if node0 is not None and len(words) == 2 and words[0] == "listening" and words[1].isdigit():
-        connect = {"addr": node0.addr, "port": int(words[1]), "timeout": connect_timeout}
-    return first + run_on_hosts(indexes[1:], lambda i: ask(i, connect=connect), timeout=timeout + 5,
-                                label=lambda i: labels[i])
+    node0: list[ProbeAnswer] = []
+    answered = threading.Event()
+
+    def ask_node0(index: int) -> ProbeAnswer:
+        try:
+            node0.append(ask(index, listen=listen))
+            return node0[0]
+        finally:
+            answered.set()
+
+    def node0_port() -> dict[str, Any] | None:
+        answered.wait(timeout)
+        words = (node0[0].listen or "").split() if node0 else []
+        if len(words) == 2 and words[0] == "listening" and words[1].isdigit():
+            return {"addr": node0[0].addr, "port": int(words[1]), "timeout": connect_timeout}
+        return None
+
+    # All at once: the other nodes find what they are while node 0 reserves its port, then connect to it.
+    return run_on_hosts(indexes, lambda i: ask_node0(i) if i == 0 else ask(i, connect=node0_port),
+                        timeout=timeout + 5, label=lambda i: labels[i])

@@ -6,7 +6,9 @@ then, as the launcher asks:
 - on node 0 (`listen`): chooses the rendezvous port, reserves it for the run (or, in a dry run, only reads the
   reservations: nothing is written) and listens on it (launcher/remote/rdzv_port.py); the answer comes back and
   the program goes on detached, accepting the other nodes' connections for a few seconds, then ends;
-- on the other nodes (`connect`): connects to node 0's port, first, while node 0 listens;
+- on the other nodes (`connect`): connects to node 0's port, first, while node 0 listens; or, with `connect`
+  "later" (the program started with node 0's, launcher/planning/host_round.py), after its own findings, once the
+  launcher has sent node 0's address and port (a JSON line on standard input; null: nothing to connect to);
 - on every node of a run that ships code (`manifest`): lists the host's code cache as shipping compares it
   (launcher/remote/tree_sync.py), so that a relaunch whose code is there already makes no round trip for it.
 
@@ -18,6 +20,7 @@ import ipaddress
 import json
 import os
 import subprocess
+import sys
 import time
 
 from launcher.remote import daemon, host_probe, rdzv_port, tree_sync
@@ -65,8 +68,19 @@ def listing(root: str, seconds: float = LIST_SECONDS) -> "dict":
         return {"error": str(e)}
 
 
+def connect_as_told(line: bytes) -> "str | None":
+    """Connect to node 0 as `line` says ({addr, port, timeout}; null, or no line: node 0 did not listen)."""
+    try:
+        told = json.loads(line) if line.strip() else None
+    except ValueError:
+        told = None
+    if not isinstance(told, dict):
+        return None
+    return rdzv_port.connect(str(told["addr"]), int(told["port"]), float(told["timeout"]))
+
+
 def main(argv: "list[str]") -> int:
-    """argv: one JSON object, {"checks": [ARGV...], "connect": {addr, port, timeout}, "listen": {addr, own,
+    """argv: one JSON object, {"checks": [ARGV...], "connect": {addr, port, timeout} or "later", "listen": {addr, own,
     hostname, port, expect, seconds, any_free, allow_public, run_id, dir, ttl, workspace}, "manifest": ROOT}
     (each optional). Prints {"facts", "checks", "connect", "listen", "addr", "manifest"}: `listen` is `listening
     PORT`, `public ADDR` (a public address is never listened on unless allowed) or rdzv_port's one-line refusal;
@@ -74,12 +88,14 @@ def main(argv: "list[str]") -> int:
     request = json.loads(argv[0]) if argv else {}
     answer: dict = {}
     connect = request.get("connect")
-    if connect:  # first: node 0 listens for a few seconds only
+    if isinstance(connect, dict):  # first: node 0 listens for a few seconds only
         answer["connect"] = rdzv_port.connect(str(connect["addr"]), int(connect["port"]), float(connect["timeout"]))
     answer["facts"] = facts = host_probe.host_facts()
     answer["checks"] = [run_check([str(word) for word in check]) for check in request.get("checks") or []]
     if request.get("manifest"):
         answer["manifest"] = listing(str(request["manifest"]))
+    if connect == "later":
+        answer["connect"] = connect_as_told(sys.stdin.buffer.readline())
     listen = request.get("listen")
     if not listen:
         print(json.dumps(answer))

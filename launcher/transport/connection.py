@@ -4,7 +4,7 @@ stand-ins that run commands on this machine."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 
@@ -16,8 +16,10 @@ class HostConnection(Protocol):
         """The host's name as the user gave it (what messages name)."""
         ...
 
-    def run(self, argv: Sequence[str], *, timeout: float | None = None, stdin: bytes | None = None) -> Any:
-        """Run argv on the host and wait for it (a `CommandResult`: exit_code, stdout, stderr)."""
+    def run(self, argv: Sequence[str], *, timeout: float | None = None,
+            stdin: bytes | Iterable[bytes] | None = None) -> Any:
+        """Run argv on the host and wait for it (a `CommandResult`: exit_code, stdout, stderr); `stdin` in parts
+        is sent a part at a time, each as it comes (a part may wait for another host's answer)."""
         ...
 
     def open_channel_command(self, argv: Sequence[str]) -> Any:

@@ -17,7 +17,7 @@ import shlex
 import socket
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -186,7 +186,7 @@ class Connection:
                 client.close()
             return self._sftp
 
-    def run(self, argv: Sequence[str], *, timeout: float | None = None, stdin: bytes | None = None,
+    def run(self, argv: Sequence[str], *, timeout: float | None = None, stdin: bytes | Iterable[bytes] | None = None,
             env: Mapping[str, str] | None = None, cwd: str | None = None) -> CommandResult:
         """Run argv on the host (quoted by command_line) and wait for it; HostError after `timeout` seconds."""
         return self._exec(command_line(argv, env=env, cwd=cwd), timeout, stdin, shlex.join(argv))
@@ -233,7 +233,8 @@ class Connection:
         except (paramiko.SSHException, EOFError, OSError) as e:
             raise HostError(self.label, f"cannot open a session: {e or type(e).__name__}") from e
 
-    def _exec(self, line: str, timeout: float | None, stdin: bytes | None, shown: str) -> CommandResult:
+    def _exec(self, line: str, timeout: float | None, stdin: bytes | Iterable[bytes] | None,
+              shown: str) -> CommandResult:
         chan = self._session()
         out, err = bytearray(), bytearray()
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -241,8 +242,8 @@ class Connection:
             chan.exec_command(line)
             if timeout is not None:
                 chan.settimeout(timeout)  # bounds sendall when the command does not read its input
-            if stdin:
-                chan.sendall(stdin)
+            for part in [stdin] if isinstance(stdin, bytes) else stdin or ():  # parts: each sent when it comes
+                chan.sendall(part)
             chan.shutdown_write()  # EOF on the remote stdin, so a command reading it does not wait for us
             while True:
                 if chan.recv_ready():
