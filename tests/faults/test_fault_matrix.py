@@ -132,9 +132,9 @@ def bed_reservations(bed: Testbed) -> set[Path]:
     ("ship", '[ "$3" = mkdirs ]', "SIGTERM", "error: interrupted by SIGTERM while shipping the code to the hosts: "
                                                "nothing was started on any host; no run directory kept (it held only "
                                                "the plan)"),
-    # The last step of the probe: node 0's port is reserved and node 1's probe, asked to connect to it, is held
-    # (its one argument is the probe's request); the reservation goes too.
-    ("reserve", """echo "$3" | grep -q '"connect": {'""", "SIGINT",
+    # The last step of the probe: node 0's port is reserved and node 1's probe, to be sent the port to connect to,
+    # is held (its one argument is the probe's request); the reservation goes too.
+    ("reserve", """echo "$3" | grep -q '"connect": "later"'""", "SIGINT",
      "error: interrupted by Ctrl-C while probing the hosts: nothing was started on any host; no run directory was "
      "made"),
 ], ids=["ctrl-c-while-probing", "sigterm-while-shipping", "ctrl-c-once-the-port-is-reserved"])
@@ -154,6 +154,8 @@ def test_interrupted_before_torchrun_starts_says_nothing_was_started(bed: Testbe
         python.chmod(0o755)
         up = Up(bed, bed.hosts, tmp_path / "runs", *TINY, "--python", str(python))
         wait_for(f"the {phase} to reach a host", (gate_dir / "reached").exists, timeout=120)
+        if phase == "reserve":  # node 1 is held from its start; node 0's probe goes on to reserve the port
+            wait_for("node 0's reservation", lambda: bed_reservations(bed) - reserved_before, timeout=60)
         up.proc.send_signal(getattr(signal, signal_name))
         code, err = up.finish(timeout=60)
         (gate_dir / "open").touch()  # what waited on the hosts now runs its step and ends (its connection is gone)
