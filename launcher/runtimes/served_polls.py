@@ -101,6 +101,8 @@ class ServedPolls:
                    output: OutputRequest | None = None) -> NodeState:
         """Node `index`'s state (as launcher.runtimes.native.read_state) from its served node program."""
         request, timeout = node_request(workspace, output)
+        # No longer than a one-shot poll waits for its channel to open: a host gone silent is told as soon.
+        timeout = min(timeout, float(getattr(conn, "connect_timeout", timeout)))
         served = self._served.pop(index, None)
         if served is not None:
             try:
