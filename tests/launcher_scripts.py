@@ -8,6 +8,8 @@
 - PARALLEL_SGD: write-up 5's mpi4py parallel SGD: bcast of the weights, scatter of the data, gather of the
   local weights, averaged on rank 0.
 Each training script trains a small linear model for real and prints `rank R/W step S loss L` and `rank R done`.
+Each frees its DDP model before it tears the process group down, as scripts must on torch 2.13 with gloo (else
+torch aborts some of them as they exit, launcher/execute/failure_hints.py's exit_abort_hint).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 _TRAIN = '''
+import gc
 import os
 import torch
 import torch.distributed as dist
@@ -41,6 +44,8 @@ def train(rank, world_size):
         torch.save(model.module.state_dict(), os.path.join(out, "model.pt"))
     print(f"rank {rank} done", flush=True)
     dist.barrier()  # as tutorials advise before tearing down: no rank leaves while another still talks to it
+    del model
+    gc.collect()  # torch 2.13, gloo: a DDP model alive as the interpreter ends aborts it (SIGABRT)
 '''
 
 SPAWN_LOCALHOST = _TRAIN + '''

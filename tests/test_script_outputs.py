@@ -4,7 +4,9 @@ writes comes back from every node, verified, and the shipping note says what the
 The script is written the way the PyTorch DDP tutorial's multinode.py is (CPU and gloo here): `snapshot.pt` in its
 working directory every `save_every` epochs by each node's local rank 0, "Resuming training from snapshot at
 Epoch N" when one is there. It lives in a subfolder and reads a data file beside it. The hosts' logins have
-`python3` on PATH and no `python`, so `-- python ...` runs only because `python` means the node's interpreter."""
+`python3` on PATH and no `python`, so `-- python ...` runs only because `python` means the node's interpreter.
+Unlike the tutorial, it frees its trainer before destroy_process_group(): with gloo, torch 2.13 aborts a process
+whose DDP model is still alive as it exits (launcher/execute/failure_hints.py's exit_abort_hint)."""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from tests.plain_lines import unstamped
 from tests.testbed_fixtures import REPO, connect, lent, run_ddpctl
 
 TUTORIAL = r'''
-import json, os, sys
+import gc, json, os, sys
 from pathlib import Path
 
 import torch
@@ -118,6 +120,8 @@ def main(save_every, total_epochs, batch_size, snapshot_path="snapshot.pt"):
             f.write(f"trained on {os.environ['GROUP_RANK']}\n")
         if not os.path.lexists("latest.pt"):
             os.symlink("snapshot.pt", "latest.pt")
+    del trainer
+    gc.collect()  # torch 2.13, gloo: a DDP model alive as the interpreter ends aborts it (SIGABRT)
     destroy_process_group()
 
 

@@ -149,7 +149,7 @@ def test_a_path_the_user_names_is_used_as_given(tmp_path: Path) -> None:
 # The tutorial's DDP script (multigpu_torchrun.py, shrunk): a model in DDP, a few steps, a snapshot in its working
 # directory from rank 0, and what interpreter ran it.
 TUTORIAL_SCRIPT = """
-import os, sys
+import gc, os, sys
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -171,6 +171,8 @@ if rank == 0:
     torch.save(model.module.state_dict(), "snapshot.pt")
     with open("ran.txt", "w") as f:
         f.write(f"{int(total.item())} {os.path.realpath(sys.executable)}")
+del model
+gc.collect()  # torch 2.13, gloo: a DDP model alive as the interpreter ends aborts it (SIGABRT)
 dist.destroy_process_group()
 """
 

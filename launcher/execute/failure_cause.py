@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from launcher.execute.failure_hints import RunHints, run_hints
+from launcher.execute.failure_hints import RunHints, exit_abort_hint, run_hints
 from launcher.execute.failure_log import without_control_chars
 from launcher.planning.rdzv_reservation import rendezvous_taken_hint
 from launcher.remote import attribution
@@ -166,7 +166,8 @@ def _describe_cause(node: int, label: str, report: dict[str, Any] | None, python
             record["summary"] += f": {reason}"
     record["hint"] = (torch_import_hint(record["explain"], record.get("binary") or python, where)
                       or rendezvous_taken_hint(report.get("port_taken"), node)
-                   or (hints.hint(node, record["explain"], where) if hints else None))
+                   or (hints.hint(node, record["explain"], where) if hints else None)
+                   or exit_abort_hint(record["explain"]))
     return record
 
 

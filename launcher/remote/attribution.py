@@ -113,15 +113,17 @@ def first_failed_line(torchrun_out: str, year: int) -> "dict[str, Any] | None":
 def explaining_lines(text: str, lines: int = EXPLAIN_LINES, errors_only: bool = False) -> list[str]:
     """What explains a worker's end: its last Python traceback (to the exception line) or fatal-error report
     (faulthandler's, on SIGSEGV), else its last lines but torch's own warnings (`[W1123 ...] ...`), which
-    explain nothing; with `errors_only` (a worker ended by a signal), only a traceback or fatal-error report."""
+    explain nothing; with `errors_only` (a worker ended by a signal), only a traceback or fatal-error report, or a
+    last line from C++'s std::terminate."""
     all_lines = text.splitlines()
     starts = [i for i, line in enumerate(all_lines)
               if line.split("]:", 1)[-1].lstrip().startswith(("Traceback (most recent", "Fatal Python error"))]
     if starts:
         chosen = all_lines[starts[-1]:]
         return chosen if len(chosen) <= lines else chosen[:3] + ["  ..."] + chosen[-(lines - 4):]
-    if errors_only:
-        return []
+    if errors_only:  # or C++'s std::terminate as the log's last word (the process aborted in native code)
+        last = next((line for line in reversed(all_lines) if line.strip()), "")
+        return [last] if last.split("]:", 1)[-1].lstrip().startswith("terminate called") else []
     return [line for line in all_lines if line.strip() and not _TORCH_WARNING.match(line)][-lines:]
 
 

@@ -30,7 +30,7 @@ needs_testbed = pytest.mark.skipif(TESTBED_UNAVAILABLE, reason=TESTBED_SKIP_REAS
 # rank FAIL_RANK fails as MODE says. In the SIGKILL and agent cases the other ranks are busy elsewhere (a long
 # validation) at that moment, so only ddpctl's stop ends them.
 TUTORIAL = """\
-import os, signal, sys, time, warnings
+import gc, os, signal, sys, time, warnings
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -57,6 +57,8 @@ def main(mode, fail_rank):
         loss.backward()
         optimizer.step()
         print(f"Epoch {epoch} | loss {loss.item():.4f}", flush=True)
+    del model
+    gc.collect()  # torch 2.13, gloo: a DDP model alive as the interpreter ends aborts it (SIGABRT)
     dist.destroy_process_group()
 
 

@@ -106,10 +106,26 @@ def test_an_exception_then_an_abort_on_the_way_out_names_both(tmp_path: Path) ->
     assert record["summary"] == ("rank 3 on node 0 (b) was killed by SIGABRT as it exited after raising "
                                  "ValueError: bad batch in epoch 1 on rank 3"), record["summary"]
     assert record["explain"][-1] == "terminate called without an active exception"  # the log's own end, as written
+    assert record["hint"] is None, "the exception explains it: no hint about torch's abort at exit"
     # a signal with no traceback names the signal alone
     ws = workspace(tmp_path, "n2", child_failed(3, 1, -6, 78), {1: ("rank 3 epoch 1\n", "abort\n")})
     record = attribute([node_report(ws)], ["b"])
     assert record is not None and record["summary"] == "rank 3 on node 0 (b) was killed by SIGABRT"
+    assert record["hint"] is None
+
+
+def test_torchs_abort_as_a_rank_exits_with_no_python_error_gets_its_hint(tmp_path: Path) -> None:
+    """A DDP script on gloo that returned with its model still alive: torch 2.13 aborts the process as it exits
+    (SIGABRT, "terminate called without an active exception", no traceback). The summary names the signal, and the
+    hint what torch did and the two lines that avoid it."""
+    ws = workspace(tmp_path, "n1", child_failed(1, 1, -6, 77),
+                   {1: ("Epoch 1 | Training snapshot saved at snapshot.pt\n",
+                        "terminate called without an active exception\n")})
+    record = attribute([node_report(ws)], ["b"])
+    assert record is not None and record["summary"] == "rank 1 on node 0 (b) was killed by SIGABRT"
+    assert record["hint"] is not None and "torch 2.13 does so as a process exits while a DDP model is still alive" \
+        in record["hint"] and "`del model; gc.collect()`" in record["hint"]
+    assert f"hint: {record['hint']}" in cause_text(record)
 
 
 def test_a_rank_that_raised_is_the_cause_before_its_neighbour_that_lost_the_group() -> None:
