@@ -10,15 +10,23 @@ A test goes to any free worker unless it shares something that is made once per 
 
 xdist joins several group names of one test into a new group, so each test gets at most one: an explicit mark
 first, then the Slurm cluster, then its module.
+
+The longest first: xdist hands out the groups (and the ungrouped tests) in the order they are collected, so a long
+group collected late (test_slurm_*, with the cluster's minute-long time limits, one test after another on one
+worker) would be what the whole run waits for at its end. The Slurm cluster's tests are handed out first, then
+every other e2e group and test, then the integration tier, then the unit tier, whose short tests fill the workers'
+gaps at the end; the collection order is kept within each.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from tests.tiers import module_key
+from tests.tiers import module_key, tier_of
 
 SESSION_GROUPS = ("slurm_cluster",)  # session fixtures that must exist once per run
+# The order groups are handed out in (lowest first): the Slurm cluster's, then by tier.
+_FIRST = {"slurm_cluster": 0, "e2e": 1, "integration": 2, "unit": 3}
 
 
 def group_of(item: pytest.Item) -> str | None:
@@ -39,7 +47,16 @@ def group_of(item: pytest.Item) -> str | None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not config.pluginmanager.hasplugin("xdist"):
         return
+    scopes: list[str] = []
+    first: dict[str, int] = {}
     for item in items:
         group = group_of(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+        marked = item.get_closest_marker("xdist_group")
+        scope = str(marked.kwargs.get("name", marked.args[0] if marked.args else "")) if marked else item.nodeid
+        rank = _FIRST["slurm_cluster"] if group == "slurm_cluster" else _FIRST[tier_of(item)]
+        first[scope] = min(rank, first.get(scope, rank))
+        scopes.append(scope)
+    order = sorted(range(len(items)), key=lambda i: first[scopes[i]])  # stable: collection order within a rank
+    items[:] = [items[i] for i in order]
