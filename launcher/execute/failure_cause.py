@@ -63,6 +63,13 @@ def _causes_first(report: dict[str, Any] | None) -> dict[str, Any] | None:
     return {**report, "failures": ordered}
 
 
+def _raised(failure: dict[str, Any]) -> bool:
+    """A worker that raised by itself (its traceback's exception, not a lost peer), whatever signal then ended it:
+    torchrun's SIGTERM reaches a rank that raised while it is still on its way out."""
+    explain = failure.get("explain") or []
+    return attribution.exception_line(explain) is not None and not lost_a_peer(explain)
+
+
 def _cause_time(report: dict[str, Any]) -> float | None:
     failures = report.get("failures") or []
     if failures and failures[0].get("time") is not None:
@@ -75,7 +82,7 @@ def _own_failure(report: dict[str, Any] | None, stop_time: float | None) -> bool
     if report is None:
         return False
     failures = report.get("failures") or []
-    if failures and failures[0]["signal"] != "SIGTERM":
+    if failures and (failures[0]["signal"] != "SIGTERM" or _raised(failures[0])):
         when = failures[0].get("time")
         return stop_time is None or when is None or when < stop_time
     code = report.get("exit_code")
@@ -144,9 +151,10 @@ def _describe_cause(node: int, label: str, report: dict[str, Any] | None, python
         raised = attribution.exception_line(record["explain"])
         if raised and worker["signal"] is None:  # the exception, never a line the script printed before it ended
             record["summary"] += ": " + raised
-        elif raised and worker["signal"] == "SIGABRT":
+        elif raised and worker["signal"] in ("SIGABRT", "SIGTERM"):
             # an uncaught exception, then an abort on the way out (a C++ thread still running at exit: "terminate
-            # called without an active exception"): the exception is the cause the user needs to read
+            # called without an active exception"), or torchrun's SIGTERM (another worker of the node ended first,
+            # while this one was still exiting): the exception is the cause the user needs to read
             record["summary"] += " as it exited after raising " + raised
     elif code is not None and code > 128:
         record.update(exit_code=code, signal=attribution.signal_name(code - 128), time=report.get("exit_time"))

@@ -203,9 +203,31 @@ def rendezvous_port_taken(text: str) -> int | None:
     return int(found[-1]) if found else None
 
 
+def _explain(workspace: str, failure: "dict[str, Any]", line: "dict[str, Any] | None") -> None:
+    """Give a failed worker the lines of its log (or error file) that explain its end, and its best time: `line`,
+    torchrun's own line about it (the first failure's), else its error file's, else when its log was written."""
+    worker = _worker_dir(workspace, failure["local_rank"])
+    recorded = _error_file(failure["error_file"])
+    if recorded.get("time") and not (line and line["pid"] == failure["pid"]):
+        failure["time"] = recorded["time"]
+    explain: list[str] = explaining_lines(recorded["callstack"]) if recorded.get("callstack") else []
+    for stream in ("stderr.log", "stdout.log"):
+        if explain or worker is None:
+            break
+        explain = explaining_lines(_read_tail(os.path.join(worker, stream)), errors_only=bool(failure["signal"]))
+        if explain:
+            failure["log"] = os.path.relpath(os.path.join(worker, stream), workspace)
+    # A worker that raised wrote its traceback before it ended, and torchrun saw the end up to a monitor interval
+    # (and a slow exit) later: when its log was written just before, that time is closer to the failure.
+    written = _mtime(os.path.join(worker, "stderr.log")) if worker else None
+    if written is not None and failure["time"] is not None and failure["time"] - 2.0 <= written < failure["time"]:
+        failure["time"] = written
+    failure["explain"] = explain
+
+
 def node_report(workspace: str, exit_code: int | None = None) -> "dict[str, Any]":
-    """What ended this node: torchrun's exit status and when, its first failed worker (rank, exit code or
-    signal, time, the program it ran, the lines of its log that explain it), every other failed worker."""
+    """What ended this node: torchrun's exit status and when, its failed workers, the first seen first (rank, exit
+    code or signal, time, the program the first ran, the lines of each one's log that explain its end)."""
     workspace = os.path.expanduser(workspace) if workspace.startswith("~") else workspace
     if not os.path.isabs(workspace):
         workspace = os.path.join(os.path.expanduser("~"), workspace)
@@ -228,23 +250,8 @@ def node_report(workspace: str, exit_code: int | None = None) -> "dict[str, Any]
     line = first_failed_line(torchrun_out, year)
     if line and line["pid"] == first["pid"]:
         first["time"], first["binary"] = line["time"], line["binary"]
-    worker = _worker_dir(workspace, first["local_rank"])
-    recorded = _error_file(first["error_file"])
-    if recorded.get("time") and not (line and line["pid"] == first["pid"]):
-        first["time"] = recorded["time"]
-    explain: list[str] = explaining_lines(recorded["callstack"]) if recorded.get("callstack") else []
-    for stream in ("stderr.log", "stdout.log"):
-        if explain or worker is None:
-            break
-        explain = explaining_lines(_read_tail(os.path.join(worker, stream)), errors_only=bool(first["signal"]))
-        if explain:
-            first["log"] = os.path.relpath(os.path.join(worker, stream), workspace)
-    # A worker that raised wrote its traceback before it ended, and torchrun saw the end up to a monitor interval
-    # (and a slow exit) later: when its log was written just before, that time is closer to the failure.
-    written = _mtime(os.path.join(worker, "stderr.log")) if worker else None
-    if written is not None and first["time"] is not None and first["time"] - 2.0 <= written < first["time"]:
-        first["time"] = written
-    first["explain"] = explain
+    for failure in failures:  # every failed worker's own lines: which one raised by itself is the cause
+        _explain(workspace, failure, line if failure is first else None)
     if first["signal"] == "SIGKILL":
         first["oom"] = killed_for_memory(first["pid"])
     return report

@@ -114,6 +114,48 @@ def test_an_exception_then_an_abort_on_the_way_out_names_both(tmp_path: Path) ->
     assert record["hint"] is None
 
 
+def test_a_rank_that_raised_and_was_still_exiting_when_torchrun_stopped_it_is_the_cause(tmp_path: Path) -> None:
+    """As seen on the test bed: rank 3 raised; rank 2 on the same node lost it ("Connection closed by peer"), raised
+    too and aborted on its way out, first; torchrun then SIGTERMed rank 3, still exiting. The cause is rank 3 and its
+    exception, named with the signal that ended it; rank 2's lost peer is not the cause."""
+    torchrun_out = """\
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+=======================================================
+python3 FAILED
+-------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-26_19:30:37
+  host      : localhost
+  rank      : 3 (local_rank: 1)
+  exitcode  : -15 (pid: 15503)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 15503
+-------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-26_19:30:37
+  host      : localhost
+  rank      : 2 (local_rank: 0)
+  exitcode  : -6 (pid: 15501)  (SIGABRT)
+  error_file: <N/A>
+  traceback : Signal 6 (SIGABRT) received by PID 15501
+=======================================================
+"""
+    lost = ("[rank2]: Traceback (most recent call last):\n[rank2]:   File \"/w/train.py\", line 30, in <module>\n"
+            "[rank2]: RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by peer [10.0.0.2]:38290. "
+            "This is typically caused by a remote worker crashing.\nterminate called without an active exception\n")
+    raised = TRACEBACK.replace("[rank3]: and a second line of its message\n", "")
+    ws = workspace(tmp_path, "n1", torchrun_out, {0: ("Epoch 0\n", lost), 1: ("Epoch 0\n", raised)})
+    (tmp_path / "n0").mkdir()
+    stopped = workspace(tmp_path, "n0", "", {}, exit_code=143)  # node 0: stopped by ddpctl
+    record = attribute([node_report(stopped), node_report(ws)], ["a", "b"], stopped=[0], stop_time=1e12)
+    assert record is not None
+    assert record["summary"] == ("rank 3 on node 1 (b) was killed by SIGTERM as it exited after raising "
+                                 "ValueError: bad batch in epoch 1 on rank 3"), record["summary"]
+    assert [n["outcome"] for n in record["nodes"]] == ["stopped", "failed: the cause"]
+
+
 def test_torchs_abort_as_a_rank_exits_with_no_python_error_gets_its_hint(tmp_path: Path) -> None:
     """A DDP script on gloo that returned with its model still alive: torch 2.13 aborts the process as it exits
     (SIGABRT, "terminate called without an active exception", no traceback). The summary names the signal, and the
