@@ -24,7 +24,7 @@ from launcher.errors import HostError
 from launcher.remote import node_state
 from launcher.remote.program import AHEAD_LOADER, ahead_of_input
 from launcher.runtimes.native import OutputRequest, node_program, read_state
-from launcher.runtimes.served_polls import ServedPolls, served_until_done
+from launcher.runtimes.served_polls import ServedPolls
 from launcher.transport.ssh import CommandResult
 
 
@@ -143,7 +143,7 @@ def test_many_polls_one_program_the_same_answers_and_it_ends_with_the_polls(tmp_
     ws = _workspace(tmp_path)
     log = ws / "logs" / "r" / "attempt_0" / "0" / "stdout.log"
     conn = Here()
-    with served_until_done(ServedPolls(sys.executable)) as served:
+    with contextlib.closing(ServedPolls(sys.executable)) as served:
         first = served.read_state(0, conn, str(ws), OutputRequest(0))
         with log.open("a") as f:
             f.write("step 7\n")
@@ -165,7 +165,7 @@ def test_many_polls_one_program_the_same_answers_and_it_ends_with_the_polls(tmp_
 def test_a_program_that_ended_is_replaced_within_the_same_poll(tmp_path: Path) -> None:
     ws = _workspace(tmp_path)
     conn = Here()
-    with served_until_done(ServedPolls(sys.executable)) as served:
+    with contextlib.closing(ServedPolls(sys.executable)) as served:
         assert served.read_state(0, conn, str(ws)).alive
         conn.started[0].kill()  # as the host's idle limit, or a connection made anew, would end it
         conn.started[0].wait()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -41,7 +42,7 @@ from launcher.results.rundir import (
     write_json_atomic,
 )
 from launcher.runtimes.native import NodeState, OutputRequest, read_state
-from launcher.runtimes.served_polls import ServedPolls, served_until_done
+from launcher.runtimes.served_polls import ServedPolls
 from launcher.runtimes.start import start_node
 from launcher.transport import outputs
 from launcher.transport.hostsession import HostSession, target_from_json, target_to_json
@@ -203,7 +204,7 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
     freshest = FreshestProgress(len(labels))
     node_watch = RunWatch.for_run(labels, run_dir)  # hangs, low disk, the first rank failure: told unasked
     served = ServedPolls(run_dir.spec().python)  # one node program per host for all the polls
-    with served_until_done(served), run_progress(labels, enabled=show_progress) as progress:
+    with contextlib.closing(served), run_progress(labels, enabled=show_progress) as progress:
         live = LiveOutput(run_dir, progress, show_output)  # rank 0's output, a script's progress, restarts
         facts = stop_facts(run_dir)  # what stops the nodes, should the run directory go
         while True:

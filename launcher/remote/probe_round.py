@@ -68,15 +68,18 @@ def listing(root: str, seconds: float = LIST_SECONDS) -> "dict":
         return {"error": str(e)}
 
 
+def connect_to(node0: "dict") -> str:
+    """Connect to node 0's port as the launcher says ({addr, port, timeout}): rdzv_port.connect's outcome."""
+    return rdzv_port.connect(str(node0["addr"]), int(node0["port"]), float(node0["timeout"]))
+
+
 def connect_as_told(line: bytes) -> "str | None":
-    """Connect to node 0 as `line` says ({addr, port, timeout}; null, or no line: node 0 did not listen)."""
+    """connect_to what `line` says (null, or no line: node 0 did not listen, nothing to connect to)."""
     try:
         told = json.loads(line) if line.strip() else None
     except ValueError:
         told = None
-    if not isinstance(told, dict):
-        return None
-    return rdzv_port.connect(str(told["addr"]), int(told["port"]), float(told["timeout"]))
+    return connect_to(told) if isinstance(told, dict) else None
 
 
 def main(argv: "list[str]") -> int:
@@ -89,7 +92,7 @@ def main(argv: "list[str]") -> int:
     answer: dict = {}
     connect = request.get("connect")
     if isinstance(connect, dict):  # first: node 0 listens for a few seconds only
-        answer["connect"] = rdzv_port.connect(str(connect["addr"]), int(connect["port"]), float(connect["timeout"]))
+        answer["connect"] = connect_to(connect)
     answer["facts"] = facts = host_probe.host_facts()
     answer["checks"] = [run_check([str(word) for word in check]) for check in request.get("checks") or []]
     if request.get("manifest"):

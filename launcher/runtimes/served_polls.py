@@ -1,15 +1,14 @@
 """A followed run's state polls: one node program per host, started once (`node_state.py --serve`) and asked once a
 poll over its SSH channel, where each poll was a new channel, a shell and a Python start on the host (CPU taken
-from the cores that train, every second on every node). A channel that fails is closed; the poll tries a new one
-at once if the failed one had answered before (the host ended it after an idle while, the connection was made
-anew), and otherwise fails as a one-shot poll would."""
+from the cores that train, every second on every node). A channel that fails is closed. One that had ended (the
+host ended its program after an idle while, the connection was made anew) is replaced at once, within the same
+poll; a new one that fails, or an answer that does not come in time, fails the poll as a one-shot poll would.
+The polls' owner closes a ServedPolls when it is done (`contextlib.closing`)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from launcher.errors import HostError
@@ -104,24 +103,23 @@ class ServedPolls:
         # No longer than a one-shot poll waits for its channel to open: a host gone silent is told as soon.
         timeout = min(timeout, float(getattr(conn, "connect_timeout", timeout)))
         served = self._served.pop(index, None)
-        if served is not None:
+        reused = served is not None
+        while True:
+            if served is None:
+                served = ServedNodeProgram(conn, self.python)
             try:
                 found = served.ask(request, timeout)
-                self._served[index] = served
-                return answered_state(found)
             except ProgramEnded:
                 served.close()
+                if not reused:
+                    raise
+                served, reused = None, False  # ended while idle: a new one, within this poll
+                continue
             except BaseException:
                 served.close()
                 raise
-        served = ServedNodeProgram(conn, self.python)
-        try:
-            found = served.ask(request, timeout)
-        except BaseException:
-            served.close()
-            raise
-        self._served[index] = served
-        return answered_state(found)
+            self._served[index] = served
+            return answered_state(found)
 
     def close(self) -> None:
         """End every node's served program."""
@@ -129,11 +127,3 @@ class ServedPolls:
             served.close()
         self._served.clear()
 
-
-@contextlib.contextmanager
-def served_until_done(served: ServedPolls) -> Iterator[ServedPolls]:
-    """`served`, its programs ended when the block ends, however it ends."""
-    try:
-        yield served
-    finally:
-        served.close()
