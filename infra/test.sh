@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: set-up, a Docker engine, lint, types, then pytest.
-# pytest runs on DDPCTL_TEST_WORKERS pytest-xdist workers, 3 unless set (tests/worker_groups.py keeps what must
-# share one worker together): 3 take the suite from about 40 to about 20 minutes on a 2-core machine, where 4
-# were slower again (docs/performance.md); 0: one process. Extra arguments go to pytest.
+# pytest runs on DDPCTL_TEST_WORKERS pytest-xdist workers, 4 unless set (tests/worker_groups.py keeps what must
+# share one worker together): on a 2-core machine 3 left the cores idle about 13 % of the time (tests waiting on
+# Slurm's minutes, torchrun's timeouts, SSH), 4 keep them busy and take the suite from about 15 to about 13.5
+# minutes (docs/performance.md); 0: one process. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Python caches what it compiles (__pycache__/, ignored by git, Docker and shipping), as on a user's machine: a
@@ -14,7 +15,7 @@ bash infra/dockerd.sh
 source infra/pick_python.sh  # the python infra/setup.sh installed into
 "$py" -m ruff check .
 "$py" -m mypy launcher trainer
-workers=${DDPCTL_TEST_WORKERS:-3}
+workers=${DDPCTL_TEST_WORKERS:-4}
 parallel=()
 if [ "$workers" != 0 ]; then
   parallel=(-n "$workers" --dist loadgroup)
