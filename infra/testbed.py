@@ -100,6 +100,7 @@ class Testbed:
         if len(ports) != n_hosts:
             raise ValueError(f"{n_hosts} hosts but {len(ports)} ports given")
         self.prefix = name_prefix
+        self._stopped = False
         self.dir, idx = _claim_index()
         self.hosts: list[TestHost] = []
         # Every host is a namespace on this machine's cores, which all hosts and runs share: one intra-op thread
@@ -194,8 +195,12 @@ class Testbed:
         _remove_reservations({host.user for host in self.hosts})
 
     def stop(self) -> None:
-        """Remove everything the bed made; safe after a partial start and when called twice."""
-        _teardown_bed(self.state)
+        """Remove everything the bed made; safe after a partial start. A second call does nothing: once the
+        directory is gone, its index (and with it the bridge's and the namespaces' names) may be another bed's."""
+        if self._stopped:
+            return
+        self._stopped = True
+        _teardown_bed(self.state)  # before the directory goes: the directory is the claim on the index
         shutil.rmtree(self.dir, ignore_errors=True)
         self.hosts = []
 

@@ -79,13 +79,24 @@ def take_snapshot(role: str = "session") -> Snapshot:
     return Snapshot(mounts=mount_points(), containers=docker_containers(), token=token, role=role)
 
 
+def _our_beds() -> list[testbed.BedState]:
+    """The beds this process started, less those whose index another live bed has taken since: the names of a
+    bed's directory, namespaces and homes come from its prefix and index, so they are now the other bed's."""
+    ours = []
+    for bed in testbed.STARTED_HERE:
+        now = testbed.load_state(testbed.STATE_ROOT / f"bed-{bed.idx}")
+        if now is None or (now.owner_pid, now.owner_start) == (bed.owner_pid, bed.owner_start):
+            ours.append(bed)
+    return ours
+
+
 def our_places(snapshot: Snapshot) -> list[str]:
     """Directories this session owns: things mounted or bind-mounted below them are its doing. The checkout is
     every worker's: the controller checks it once they are all done."""
     places = [] if snapshot.role == "worker" else [str(REPO)]
     if snapshot.basetemp is not None:
         places.append(str(snapshot.basetemp))
-    for bed in testbed.STARTED_HERE:
+    for bed in _our_beds():
         places.append(str(testbed.STATE_ROOT / f"bed-{bed.idx}"))
         for host in bed.hosts:
             places += [host["dir"], host["home"], f"/run/{host['netns']}-docker", f"/run/netns/{host['netns']}"]
@@ -144,7 +155,7 @@ def find_leaks(snapshot: Snapshot) -> list[str]:
     """What this session made that is still there, one line each."""
     places = our_places(snapshot)
     leaks = [f"mount {m}" for m in sorted(mount_points() - snapshot.mounts) if _below(m, places)]
-    for bed in testbed.STARTED_HERE:
+    for bed in _our_beds():
         for host in bed.hosts:
             if Path("/run/netns", host["netns"]).exists():
                 leaks.append(f"network namespace {host['netns']}")

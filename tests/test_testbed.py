@@ -17,6 +17,11 @@ from tests.testbed_fixtures import TESTBED_PREFIX, connect, needs_testbed
 pytestmark = [needs_testbed, pytest.mark.testbed]
 
 
+# The tests that check a stopped bed left nothing name their beds with a prefix of their own: names come from the
+# prefix and the bed's index, and once a bed is gone another worker's bed of the same prefix may take its index.
+STOP_PREFIX, STALE_PREFIX, BY_HAND_PREFIX = "ddptbst", "ddptbcs", "ddptbcl"
+
+
 def leftovers(state: tb.BedState) -> list[str]:
     """Everything of a bed still present on the machine (empty when it was cleaned up)."""
     found = []
@@ -116,7 +121,7 @@ def test_reset_gives_the_next_module_the_hosts_as_the_bed_made_them(testbed):
 
 
 def test_stop_removes_everything_even_with_user_processes():
-    bed = tb.Testbed(TESTBED_PREFIX, n_hosts=1)
+    bed = tb.Testbed(STOP_PREFIX, n_hosts=1)
     state = bed.state
     host = bed.hosts[0]
     # A process of the test user, detached into its own session, as a launched job would be.
@@ -131,7 +136,7 @@ def test_stop_removes_everything_even_with_user_processes():
 
 def test_cleanup_stale_removes_beds_of_dead_owners(tmp_path):
     code = ("from infra.testbed import Testbed; import sys, time; "
-            f"b = Testbed({TESTBED_PREFIX!r}, n_hosts=1); print(b.dir, flush=True); time.sleep(300)")
+            f"b = Testbed({STALE_PREFIX!r}, n_hosts=1); print(b.dir, flush=True); time.sleep(300)")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                             cwd=Path(__file__).parent.parent)
     try:
@@ -139,12 +144,12 @@ def test_cleanup_stale_removes_beds_of_dead_owners(tmp_path):
         bed_dir = Path(proc.stdout.readline().strip())
         state = tb.load_state(bed_dir)
         assert state is not None and tb.owner_alive(state)
-        assert state.idx not in tb.cleanup_stale(TESTBED_PREFIX)  # a live owner's bed is kept
+        assert state.idx not in tb.cleanup_stale(STALE_PREFIX)  # a live owner's bed is kept
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     assert leftovers(state) != []
-    assert state.idx in tb.cleanup_stale(TESTBED_PREFIX)
+    assert state.idx in tb.cleanup_stale(STALE_PREFIX)
     assert leftovers(state) == [] and not bed_dir.exists()
 
 
@@ -155,14 +160,14 @@ def test_command_line_start_list_stop():
         assert proc.returncode == 0, proc.stderr
         return proc.stdout
 
-    out = cli("start", "--hosts", "1", "--ports", "2022")
+    out = cli("start", "--hosts", "1", "--ports", "2022", "--prefix", BY_HAND_PREFIX)
     idx = int(out.split()[2])
     state = tb.load_state(tb.STATE_ROOT / f"bed-{idx}")
     assert state is not None and state.owner_pid is None
     try:
         assert f"{state.hosts[0]['address']}:2022" in out and "known_hosts:" in out
-        assert f"bed {idx} [{TESTBED_PREFIX}] by hand" in cli("list")
-        assert idx not in tb.cleanup_stale(TESTBED_PREFIX)  # a bed started by hand lives until `stop`
+        assert f"bed {idx} [{BY_HAND_PREFIX}] by hand" in cli("list")
+        assert idx not in tb.cleanup_stale(BY_HAND_PREFIX)  # a bed started by hand lives until `stop`
     finally:
         stopped = cli("stop", "--bed", str(idx))
     assert str(idx) in stopped
