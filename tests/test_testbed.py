@@ -121,6 +121,7 @@ def test_reset_gives_the_next_module_the_hosts_as_the_bed_made_them(testbed):
 
 
 def test_stop_removes_everything_even_with_user_processes():
+    tb.cleanup_stale(STOP_PREFIX)  # beds of this prefix left by killed test runs
     bed = tb.Testbed(STOP_PREFIX, n_hosts=1)
     state = bed.state
     host = bed.hosts[0]
@@ -135,6 +136,7 @@ def test_stop_removes_everything_even_with_user_processes():
 
 
 def test_cleanup_stale_removes_beds_of_dead_owners(tmp_path):
+    tb.cleanup_stale(STALE_PREFIX)  # beds of this prefix left by killed test runs
     code = ("from infra.testbed import Testbed; import sys, time; "
             f"b = Testbed({STALE_PREFIX!r}, n_hosts=1); print(b.dir, flush=True); time.sleep(300)")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
