@@ -19,6 +19,8 @@ import time
 
 from launcher.remote import node_start, proctree
 
+KILL_WAIT_SECONDS = 5.0
+
 
 def workspace_path(workspace: str) -> str:
     """The workspace's absolute path as the supervisor recorded it (relative paths are under home)."""
@@ -69,9 +71,13 @@ def stop(workspace: str, grace: str, fallback: str) -> "dict[str, object]":
         time.sleep(0.2)
     if ours and pid is not None:  # what the tree started meanwhile
         signalled.update(_with_start_times(proctree.process_tree(pid)))
-    for p, started in signalled.items():
-        if _lives(p, started):
-            proctree.signal_same(p, started, signal.SIGKILL)
+    killed = {p: started for p, started in signalled.items()
+              if _lives(p, started) and proctree.signal_same(p, started, signal.SIGKILL)}
+    # A SIGKILL takes effect when the process next runs, which on a loaded host can be a moment later: the stop
+    # returns (and the node is told stopped) once they are gone, or after KILL_WAIT_SECONDS.
+    deadline = time.time() + KILL_WAIT_SECONDS
+    while time.time() < deadline and any(_lives(p, started) for p, started in killed.items()):
+        time.sleep(0.05)
     if files and (ours or signalled) and not os.path.exists(os.path.join(path, "exit_code")):
         with contextlib.suppress(OSError), open(os.path.join(path, "exit_code"), "w") as f:
             f.write("143\n")
