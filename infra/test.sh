@@ -2,7 +2,7 @@
 # The whole test suite, from a fresh machine: set-up, a Docker engine, lint, types, then pytest.
 # pytest runs on DDPCTL_TEST_WORKERS pytest-xdist workers, 4 unless set (tests/worker_groups.py keeps what must
 # share one worker together): on a 2-core machine 3 left the cores idle about 9 % of the time (tests waiting on
-# Slurm's minutes, torchrun's timeouts, SSH), 4 keep them busy: 13 to 14 minutes where 3 took 14.5 to 15.5
+# Slurm's minutes, torchrun's timeouts, SSH), 4 keep them busy: 13 to 14 minutes where 3 took 14 to 16
 # minutes (docs/performance.md); 0: one process. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
