@@ -66,18 +66,14 @@ def stop(workspace: str, grace: str, fallback: str) -> "dict[str, object]":
     # a process stopped by SIGSTOP (a job control stop, a debugger, a freezer) acts on SIGTERM only once continued
     for p, started in signalled.items():
         proctree.signal_same(p, started, signal.SIGCONT)
-    deadline = time.time() + seconds
-    while time.time() < deadline and any(_lives(p, started) for p, started in signalled.items()):
-        time.sleep(0.2)
+    _wait_gone(signalled, seconds, every=0.2)
     if ours and pid is not None:  # what the tree started meanwhile
         signalled.update(_with_start_times(proctree.process_tree(pid)))
     killed = {p: started for p, started in signalled.items()
               if _lives(p, started) and proctree.signal_same(p, started, signal.SIGKILL)}
     # A SIGKILL takes effect when the process next runs, which on a loaded host can be a moment later: the stop
     # returns (and the node is told stopped) once they are gone, or after KILL_WAIT_SECONDS.
-    deadline = time.time() + KILL_WAIT_SECONDS
-    while time.time() < deadline and any(_lives(p, started) for p, started in killed.items()):
-        time.sleep(0.05)
+    _wait_gone(killed, KILL_WAIT_SECONDS, every=0.05)
     if files and (ours or signalled) and not os.path.exists(os.path.join(path, "exit_code")):
         with contextlib.suppress(OSError), open(os.path.join(path, "exit_code"), "w") as f:
             f.write("143\n")
@@ -91,6 +87,13 @@ def _with_start_times(pids: "list[int]") -> "dict[int, str]":
         if started is not None:
             found[pid] = started
     return found
+
+
+def _wait_gone(procs: "dict[int, str]", seconds: float, every: float) -> None:
+    """Wait up to `seconds` until none of `procs` (pid -> start time) lives."""
+    deadline = time.time() + seconds
+    while time.time() < deadline and any(_lives(p, started) for p, started in procs.items()):
+        time.sleep(every)
 
 
 def _lives(pid: int, started: str) -> bool:
