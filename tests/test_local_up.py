@@ -189,8 +189,7 @@ def test_a_dry_run_whose_hosts_cannot_be_reached_prints_the_plan_and_its_unknown
      "with --provider vast, --image is the registry reference each machine starts from: drop --registry"),
     (["--image", "ddpctl:latest"], "--image has no effect on a run on this machine"),
     (["--host", "h", "--registry", "docker.io/you/ddpctl:1"], "--registry names the image of --runtime docker"),
-    (["--detach"], "--detach has no effect on a run on this machine (a local run stays in the foreground"),
-    (["--stall-timeout", "60"], "--stall-timeout has no effect on a run on this machine"),
+    (["--detach", "--stall-timeout", "60"], "--stall-timeout acts while `up` follows the run"),
     (["--identity-file", "key", "--accept-new-host-keys"], "--identity-file and --accept-new-host-keys have no "
                                                            "effect on a run on this machine"),
 ])  # fmt: skip
