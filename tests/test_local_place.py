@@ -229,3 +229,23 @@ def test_stall_timeout_ends_a_hanging_local_script_with_the_hosts_stall_line(pla
     assert "stop_requested" in kinds and kinds[-1] == "stopped"
     assert processes_of(place) == {}
     assert status_row(runs)["state"] == "stopped"
+    assert json.loads((run / "workdir.json").read_text())["workdir"] == str(place.resolve())  # still told
+
+
+def test_down_stops_a_detached_local_run_and_its_follower_records_it(place: Path) -> None:
+    (place / "hangs.py").write_text(HANGS)
+    runs = place / "runs"
+    up = ddpctl("up", "--detach", "--gpus", "2", "--runs-dir", str(runs), "--", "python3", "hangs.py", cwd=place)
+    assert up.returncode == 0, up.stderr
+    run = the_run(runs)
+    wait_for("the script's line", lambda: list(run.glob("logs/*/attempt_0/0/stdout.log")) and
+             "loss 0.5" in rank0_stdout(run), timeout=120)
+    assert status_row(runs)["state"] == "running" and processes_of(run)
+    down = ddpctl("down", str(run))
+    assert down.returncode == 0 and "none left" in down.stderr, down.stderr
+    assert processes_of(run) == {}
+    wait_for("the follower to end", lambda: not processes_of(place), timeout=30)
+    said = (run / "detached.out").read_text().strip().splitlines()[-1]
+    assert said == (f"error: run {run.name} was stopped by `ddpctl down` (from another terminal); what it wrote "
+                    f"is in {run}")
+    assert status_row(runs)["state"] == "stopped"

@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from launcher.errors import RunStopRequested
 from launcher.execute.before_start import nothing_started_if_interrupted
 from launcher.execute.failure_cause import local_failure, teardown_outcome
 from launcher.execute.local import check_local_run, run_local
@@ -142,8 +143,13 @@ def _run_here(acquired: AcquiredHosts, saved: RunPlan | None) -> UpResult:
 def _follow_here(plan: RunPlan, run_dir: RunDir, options: UpOptions, run_path: Path) -> int:
     """Run the plan here to its end and record how it ended; the run's exit status."""
     written = LocalOutputs.start(run_dir, plan.nodes[0].cwd) if plan.spec.user_command else None
-    code = run_local(plan, run_dir, show_progress=options.show_progress, show_output=options.show_output,
-                     stall_timeout=options.stall_timeout)
+    try:
+        code = run_local(plan, run_dir, show_progress=options.show_progress, show_output=options.show_output,
+                         stall_timeout=options.stall_timeout)
+    except RunStopRequested:  # stopped by `ddpctl down` or --stall-timeout: what the script wrote is told still
+        if written is not None:
+            written.finish()
+        raise
     if written is not None:
         written.finish()
     raise_if_disk_full(run_path, code)
