@@ -30,6 +30,7 @@ from launcher.execute.plain_progress import run_progress
 from launcher.execute.pull_record import pull_lock, write_pull_record
 from launcher.execute.restart_causes import finish_run_records
 from launcher.execute.shipping import code_cache, ship_code, ship_image, workspace_before_start
+from launcher.execute.stall_watch import StallWatch
 from launcher.planning.plan import RunPlan
 from launcher.results.progress import FreshestProgress, console, stall_note
 from launcher.results.run_records import world_exit_code
@@ -200,8 +201,8 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
                            lambda i: getattr(latest[i], "exit_time", None))
     failed_reported = False
     cause: dict[str, Any] | None = None
-    stall_reported = False
     freshest = FreshestProgress(len(labels))
+    stall = StallWatch(run_dir, freshest, stall_timeout)
     node_watch = RunWatch.for_run(labels, run_dir)  # hangs, low disk, the first rank failure: told unasked
     served = ServedPolls(run_dir.spec().python)  # one node program per host for all the polls
     with contextlib.closing(served), run_progress(labels, enabled=show_progress) as progress:
@@ -239,13 +240,7 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
             moving = Movement(rule.last_move, rule.slowest, rule.last_move is not None and rule.hung(now))
             latest[:] = states
             contact.observe(states, now, moving)
-            stalled = freshest.stalled_for(now)
-            if stalled is not None and not stall_reported:
-                run_dir.event("stalled", seconds=round(stalled))
-            stall_reported = stalled is not None  # once per stall
-            if stall_timeout and freshest.stalled_for(now, stall_timeout) is not None:
-                raise RunStopRequested(f"--stall-timeout: no training step for {stall_timeout:g} s (a hung "
-                                       f"collective or data loader); see `ddpctl logs {run_dir.run_id}`", "stalled")
+            stalled = stall.check(now)  # past --stall-timeout: RunStopRequested (launcher/execute/stall_watch.py)
             for index, state in enumerate(states):
                 if state is None:
                     progress.update(index, None, "unreachable")
