@@ -29,7 +29,7 @@ class Recorder:
 @pytest.fixture
 def recorded(monkeypatch: pytest.MonkeyPatch) -> Recorder:
     recorder = Recorder()
-    monkeypatch.setattr("launcher.execute.up.run_up", recorder)
+    monkeypatch.setattr("launcher.places.registry.run_up", recorder)
     return recorder
 
 

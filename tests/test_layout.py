@@ -46,7 +46,7 @@ UPWARD_IMPORTS = {  # module to edit, text appended to it, the import the check 
                       "launcher.spec.run_spec -> launcher.cli.app"),
     "under TYPE_CHECKING": ("launcher/transport/ssh.py",
                             "\nfrom typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
-                            "    from launcher.execute.up import run_up  # noqa: F401\n",
+                            "    from launcher.execute.up import run_on_provider  # noqa: F401\n",
                             "launcher.transport.ssh -> launcher.execute.up"),
     "a cycle in a function": ("trainer/files.py",
                               "\n\ndef _cycle() -> None:\n    import trainer.records  # noqa: F401\n",

@@ -21,6 +21,7 @@ import pytest
 
 from infra.testbed import Testbed
 from launcher.execute.pull_record import PULL_LOCK, PULL_RECORD, incomplete_pull_line, write_pull_record
+from launcher.places.registry import PLACES
 from launcher.transport.pull import CHANGED, pull_tree
 from launcher.transport.sync import NAME_MAX, PART_MARK, part_name
 from tests.faults.fault_support import wait_for
@@ -194,7 +195,7 @@ def test_files_that_vanish_change_or_change_type_while_pulling_are_named(bed: Te
     assert sha256(dest / "a.bin") == hashlib.sha256(files["a.bin"]).hexdigest()
     assert sha256(dest / "e.bin") == hashlib.sha256(files["e.bin"]).hexdigest()
     write_pull_record(tmp_path, [host.spec], [{"not_pulled": stats.not_pulled, "verified": 2}], [None])
-    line = incomplete_pull_line(tmp_path, {"provider": "vast"})
+    line = incomplete_pull_line(tmp_path, {"provider": "vast"}, down_words=PLACES["vast"].not_pulled_after_down)
     assert line is not None and line.startswith("pull incomplete, 3 files not pulled: node 0 'b.bin': vanished on")
     assert line.endswith("destroys the machines once the rest is verified, and what was not pulled with them")
 

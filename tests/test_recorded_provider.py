@@ -1,12 +1,11 @@
-"""A recorded run's kind (local, SSH hosts, rented) and runtime, rebuilt from its typed run.json (what
-status/logs/pull/down ask)."""
+"""A recorded run's place (local, SSH hosts, rented, a Slurm job) and runtime, rebuilt from its typed run.json
+(what status/logs/pull/down ask)."""
 
 from __future__ import annotations
 
 import pytest
 
-from launcher.execute.recorded import HostsRun, LocalRun, recorded_run
-from launcher.execute.rented_run import RentedRun
+from launcher.places.registry import place_of_record
 from launcher.results.record import RecordError, RunRecord
 from launcher.runtimes.docker import DockerRuntime
 from launcher.runtimes.native import NativeRuntime
@@ -19,16 +18,17 @@ def record(**fields: object) -> RunRecord:
     return RunRecord.from_json({"run_id": "r1", "spec": {}, **fields})
 
 
-@pytest.mark.parametrize(("fields", "kind"), [
-    ({}, LocalRun),  # a record older than `provider`, run here
-    ({"provider": "local", "hosts": []}, LocalRun),
-    ({"provider": "ssh", "hosts": [HOST]}, HostsRun),
-    ({"hosts": [HOST]}, HostsRun),  # a host run recorded before `provider`
-    ({"provider": "vast", "instances": []}, RentedRun),  # rented, never reached: no hosts yet
-    ({"provider": "vast", "hosts": [HOST], "instances": [{"instance_id": 1}]}, RentedRun),
+@pytest.mark.parametrize(("fields", "place"), [
+    ({}, "local"),  # a record older than `provider`, run here
+    ({"provider": "local", "hosts": []}, "local"),
+    ({"provider": "ssh", "hosts": [HOST]}, "ssh"),
+    ({"hosts": [HOST]}, "ssh"),  # a host run recorded before `provider`
+    ({"provider": "vast", "instances": []}, "vast"),  # rented, never reached: no hosts yet
+    ({"provider": "vast", "hosts": [HOST], "instances": [{"instance_id": 1}]}, "vast"),
+    ({"provider": "slurm", "hosts": [HOST], "slurm": {"job_id": "7"}}, "slurm"),
 ])
-def test_the_recorded_run_is_rebuilt_from_the_record(fields: dict[str, object], kind: type) -> None:
-    assert isinstance(recorded_run(record(**fields)), kind)
+def test_the_recorded_run_is_rebuilt_from_the_record(fields: dict[str, object], place: str) -> None:
+    assert place_of_record(record(**fields)).name == place
 
 
 def test_the_runtime_is_rebuilt_from_the_record() -> None:

@@ -71,7 +71,7 @@ def test_from_a_local_run_reproduces_its_spec_and_its_final_weights(tmp_path: Pa
 def test_from_overrides_recorded_options_and_needs_env_values_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     calls: list[tuple[Any, Any]] = []
-    monkeypatch.setattr("launcher.execute.up.run_up",
+    monkeypatch.setattr("launcher.places.registry.run_up",
                         lambda spec, options: calls.append((spec, options)) or UpResult(None, 0, None))
     spec_fields = {"run_id": "orig-1", "model": "mnist-cnn", "dataset": "synthetic", "epochs": 4, "batch_size": 16,
                    "lr": 0.1, "nnodes": 2, "nproc_per_node": 3, "seed": 9, "extra_env": {"TOKEN": "***"}}

@@ -23,7 +23,7 @@ import pytest
 from infra.testbed import Testbed
 from launcher.cli.doctor import run_doctor
 from launcher.execute import interruption, on_hosts
-from launcher.execute.up import run_up
+from launcher.places.registry import run_up
 from launcher.planning.rdzv_reservation import RESERVATION_DIR
 from launcher.planning.request import UpOptions
 from launcher.runtimes.served_polls import ServedNodeProgram

@@ -74,7 +74,7 @@ def up(
 ) -> None:
     """Launch a DDP training run and follow it to the end."""
     from launcher.execute.interruption import catch_stop_signals
-    from launcher.execute.up import run_up
+    from launcher.places.registry import run_up
 
     declared = declared_options(up)
     recorded, from_run, env_names = (recorded_launch(values["from_run"], declared) if values["from_run"]
@@ -129,9 +129,11 @@ def finish_up(result: Any, json_out: bool) -> None:
         return
     if json_out:
         from launcher.execute.pull_record import pull_json
+        from launcher.places.registry import place_of_record
         from launcher.results.rundir import read_json
 
-        pull = pull_json(result.run_dir, read_json(result.run_dir / "run.json") or {}) if result.run_dir else None
+        ran = read_json(result.run_dir / "run.json") or {} if result.run_dir else {}
+        pull = pull_json(result.run_dir, ran, place_of_record(ran).not_pulled_after_down) if result.run_dir else None
         print(json.dumps({"run_dir": str(result.run_dir), "exit_code": result.exit_code, "summary": result.summary,
                           **({"pull": pull} if pull else {})}, indent=2, sort_keys=True))
     elif result.summary:
@@ -140,9 +142,11 @@ def finish_up(result: Any, json_out: bool) -> None:
         console.print(f"results in {result.run_dir}")
     if result.run_dir is not None:  # the run's outcome is its training's; a pull that missed files is said beside
         from launcher.execute.pull_record import incomplete_pull_line
+        from launcher.places.registry import place_of_record
         from launcher.results.rundir import read_json
 
-        incomplete = incomplete_pull_line(result.run_dir, read_json(result.run_dir / "run.json") or {})
+        ran = read_json(result.run_dir / "run.json") or {}
+        incomplete = incomplete_pull_line(result.run_dir, ran, down_words=place_of_record(ran).not_pulled_after_down)
         if incomplete:
             console.print(incomplete, markup=False, highlight=False, soft_wrap=True)
     if result.summary and result.summary.get("world_warning") and not result.summary.get("world_failed"):
@@ -158,10 +162,13 @@ def finish_up(result: Any, json_out: bool) -> None:
 def _failure_message(result: Any) -> str:
     from launcher.execute.failure_cause import cause_of
     from launcher.execute.failure_log import failure_tail, without_control_chars
+    from launcher.places.registry import place_of_record
+    from launcher.results.rundir import read_json
 
     if result.summary and result.summary.get("world_failed") and result.summary.get("world_warning"):
         return str(result.summary["world_warning"])
-    failure = cause_of(result.run_dir)
+    ran = (read_json(result.run_dir / "run.json") if result.run_dir else None) or {}
+    failure = cause_of(result.run_dir, place_of_record(ran).runs_here if ran else False)
     if failure is not None:  # the first failure across nodes (launcher/execute/failure_cause.py)
         return failure
     tail = without_control_chars(failure_tail(str(result.run_dir), 15)) if result.run_dir else ""

@@ -14,6 +14,9 @@ import typer
 from launcher.cli.config import check_values, read_config
 from launcher.cli.options import LaunchOption, flag_of
 from launcher.errors import SpecError
+from launcher.places.option_words import it as _it
+from launcher.places.option_words import listed as _listed
+from launcher.places.registry import PLACES, place_named
 from launcher.planning.request import UpOptions
 from launcher.spec.hosts import HostSpec, parse_hosts
 from launcher.spec.launchers import check_script
@@ -22,16 +25,6 @@ from launcher.spec.script_look import look
 from launcher.spec.user_command import TRAINER_ONLY, check_user_command
 from launcher.spec.validate import check_runs_dir, check_seconds
 
-# Options only --provider vast reads, and those a run on this machine has no use for.
-VAST_ONLY = ("nodes", "gpu_name", "max_price", "min_reliability", "disk", "down", "max_cost", "max_cost_reserve",
-             "ready_timeout", "expected_hours")
-NOT_LOCAL = ("identity_file", "accept_new_host_keys", "connect_timeout", "rdzv_addr", "rdzv_port",
-             "allow_public_rendezvous", "no_probe", "outputs")
-SLURM_ONLY = ("partition", "time", "account", "qos", "constraint", "workdir", "sbatch_option", "prelude", "requeue",
-              "max_requeues")
-# What the scheduler decides on a Slurm cluster (the job's nodes, its rendezvous, how it is followed).
-NOT_SLURM = ("runtime", "image", "registry", "rdzv_addr", "rdzv_port", "allow_public_rendezvous", "stall_timeout",
-             "outputs", "env")
 # The strategy options (RunSpec validates them; None: the spec's default).
 STRATEGY_SPEC_OPTIONS = ("strategy", "devices", "threads_per_process", "average_every", "precision")
 SPEC_OPTIONS = ("model", "dataset", "data_dir", "epochs", "batch_size", "lr", "save_every", "seed", "max_restarts",
@@ -79,8 +72,8 @@ def where_options(values: dict[str, Any], given: list[str], *, show_progress: bo
             check_reference(values[name], flag_of(name))
     provider = values["provider"] or ("ssh" if hosts else "local")
     check_options_fit(provider, hosts, runtime, [flag_of(n) for n in given])
-    vast = _vast_request(provider, values)
-    slurm = _slurm_request(provider, values)
+    asked = place_named(provider).requests(values)  # what to rent (vast) or allocate (slurm), from its options
+    vast, slurm = asked.get("vast"), asked.get("slurm")
     if values.get("no_probe") and not dry_run:
         raise SpecError("--no-probe only changes --dry-run (a run always probes its hosts): add --dry-run or drop it")
     if stall_timeout and values.get("detach"):
@@ -123,7 +116,7 @@ def up_spec(values: dict[str, Any], where: UpOptions, given: tuple[str, ...] | l
         from launcher.transport.outputs import check_outputs_option
 
         check_outputs_option(values["outputs"], values["command"])
-    if values["command"] and where.provider != "local":
+    if values["command"] and not place_named(where.provider).runs_here:
         from launcher.transport.sync import check_ship_dir
 
         check_ship_dir(Path.cwd())
@@ -138,7 +131,8 @@ def up_spec(values: dict[str, Any], where: UpOptions, given: tuple[str, ...] | l
         nproc_per_node=gpus if gpus is not None else (1 if where.hosts or where.vast else default_local_procs()),
         nnodes=where.vast.nodes if where.vast else where.slurm.nodes if where.slurm else max(1, len(where.hosts)),
         user_command=tuple(values["command"] or ()), trainer_args=tuple(trainer_args + list(values["trainer_arg"])),
-        python=values["python"] if values["python"] is not None else default_python(where.provider),
+        python=values["python"] if values["python"] is not None else default_python(
+            place_named(where.provider).runs_here),
         rdzv_port=DEFAULT_RDZV_PORT if values["rdzv_port"] is None else values["rdzv_port"],
         extra_env=parse_env(values["env"]),
         **{name: values[name] for name in STRATEGY_SPEC_OPTIONS if values.get(name) is not None},
@@ -168,91 +162,17 @@ def _flags(names: tuple[str, ...]) -> set[str]:
 
 
 def check_options_fit(provider: str, hosts: tuple[HostSpec, ...], runtime: str, given: list[str]) -> None:
-    """Refuse options the chosen provider and runtime would silently ignore, and providers that lack hosts."""
-    if provider not in ("local", "ssh", "vast", "slurm"):
-        raise SpecError(f"--provider {provider!r}: choose local, ssh, vast or slurm")
-    slurm_only = [flag for flag in given if flag in _flags(SLURM_ONLY)]
-    if provider != "slurm" and slurm_only:
-        raise SpecError(f"{_listed(slurm_only, 'is', 'are')} for --provider slurm only: add --provider slurm --host "
-                        f"LOGIN_NODE, or drop {_it(slurm_only)}")
-    if provider == "slurm":
-        _check_slurm_fit(hosts, given)
-        return
-    if provider == "ssh" and not hosts:
-        raise SpecError("--provider ssh needs --host (one per node)")
-    if provider != "ssh" and hosts:
-        raise SpecError(f"--host is for --provider ssh, not {provider}")
-    vast_only = [flag for flag in given if flag in _flags(VAST_ONLY)]
-    if provider != "vast" and vast_only:
-        raise SpecError(f"{_listed(vast_only, 'is', 'are')} for --provider vast only: add --provider vast to rent "
-                        f"machines, or drop {_it(vast_only)}")
-    if provider == "vast":
-        if runtime != "native":
-            raise SpecError("on Vast.ai our image is the machine: the run is native there (drop --runtime)")
-        if "--registry" in given:
-            raise SpecError("with --provider vast, --image is the registry reference each machine starts from: "
-                            "drop --registry")
-        return
-    image_flags = [flag for flag in given if flag in ("--image", "--registry")]
-    if provider == "local":
-        not_local = [flag for flag in given if flag in _flags(NOT_LOCAL)] + image_flags
-        if not_local:
-            raise SpecError(f"{_listed(not_local, 'has', 'have')} no effect on a run on this machine: "
-                            f"{_listed(['it'] if len(not_local) == 1 else ['they'], 'is', 'are')} for runs on "
-                            f"--host or --provider vast; drop {_it(not_local)}")
-    elif runtime == "native" and image_flags:
-        raise SpecError(f"{_listed(image_flags, 'names', 'name')} the image of --runtime docker: add --runtime docker "
-                        f"(or auto), or drop {_it(image_flags)} for a native run")
-
-
-def _check_slurm_fit(hosts: tuple[HostSpec, ...], given: list[str]) -> None:
-    if len(hosts) != 1:
-        raise SpecError("--provider slurm needs one --host: the cluster's login node (Slurm picks the compute nodes; "
-                        "ask for them with --nodes)")
-    not_here = [flag for flag in given if flag in _flags(NOT_SLURM) | _flags(VAST_ONLY) - {"--nodes"}]
-    if not_here:
-        raise SpecError(f"{_listed(not_here, 'has', 'have')} no effect on a Slurm job (the batch script decides): "
-                        f"drop {_it(not_here)}")
-
-
-def _slurm_request(provider: str, values: dict[str, Any]) -> Any:
-    """The SlurmRequest for --provider slurm (None for the others)."""
-    if provider != "slurm":
-        return None
-    from launcher.spec.slurm_request import SlurmRequest, max_requeues_asked
-
-    return SlurmRequest(nodes=values.get("nodes", 1), partition=values.get("partition"), time=values.get("time"),
-                        account=values.get("account"), qos=values.get("qos"), constraint=values.get("constraint"),
-                        workdir=values.get("workdir"), sbatch_options=tuple(values.get("sbatch_option") or ()),
-                        prelude=tuple(values.get("prelude") or ()),
-                        max_requeues=max_requeues_asked(values.get("requeue"), values.get("max_requeues")))
-
-
-def _listed(flags: list[str], singular: str, plural: str) -> str:
-    """`--a is`, `--a and --b are`, `--a, --b and --c are`."""
-    names = ", ".join(flags[:-1]) + (" and " if len(flags) > 1 else "") + flags[-1]
-    return f"{names} {singular if len(flags) == 1 else plural}"
-
-
-def _it(flags: list[str]) -> str:
-    return "it" if len(flags) == 1 else "them"
-
-
-def _vast_request(provider: str, values: dict[str, Any]) -> Any:
-    """The VastRequest for --provider vast (None for the others)."""
-    if provider != "vast":
-        return None
-    names = ("gpu_name", "max_price", "min_reliability", "disk", "down", "max_cost", "ready_timeout", "registry_login")
-    options = {name: values[name] for name in names}
-    options.update(nodes=values.get("nodes", 1), max_cost_reserve_s=values["max_cost_reserve"],
-                   autostop_minutes=values.get("autostop"))
-    options["expected_hours"] = values.get("expected_hours")
-    for name, value in options.items():
-        if isinstance(value, float) and not math.isfinite(value):
-            raise SpecError(f"--{name.replace('_', '-').removesuffix('-s')} {value}: give a finite number")
-    from launcher.spec.vast_request import VastRequest
-
-    return VastRequest(**options)
+    """Refuse options the chosen place and runtime would silently ignore, and places that lack hosts (each place
+    names its own options and those it has no use for: launcher/places/)."""
+    place = place_named(provider)
+    for other in PLACES.values():  # another place's own options (those this place has no use for: below)
+        theirs = [flag for flag in given if flag in _flags(other.own_options) - _flags(place.also_takes)
+                  - _flags(place.unused_options)] if other is not place else []
+        if theirs:
+            raise SpecError(f"{_listed(theirs, 'is', 'are')} for --provider {other.name} only: "
+                            f"{other.own_options_hint}, or drop {_it(theirs)}")
+    place.check_hosts(hosts)
+    place.check_options(runtime, given, _flags)
 
 
 def recorded_launch(run_ref: Path, declared: dict[str, LaunchOption]) -> tuple[dict[str, Any], str, list[str]]:

@@ -23,7 +23,7 @@ def up_saved_plan(values: dict[str, Any], given: list[str], command: list[str] |
     """Load the plan (refused in one line when it cannot be used) and run it as it is."""
     from launcher.execute.interruption import catch_stop_signals
     from launcher.execute.scheduled_plan import is_scheduled_plan, load_json
-    from launcher.execute.up import run_saved_plan
+    from launcher.places.registry import run_saved_plan
     from launcher.planning.plan_file import is_local, load_plan
 
     extra = [flag_of(name) for name in given if name not in WITH_PLAN] + (["-- CMD"] if command else [])

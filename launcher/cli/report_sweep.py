@@ -30,6 +30,7 @@ from launcher.cli.options import (
 from launcher.errors import Interrupted, SpecError
 from launcher.execute.local import default_python
 from launcher.execute.plain_progress import output_style, plain_output, stamp
+from launcher.places.registry import PLACES, place_named
 from launcher.results.sweep import (
     SCALE_LR_MODES,
     Execute,
@@ -64,7 +65,7 @@ def up_executor(launch: dict[str, Any], env: list[str], show_progress: bool = Tr
                         "give the values again with --env NAME=VALUE")
 
     def execute(spec: RunSpec, runs_dir: Path) -> Path:
-        from launcher.execute.up import run_up
+        from launcher.places.registry import run_up
 
         spec = with_env(spec, env_values)
         vast = replace(base.vast, nodes=spec.nnodes) if base.vast else None
@@ -246,20 +247,23 @@ def _start_sweep(o: dict[str, Any], given: list[str]) -> tuple[Path, dict[str, A
     if mode not in SCALE_LR_MODES:
         raise SpecError(f"--scale-lr {mode!r}: choose one of {', '.join(SCALE_LR_MODES)}")
     # The options `up` takes, checked as `up` checks them (Slurm: the largest allocation the sweep asks for).
-    where = where_options({**o, "nodes": max(node_counts)} if o["provider"] == "slurm" else o, given,
+    # A place that reads --nodes beside its own options (a Slurm allocation) is asked for the largest one.
+    asked = PLACES.get(o["provider"])
+    where = where_options({**o, "nodes": max(node_counts)} if asked and "nodes" in asked.also_takes else o, given,
                           show_progress=False)
-    if where.provider not in ("vast", "slurm") and max(node_counts) > max(len(where.hosts), 1):
+    place = place_named(where.provider)
+    if not place.allocates_nodes and max(node_counts) > max(len(where.hosts), 1):
         raise SpecError(f"--nodes {max(node_counts)} needs at least {max(node_counts)} --host options "
                         f"(got {len(where.hosts)}); a local run has one node")
     spec_options = ("model", "dataset", "data_dir", "epochs", "batch_size", "lr", "seed", "save_every",
                     "max_restarts", "backend", "threads_per_process", "precision")
-    python = o["python"] if o["python"] is not None else default_python(where.provider)
+    python = o["python"] if o["python"] is not None else default_python(place.runs_here)
     fields = apply_preset(o["preset"], trainer_args=tuple(trainer_args) or None, extra_env=parse_env(o["env"]),
                           python=python, rdzv_port=o["rdzv_port"],
                           **{k: o[k] for k in spec_options})
     strategies, strategy_options = _sweep_strategies(o, fields)
     base = RunSpec(run_id="sweep", **fields)
-    if where.provider == "local":  # what `up` checks before each local run, checked once before the sweep exists
+    if place.runs_here:  # what `up` checks before each local run, checked once before the sweep exists
         for name in strategies:
             if name != "local-sgd" or max(gpu_counts) > 1:
                 check_local_run(strategy_spec(base, name, strategy_options, Layout(1, max(gpu_counts))))

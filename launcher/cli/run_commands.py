@@ -11,7 +11,7 @@ from rich.table import Table
 
 from launcher.errors import DdpctlError, SpecError
 from launcher.execute.pull_record import incomplete_pull_line
-from launcher.execute.recorded import recorded_run
+from launcher.places.registry import place_of_record
 from launcher.results.progress import console
 from launcher.results.run_records import restarts_told
 from launcher.results.rundir import RunDir, find_run
@@ -60,7 +60,7 @@ def status(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, json_out: bool 
         return
     run_dir = _find_run(runs_dir, run)
     record = run_dir.record()
-    rows = recorded_run(run_dir.typed_record()).status_rows(run_dir, _options(runs_dir, identity_file, False,
+    rows = place_of_record(run_dir.typed_record()).status_rows(run_dir, _options(runs_dir, identity_file, False,
                                                                                connect_timeout))
     extra = {k: record[k] for k in ("instances", "cost_usd", "failure") if k in record}
     told = restarts_told(run_dir)  # each restart: its attempt, the nodes that restarted, what caused it
@@ -124,11 +124,9 @@ def logs(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR,
     run_dir = _find_run(runs_dir, run)
     options = _options(runs_dir, identity_file, False, connect_timeout)
     if rank is not None:
-        from launcher.execute.rank_logs import print_rank_log
-
-        print_rank_log(run_dir, rank, lines, follow, options, attempt)
+        place_of_record(run_dir.typed_record()).print_rank_log(run_dir, rank, lines, follow, options, attempt)
         return
-    recorded_run(run_dir.typed_record()).print_log(run_dir, node or 0, lines, follow, options)
+    place_of_record(run_dir.typed_record()).print_log(run_dir, node or 0, lines, follow, options)
 
 
 def pull(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, identity_file: Path | None = IDENTITY,
@@ -136,10 +134,11 @@ def pull(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, identity_file: Pa
     """Fetch every node's outputs into the run directory (incremental, sha256-verified)."""
     check_seconds(connect_timeout, "--connect-timeout")
     run_dir = _find_run(runs_dir, run)
-    stats = recorded_run(run_dir.typed_record()).pull(run_dir, _options(runs_dir, identity_file, False,
+    stats = place_of_record(run_dir.typed_record()).pull(run_dir, _options(runs_dir, identity_file, False,
                                                                         connect_timeout))
     moved = sum(int(s.get("bytes_fetched", 0)) for s in stats)
-    incomplete = incomplete_pull_line(run_dir.path, run_dir.record())
+    incomplete = incomplete_pull_line(run_dir.path, run_dir.record(),
+                                      down_words=place_of_record(run_dir.typed_record()).not_pulled_after_down)
     console.print(f"pulled {moved:,} bytes into {run_dir.path}/nodes " + (
         f"(what came back is verified); {incomplete}" if incomplete else "(all files verified)"),
         markup=False, highlight=False, soft_wrap=True)
@@ -151,10 +150,11 @@ def down(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, identity_file: Pa
     """Stop every node's processes, then pull what they wrote (and release rented machines)."""
     check_seconds(connect_timeout, "--connect-timeout")
     run_dir = _find_run(runs_dir, run)
-    done = recorded_run(run_dir.typed_record()).down(run_dir, _options(runs_dir, identity_file, False,
+    done = place_of_record(run_dir.typed_record()).down(run_dir, _options(runs_dir, identity_file, False,
                                                                        connect_timeout), force)
     console.print(done, markup=False, highlight=False, soft_wrap=True)
-    incomplete = incomplete_pull_line(run_dir.path, run_dir.record(), after_down=True)
+    incomplete = incomplete_pull_line(run_dir.path, run_dir.record(), after_down=True,
+                                      down_words=place_of_record(run_dir.typed_record()).not_pulled_after_down)
     if incomplete:
         console.print(incomplete, markup=False, highlight=False, soft_wrap=True)
 

@@ -222,15 +222,15 @@ def final_line(record: dict[str, Any]) -> str:
     return text + (f" — {record['hint']}" if record.get("hint") else "")
 
 
-def cause_of(run_path: Path | None) -> str | None:
+def cause_of(run_path: Path | None, ran_here: bool) -> str | None:
     """The message a failed run ends with, from its recorded attribution: the cause in one line, then (for a
-    run on this machine, where nothing printed them yet) the lines of the rank's log that explain it."""
+    run on this machine, `ran_here`, where nothing printed them yet) the lines of the rank's log that explain it."""
     record = read_json(run_path / "run.json") if run_path else None
     failure = record.get("failure") if record else None
     if not isinstance(failure, dict) or "summary" not in failure or failure.get("teardown_only"):
         return None
     text = f"training failed: {final_line(failure)}; logs in {run_path}"
-    if record and record.get("provider", "local") == "local" and failure.get("explain"):
+    if ran_here and failure.get("explain"):
         text += f"\n{failure.get('log') or 'torchrun.out'}:\n" + "\n".join(failure["explain"])
     return text
 

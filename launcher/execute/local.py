@@ -61,10 +61,10 @@ def visible_device_count(value: str, present: int) -> int:
     return count
 
 
-def default_python(provider: str) -> str:
-    """--python when none is given: here, the interpreter running ddpctl (its torch, whether or not its venv is
-    activated); on hosts, their python3."""
-    return sys.executable if provider == "local" else "python3"
+def default_python(here: bool) -> str:
+    """--python when none is given: here (a place whose run is this machine's), the interpreter running ddpctl (its
+    torch, whether or not its venv is activated); on hosts, their python3."""
+    return sys.executable if here else "python3"
 
 
 def default_local_procs() -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import fcntl
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -58,14 +58,21 @@ def write_pull_record(run_path: Path, labels: list[str], stats: list[dict[str, A
     return record
 
 
-def incomplete_pull_line(run_path: Path, record: dict[str, Any], after_down: bool = False) -> str | None:
+# What `down` does (after_down: did) with the files a pull could not bring back: (run id, run.json, after_down) ->
+# the words; the run's place says (launcher/places/base.py: not_pulled_after_down).
+DownWords = Callable[[str, dict[str, Any], bool], str]
+
+
+def incomplete_pull_line(run_path: Path, record: dict[str, Any], after_down: bool = False,
+                         down_words: DownWords | None = None) -> str | None:
     """One line naming what the last pull could not bring back and what `down` will do about it (`after_down`:
     what it did); None when it brought back everything (or no pull was recorded)."""
-    statement = incomplete_pull(run_path, record, after_down)
+    statement = incomplete_pull(run_path, record, after_down, down_words)
     return None if statement is None else str(statement["line"])
 
 
-def incomplete_pull(run_path: Path, record: dict[str, Any], after_down: bool = False) -> dict[str, Any] | None:
+def incomplete_pull(run_path: Path, record: dict[str, Any], after_down: bool = False,
+                    down_words: DownWords | None = None) -> dict[str, Any] | None:
     """What the last pull could not bring back, for `--json` output: `not_pulled` ([{node, host, path, reason}]),
     `failed_nodes` ([{node, host, error}]: nothing came back), `down` (what `down` will do about it, or did),
     `record` (pull.json) and `line` (the same in one line); None when it brought back everything."""
@@ -82,7 +89,7 @@ def incomplete_pull(run_path: Path, record: dict[str, Any], after_down: bool = F
     if len(missing) > NAMED:
         parts.append(f"and {len(missing) - NAMED} more")
     count = f"{len(missing)} file{'' if len(missing) == 1 else 's'}"
-    down = _what_down_does(run_path.name, record, after_down)
+    down = (down_words or _down_on_hosts)(run_path.name, record, after_down)
     what = f"{count} not pulled" if missing else "a node's pull failed"
     line = f"pull incomplete, {what}: {'; '.join(parts)} (all listed in {run_path / PULL_RECORD})" + (
         f"; {down}" if down else "")
@@ -90,22 +97,21 @@ def incomplete_pull(run_path: Path, record: dict[str, Any], after_down: bool = F
             "record": str(run_path / PULL_RECORD), "line": line}
 
 
-def pull_json(run_path: Path, record: dict[str, Any]) -> dict[str, Any] | None:
+def pull_json(run_path: Path, record: dict[str, Any], down_words: DownWords | None = None) -> dict[str, Any] | None:
     """The last pull for `up --json`: incomplete_pull's statement, `{"complete": true, "record": ...}`, or None
     when no pull was recorded (a local run)."""
-    statement = incomplete_pull(run_path, record)
+    statement = incomplete_pull(run_path, record, down_words=down_words)
     if statement is None and (run_path / PULL_RECORD).is_file():
         return {"complete": True, "record": str(run_path / PULL_RECORD)}
     return statement
 
 
-def _what_down_does(run_id: str, record: dict[str, Any], after_down: bool) -> str:
-    """What `down` does (`after_down`: did) about files a pull could not bring back."""
-    if record.get("provider") == "vast":
-        if after_down:
-            return "what was not pulled is gone with the machines" if record.get("released_at") else ""
-        return (f"`ddpctl down {run_id}` destroys the machines once the rest is verified, and what was not "
-                "pulled with them")
+def _down_on_hosts(run_id: str, record: dict[str, Any], after_down: bool) -> str:
+    return down_on_hosts(run_id, after_down)
+
+
+def down_on_hosts(run_id: str, after_down: bool) -> str:
+    """What `down` does (`after_down`: did) about files a pull could not bring back from hosts it leaves running."""
     if after_down:
         return f"what was not pulled stays on the hosts, in ~/.ddpctl/runs/{run_id}/"
     return (f"`ddpctl down {run_id}` pulls again and leaves what it cannot pull on the hosts, in "

@@ -46,12 +46,6 @@ def print_rank_log(run_dir: RunDir, rank: int, lines: int, follow: bool, options
     """Print global rank `rank`'s output (last `lines` of each stream) of the newest attempt or of `attempt`;
     with `follow`, what it adds until the run ends."""
     node, local_rank = rank_layout(run_dir).locate(rank)
-    if run_dir.record().get("provider") == "slurm":  # a job's files: as pulled (`ddpctl pull` brings the newest)
-        if follow:
-            raise DdpctlError("--rank with -f is not available for Slurm runs: follow a node's output with "
-                              "`ddpctl logs RUN --node K -f`")
-        _print_pulled(run_dir.path / "nodes" / str(node) / "logs", local_rank, rank, lines, "a Slurm job", attempt)
-        return
     if not run_dir.record().get("nodes"):  # this machine's run
         from launcher.execute.local_state import local_run_ended
 
@@ -100,6 +94,15 @@ def print_rank_log(run_dir: RunDir, rank: int, lines: int, follow: bool, options
         if not texts:
             raise DdpctlError(_no_attempt(rank, node, attempt, states["stdout"].attempt))
         _write_tails(texts, lines)
+
+
+def print_pulled_rank_log(run_dir: RunDir, rank: int, lines: int, follow: bool, attempt: int | None) -> None:
+    """A Slurm job's rank output: as pulled (`ddpctl pull` brings the newest); -f is refused in one line."""
+    node, local_rank = rank_layout(run_dir).locate(rank)
+    if follow:
+        raise DdpctlError("--rank with -f is not available for Slurm runs: follow a node's output with "
+                          "`ddpctl logs RUN --node K -f`")
+    _print_pulled(run_dir.path / "nodes" / str(node) / "logs", local_rank, rank, lines, "a Slurm job", attempt)
 
 
 def _print_pulled(pulled: Path, local_rank: int, rank: int, lines: int, why: str, attempt: int | None) -> None:

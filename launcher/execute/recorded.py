@@ -1,5 +1,6 @@
 """A recorded run, rebuilt from its typed run.json: what answers `ddpctl status`, `logs`, `pull` and `down` for it,
-so the commands never branch on the record's fields (its runtime: launcher.runtimes.start.runtime_of).
+so the commands never branch on the record's fields (its runtime: launcher.runtimes.start.runtime_of; its place,
+whose RecordedRun this is: launcher/places/registry.py's place_of_record).
 
 This is the executor's reattach side: providers only hand hosts to the executor; a run on hosts is reached again
 through launcher/execute/reattach.py, a rented one through launcher/execute/rented_run.py, which also gives its
@@ -21,7 +22,6 @@ from launcher.execute.reattach import (
 
 if TYPE_CHECKING:
     from launcher.planning.request import UpOptions
-    from launcher.results.record import RunRecord
     from launcher.results.rundir import RunDir
 
 
@@ -43,23 +43,6 @@ class RecordedRun(Protocol):
     def down(self, run_dir: RunDir, options: UpOptions, force: bool) -> str:
         """Stop every node, pull what it wrote, give back what the run holds; what to tell the user."""
         ...
-
-
-def recorded_run(record: RunRecord) -> RecordedRun:
-    """What answers for the run: its rented machines when it rented some, its SSH hosts when it ran on hosts,
-    else this machine (records written before `provider` was recorded read the same)."""
-    provider = record.extra.get("provider", "local")
-    if provider == "slurm":  # a job on a cluster, reached through its login node
-        from launcher.execute.scheduled_reattach import SlurmRun
-
-        return SlurmRun()
-    if provider == "vast":
-        from launcher.execute.rented_run import RentedRun
-
-        return RentedRun()
-    if record.extra.get("hosts"):
-        return HostsRun()
-    return LocalRun()
 
 
 class HostsRun:

@@ -1,6 +1,6 @@
-"""`ddpctl up`: one shape for every provider (this machine, SSH hosts, rented Vast.ai machines): the provider
-acquires hosts -> read-only probe -> pure plan -> the executor runs exactly that plan and pulls -> the provider
-releases them."""
+"""`ddpctl up`: one shape for every place whose machines a provider gives (this machine, SSH hosts, rented Vast.ai
+machines; launcher/places/ picks the provider): the provider acquires hosts -> read-only probe -> pure plan -> the
+executor runs exactly that plan and pulls -> the provider releases them."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from launcher.execute.local import check_local_run, run_local
 from launcher.execute.local_disk import full_disk_named, raise_if_disk_full
 from launcher.execute.local_outputs import LocalOutputs
 from launcher.execute.restart_causes import finish_run_records
-from launcher.execute.saved_plan import options_for_saved, same_plan
+from launcher.execute.saved_plan import same_plan
 from launcher.execute.shipment import ship_source, with_shipment
 from launcher.planning.request import UpOptions, UpResult
 from launcher.providers.base import ExecutorCalls
@@ -29,30 +29,6 @@ if TYPE_CHECKING:
     from launcher.providers.base import AcquiredHosts, HostProvider
 
 
-def run_up(spec: RunSpec, options: UpOptions) -> UpResult:
-    """Run one experiment to its end (or plan it, with dry_run) and return where its results are."""
-    if options.provider == "slurm":  # a batch scheduler starts the nodes itself (launcher/schedulers/)
-        from launcher.execute.scheduled import run_scheduled
-
-        return run_scheduled(spec, options)
-    return run_on_provider(provider_for(options), spec, options)
-
-
-def provider_for(options: UpOptions) -> HostProvider:
-    """Where the run's hosts come from: Vast.ai (--provider vast), the hosts named with --host, else this machine."""
-    if options.provider == "vast":
-        from launcher.providers.vast.provider import VastProvider
-
-        return VastProvider(options, executor_calls())
-    if options.hosts:
-        from launcher.providers.ssh_hosts import SshHosts
-
-        return SshHosts(executor_calls())
-    from launcher.execute.local_machine import LocalMachine
-
-    return LocalMachine()
-
-
 def executor_calls() -> ExecutorCalls:
     """What a provider may ask of the executor (it never imports it): the final pull, the interrupting signal."""
     from launcher.execute.interruption import last_cause
@@ -60,13 +36,6 @@ def executor_calls() -> ExecutorCalls:
 
     return ExecutorCalls(pull_run=pull_run, stop_cause=last_cause,
                          nothing_started_if_interrupted=nothing_started_if_interrupted)
-
-
-def run_saved_plan(plan: RunPlan, options: UpOptions) -> UpResult:
-    """`up --plan FILE`: run exactly the saved plan, on its hosts (or here), after refusing one that cannot run
-    and checking that the hosts still give it (launcher/execute/saved_plan.py)."""
-    options = options_for_saved(plan, options)
-    return run_on_provider(provider_for(options), plan.spec, options, saved=plan)
 
 
 def run_on_provider(provider: HostProvider, spec: RunSpec, options: UpOptions, saved: RunPlan | None = None

@@ -1,0 +1,49 @@
+"""This machine as a place: torchrun runs here (launcher/execute/local.py, local_machine.py), its state, logs and
+stop are measured here (launcher/execute/local_state.py); nothing to pull."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from launcher.errors import SpecError
+from launcher.execute.recorded import LocalRun
+from launcher.places.on_provider import ProvidedPlace
+from launcher.places.option_words import it, listed
+
+if TYPE_CHECKING:
+    from launcher.execute.recorded import RecordedRun
+    from launcher.places.option_words import Flags
+    from launcher.planning.request import UpOptions
+    from launcher.providers.base import HostProvider
+
+# The options a run on this machine has no use for.
+NOT_LOCAL = ("identity_file", "accept_new_host_keys", "connect_timeout", "rdzv_addr", "rdzv_port",
+             "allow_public_rendezvous", "no_probe", "outputs")
+
+
+class LocalPlace(ProvidedPlace):
+    """--provider local (the default without --host)."""
+
+    name = "local"
+    unused_options: tuple[str, ...] = NOT_LOCAL
+    runs_here = True
+
+    def check_hosts(self, hosts: tuple[object, ...]) -> None:
+        if hosts:
+            raise SpecError(f"--host is for --provider ssh, not {self.name}")
+
+    def check_options(self, runtime: str, given: list[str], flags: Flags) -> None:
+        not_local = [flag for flag in given if flag in flags(NOT_LOCAL)] + [
+            flag for flag in given if flag in ("--image", "--registry")]
+        if not_local:
+            raise SpecError(f"{listed(not_local, 'has', 'have')} no effect on a run on this machine: "
+                            f"{listed(['it'] if len(not_local) == 1 else ['they'], 'is', 'are')} for runs on "
+                            f"--host or --provider vast; drop {it(not_local)}")
+
+    def host_provider(self, options: UpOptions) -> HostProvider:
+        from launcher.execute.local_machine import LocalMachine
+
+        return LocalMachine()
+
+    def recorded(self) -> RecordedRun:
+        return LocalRun()

@@ -1,0 +1,75 @@
+"""What the places whose machines a `HostProvider` acquires and releases share: `up` is the executor's one sequence
+(launcher/execute/up.py: acquire -> probe -> plan -> run -> release), and the day-2 commands are answered by the
+executor's recorded-run object for the place (launcher/execute/recorded.py's RecordedRun)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from launcher.execute.pull_record import down_on_hosts
+from launcher.execute.rank_logs import print_rank_log
+from launcher.execute.up import run_on_provider
+
+if TYPE_CHECKING:
+    from launcher.execute.recorded import RecordedRun
+    from launcher.places.option_words import Flags
+    from launcher.planning.plan import RunPlan
+    from launcher.planning.request import UpOptions, UpResult
+    from launcher.providers.base import HostProvider
+    from launcher.results.rundir import RunDir
+    from launcher.spec.run_spec import RunSpec
+
+
+class ProvidedPlace:
+    """A place whose machines a HostProvider gives: subclasses name it, its options, its provider and its recorded
+    run."""
+
+    name = ""
+    own_options: tuple[str, ...] = ()
+    own_options_hint = ""  # how to choose this place, for the error that refuses its options elsewhere
+    also_takes: tuple[str, ...] = ()  # other places' own options this place reads too
+    unused_options: tuple[str, ...] = ()
+    runs_here = False
+    allocates_nodes = False
+    gives_back_machines = False
+
+    def check_hosts(self, hosts: tuple[Any, ...]) -> None:
+        """Refuse hosts this place does not take (SpecError, one line)."""
+
+    def check_options(self, runtime: str, given: list[str], flags: Flags) -> None:
+        """Refuse what this place cannot do with this runtime and these given flags (SpecError, one line)."""
+
+    def requests(self, values: dict[str, Any]) -> dict[str, Any]:
+        """What to rent or allocate, from the launch options' values: UpOptions fields (none by default)."""
+        return {}
+
+    def host_provider(self, options: UpOptions) -> HostProvider:
+        raise NotImplementedError
+
+    def recorded(self) -> RecordedRun:
+        raise NotImplementedError
+
+    def up(self, spec: RunSpec, options: UpOptions) -> UpResult:
+        return run_on_provider(self.host_provider(options), spec, options)
+
+    def run_saved(self, plan: RunPlan, options: UpOptions) -> UpResult:
+        return run_on_provider(self.host_provider(options), plan.spec, options, saved=plan)
+
+    def status_rows(self, run_dir: RunDir, options: UpOptions) -> list[dict[str, Any]]:
+        return self.recorded().status_rows(run_dir, options)
+
+    def print_log(self, run_dir: RunDir, node: int, lines: int, follow: bool, options: UpOptions) -> None:
+        self.recorded().print_log(run_dir, node, lines, follow, options)
+
+    def print_rank_log(self, run_dir: RunDir, rank: int, lines: int, follow: bool, options: UpOptions,
+                       attempt: int | None) -> None:
+        print_rank_log(run_dir, rank, lines, follow, options, attempt)
+
+    def pull(self, run_dir: RunDir, options: UpOptions) -> list[dict[str, Any]]:
+        return self.recorded().pull(run_dir, options)
+
+    def down(self, run_dir: RunDir, options: UpOptions, force: bool) -> str:
+        return self.recorded().down(run_dir, options, force)
+
+    def not_pulled_after_down(self, run_id: str, record: dict[str, Any], after_down: bool) -> str:
+        return down_on_hosts(run_id, after_down)

@@ -1,0 +1,95 @@
+"""A Slurm cluster as a place: the scheduler starts the nodes itself (launcher/execute/scheduled.py submits the
+batch script through launcher/schedulers/slurm/), launcher/execute/scheduled_reattach.py answers the day-2
+commands through the login node."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from launcher.errors import SpecError
+from launcher.execute.pull_record import down_on_hosts
+from launcher.execute.rank_logs import print_pulled_rank_log
+from launcher.execute.scheduled_reattach import SlurmRun
+from launcher.places.option_words import it, listed
+from launcher.places.vast import VAST_ONLY
+
+if TYPE_CHECKING:
+    from launcher.places.option_words import Flags
+    from launcher.planning.plan import RunPlan
+    from launcher.planning.request import UpOptions, UpResult
+    from launcher.providers.base import HostProvider
+    from launcher.results.rundir import RunDir
+    from launcher.spec.run_spec import RunSpec
+
+SLURM_ONLY = ("partition", "time", "account", "qos", "constraint", "workdir", "sbatch_option", "prelude", "requeue",
+              "max_requeues")
+# What the scheduler decides on a Slurm cluster (the job's nodes, its rendezvous, how it is followed), and what
+# only a rented machine has.
+NOT_SLURM = ("runtime", "image", "registry", "rdzv_addr", "rdzv_port", "allow_public_rendezvous", "stall_timeout",
+             "outputs", "env")
+RENTED_ONLY = tuple(name for name in VAST_ONLY if name != "nodes")  # Slurm reads --nodes too
+
+
+class SlurmPlace:
+    """--provider slurm --host LOGIN_NODE: a batch job; Slurm picks the compute nodes (--nodes)."""
+
+    name = "slurm"
+    own_options: tuple[str, ...] = SLURM_ONLY
+    own_options_hint = "add --provider slurm --host LOGIN_NODE"
+    also_takes: tuple[str, ...] = ("nodes",)
+    unused_options: tuple[str, ...] = NOT_SLURM + RENTED_ONLY
+    runs_here = False
+    allocates_nodes = True
+    gives_back_machines = False
+
+    def check_hosts(self, hosts: tuple[object, ...]) -> None:
+        if len(hosts) != 1:
+            raise SpecError("--provider slurm needs one --host: the cluster's login node (Slurm picks the compute "
+                            "nodes; ask for them with --nodes)")
+
+    def check_options(self, runtime: str, given: list[str], flags: Flags) -> None:
+        not_here = [flag for flag in given if flag in flags(self.unused_options)]
+        if not_here:
+            raise SpecError(f"{listed(not_here, 'has', 'have')} no effect on a Slurm job (the batch script "
+                            f"decides): drop {it(not_here)}")
+
+    def requests(self, values: dict[str, Any]) -> dict[str, Any]:
+        """The SlurmRequest (what to allocate) of the options' values."""
+        from launcher.spec.slurm_request import SlurmRequest, max_requeues_asked
+
+        return {"slurm": SlurmRequest(
+            nodes=values.get("nodes", 1), partition=values.get("partition"), time=values.get("time"),
+            account=values.get("account"), qos=values.get("qos"), constraint=values.get("constraint"),
+            workdir=values.get("workdir"), sbatch_options=tuple(values.get("sbatch_option") or ()),
+            prelude=tuple(values.get("prelude") or ()),
+            max_requeues=max_requeues_asked(values.get("requeue"), values.get("max_requeues")))}
+
+    def up(self, spec: RunSpec, options: UpOptions) -> UpResult:
+        from launcher.execute.scheduled import run_scheduled
+
+        return run_scheduled(spec, options)
+
+    def run_saved(self, plan: RunPlan, options: UpOptions) -> UpResult:
+        raise SpecError("a Slurm job's saved plan is its batch script: run it with `ddpctl up --plan FILE`")
+
+    def host_provider(self, options: UpOptions) -> HostProvider:
+        raise SpecError("on a Slurm cluster the scheduler finds the nodes itself")
+
+    def status_rows(self, run_dir: RunDir, options: UpOptions) -> list[dict[str, Any]]:
+        return SlurmRun().status_rows(run_dir, options)
+
+    def print_log(self, run_dir: RunDir, node: int, lines: int, follow: bool, options: UpOptions) -> None:
+        SlurmRun().print_log(run_dir, node, lines, follow, options)
+
+    def print_rank_log(self, run_dir: RunDir, rank: int, lines: int, follow: bool, options: UpOptions,
+                       attempt: int | None) -> None:
+        print_pulled_rank_log(run_dir, rank, lines, follow, attempt)
+
+    def pull(self, run_dir: RunDir, options: UpOptions) -> list[dict[str, Any]]:
+        return SlurmRun().pull(run_dir, options)
+
+    def down(self, run_dir: RunDir, options: UpOptions, force: bool) -> str:
+        return SlurmRun().down(run_dir, options, force)
+
+    def not_pulled_after_down(self, run_id: str, record: dict[str, Any], after_down: bool) -> str:
+        return down_on_hosts(run_id, after_down)

@@ -1,0 +1,72 @@
+"""Vast.ai as a place: launcher/providers/vast/ rents the machines (and gives them back), the run on them is a run
+on hosts, launcher/execute/rented_run.py answers the day-2 commands and destroys the machines at `down`."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from launcher.errors import SpecError
+from launcher.execute.rented_run import RentedRun
+from launcher.places.on_provider import ProvidedPlace
+
+if TYPE_CHECKING:
+    from launcher.execute.recorded import RecordedRun
+    from launcher.places.option_words import Flags
+    from launcher.planning.request import UpOptions
+    from launcher.providers.base import HostProvider
+
+# The options only --provider vast reads.
+VAST_ONLY = ("nodes", "gpu_name", "max_price", "min_reliability", "disk", "down", "max_cost", "max_cost_reserve",
+             "ready_timeout", "expected_hours")
+
+
+class VastPlace(ProvidedPlace):
+    """--provider vast: rented machines, our image as the machine."""
+
+    name = "vast"
+    own_options: tuple[str, ...] = VAST_ONLY
+    own_options_hint = "add --provider vast to rent machines"
+    allocates_nodes = True
+    gives_back_machines = True
+
+    def check_hosts(self, hosts: tuple[object, ...]) -> None:
+        if hosts:
+            raise SpecError(f"--host is for --provider ssh, not {self.name}")
+
+    def check_options(self, runtime: str, given: list[str], flags: Flags) -> None:
+        if runtime != "native":
+            raise SpecError("on Vast.ai our image is the machine: the run is native there (drop --runtime)")
+        if "--registry" in given:
+            raise SpecError("with --provider vast, --image is the registry reference each machine starts from: "
+                            "drop --registry")
+
+    def requests(self, values: dict[str, Any]) -> dict[str, Any]:
+        """The VastRequest (what to rent) of the options' values; a number that is not finite is refused."""
+        names = ("gpu_name", "max_price", "min_reliability", "disk", "down", "max_cost", "ready_timeout",
+                 "registry_login")
+        options = {name: values[name] for name in names}
+        options.update(nodes=values.get("nodes", 1), max_cost_reserve_s=values["max_cost_reserve"],
+                       autostop_minutes=values.get("autostop"))
+        options["expected_hours"] = values.get("expected_hours")
+        for name, value in options.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                raise SpecError(f"--{name.replace('_', '-').removesuffix('-s')} {value}: give a finite number")
+        from launcher.spec.vast_request import VastRequest
+
+        return {"vast": VastRequest(**options)}
+
+    def host_provider(self, options: UpOptions) -> HostProvider:
+        from launcher.execute.up import executor_calls
+        from launcher.providers.vast.provider import VastProvider
+
+        return VastProvider(options, executor_calls())
+
+    def recorded(self) -> RecordedRun:
+        return RentedRun()
+
+    def not_pulled_after_down(self, run_id: str, record: dict[str, Any], after_down: bool) -> str:
+        if after_down:
+            return "what was not pulled is gone with the machines" if record.get("released_at") else ""
+        return (f"`ddpctl down {run_id}` destroys the machines once the rest is verified, and what was not "
+                "pulled with them")
