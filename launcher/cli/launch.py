@@ -16,7 +16,7 @@ from launcher.cli.options import LaunchOption, flag_of
 from launcher.errors import SpecError
 from launcher.places.option_words import it as _it
 from launcher.places.option_words import listed as _listed
-from launcher.places.registry import PLACES, place_named
+from launcher.places.registry import PLACES, chosen_name, place_named
 from launcher.planning.request import UpOptions
 from launcher.spec.hosts import HostSpec, parse_hosts
 from launcher.spec.launchers import check_script
@@ -70,7 +70,7 @@ def where_options(values: dict[str, Any], given: list[str], *, show_progress: bo
     for name in ("image", "registry"):
         if values[name] is not None:
             check_reference(values[name], flag_of(name))
-    provider = values["provider"] or ("ssh" if hosts else "local")
+    provider = chosen_name(values["provider"], hosts)
     check_options_fit(provider, hosts, runtime, [flag_of(n) for n in given])
     asked = place_named(provider).requests(values)  # what to rent (vast) or allocate (slurm), from its options
     vast, slurm = asked.get("vast"), asked.get("slurm")

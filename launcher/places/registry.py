@@ -30,9 +30,14 @@ def place_named(name: str) -> Place:
     return PLACES[name]
 
 
+def chosen_name(provider: str, hosts: tuple[object, ...]) -> str:
+    """The place --provider names; without it, SSH hosts when --host is given, else this machine."""
+    return provider or ("ssh" if hosts else "local")
+
+
 def place_of(options: UpOptions) -> Place:
-    """Where `up` runs with these options (no --provider: SSH hosts when --host is given, else this machine)."""
-    return place_named(options.provider or ("ssh" if options.hosts else "local"))
+    """Where `up` runs with these options."""
+    return place_named(chosen_name(options.provider, options.hosts))
 
 
 def place_of_record(record: RunRecord | Mapping[str, Any]) -> Place:

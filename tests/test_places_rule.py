@@ -1,0 +1,83 @@
+"""The places seam holds (issue: one seam for every place a run can go): outside launcher/places/ and the places'
+own folders, no code compares a provider's name, and only the listed modules import a Vast or Slurm module."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from launcher.places.registry import PLACES
+
+LAUNCHER = Path(__file__).resolve().parent.parent / "launcher"
+# The places' folders: the adapters, and the code of the places that have a folder of their own.
+PLACES_FOLDERS = ("places", "providers/vast", "schedulers/slurm")
+VAST_OR_SLURM = ("launcher.providers.vast", "launcher.schedulers.slurm")
+# Comparisons that remain, each with why: run.json of a Slurm job lists no nodes, and node_logs_dirs sits in the
+# results layer, below the places, so it cannot ask the run's place how many nodes its logs come from.
+REMAINING_COMPARISONS = {"results/run_records.py"}
+# The Slurm executor's and the rented run's modules (launcher/execute/scheduled*.py, rented_run.py) still live in
+# execute/ beside the others, and two commands reach Vast.ai's own listing (`status --rented`, `ddpctl vast`).
+IMPORTING_VAST_OR_SLURM = {
+    "cli/run_commands.py", "cli/vast.py", "execute/rented_run.py", "execute/scheduled.py",
+    "execute/scheduled_chain.py", "execute/scheduled_end.py", "execute/scheduled_output.py",
+    "execute/scheduled_reattach.py",
+}
+
+
+def _outside_places() -> list[Path]:
+    return sorted(path for path in LAUNCHER.rglob("*.py")
+                  if not any(path.relative_to(LAUNCHER).as_posix().startswith(f + "/") for f in PLACES_FOLDERS))
+
+
+def compares_a_place_name(tree: ast.AST) -> list[int]:
+    """The lines of `tree` that compare something with a place's name (==, !=, in, not in a literal naming one)."""
+    names = set(PLACES)
+
+    def named(node: ast.AST) -> bool:
+        if isinstance(node, ast.Constant):
+            return node.value in names
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return any(named(element) for element in node.elts)
+        return False
+
+    return [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Compare)
+            and any(isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn)) for op in node.ops)
+            and any(named(side) for side in (node.left, *node.comparators))]
+
+
+def imports_vast_or_slurm(tree: ast.AST) -> bool:
+    """Whether `tree` imports a module of Vast.ai's or Slurm's folder (anywhere: in functions, under TYPE_CHECKING)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            modules = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        else:
+            continue
+        if any(m == p or m.startswith(p + ".") for m in modules for p in VAST_OR_SLURM):
+            return True
+    return False
+
+
+def test_no_code_outside_the_places_compares_a_provider_name() -> None:
+    found = {path.relative_to(LAUNCHER).as_posix(): lines for path in _outside_places()
+             if (lines := compares_a_place_name(ast.parse(path.read_text())))}
+    assert set(found) == REMAINING_COMPARISONS, found
+
+
+def test_the_check_finds_each_way_of_comparing_a_name() -> None:
+    for text in ('provider == "slurm"', 'record.get("provider") != "vast"', 'p not in ("vast", "slurm")',
+                 '"local" == where.provider'):
+        assert compares_a_place_name(ast.parse(text)) == [1], text
+    for text in ('provider = "slurm"', 'x == "slurmd"', 'record.get("slurm")', 'n in {"nodes"}'):
+        assert compares_a_place_name(ast.parse(text)) == [], text
+
+
+def test_few_modules_outside_the_places_import_vast_or_slurm() -> None:
+    found = {path.relative_to(LAUNCHER).as_posix() for path in _outside_places()
+             if imports_vast_or_slurm(ast.parse(path.read_text()))}
+    assert found == IMPORTING_VAST_OR_SLURM
+    assert len(found) == 8
+    assert imports_vast_or_slurm(ast.parse("def f():\n    from launcher.providers import vast\n"))
+    assert imports_vast_or_slurm(ast.parse("import launcher.schedulers.slurm.scheduler\n"))
+    assert not imports_vast_or_slurm(ast.parse("from launcher.providers.ssh_hosts import SshHosts\n"))
