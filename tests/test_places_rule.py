@@ -12,9 +12,6 @@ LAUNCHER = Path(__file__).resolve().parent.parent / "launcher"
 # The places' folders: the adapters, and the code of the places that have a folder of their own.
 PLACES_FOLDERS = ("places", "providers/vast", "schedulers/slurm")
 VAST_OR_SLURM = ("launcher.providers.vast", "launcher.schedulers.slurm")
-# Comparisons that remain, each with why: run.json of a Slurm job lists no nodes, and node_logs_dirs sits in the
-# results layer, below the places, so it cannot ask the run's place how many nodes its logs come from.
-REMAINING_COMPARISONS = {"results/run_records.py"}
 # The Slurm executor's and the rented run's modules (launcher/execute/scheduled*.py, rented_run.py) still live in
 # execute/ beside the others, and two commands reach Vast.ai's own listing (`status --rented`, `ddpctl vast`).
 IMPORTING_VAST_OR_SLURM = {
@@ -62,7 +59,7 @@ def imports_vast_or_slurm(tree: ast.AST) -> bool:
 def test_no_code_outside_the_places_compares_a_provider_name() -> None:
     found = {path.relative_to(LAUNCHER).as_posix(): lines for path in _outside_places()
              if (lines := compares_a_place_name(ast.parse(path.read_text())))}
-    assert set(found) == REMAINING_COMPARISONS, found
+    assert found == {}
 
 
 def test_the_check_finds_each_way_of_comparing_a_name() -> None:

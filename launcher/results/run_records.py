@@ -19,12 +19,13 @@ WRITTEN_BY = "ddpctl, from the script's output"
 
 
 def node_logs_dirs(run_dir: RunDir) -> list[Path]:
-    """Each node's torchrun --log-dir as this machine has it: the run directory's logs/ for a local run, the
-    pulled nodes/<k>/logs/ for a run on hosts or a Slurm job (whose nodes run.json does not list)."""
+    """Each node's torchrun --log-dir as this machine has it: the run directory's logs/ for a local run (no hosts),
+    the pulled nodes/<k>/logs/ for a run on hosts, or reached through one (a Slurm job: run.json lists its login
+    node, not its nodes, so they are counted from the spec)."""
     nodes = run_dir.record().get("nodes")
     if isinstance(nodes, list) and nodes:
         return [run_dir.path / "nodes" / str(k) / "logs" for k in range(len(nodes))]
-    if run_dir.record().get("provider") == "slurm":
+    if run_dir.record().get("hosts"):
         return [run_dir.path / "nodes" / str(k) / "logs" for k in range(run_dir.spec().nnodes)]
     return [run_dir.path / "logs"]
 
