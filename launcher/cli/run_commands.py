@@ -11,7 +11,7 @@ from rich.table import Table
 
 from launcher.errors import DdpctlError, SpecError
 from launcher.execute.pull_record import incomplete_pull_line
-from launcher.places.registry import place_of_record
+from launcher.places.registry import PLACES, place_of_record
 from launcher.results.progress import console
 from launcher.results.run_records import restarts_told
 from launcher.results.rundir import RunDir, find_run
@@ -51,12 +51,11 @@ def status(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, json_out: bool 
            rented: bool = typer.Option(False, "--rented", help="List every Vast.ai machine still rented (and "
                                        "billing) by any run under --runs-dir.")) -> None:
     """Where a run stands: each node's process state and progress, and what was pulled."""
-    from launcher.providers.vast.ledger import say
-    from launcher.providers.vast.rented_list import print_rented, rented_rows
-
     check_seconds(connect_timeout, "--connect-timeout")
     if rented:
-        print_rented(check_runs_dir(runs_dir), json_out)
+        checked = check_runs_dir(runs_dir)
+        for held in PLACES.values():  # what each place still holds (Vast.ai: its rented machines)
+            held.print_held(checked, json_out)
         return
     run_dir = _find_run(runs_dir, run)
     record = run_dir.record()
@@ -89,10 +88,10 @@ def status(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, json_out: bool 
         console.print(f"restart {entry['attempt']}: {cause}", markup=False, highlight=False, soft_wrap=True)
     if isinstance(record.get("failure"), dict) and record["failure"].get("summary"):  # what `up` named as the cause
         console.print(f"failure: {record['failure']['summary']}", markup=False, highlight=False)
-    still = rented_rows(runs_dir)
-    if still:
-        say(f"{len(still)} Vast.ai machine(s) of run(s) {', '.join(sorted({r['run'] for r in still}))} are still "
-            "rented and billing: see `ddpctl status --rented`; stop them with `ddpctl down RUN`", style="yellow")
+    for held in PLACES.values():
+        note = held.held_note(runs_dir)
+        if note:
+            console.print(note, style="yellow", markup=False, highlight=False, soft_wrap=True)
 
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from launcher.places.option_words import Flags
     from launcher.planning.plan import RunPlan
     from launcher.planning.request import UpOptions, UpResult
@@ -73,6 +75,14 @@ class Place(Protocol):
 
     def down(self, run_dir: RunDir, options: UpOptions, force: bool) -> str:
         """Stop every node, pull what it wrote, give back what the run holds; what to tell the user (`down`)."""
+        ...
+
+    def print_held(self, runs_dir: Path, json_out: bool) -> None:
+        """List what this place still holds (and bills) for the runs under `runs_dir` (`status --rented`)."""
+        ...
+
+    def held_note(self, runs_dir: Path) -> str | None:
+        """One line after `status` when this place still holds machines for runs under `runs_dir`; else None."""
         ...
 
     def not_pulled_after_down(self, run_id: str, record: dict[str, Any], after_down: bool) -> str:

@@ -11,6 +11,8 @@ from launcher.execute.rank_logs import print_rank_log
 from launcher.execute.up import run_on_provider
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from launcher.execute.recorded import RecordedRun
     from launcher.places.option_words import Flags
     from launcher.planning.plan import RunPlan
@@ -70,6 +72,12 @@ class ProvidedPlace:
 
     def down(self, run_dir: RunDir, options: UpOptions, force: bool) -> str:
         return self.recorded().down(run_dir, options, force)
+
+    def print_held(self, runs_dir: Path, json_out: bool) -> None:
+        """Nothing held: the machines are the user's (or this one)."""
+
+    def held_note(self, runs_dir: Path) -> str | None:
+        return None
 
     def not_pulled_after_down(self, run_id: str, record: dict[str, Any], after_down: bool) -> str:
         return down_on_hosts(run_id, after_down)

@@ -14,6 +14,8 @@ from launcher.places.option_words import it, listed
 from launcher.places.vast import VAST_ONLY
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from launcher.places.option_words import Flags
     from launcher.planning.plan import RunPlan
     from launcher.planning.request import UpOptions, UpResult
@@ -90,6 +92,12 @@ class SlurmPlace:
 
     def down(self, run_dir: RunDir, options: UpOptions, force: bool) -> str:
         return SlurmRun().down(run_dir, options, force)
+
+    def print_held(self, runs_dir: Path, json_out: bool) -> None:
+        """Nothing listed: a job's allocation ends with the job (`ddpctl down` cancels one that runs)."""
+
+    def held_note(self, runs_dir: Path) -> str | None:
+        return None
 
     def not_pulled_after_down(self, run_id: str, record: dict[str, Any], after_down: bool) -> str:
         return down_on_hosts(run_id, after_down)

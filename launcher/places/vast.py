@@ -11,6 +11,8 @@ from launcher.execute.rented_run import RentedRun
 from launcher.places.on_provider import ProvidedPlace
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from launcher.execute.recorded import RecordedRun
     from launcher.places.option_words import Flags
     from launcher.planning.request import UpOptions
@@ -64,6 +66,21 @@ class VastPlace(ProvidedPlace):
 
     def recorded(self) -> RecordedRun:
         return RentedRun()
+
+    def print_held(self, runs_dir: Path, json_out: bool) -> None:
+        """Every Vast.ai machine a run under `runs_dir` still rents (launcher/providers/vast/rented_list.py)."""
+        from launcher.providers.vast.rented_list import print_rented
+
+        print_rented(runs_dir, json_out)
+
+    def held_note(self, runs_dir: Path) -> str | None:
+        from launcher.providers.vast.rented_list import rented_rows
+
+        still = rented_rows(runs_dir)
+        if not still:
+            return None
+        return (f"{len(still)} Vast.ai machine(s) of run(s) {', '.join(sorted({r['run'] for r in still}))} are still "
+                "rented and billing: see `ddpctl status --rented`; stop them with `ddpctl down RUN`")
 
     def not_pulled_after_down(self, run_id: str, record: dict[str, Any], after_down: bool) -> str:
         if after_down:
