@@ -127,10 +127,13 @@ def test_status_of_a_training_local_run_shows_it_running_with_its_epoch_and_down
             up.wait()
 
 
+# Its last epoch waits for the file `go` (written once `logs -f` follows), so that -f has lines still to follow.
 LINES = """\
 import os, sys, time
 rank = os.environ["RANK"]
 for epoch in range(1, 31):
+    while epoch == 30 and not os.path.exists("go"):
+        time.sleep(0.1)
     print(f"rank {rank} epoch {epoch}/30 loss {1 / epoch:.4f}", flush=True)
     print(f"rank {rank} note {epoch}", file=sys.stderr, flush=True)
     time.sleep(0.2)
@@ -154,9 +157,14 @@ def test_logs_of_a_local_run_show_rank_0s_lines_while_it_runs_and_follow_them_to
         assert len(shown) == 2 and all(line.startswith("rank 0 epoch ") for line in shown), logs.stdout
         assert "rank 0 note" in logs.stderr and "rank 1" not in logs.stdout + logs.stderr  # its stderr on stderr
 
-        follow = ddpctl("logs", "--runs-dir", str(runs), "-f", "-n", "1")
-        assert follow.returncode == 0, follow.stderr
-        followed = follow.stdout.splitlines()
+        follow = subprocess.Popen(ddpctl_argv("logs", "--runs-dir", str(runs), "-f", "-n", "1"),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+        assert follow.stdout is not None
+        first = follow.stdout.readline()  # the end so far (the script waits before epoch 30)
+        (place / "go").write_text("")
+        rest, err = follow.communicate(timeout=60)
+        assert follow.returncode == 0, err
+        followed = (first + rest).splitlines()
         assert followed[-1] == "rank 0 done" and "rank 0 epoch 30/30 loss 0.0333" in followed
         assert all(line.startswith("rank 0 ") for line in followed)
         up.communicate(timeout=60)
