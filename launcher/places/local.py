@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from launcher.errors import SpecError
-from launcher.execute.recorded import LocalRun
 from launcher.places.on_provider import ProvidedPlace
 from launcher.places.option_words import it, listed
 
@@ -46,4 +45,6 @@ class LocalPlace(ProvidedPlace):
         return LocalMachine()
 
     def recorded(self) -> RecordedRun:
+        from launcher.execute.recorded import LocalRun
+
         return LocalRun()

@@ -1,14 +1,11 @@
 """What the places whose machines a `HostProvider` acquires and releases share: `up` is the executor's one sequence
 (launcher/execute/up.py: acquire -> probe -> plan -> run -> release), and the day-2 commands are answered by the
-executor's recorded-run object for the place (launcher/execute/recorded.py's RecordedRun)."""
+executor's recorded-run object for the place (launcher/execute/recorded.py's RecordedRun). The executor is imported
+where it is used, so that the command line starts without it."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
-
-from launcher.execute.pull_record import down_on_hosts
-from launcher.execute.rank_logs import print_rank_log
-from launcher.execute.up import run_on_provider
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -52,9 +49,13 @@ class ProvidedPlace:
         raise NotImplementedError
 
     def up(self, spec: RunSpec, options: UpOptions) -> UpResult:
+        from launcher.execute.up import run_on_provider
+
         return run_on_provider(self.host_provider(options), spec, options)
 
     def run_saved(self, plan: RunPlan, options: UpOptions) -> UpResult:
+        from launcher.execute.up import run_on_provider
+
         return run_on_provider(self.host_provider(options), plan.spec, options, saved=plan)
 
     def status_rows(self, run_dir: RunDir, options: UpOptions) -> list[dict[str, Any]]:
@@ -65,6 +66,8 @@ class ProvidedPlace:
 
     def print_rank_log(self, run_dir: RunDir, rank: int, lines: int, follow: bool, options: UpOptions,
                        attempt: int | None) -> None:
+        from launcher.execute.rank_logs import print_rank_log
+
         print_rank_log(run_dir, rank, lines, follow, options, attempt)
 
     def pull(self, run_dir: RunDir, options: UpOptions) -> list[dict[str, Any]]:
@@ -80,4 +83,6 @@ class ProvidedPlace:
         return None
 
     def not_pulled_after_down(self, run_id: str, record: dict[str, Any], after_down: bool) -> str:
+        from launcher.execute.pull_record import down_on_hosts
+
         return down_on_hosts(run_id, after_down)

@@ -7,15 +7,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from launcher.errors import SpecError
-from launcher.execute.pull_record import down_on_hosts
-from launcher.execute.rank_logs import print_pulled_rank_log
-from launcher.execute.scheduled_reattach import SlurmRun
 from launcher.places.option_words import it, listed
 from launcher.places.vast import VAST_ONLY
 
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from launcher.execute.scheduled_reattach import SlurmRun
     from launcher.places.option_words import Flags
     from launcher.planning.plan import RunPlan
     from launcher.planning.request import UpOptions, UpResult
@@ -30,6 +28,13 @@ SLURM_ONLY = ("partition", "time", "account", "qos", "constraint", "workdir", "s
 NOT_SLURM = ("runtime", "image", "registry", "rdzv_addr", "rdzv_port", "allow_public_rendezvous", "stall_timeout",
              "outputs", "env")
 RENTED_ONLY = tuple(name for name in VAST_ONLY if name != "nodes")  # Slurm reads --nodes too
+
+
+def _job() -> SlurmRun:
+    """The executor's answer to the day-2 commands of a Slurm run (imported when asked)."""
+    from launcher.execute.scheduled_reattach import SlurmRun
+
+    return SlurmRun()
 
 
 class SlurmPlace:
@@ -78,20 +83,22 @@ class SlurmPlace:
         raise SpecError("on a Slurm cluster the scheduler finds the nodes itself")
 
     def status_rows(self, run_dir: RunDir, options: UpOptions) -> list[dict[str, Any]]:
-        return SlurmRun().status_rows(run_dir, options)
+        return _job().status_rows(run_dir, options)
 
     def print_log(self, run_dir: RunDir, node: int, lines: int, follow: bool, options: UpOptions) -> None:
-        SlurmRun().print_log(run_dir, node, lines, follow, options)
+        _job().print_log(run_dir, node, lines, follow, options)
 
     def print_rank_log(self, run_dir: RunDir, rank: int, lines: int, follow: bool, options: UpOptions,
                        attempt: int | None) -> None:
+        from launcher.execute.rank_logs import print_pulled_rank_log
+
         print_pulled_rank_log(run_dir, rank, lines, follow, attempt)
 
     def pull(self, run_dir: RunDir, options: UpOptions) -> list[dict[str, Any]]:
-        return SlurmRun().pull(run_dir, options)
+        return _job().pull(run_dir, options)
 
     def down(self, run_dir: RunDir, options: UpOptions, force: bool) -> str:
-        return SlurmRun().down(run_dir, options, force)
+        return _job().down(run_dir, options, force)
 
     def print_held(self, runs_dir: Path, json_out: bool) -> None:
         """Nothing listed: a job's allocation ends with the job (`ddpctl down` cancels one that runs)."""
@@ -100,4 +107,6 @@ class SlurmPlace:
         return None
 
     def not_pulled_after_down(self, run_id: str, record: dict[str, Any], after_down: bool) -> str:
+        from launcher.execute.pull_record import down_on_hosts
+
         return down_on_hosts(run_id, after_down)

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from launcher.errors import SpecError
-from launcher.execute.recorded import HostsRun
 from launcher.places.on_provider import ProvidedPlace
 from launcher.places.option_words import it, listed
 
@@ -39,4 +38,6 @@ class SshPlace(ProvidedPlace):
         return SshHosts(executor_calls())
 
     def recorded(self) -> RecordedRun:
+        from launcher.execute.recorded import HostsRun
+
         return HostsRun()

@@ -7,7 +7,6 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from launcher.errors import SpecError
-from launcher.execute.rented_run import RentedRun
 from launcher.places.on_provider import ProvidedPlace
 
 if TYPE_CHECKING:
@@ -65,6 +64,8 @@ class VastPlace(ProvidedPlace):
         return VastProvider(options, executor_calls())
 
     def recorded(self) -> RecordedRun:
+        from launcher.execute.rented_run import RentedRun
+
         return RentedRun()
 
     def print_held(self, runs_dir: Path, json_out: bool) -> None:
