@@ -6,7 +6,14 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
+from launcher.cli.launch import check_options_fit
+from launcher.cli.options import flag_of
+from launcher.errors import SpecError
+from launcher.places.base import Place
 from launcher.places.registry import PLACES
+from launcher.spec.hosts import parse_hosts
 
 LAUNCHER = Path(__file__).resolve().parent.parent / "launcher"
 # The places' folders: the adapters, and the code of the places that have a folder of their own.
@@ -78,3 +85,30 @@ def test_few_modules_outside_the_places_import_vast_or_slurm() -> None:
     assert imports_vast_or_slurm(ast.parse("def f():\n    from launcher.providers import vast\n"))
     assert imports_vast_or_slurm(ast.parse("import launcher.schedulers.slurm.scheduler\n"))
     assert not imports_vast_or_slurm(ast.parse("from launcher.providers.ssh_hosts import SshHosts\n"))
+
+
+def test_each_places_own_options_are_refused_elsewhere_with_its_hint() -> None:
+    """The option errors come from the table: a place's own option given for another place is refused naming the
+    place it belongs to and how to choose it."""
+    refused = 0
+    for owner in PLACES.values():
+        for other in PLACES.values():
+            names = [n for n in owner.own_options if n not in other.also_takes + other.unused_options]
+            if other is owner or not names:
+                continue
+            hosts = () if _takes_no_hosts(other) else parse_hosts(["u@10.0.0.2"])
+            flag = flag_of(names[0])
+            with pytest.raises(SpecError) as refusal:
+                check_options_fit(other.name, hosts, "native", [flag])
+            assert str(refusal.value) == (f"{flag} is for --provider {owner.name} only: {owner.own_options_hint}, "
+                                          "or drop it")
+            refused += 1
+    assert refused == 5  # Vast's options on local, ssh; Slurm's on local, ssh, vast (Slurm reads --nodes itself)
+
+
+def _takes_no_hosts(place: Place) -> bool:
+    try:
+        place.check_hosts(())
+    except SpecError:
+        return False
+    return True

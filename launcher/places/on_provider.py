@@ -30,7 +30,6 @@ class ProvidedPlace:
     unused_options: tuple[str, ...] = ()
     runs_here = False
     allocates_nodes = False
-    gives_back_machines = False
 
     def check_hosts(self, hosts: tuple[Any, ...]) -> None:
         """Refuse hosts this place does not take (SpecError, one line)."""

@@ -47,7 +47,6 @@ class SlurmPlace:
     unused_options: tuple[str, ...] = NOT_SLURM + RENTED_ONLY
     runs_here = False
     allocates_nodes = True
-    gives_back_machines = False
 
     def check_hosts(self, hosts: tuple[object, ...]) -> None:
         if len(hosts) != 1:

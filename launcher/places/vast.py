@@ -29,7 +29,6 @@ class VastPlace(ProvidedPlace):
     own_options: tuple[str, ...] = VAST_ONLY
     own_options_hint = "add --provider vast to rent machines"
     allocates_nodes = True
-    gives_back_machines = True
 
     def check_hosts(self, hosts: tuple[object, ...]) -> None:
         if hosts:
