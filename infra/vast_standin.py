@@ -53,6 +53,9 @@ class Faults:
     exited_machines: set[int] = field(default_factory=set)  # instances there exit right away
     failing_creates: dict[int, int] = field(default_factory=dict)  # k-th create (1-based) -> status
     lost_create_answers: set[int] = field(default_factory=set)  # k-th create rents, then answers 500
+    # A new instance is missing from the instance list (GET /api/v1/instances/) for this many list requests after
+    # its create: the list lags behind creates (1: "one read behind"); show instance by id sees it at once.
+    list_lag_reads: int = 0
     destroy_lag_s: float = 0.0  # destroyed instances stay listed this long (released: cur_state `destroyed_state`)
     destroyed_state: str = "unloaded"  # what a destroyed, still listed instance shows (docs: "released on destroy")
     ignored_destroys: set[int] = field(default_factory=set)  # instances whose destroy answers 200 and does nothing
@@ -70,6 +73,7 @@ class Instance:
     destroyed_at: float | None = None
     keys: list[str] = field(default_factory=list)
     start_error: str | None = None  # the container cannot start (e.g. its docker network does not exist)
+    unlisted_reads: int = 0  # list requests that still leave it out (Faults.list_lag_reads)
 
 
 class VastStandIn:
@@ -224,7 +228,7 @@ class VastStandIn:
             return status, example(f"create_instance.put.{status}", ask_id=offer_id)
         iid = next(self._ids)
         offer["rented"] = True  # the whole machine's GPUs are ours now
-        inst = Instance(iid, offer, req, time.monotonic())
+        inst = Instance(iid, offer, req, time.monotonic(), unlisted_reads=self.faults.list_lag_reads)
         self.instances[iid] = inst
         inst.host = self.host_factory(iid)
         inst.address = (inst.host.address, int(inst.host.port))
@@ -247,8 +251,11 @@ class VastStandIn:
         filters = json.loads(query.get("select_filters", "{}"))
         after = int(base64.b64decode(query["after_token"])) if "after_token" in query else 0
         limit = int(query.get("limit", 25))
+        lagging = {i.id for i in self.instances.values() if i.unlisted_reads > 0}
+        for iid in lagging:
+            self.instances[iid].unlisted_reads -= 1
         shown = [self._show(i) for i in sorted(self.instances.values(), key=lambda i: i.id)
-                 if self._visible(i) and i.id > after]
+                 if self._visible(i) and i.id > after and i.id not in lagging]
         shown = [s for s in shown if all(_matches(s, k, v) for k, v in filters.items())]
         page = shown[:limit]
         token = base64.b64encode(str(page[-1]["id"]).encode()).decode() if len(shown) > limit else None

@@ -125,11 +125,12 @@ def test_second_create_failing_destroys_the_first(standin):
     assert len(standin.instances) == 1  # the first was created, and the fixture checks it is gone
 
 
-def test_a_lost_create_answer_is_found_by_label_and_destroyed(standin):
-    standin.faults.lost_create_answers.add(1)  # rented, but the answer was a 500
+def test_a_lost_create_answer_is_found_by_label_and_destroyed_on_a_later_failure(standin):
+    standin.faults.lost_create_answers.add(1)  # rented, but the answer was a 500: found by label and used
+    standin.faults.failing_creates[2] = 400  # then the second node's create fails: both are destroyed
     with pytest.raises(VastError):
-        _provision(standin)
-    assert len(standin.instances) == 1
+        _provision(standin, nodes=2)
+    assert len(standin.instances) == 1  # the lost one, never re-sent; the fixture checks it is gone
 
 
 def test_ctrl_c_during_provisioning_leaves_nothing(standin):

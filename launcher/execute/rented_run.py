@@ -10,7 +10,8 @@ from launcher.errors import DdpctlError
 from launcher.execute.reattach import host_status_rows, print_host_log, pull_hosts, stop_and_pull_hosts
 from launcher.providers.vast.apikey import vast_client
 from launcher.providers.vast.autostop import mark_pulled_command, stopped_at_command
-from launcher.providers.vast.ledger import Ledger, destroy_all, hourly, live, say
+from launcher.providers.vast.ledger import Ledger, destroy_all, hourly, live, open_intents, say
+from launcher.providers.vast.lost_creates import reconcile_run
 from launcher.providers.vast.rented_list import is_released, offline_rows
 from launcher.providers.vast.watchdog_state import add_watchdog_states, parse_watchdog, watchdog_command
 from launcher.results.rundir import RunDir
@@ -66,8 +67,11 @@ def release_run(run_dir: RunDir, options: UpOptions, force: bool = False) -> str
     When the results cannot be pulled and verified the machines are kept (they hold the only copy) unless
     `force`. A run whose training never started has nothing to pull. Returns what to tell the user."""
     ledger = Ledger(run_dir)
+    if open_intents(ledger.intents):  # a create whose answer was lost: look for its machine by label first
+        with vast_client() as client:
+            reconcile_run(client, ledger)
     if not live(ledger.instances):
-        return f"run {run_dir.run_id} holds no rented machine any more (cost ${ledger.cost():.4f})"
+        return f"run {run_dir.run_id} holds no rented machine any more (cost ${ledger.cost():.4f})" + _unsure(ledger)
     problem = None
     if run_dir.record().get("nodes"):
         problem = _start_stopped(run_dir, options, ledger) or _stop_and_pull(run_dir, options)
@@ -81,7 +85,18 @@ def release_run(run_dir: RunDir, options: UpOptions, force: bool = False) -> str
         say(f"destroying the machines without verified results (--force): {problem}", style="yellow")
     with vast_client() as client:
         cost = destroy_all(client, ledger, "down --force" if problem else "down")
-    return f"run {run_dir.run_id}: machines destroyed (verified); it cost ${cost:.4f}; results in {run_dir.path}"
+    return (f"run {run_dir.run_id}: machines destroyed (verified); it cost ${cost:.4f}; results in {run_dir.path}"
+            + _unsure(ledger))
+
+
+def _unsure(ledger: Ledger) -> str:
+    """What `down` must add while a create without an answer may still show up by the run's label."""
+    unsure = open_intents(ledger.intents)
+    if not unsure:
+        return ""
+    return (f"; but the create(s) of offer(s) {', '.join(str(i.get('offer_id')) for i in unsure)} got no answer and "
+            f"no machine labelled for this run is listed yet: run `ddpctl down {ledger.run_dir.run_id}` again in a "
+            "few minutes")
 
 
 def _stopped_rows(run_dir: RunDir) -> list[dict[str, Any]] | None:
