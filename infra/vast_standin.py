@@ -92,7 +92,7 @@ class VastStandIn:
         self.market = vast_market.Market()  # market behaviours (infra/vast_market.py)
         self.lifecycle = Lifecycle()  # start delays, pull failures, rate limits, stop/start, scoped keys
         self.bind = bind
-        self.requests: list[dict[str, Any]] = []  # every request: method, path, query, body, problems, status
+        self.requests: list[dict[str, Any]] = []  # every request: method, path, query, body, problems, status, at
         self.instances: dict[int, Instance] = {}
         self.account_keys: list[str] = []
         self.overlays: dict[str, dict[str, Any]] = {}
@@ -139,7 +139,8 @@ class VastStandIn:
     def handle(self, method: str, raw_path: str, headers: dict[str, str], raw_body: bytes) -> tuple[int, Any]:
         parts = urlsplit(raw_path)
         query = dict(parse_qsl(parts.query))
-        record: dict[str, Any] = {"method": method, "path": parts.path, "query": query, "problems": []}
+        record: dict[str, Any] = {"method": method, "path": parts.path, "query": query, "problems": [],
+                                  "at": time.monotonic()}  # when it came: tests check the pacing of clients
         with self._lock:
             self.requests.append(record)
             status, body = self._handle(method, parts.path, query, headers, raw_body, record)

@@ -25,6 +25,7 @@ from launcher.providers.vast.errors import (
     VastUnavailable,
 )
 from launcher.providers.vast.pacing import DEFAULT_INTERVAL_S, ENDPOINT_INTERVALS_S, Pacer, endpoint_of, retry_after_s
+from launcher.providers.vast.shared_pacing import PacingFile, pacing_file
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +61,9 @@ class _Secret:
 class VastClient:
     """Calls the Vast.ai API with retries (exponential backoff with jitter, bounded in count and time).
 
-    `backoff_base` seconds is the first pause; each retry doubles it up to `backoff_max`. A 429 with Retry-After
-    waits that long (or fails at once, in one line, when that is past the retry budget); gateway errors
+    `backoff_base` seconds is the first pause; each retry doubles it up to `backoff_max`. A 429 (Vast sends no
+    Retry-After; one a proxy adds is waited for, or fails at once, in one line, when past the retry budget) pauses
+    at least as long as pacing.Pacer.refused says; gateway errors
     (502/503/504) get vast-cli's 3 quick tries. `clock` (monotonic seconds) and `sleep` are injectable.
     """
 
@@ -79,6 +81,7 @@ class VastClient:
         sleep: Callable[[float], None] = time.sleep,
         pace: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        shared_pacing: bool = False,
     ) -> None:
         if not api_key or any(c.isspace() for c in api_key):
             raise VastAuthError("the Vast.ai API key is empty or contains whitespace; set it again with "
@@ -95,7 +98,10 @@ class VastClient:
         self._clock = clock
         # `pace` scales every endpoint's minimum interval and window (0: none; tests run Vast's limits faster)
         self.pace = pace
-        self._pacer = Pacer(pace, clock, sleep)
+        # shared_pacing: keep to the limits together with every other ddpctl process using this key (their
+        # stamps are compared across processes, so wall time); else this client's own memory
+        self._pacer = (Pacer(pace, time.time, sleep, PacingFile(pacing_file(api_key, self.base_url)))
+                       if shared_pacing and pace > 0 else Pacer(pace, clock, sleep))
         self.rate_limited = 0  # 429 answers received (each one retried after a pause)
 
     def __repr__(self) -> str:
