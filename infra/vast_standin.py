@@ -59,6 +59,9 @@ class Faults:
     destroy_lag_s: float = 0.0  # destroyed instances stay listed this long (released: cur_state `destroyed_state`)
     destroyed_state: str = "unloaded"  # what a destroyed, still listed instance shows (docs: "released on destroy")
     ignored_destroys: set[int] = field(default_factory=set)  # instances whose destroy answers 200 and does nothing
+    # operation (the yaml file's stem, e.g. "attach_ssh") -> how many of its next requests are carried out and
+    # then answered 502 by the gateway in front (the answer is lost, the action happened)
+    gateway_after_acting: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -180,7 +183,11 @@ class VastStandIn:
         if path_id is not None and not path_id.isdigit():
             return 400, example("destroy_instance.delete.400")
         handler = getattr(self, f"_{op.name}_{method.lower()}")
-        return handler(int(path_id) if path_id else None, body, query)
+        answer = handler(int(path_id) if path_id else None, body, query)
+        if self.faults.gateway_after_acting.get(op.name, 0) > 0:
+            self.faults.gateway_after_acting[op.name] -= 1
+            return 502, {"detail": "Bad Gateway"}
+        return answer
 
     def _authorize(self, op_name: str, method: str, path_id: str | None, body: Any, bearer: str | None,
                    record: dict[str, Any]) -> tuple[int, Any] | None:
@@ -304,6 +311,13 @@ class VastStandIn:
             return 404, example("attach_ssh.post.404", msg="Instance not found")
         self._add_key(inst, body["ssh_key"])
         return 200, example("attach_ssh.post.200")
+
+    def _show_instance_ssh_keys_get(self, iid: int, _body: Any, _query: Any) -> tuple[int, Any]:
+        inst = self.instances.get(iid)
+        if inst is None or inst.destroyed_at is not None:
+            return 400, {"success": False, "error": "invalid_args", "msg": "Invalid instance ID"}
+        keys = [{"id": k, "name": f"key-{k}", "public_key": key} for k, key in enumerate(inst.keys, 1)]
+        return 200, {"success": True, "ssh_keys": json.dumps(keys)}  # documented: a JSON string
 
     def _create_ssh_key_post(self, _id: Any, body: dict[str, Any], _query: Any) -> tuple[int, Any]:
         if not body["ssh_key"].strip():

@@ -242,3 +242,28 @@ def test_onstart_exports_the_images_env_for_ssh_sessions_and_nothing_secret(tmp_
     assert sorted(lines) == sorted(["OTHER=kept", "LANG=C.UTF-8", "PATH=/opt/conda/bin:/usr/bin:/bin",
                                     "PYTHONUNBUFFERED=1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"])
     assert (tmp_path / ".no_auto_tmux").exists() and len(ONSTART) < 4048  # Vast's onstart limit
+
+
+def _calls(standin: VastStandIn, method: str, path_end: str) -> list[dict]:
+    return [r for r in standin.requests if r["method"] == method and r["path"].endswith(path_end)]
+
+
+def test_keys_whose_answer_a_gateway_lost_are_looked_for_not_sent_twice(standin):
+    standin.faults.gateway_after_acting.update(attach_ssh=1, create_ssh_key=1)  # done, then answered 502
+    [rented] = _provision(standin)
+    assert standin.account_keys == [PUB]  # the account key was not added a second time
+    attaches = [r for r in _calls(standin, "POST", "/ssh/") if "/instances/" in r["path"]]
+    assert [r["status"] for r in attaches] == [502]  # looked at the instance's keys, found it, sent no second attach
+    assert len(_calls(standin, "GET", f"/instances/{rented.instance_id}/ssh/")) == 1
+    _teardown(standin, [rented])
+
+
+def test_an_attach_refused_by_the_gateway_before_acting_is_sent_again_after_a_look(standin):
+    client = VastClient(KEY, base_url=standin.url, backoff_base=0.001, pace=0.0)
+    iid = client.create_instance(1, {"client_id": "me", "image": "ddpctl/trainer:1", "disk": DISK, "label": "k"})
+    standin.faults.burst, standin.faults.burst_paths = [502], f"/api/v0/instances/{iid}/ssh/"  # refused unseen
+    client.attach_ssh_key(iid, PUB)
+    attaches = [r for r in _calls(standin, "POST", "/ssh/") if "/instances/" in r["path"]]
+    assert [r["status"] for r in attaches] == [502, 200] and standin.instances[iid].keys == [PUB]
+    assert len(_calls(standin, "GET", f"/instances/{iid}/ssh/")) == 1  # looked before sending it again
+    assert teardown(client, [iid], poll_interval=0.05)[0].destroyed

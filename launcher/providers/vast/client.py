@@ -158,12 +158,39 @@ class VastClient:
             params["after_token"] = token
 
     def attach_ssh_key(self, instance_id: int, public_key: str) -> None:
-        """POST /api/v0/instances/{id}/ssh/: let `public_key` log in to this instance."""
-        self._request("POST", f"/api/v0/instances/{int(instance_id)}/ssh/", json={"ssh_key": public_key})
+        """POST /api/v0/instances/{id}/ssh/: let `public_key` log in to this instance. Not idempotent (a repeat adds
+        the key again): after a gateway error or a lost answer the instance's keys are looked at first, and the
+        attach is sent again only when the key is not among them (vast-cli's 3 tries in all)."""
+        for attempt in range(GATEWAY_TRIES):
+            try:
+                self._request("POST", f"/api/v0/instances/{int(instance_id)}/ssh/", json={"ssh_key": public_key},
+                              idempotent=False)
+                return
+            except VastUnavailable:
+                if attempt == GATEWAY_TRIES - 1:
+                    raise
+            if _key_body(public_key) in {_key_body(k) for k in self.instance_ssh_keys(instance_id)}:
+                return  # it was attached: only the answer was lost
+            self._sleep(GATEWAY_PAUSE_S * 1.5**attempt)
+
+    def instance_ssh_keys(self, instance_id: int) -> list[str]:
+        """GET /api/v0/instances/{id}/ssh/: the public keys attached to an instance (`ssh_keys` is documented as
+        a JSON string holding a list of key objects; a plain list is read too)."""
+        body = self._request("GET", f"/api/v0/instances/{int(instance_id)}/ssh/")
+        keys = body.get("ssh_keys") if isinstance(body, dict) else None
+        if isinstance(keys, str):
+            try:
+                keys = jsonlib.loads(keys)
+            except ValueError:
+                keys = []
+        return [str(k.get("public_key") or k.get("ssh_key") or "") if isinstance(k, dict) else str(k)
+                for k in keys or []]
 
     def create_ssh_key(self, public_key: str) -> dict[str, Any]:
-        """POST /api/v0/ssh/: add `public_key` to the account (may reach only instances created later)."""
-        body = self._request("POST", "/api/v0/ssh/", json={"ssh_key": public_key})
+        """POST /api/v0/ssh/: add `public_key` to the account (may reach only instances created later). Never
+        repeated after a gateway error (a repeat holds the key twice, and the account's keys cannot be listed
+        through the documented API): provisioning attaches the key to each instance anyway."""
+        body = self._request("POST", "/api/v0/ssh/", json={"ssh_key": public_key}, idempotent=False)
         return dict(body.get("key") or {}) if isinstance(body, dict) else {}
 
     def destroy_instance(self, instance_id: int) -> None:
@@ -321,6 +348,11 @@ class VastClient:
         """A server message made safe to show: one line, bounded, and never echoing the key."""
         out = " ".join(str(text or "").split())[:300]
         return out.replace(self._key.reveal(), "***")
+
+
+def _key_body(public_key: str) -> str:
+    """A public key without its comment: "ssh-ed25519 AAAA..." (the comment may be dropped or changed)."""
+    return " ".join(public_key.split()[:2])
 
 
 def _never_sent(exc: requests.RequestException) -> bool:
