@@ -20,6 +20,11 @@ if TYPE_CHECKING:
     from launcher.planning.request import UpOptions
 
 
+# What Vast's states that never become running again by themselves mean (models.py lists its docs' states).
+TROUBLE = {"exited": "its container exited", "unknown": "no recent heartbeat from its host",
+           "offline": "its host is disconnected"}
+
+
 class RentedRun:
     """A Vast.ai run's machines, as its run.json records them (see launcher.execute.recorded.RecordedRun)."""
 
@@ -100,7 +105,8 @@ def _unsure(ledger: Ledger) -> str:
 
 
 def _stopped_rows(run_dir: RunDir) -> list[dict[str, Any]] | None:
-    """Status rows from the API when any machine of the run is stopped (SSH cannot reach it), else None."""
+    """Status rows from the API when any machine of the run is stopped, or shown exited, unknown or offline (SSH
+    cannot reach it), else None."""
     from launcher.providers.vast.machine_states import refresh
 
     ledger = Ledger(run_dir)
@@ -109,12 +115,15 @@ def _stopped_rows(run_dir: RunDir) -> list[dict[str, Any]] | None:
             refresh(client, ledger)
     except DdpctlError:
         return None  # no key or no API: ask the machines themselves
-    if not any(i["state"] == "stopped" for i in ledger.instances):
+    ledger.save()  # the cost as of now, for `status --json` (and every later reader of run.json)
+    if not any(i["state"] == "stopped" or i.get("api_state") for i in live(ledger.instances)):
         return None
     rows = []
     for inst in sorted(live(ledger.instances), key=lambda i: i.get("node") or 0):
         state = (f"machine frozen (its GPU bills: ${hourly(inst):.4f}/hour)" if inst.get("frozen")
                  else f"machine stopped (storage ${hourly(inst):.4f}/hour)" if inst["state"] == "stopped"
+                 else f"machine {inst['api_state']} ({TROUBLE[inst['api_state']]}); it may bill until `ddpctl down "
+                      f"{run_dir.run_id}`" if inst.get("api_state") in TROUBLE
                  else f"machine {inst['state']}")
         rows.append({"node": inst.get("node"), "host": f"vast:{inst['instance_id']}", "state": state,
                      "exit_code": None, "epoch": None, "epochs": None, "dph": hourly(inst)})
@@ -134,10 +143,20 @@ def _start_stopped(run_dir: RunDir, options: UpOptions, ledger: Ledger | None = 
         except DdpctlError as exc:
             return str(exc).splitlines()[0]
     if started:
-        say(f"started the {len(started)} stopped machine(s) of run {run_dir.run_id} again (autostop had stopped "
-            "them)")
+        frozen = sum(1 for i in ledger.instances if i["instance_id"] in started and not i.get("stops"))
+        say(f"started the {len(started)} stopped machine(s) of run {run_dir.run_id} again "
+            f"({start_reason(bool(run_dir.record().get('autostop')), frozen, len(started))})")
         exact_stop_times(ledger, _on_nodes(run_dir, options, stopped_at_command))
     return None
+
+
+def start_reason(autostop: bool, frozen: int, started: int) -> str:
+    """Why the machines `pull` or `down` started were halted: autostop stops (never freezes) them, and only when on."""
+    if not autostop:
+        return "they were stopped or frozen outside ddpctl: autostop was off"
+    if frozen == started:
+        return "they were frozen outside ddpctl; autostop stops, it does not freeze"
+    return "autostop had stopped them" if not frozen else "autostop had stopped some; others were frozen outside ddpctl"
 
 
 def _rearm(run_dir: RunDir, options: UpOptions) -> None:
