@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import logging
-import shlex
 import subprocess
 from collections import Counter
 
 import pytest
 
+from infra.vast_market import network_of
 from infra.vast_standin import VastStandIn, make_offer
 from launcher.providers.vast.client import VastClient
 from launcher.providers.vast.errors import ProvisionError, VastError
@@ -68,7 +68,7 @@ def test_two_nodes_in_one_cluster_with_an_overlay(standin):
         assert standin.instances[r.instance_id].keys.count(PUB) == 2
         req = standin.instances[r.instance_id].request
         # created into the overlay network (Vast's documented order: the overlay first, `-n NAME` at create)
-        assert req["env"] == "-p 22:22 -n run-test-net"
+        assert req["env"] == {"-p 22:22": "1", "-n run-test-net": "1"}  # vast-cli's object form
         assert req["onstart"] == ONSTART and req["disk"] == DISK
     assert standin.market.order[0] == "overlay run-test-net"
     assert [e["event"] for e in events].count("vast.instance_ready") == 2
@@ -79,10 +79,15 @@ def test_two_nodes_in_one_cluster_with_an_overlay(standin):
 def test_env_values_reach_the_create_request_quoted(standin):
     env = {"MSG": "two words", "QUOTE": "it's", "PLAIN": "x"}
     rented = _provision(standin, env=env)
-    flags = standin.instances[rented[0].instance_id].request["env"]
-    assert flags == "-p 22:22 -e 'MSG=two words' -e 'QUOTE=it'\"'\"'s' -e PLAIN=x"
-    assert shlex.split(flags) == ["-p", "22:22", "-e", "MSG=two words", "-e", "QUOTE=it's", "-e", "PLAIN=x"]
+    sent = standin.instances[rented[0].instance_id].request["env"]
+    assert sent == {"-p 22:22": "1", "MSG": "two words", "QUOTE": "it's", "PLAIN": "x"}  # values as they are
     _teardown(standin, rented)
+
+
+def test_the_stand_in_reads_a_network_from_either_form_of_env():
+    assert network_of({"env": "-p 22:22 -e 'A=b c' -n run-net"}) == "run-net"  # the OpenAPI file's string
+    assert network_of({"env": {"-p 22:22": "1", "A": "b c", "-n run-net": "1"}}) == "run-net"  # vast-cli's object
+    assert network_of({"env": {"-p 22:22": "1"}}) is None
 
 
 @pytest.mark.parametrize("status", [404, 410])

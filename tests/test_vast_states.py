@@ -125,7 +125,7 @@ def test_a_run_id_with_capitals_and_underscores_gets_an_overlay_vast_accepts(sta
     rented = _provision(standin, nodes=2, label="My_Run.2")
     name = rented[0].overlay_name
     assert name is not None and re.fullmatch(r"[a-z0-9-]+", name) and name in standin.overlays
-    assert all(standin.instances[r.instance_id].request["env"].endswith(f"-n {name}") for r in rented)
+    assert all(standin.instances[r.instance_id].request["env"][f"-n {name}"] == "1" for r in rented)
     teardown(_client(standin), [r.instance_id for r in rented], overlay_name=name, poll_interval=0.05)
     assert standin.overlays == {}
 

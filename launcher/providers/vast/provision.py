@@ -5,7 +5,6 @@ exactly what this call created."""
 from __future__ import annotations
 
 import logging
-import shlex
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -178,12 +177,14 @@ class _Starter:
         self.disk, self.public_key, self.created, self.emit, self.clock = disk, public_key, created, emit, clock
         self.used_machines: set[int] = set()
         self.attached: set[int] = set()
-        # Vast.ai reads `env` as docker run options: each value quoted, so spaces or quotes stay in it.
-        env_flags = ["-p 22:22"] + [f"-e {shlex.quote(f'{k}={v}')}" for k, v in env.items()]
+        # `env` in vast-cli's object form (what Vast's guides document and the live service honours for `-n`;
+        # the OpenAPI file's string form is accepted too): docker options as keys with "1", variables as
+        # NAME: value (no quoting needed, and no 256-character limit on the whole string).
+        env_object = {"-p 22:22": "1", **{str(k): str(v) for k, v in env.items()}}
         if network is not None:  # created inside the overlay network (multi-node)
-            env_flags.append(network_flag(network))
+            env_object[network_flag(network)] = "1"
         self.request = {"client_id": "me", "image": image, "disk": disk, "label": label, "runtype": RUNTYPE,
-                        "env": " ".join(env_flags), "onstart": ONSTART, "target_state": "running",
+                        "env": env_object, "onstart": ONSTART, "target_state": "running",
                         "cancel_unavail": True}
         if image_login:
             self.request["image_login"] = image_login
