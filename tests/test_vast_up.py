@@ -322,6 +322,7 @@ def test_max_cost_stops_pulls_and_tears_down_before_the_budget_passes(bed, stand
     run = _the_run(ddpctl.runs)
     record = _record(run)
     assert 0 < record["cost_usd"] <= max_cost
+    assert record["max_cost_reached"]["max_cost"] == max_cost  # run.json (and summary.json) say why it stopped
     assert record["cost_usd"] == pytest.approx(_expected_cost(record), abs=1e-6)
     kinds = [e["event"] for e in _events(run)]
     assert "vast.max_cost_reached" in kinds and "stop_requested" in kinds and "started" in kinds

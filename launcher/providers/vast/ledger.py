@@ -315,4 +315,6 @@ def write_summary_cost(run_dir: RunDir, cost: float) -> None:
     if isinstance(summary, dict):
         summary["cost_usd"] = round(cost, 6)
         summary["cost_split"] = run_dir.record().get("cost_split")  # Ledger.save wrote it
+        if run_dir.record().get("max_cost_reached"):  # stopped on --max-cost: the summary says so
+            summary["max_cost_reached"] = run_dir.record()["max_cost_reached"]
         write_json_atomic(path, summary)

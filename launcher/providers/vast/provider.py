@@ -59,6 +59,9 @@ class CostWatch:
         if self.max_cost is not None and cost + rate * self.reserve_s / 3600 + self.reserve_usd >= self.max_cost:
             self.ledger.run_dir.event("vast.max_cost_reached", cost_usd=cost, max_cost=self.max_cost,
                                       reserve_s=self.reserve_s)
+            # kept in run.json and, by write_summary_cost, in summary.json: the run ended on the budget
+            self.ledger.run_dir.update_record(max_cost_reached={"cost_usd": round(cost, 6),
+                                                                "max_cost": self.max_cost})
             raise RunStopRequested(f"--max-cost ${self.max_cost:g} reached: ${cost:.4f} spent, and stopping, "
                                    f"pulling and destroying take about {self.reserve_s:g} s more at "
                                    f"${rate:.2f}/hour", "max-cost")
