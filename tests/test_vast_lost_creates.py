@@ -112,6 +112,10 @@ def test_an_unanswered_create_not_listed_in_time_is_shown_by_status_rented_and_d
     monkeypatch.setattr(apikey, "vast_client", lambda: _client(standin))
     print_rented(tmp_path, json_out=True)  # asks the API by label: still not listed, still shown
     assert json.loads(capsys.readouterr().out)["rented"][0]["instance_id"] is None
+    print_rented(tmp_path, json_out=False)
+    table = capsys.readouterr()
+    assert "create of" in table.err
+    assert "0 machine(s) billing $0.0000/hour in all; 1 create(s) without an answer may have rented more" in table.err
 
     standin.instances[billing].unlisted_reads = 0  # the list catches up
     print_rented(tmp_path, json_out=True)
