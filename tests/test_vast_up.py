@@ -348,6 +348,16 @@ def test_bad_key_missing_key_no_cluster_and_dry_run_rent_nothing(bed, standin, d
     assert plan.returncode == 0, plan.stderr
     assert "vast offer 1" in plan.stdout and "vast offer 2" in plan.stdout and "--nnodes 2" in plan.stdout
 
+    # the budget against the worst case of the expected hours at these offers' prices (issue 42)
+    fits = ddpctl.up("--gpus", "1", "--gpu-name", "RTX 3080", "--dry-run", "--max-cost", "50",
+                     "--expected-hours", "2")
+    assert fits.returncode == 0 and "worst case for --expected-hours 2: $" in fits.stderr, fits.stderr
+    assert "against --max-cost $50 (fits)" in fits.stderr
+    too_long = ddpctl.up("--gpus", "1", "--gpu-name", "RTX 3080", "--dry-run", "--max-cost", "0.5",
+                         "--expected-hours", "200")
+    assert too_long.returncode == 1 and too_long.stderr.count("\n") == 1, too_long.stderr
+    assert "--max-cost $0.5 does not cover --expected-hours 200" in too_long.stderr
+
     assert standin.instances == {} and bed.hosts == [] and not ddpctl.runs.exists()
     assert not (ddpctl.tmp / "config" / "ddpctl" / "vast_api_key").exists()
     for text in ddpctl.outputs:
