@@ -115,3 +115,14 @@ def test_two_pacers_over_one_file_share_the_turns_and_a_damaged_file_counts_as_e
     assert slept == [pytest.approx(4.5)]
     with PacingFile(path).state() as state:
         assert state.last["PUT /api/v0/asks/{id}/"] == pytest.approx(1004.5)
+
+
+def test_a_home_where_the_file_cannot_be_written_paces_the_process_alone(tmp_path):
+    blocked = tmp_path / "file-not-dir"
+    blocked.write_text("")  # its "directory" is a file: the pacing file cannot be made
+    now = [0.0]
+    pacer = Pacer(1.0, lambda: now[0], lambda s: now.__setitem__(0, now[0] + s),
+                  PacingFile(blocked / "vast-pacing" / "x.json"))
+    pacer.wait_turn(CREATE)
+    pacer.wait_turn(CREATE)  # still paced, in this process
+    assert now[0] == pytest.approx(4.5)

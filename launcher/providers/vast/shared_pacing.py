@@ -31,11 +31,19 @@ class PacingFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._alone: PacingState | None = None  # this process's own state, once the file cannot be used
 
     @contextlib.contextmanager
     def state(self) -> Iterator[PacingState]:
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        if self._alone is None:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            except OSError:  # a read-only or full home: pace this process alone rather than fail every request
+                self._alone = PacingState()
+        if self._alone is not None:
+            yield self._alone
+            return
         with os.fdopen(fd, "r+", encoding="utf-8") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file is closed
             state = _parse(handle.read())
