@@ -30,6 +30,7 @@ from launcher.execute.plain_progress import run_progress
 from launcher.execute.pull_record import pull_lock, write_pull_record
 from launcher.execute.restart_causes import finish_run_records
 from launcher.execute.shipping import code_cache, ship_code, ship_image, workspace_before_start
+from launcher.execute.stacks import stall_verdict
 from launcher.planning.plan import RunPlan
 from launcher.results.progress import FreshestProgress, console, stall_note
 from launcher.results.run_records import world_exit_code
@@ -244,8 +245,9 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
                 run_dir.event("stalled", seconds=round(stalled))
             stall_reported = stalled is not None  # once per stall
             if stall_timeout and freshest.stalled_for(now, stall_timeout) is not None:
-                raise RunStopRequested(f"--stall-timeout: no training step for {stall_timeout:g} s (a hung "
-                                       f"collective or data loader); see `ddpctl logs {run_dir.run_id}`", "stalled")
+                said = stall_verdict(run_dir, session, node_workspaces(run_dir))  # every rank's stack, first
+                raise RunStopRequested(f"--stall-timeout: no training step for {stall_timeout:g} s: {said}; see "
+                                       f"`ddpctl logs {run_dir.run_id}`", "stalled")
             for index, state in enumerate(states):
                 if state is None:
                     progress.update(index, None, "unreachable")
