@@ -52,6 +52,7 @@ COMMAND_MODULES = (
     "launcher.runtimes.image",
     "launcher.cli.vast",
     "launcher.cli.report_sweep",
+    "launcher.cli.stacks_command",
 )
 
 

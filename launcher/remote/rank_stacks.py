@@ -77,7 +77,7 @@ def _frame_files(text: str) -> "list[tuple[str, int]]":
 
 
 def _library(path: str) -> bool:
-    return "-packages/" in path or "/lib/python3" in path or path.startswith("<")
+    return "-packages/" in path or "/lib/python3" in path or path.startswith("<") or path.endswith("sitecustomize.py")
 
 
 def source_lines(texts: "list[str]") -> "dict[str, str]":

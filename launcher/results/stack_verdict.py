@@ -67,7 +67,7 @@ def parse_dump(text: str) -> list[Thread]:
 
 def is_library(path: str) -> bool:
     """Whether a frame's file is the standard library's or an installed package's (not the user's code)."""
-    return "-packages/" in path or "/lib/python3" in path or path.startswith("<")
+    return "-packages/" in path or "/lib/python3" in path or path.startswith("<") or path.endswith("sitecustomize.py")
 
 
 def main_thread(threads: Sequence[Thread]) -> Thread | None:
@@ -175,7 +175,7 @@ def _worker_place(worker_dumps: Sequence[str], lines: Mapping[str, str]) -> str:
 def describe(rank: RankStacks, lines: Mapping[str, str]) -> tuple[str, str]:
     """(group key, what to say after `rank N`) for one rank."""
     if rank.state == "exited":
-        return "exited", "has exited (its process is gone)"
+        return "exited", "{has} exited (its process is gone)"
     if rank.state == "missing":
         return "missing", "registered no stack dump (not started, or not yet at init_process_group)"
     thread = main_thread(parse_dump(rank.dump)) if rank.dump else None
@@ -211,13 +211,13 @@ def verdict(ranks: Sequence[RankStacks], lines: Mapping[str, str], world_size: i
     for members, text in groups.values():
         several = len(members) > 1
         parts.append(f"{_ranks(members)} " + text.replace("{s}", "" if several else "s")
-                     .replace("{is}", "are" if several else "is"))
+                     .replace("{is}", "are" if several else "is").replace("{has}", "have" if several else "has"))
     return "; ".join(parts) + _meaning(groups)
 
 
 def _meaning(groups: Mapping[str, tuple[list[int], str]]) -> str:
     kinds = [key.split(":", 1)[0] for key in groups]
-    waiting = [k for k in groups if k.startswith(("c:", "b:"))]
+    waiting = [k for k in groups if k.startswith(("c:", "b:", "r:"))]
     if "exited" in kinds and waiting:
         return ": the others wait for a rank that has exited (not a hang of the collective)"
     if "exited" in kinds:
