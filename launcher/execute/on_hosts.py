@@ -32,8 +32,8 @@ from launcher.execute.restart_causes import finish_run_records
 from launcher.execute.shipping import code_cache, ship_code, ship_image, workspace_before_start
 from launcher.execute.stacks import stall_verdict
 from launcher.planning.plan import RunPlan
+from launcher.results.planned_world import checked_exit_code
 from launcher.results.progress import FreshestProgress, console, stall_note
-from launcher.results.run_records import world_exit_code
 from launcher.results.rundir import (
     RUN_FILE,
     RunDir,
@@ -129,7 +129,7 @@ def run_remote_up(plan: RunPlan, options: UpOptions, session: HostSession, recor
             raise Interrupted(outcome.text) from None
         interruption.pull_after_run(run_dir, lambda: pull_run(session, run_dir))
         code = teardown_outcome(run_dir, code, len(plan.nodes))
-        code = world_exit_code(finish_run_records(run_dir), code)
+        code = checked_exit_code(run_dir, finish_run_records(run_dir), code)  # the planned world?
         summary = read_json(run_dir.path / "summary.json")
         return UpResult(run_dir.path, code, summary, plan)
     finally:

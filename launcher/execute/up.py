@@ -18,8 +18,8 @@ from launcher.execute.saved_plan import options_for_saved, same_plan
 from launcher.execute.shipment import ship_source, with_shipment
 from launcher.planning.request import UpOptions, UpResult
 from launcher.providers.base import ExecutorCalls
+from launcher.results.planned_world import checked_exit_code
 from launcher.results.rank_layout import PLAN_FILE
-from launcher.results.run_records import world_exit_code
 from launcher.results.rundir import RunDir, read_json, write_json_atomic
 from launcher.spec.run_spec import RunSpec
 
@@ -131,5 +131,5 @@ def _run_here(acquired: AcquiredHosts, saved: RunPlan | None) -> UpResult:
         raise_if_disk_full(run_path, code)
         local_failure(run_dir, code, spec.python)  # the first failure across ranks, in run.json and events.jsonl
         code = teardown_outcome(run_dir, code)
-        code = world_exit_code(finish_run_records(run_dir), code)
+        code = checked_exit_code(run_dir, finish_run_records(run_dir), code)  # the planned world?
     return UpResult(run_dir.path, code, read_json(run_dir.path / "summary.json"), plan)
