@@ -16,10 +16,14 @@ import signal
 import subprocess
 import threading
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 from launcher.errors import DdpctlError
+from launcher.spec.user_paths import read_user_file
 from launcher.transport.paramiko_loader import paramiko
+
+SSH_CONFIG_MAX_BYTES = 4 << 20  # far more than any hand-written ssh config
 
 _STDERR_LINES = 5
 
@@ -42,6 +46,16 @@ def expand_proxy_command(template: str, *, hostname: str, port: int, user: str, 
         out.append(values[token])
         i += 2
     return "".join(out)
+
+
+def read_ssh_config(path: Path) -> paramiko.SSHConfig:
+    """The ssh config at `path` (nothing there: an empty one); a device, FIFO, directory or an unbounded file
+    there is refused in one line (SpecError) before paramiko reads it."""
+    try:
+        data = read_user_file(path, "the ssh config", SSH_CONFIG_MAX_BYTES, "give an ssh config file (--ssh-config)")
+    except (FileNotFoundError, NotADirectoryError):
+        return paramiko.SSHConfig()
+    return RawProxyCommandConfig.from_text(data.decode(errors="replace"))
 
 
 class RawProxyCommandConfig(paramiko.SSHConfig):
