@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 
 from launcher.errors import SpecError
+from launcher.spec.sbatch_options import check_sbatch_option
 
 # Slurm's time formats: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
 _TIME_RE = re.compile(r"^(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+)(?::(\d+))?)?)$")
@@ -47,12 +48,8 @@ class SlurmRequest:
         if self.workdir is not None and (not self.workdir.strip() or any(c.isspace() for c in self.workdir)):
             raise SpecError(f"--workdir {self.workdir!r}: give a folder path without spaces (sbatch's #SBATCH lines "
                             "cannot hold one)")
-        for option in self.sbatch_options:
-            if not option.startswith("--") or "\n" in option or "\r" in option or "#" in option:
-                raise SpecError(f"--sbatch-option {option!r}: give one long sbatch option, e.g. '--mem=64G'")
-            if option.split("=", 1)[0] in OWN_OPTIONS:
-                raise SpecError(f"--sbatch-option {option!r}: ddpctl sets {option.split('=', 1)[0]} itself; use "
-                                "its own flag (see `ddpctl up --help`, panel Slurm)")
+        for option in self.sbatch_options:  # read as sbatch reads it (launcher/spec/sbatch_options.py)
+            check_sbatch_option(option, OWN_OPTIONS)
         if not 0 <= self.max_requeues <= MAX_REQUEUES_LIMIT:
             raise SpecError(f"--max-requeues {self.max_requeues}: give 1 to {MAX_REQUEUES_LIMIT}")
         if self.max_requeues and self.time is None:
