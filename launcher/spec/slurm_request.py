@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass
 
 from launcher.errors import SpecError
@@ -57,8 +58,7 @@ class SlurmRequest:
         if self.max_requeues and time_minutes(self.time or "0") < 1:
             raise SpecError(f"--time {self.time}: --requeue needs a limit of at least a minute (Slurm's granularity)")
         for line in self.prelude:
-            if "\n" in line or "\r" in line or not line.strip():
-                raise SpecError(f"--prelude {line!r}: give one shell line per --prelude (repeat it for more)")
+            check_prelude_line(line)
 
 
 DEFAULT_MAX_REQUEUES, MAX_REQUEUES_LIMIT = 10, 1000
@@ -66,6 +66,26 @@ DEFAULT_MAX_REQUEUES, MAX_REQUEUES_LIMIT = 10, 1000
 OWN_OPTIONS = ("--nodes", "--ntasks-per-node", "--ntasks", "--partition", "--time", "--account", "--qos",
                "--constraint", "--chdir", "--output", "--error", "--job-name", "--gpus-per-node", "--gres",
                "--open-mode", "--requeue", "--no-requeue", "--signal")
+
+
+def check_prelude_line(line: str) -> None:
+    """Refuse a --prelude line that is not one complete shell line (SpecError): several lines, a trailing
+    backslash, an unclosed quote, a heredoc (whose body would need lines of its own). The batch script also runs
+    the lines in a block of their own, checked by bash -n (launcher/schedulers/slurm/prelude.py)."""
+    if "\n" in line or "\r" in line or not line.strip():
+        raise SpecError(f"--prelude {line!r}: give one shell line per --prelude (repeat it for more)")
+    if line.rstrip().endswith("\\"):
+        raise SpecError(f"--prelude {line!r}: a trailing backslash continues the line: give each line whole")
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+    try:
+        words = list(lexer)
+    except ValueError:  # shlex does not know bash's $'...': such a line is left to bash -n
+        if "$'" in line:
+            return
+        raise SpecError(f"--prelude {line!r}: an unclosed quote; give each line whole") from None
+    if any(w in ("<<", "<<-") for w in words):
+        raise SpecError(f"--prelude {line!r}: a heredoc needs lines of its own: put them in a script on the cluster "
+                        "and give --prelude 'source FILE'")
 
 
 def max_requeues_asked(requeue: bool | None, max_requeues: int | None) -> int:
