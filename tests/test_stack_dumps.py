@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher.cli.launch import NOT_LOCAL
 from launcher.remote import rank_stacks
 from tests.testbed_fixtures import REPO
 
@@ -155,3 +156,25 @@ def test_ddpctl_stacks_of_a_run_that_is_not_running_is_one_line(tmp_path: Path) 
     assert asked.returncode == 1
     assert asked.stderr.strip().splitlines() == [
         "error: run ended-run is not running (no stacks to take): `ddpctl status ended-run` says how it ended"]
+
+
+LOCAL_STALL_WATCH = "stall_timeout" not in NOT_LOCAL
+
+
+@pytest.mark.skipif(not LOCAL_STALL_WATCH, reason="--stall-timeout is refused for runs on this machine in this "
+                    "checkout (launcher/cli/launch.py NOT_LOCAL): the local stall watch is not here yet")
+def test_a_stalled_local_run_names_where_each_rank_waits_before_it_is_stopped(tmp_path: Path) -> None:
+    """The local stall watch takes the stacks before its stop, as on hosts (tests/faults/test_hang_stacks.py)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    shutil.copy(CASES, tmp_path / "hang_cases.py")
+    runs = tmp_path / "runs"
+    result = subprocess.run([sys.executable, "-m", "launcher", "up", "--gpus", "2", "--runs-dir", str(runs),
+                             "--stall-timeout", "20", "--quiet", "--", "python3", "hang_cases.py", "collective"],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: --stall-timeout: no training step for 20 s: "), last
+    assert ("rank 0 waits in all_reduce (hang_cases.py:42 in main: `dist.all_reduce(total)`); rank 1 is elsewhere, at "
+            "hang_cases.py:40 in main") in last, last
+    (run,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
+    assert list(run.glob("stacks/*/verdict.txt")), "the stacks were not kept in the run directory"
