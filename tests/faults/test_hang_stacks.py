@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -84,3 +85,30 @@ def test_a_rank_that_exited_is_named_not_called_a_hang(bed: Testbed, tmp_path: P
     assert verdict == ("rank 0 waits in the rendezvous, init_process_group (hang_cases.py:35 in main: "
                        "`dist.init_process_group(\"gloo\")`); rank 1 has exited (its process is gone): the others "
                        "wait for a rank that has exited (not a hang of the collective)"), verdict
+
+
+def test_ddpctl_stacks_on_demand_names_where_each_rank_of_a_live_run_waits(bed: Testbed, tmp_path: Path) -> None:
+    """`ddpctl stacks RUN` of a detached run on two hosts: the same picture, taken over SSH; the run goes on."""
+    shutil.copy(CASES, tmp_path / "hang_cases.py")
+    runs = tmp_path / "runs"
+    started = run_ddpctl(bed, "up", "--host", bed.hosts[0].spec, "--host", bed.hosts[1].spec, "--gpus", "1",
+                         "--runs-dir", str(runs), "--detach", "--", "python3", "hang_cases.py", "collective",
+                         cwd=tmp_path, timeout=200)
+    assert started.returncode == 0, started.stderr
+    (run,) = [p for p in runs.iterdir() if p.is_dir()]
+    try:
+        verdict = ""
+        for _ in range(30):  # until both ranks registered and rank 0 reached the all-reduce
+            asked = run_ddpctl(bed, "stacks", run.name, "--runs-dir", str(runs), cwd=tmp_path, timeout=120)
+            assert asked.returncode == 0, asked.stderr
+            verdict = asked.stdout.splitlines()[0]
+            if "all_reduce" in verdict and "rank 1 is elsewhere" in verdict:
+                break
+            time.sleep(2)
+        assert verdict == ("rank 0 waits in all_reduce (hang_cases.py:42 in main: `dist.all_reduce(total)`); rank 1 "
+                           "is elsewhere, at hang_cases.py:40 in main: `time.sleep(3600)  # rank 1 never reaches "
+                           "the all-reduce`: the ranks are not in the same collective"), verdict
+        status = run_ddpctl(bed, "status", run.name, "--runs-dir", str(runs), "--json", cwd=tmp_path, timeout=120)
+        assert [n["state"] for n in json.loads(status.stdout)["nodes"]] == ["running", "running"], status.stdout
+    finally:
+        run_ddpctl(bed, "down", run.name, "--runs-dir", str(runs), cwd=tmp_path, timeout=200)
