@@ -109,3 +109,9 @@ def test_ranks_without_a_dump_say_why() -> None:
 def test_a_malformed_answer_gives_no_ranks_rather_than_a_crash() -> None:
     assert ranks_from_answer(0, {"ranks": [{"rank": "x"}, 5, {"rank": 1, "workers": [3]}]}) == [
         RankStacks(1, 0, "no dump", "", ())]
+
+
+def test_a_source_line_with_control_characters_is_shown_without_them() -> None:
+    dump = 'Current thread 0x1 (most recent call first):\n  File "/w/t.py", line 3 in main\n'
+    line = verdict([RankStacks(0, 0, "dumped", dump)], {"/w/t.py:3": "time.sleep(9)  # \x1b[31mred\x07"}, 1)
+    assert line == "rank 0 is elsewhere, at t.py:3 in main: `time.sleep(9)  # [31mred`"

@@ -157,7 +157,7 @@ def _ranks(numbers: Sequence[int]) -> str:
 def _at(user: Frame | None, lines: Mapping[str, str]) -> str:
     if user is None:
         return "no frame of its own code"
-    text = lines.get(f"{user.file}:{user.line}")
+    text = "".join(c for c in lines.get(f"{user.file}:{user.line}", "") if c.isprintable())  # no escapes
     return user.short + (f": `{text}`" if text else "")
 
 
