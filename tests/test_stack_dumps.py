@@ -104,32 +104,48 @@ def test_a_process_that_does_not_catch_the_signal_is_never_sent_it(
     assert plain.poll() is None
 
 
-def test_ddpctl_stacks_names_where_each_rank_of_a_local_run_waits(tmp_path: Path) -> None:
+LOCAL_VERDICTS = {
+    "collective": ("all_reduce", "rank 0 waits in all_reduce (hang_cases.py:42 in main: `dist.all_reduce(total)`); "
+                   "rank 1 is elsewhere, at hang_cases.py:40 in main: `time.sleep(3600)  # rank 1 never reaches the "
+                   "all-reduce`: the ranks are not in the same collective"),
+    "loader": ("its DataLoader worker", "rank 0 waits in backward, where DDP all-reduces the gradients "
+               "(hang_cases.py:27 in step: `model(batch).sum().backward()`); rank 1 waits for data loading "
+               "(hang_cases.py:44 in main: `for batch in DataLoader(Samples(), batch_size=8, num_workers=1):`; its "
+               "DataLoader worker is at hang_cases.py:22 in __getitem__: `time.sleep(3600)  # a worker stuck "
+               "reading a sample`): the ranks are not in the same collective"),
+    "exited": ("has exited", "rank 0 waits in the rendezvous, init_process_group (hang_cases.py:35 in main: "
+               "`dist.init_process_group(\"gloo\")`); rank 1 has exited (its process is gone): the others wait for a "
+               "rank that has exited (not a hang of the collective)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LOCAL_VERDICTS))
+def test_ddpctl_stacks_names_where_each_rank_of_a_local_run_waits(tmp_path: Path, case: str) -> None:
+    settled, expected = LOCAL_VERDICTS[case]
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
     shutil.copy(CASES, tmp_path / "hang_cases.py")
     runs = tmp_path / "runs"
     up = subprocess.Popen([sys.executable, "-m", "launcher", "up", "--gpus", "2", "--runs-dir", str(runs), "--quiet",
-                           "--", "python3", "hang_cases.py", "collective"], cwd=tmp_path, env=env,
+                           "--", "python3", "hang_cases.py", case], cwd=tmp_path, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         def registered() -> bool:
             return len(list(runs.glob("*/logs/stacks/rank-*.json"))) == 2
 
         _wait_for(registered, 150, "both ranks to register")
-        for _ in range(10):  # rank 0 may still be setting DDP up on a busy machine: asked again until it waits
+        for _ in range(15):  # a rank may still be setting up on a busy machine: asked again until it waits
             asked = subprocess.run([sys.executable, "-m", "launcher", "stacks", "--runs-dir", str(runs)],
                                    cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
             assert asked.returncode == 0, asked.stderr
             verdict, kept = asked.stdout.splitlines()
-            if "all_reduce" in verdict:
+            if settled in verdict and "rank 0 waits" in verdict:
                 break
             time.sleep(2)
-        assert verdict == ("rank 0 waits in all_reduce (hang_cases.py:42 in main: `dist.all_reduce(total)`); rank 1 "
-                           "is elsewhere, at hang_cases.py:40 in main: `time.sleep(3600)  # rank 1 never reaches "
-                           "the all-reduce`: the ranks are not in the same collective")
+        assert verdict == expected
         folder = Path(kept.split(": ", 1)[1])
         assert (folder / "verdict.txt").read_text().strip() == verdict
-        assert "in all_reduce" in (folder / "node-0-rank-0.txt").read_text()
+        assert sorted(p.name for p in folder.glob("node-0-rank-*.txt")) == (
+            ["node-0-rank-0.txt"] if case == "exited" else ["node-0-rank-0.txt", "node-0-rank-1.txt"])
         (run,) = [p for p in runs.iterdir() if p.is_dir()]
         events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
         assert [e["verdict"] for e in events if e["event"] == "stacks"][-1] == verdict

@@ -79,7 +79,7 @@ def keep_stacks(run_dir: RunDir, answers: list[dict[str, Any] | None], errors: l
             continue
         write_json_atomic(folder / f"node-{node}.json", answer)
         found = ranks_from_answer(node, answer)
-        for rank in found:
+        for rank in (r for r in found if r.dump or r.workers):  # an exited rank has none
             text = rank.dump + "".join(f"\n# a process below rank {rank.rank}\n{w}" for w in rank.workers)
             write_bytes_atomic(folder / f"node-{node}-rank-{rank.rank}.txt", text.encode())
         ranks += found
