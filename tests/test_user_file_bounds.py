@@ -164,3 +164,13 @@ def test_up_given_a_device_ends_in_one_line(tmp_path: Path, args: list[str]) -> 
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("error: ") and "is a character device, not a regular file" in line, line
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("port", ["99999", "0", "-1", "22x"])
+def test_an_ssh_config_port_that_is_no_port_is_named(tmp_path: Path, port: str) -> None:
+    config = tmp_path / "config"
+    config.write_text(f"Host h.example\n  Port {port}\n")
+    with pytest.raises(DdpctlError) as caught:
+        resolve_target(parse_host("h.example"), config)
+    assert one_line(caught.value) == (f"cannot read ssh config {config}: Port {port} for 'h.example' is not a port "
+                                      "number (1 to 65535)")

@@ -62,6 +62,15 @@ class RawProxyCommandConfig(paramiko.SSHConfig):
     """paramiko's ssh config reader, leaving ProxyCommand's tokens for expand_proxy_command: paramiko fills %p and
     %r from the config alone (not from `user@host:port` as typed) and knows no %%."""
 
+    def lookup(self, hostname: str) -> Any:
+        """paramiko's lookup, with a Port outside 1-65535 refused (ValueError, named by resolve_target) rather than
+        tried (a connection refused, blamed on sshd)."""
+        found = super().lookup(hostname)
+        port = found.get("port")
+        if port is not None and not (str(port).isdigit() and 1 <= int(port) <= 65535):
+            raise ValueError(f"Port {port} for {hostname!r} is not a port number (1 to 65535)")
+        return found
+
     def _expand_variables(self, config: Any, target_hostname: str) -> Any:
         raw = config.get("proxycommand")
         # paramiko's own (private, absent from its type stubs): it expands every other key's tokens.
