@@ -202,6 +202,7 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
     failed_reported = False
     cause: dict[str, Any] | None = None
     stall_reported = False
+    explained = False  # the current hang's stacks were taken and told
     freshest = FreshestProgress(len(labels))
     node_watch = RunWatch.for_run(labels, run_dir)  # hangs, low disk, the first rank failure: told unasked
     served = ServedPolls(run_dir.spec().python)  # one node program per host for all the polls
@@ -236,6 +237,10 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
                 if state is not None:
                     freshest.observe(index, state.progress, now)
             node_watch.poll(states, now)
+            if node_watch.hang_told and not explained:  # a hang just told: where each rank is, in one line more
+                console.print(f"where each rank is: {stall_verdict(run_dir, session, node_workspaces(run_dir))}",
+                              markup=False, highlight=False, soft_wrap=True)
+            explained = node_watch.hang_told
             rule = node_watch.rule  # how training moves, for what a silent node leaves the others doing
             moving = Movement(rule.last_move, rule.slowest, rule.last_move is not None and rule.hung(now))
             latest[:] = states
