@@ -189,7 +189,8 @@ def test_a_stalled_local_run_names_where_each_rank_waits_before_it_is_stopped(tm
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 1, result.stderr
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: --stall-timeout: no training step for 20 s: "), last
+    assert last.startswith("error: --stall-timeout: no training step for 20 s (a hung collective or data loader): "
+                           ), last
     assert ("rank 0 waits in all_reduce (hang_cases.py:42 in main: `dist.all_reduce(total)`); rank 1 is elsewhere, at "
             "hang_cases.py:40 in main") in last, last
     (run,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]

@@ -8,7 +8,7 @@ A process is signalled only if it is still the one that registered (its start ti
 SigCgt mask): the signal's default action would end any other. A rank whose process is gone is reported as
 exited. For the frames of the user's own files, the source line is read here, where the files are.
 
-Runs on the hosts (`python -c PROGRAM WORKSPACE`, launcher/execute/rank_stacks_taken.py) and here (a run on this
+Runs on the hosts (`python -c PROGRAM WORKSPACE`, launcher/execute/stacks.py) and here (a run on this
 machine). Standard library only.
 """
 

@@ -40,7 +40,8 @@ def told(result: subprocess.CompletedProcess[str]) -> str:
     """The error line, which carries the verdict."""
     assert result.returncode == 1, result.stderr
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"error: --stall-timeout: no training step for {STALL_TIMEOUT} s: "), result.stderr
+    assert last.startswith(f"error: --stall-timeout: no training step for {STALL_TIMEOUT} s "
+                           "(a hung collective or data loader): "), result.stderr
     return last
 
 
