@@ -100,7 +100,8 @@ VAST_OPTIONS = (
     opt("min_reliability", float, 0.95, "Vast.ai: least reliability, 0..1.", VAST),
     opt("disk", float, 32.0, "Vast.ai: disk per machine, GB.", VAST),
     opt("down", bool, False, "Vast.ai: destroy the machines once results are verified.", VAST),
-    opt("max_cost", float, None, "Vast.ai: stop, pull and destroy before the run's spend passes this many USD.",
+    opt("max_cost", float, None, "Vast.ai: stop, pull and destroy before the run's spend (a sweep's: all its "
+        "runs') passes this many USD.",
         VAST, optional=True),
     opt("max_cost_reserve", float, 120.0, "Seconds of spend --max-cost keeps for the final pull and teardown.",
         VAST, hidden=True),

@@ -58,9 +58,9 @@ def status(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, json_out: bool 
             held.print_held(checked, json_out)
         return
     run_dir = _find_run(runs_dir, run)
-    record = run_dir.record()
     rows = place_of_record(run_dir.typed_record()).status_rows(run_dir, _options(runs_dir, identity_file, False,
                                                                                connect_timeout))
+    record = run_dir.record()  # after the rows: asking a rented run's API brings its instances and cost up to date
     extra = {k: record[k] for k in ("instances", "cost_usd", "failure") if k in record}
     told = restarts_told(run_dir)  # each restart: its attempt, the nodes that restarted, what caused it
     if json_out:

@@ -17,6 +17,7 @@ from launcher.execute.local_checks import FirstStepWatch, check_cpu_processes, c
 from launcher.execute.local_state import run_mark
 from launcher.execute.outside_stops import DOWN_EVENT
 from launcher.execute.plain_progress import run_progress
+from launcher.execute.stacks import stall_verdict
 from launcher.execute.stall_watch import StallWatch
 from launcher.planning.mpi_check import check_local_mpi
 from launcher.planning.plan import RunPlan, plan_local
@@ -153,7 +154,8 @@ def run_local(plan: RunPlan, run_dir: RunDir, show_progress: bool = True, show_o
         progress_file = run_dir.path / "progress.json"
         first_step = FirstStepWatch(out_path)
         node_watch = RunWatch.for_run([node.host.label], run_dir)  # hangs, low disk, the first rank failure
-        stall = StallWatch(run_dir, FreshestProgress(1), stall_timeout)  # --stall-timeout, as on hosts
+        stall = StallWatch(run_dir, FreshestProgress(1), stall_timeout,  # --stall-timeout, as on hosts
+                           lambda: stall_verdict(run_dir, None, [str(run_dir.path)]))
         with run_progress([node.host.label], enabled=show_progress) as progress:
             live = LiveOutput(run_dir, progress, show_output)  # rank 0's output, a script's progress, restarts
             while proc.poll() is None:

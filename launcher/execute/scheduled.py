@@ -25,6 +25,7 @@ from launcher.execute.shipment import trainer_source_dir
 from launcher.execute.shipping import _cache_key
 from launcher.planning.request import UpOptions, UpResult
 from launcher.remote import shell_text
+from launcher.results.planned_world import checked_exit_code
 from launcher.results.progress import console
 from launcher.results.run_records import finish_records
 from launcher.results.rundir import RunDir, primary_node_out, read_json, write_bytes_atomic, write_json_atomic
@@ -98,6 +99,7 @@ def run_scheduled(spec: RunSpec, options: UpOptions, saved_script: str | None = 
             raise Interrupted(outcome.text) from None
         interruption.pull_after_run(run_dir, lambda: pull_job(conn, run_dir))
         code = finish_job(run_dir, status)
+        code = checked_exit_code(run_dir, read_json(run_dir.path / "summary.json"), code)  # the planned world?
         return UpResult(run_dir.path, code, read_json(run_dir.path / "summary.json"))
 
 

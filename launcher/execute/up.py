@@ -19,8 +19,8 @@ from launcher.execute.saved_plan import same_plan
 from launcher.execute.shipment import ship_source, with_shipment
 from launcher.planning.request import UpOptions, UpResult
 from launcher.providers.base import ExecutorCalls
+from launcher.results.planned_world import checked_exit_code
 from launcher.results.rank_layout import PLAN_FILE
-from launcher.results.run_records import world_exit_code
 from launcher.results.rundir import RunDir, read_json, write_json_atomic
 from launcher.spec.run_spec import RunSpec
 
@@ -124,4 +124,4 @@ def _follow_here(plan: RunPlan, run_dir: RunDir, options: UpOptions, run_path: P
     raise_if_disk_full(run_path, code)
     local_failure(run_dir, code, plan.spec.python)  # the first failure across ranks, in run.json and events.jsonl
     code = teardown_outcome(run_dir, code)
-    return world_exit_code(finish_run_records(run_dir), code)
+    return checked_exit_code(run_dir, finish_run_records(run_dir), code)  # the planned world?
