@@ -65,17 +65,12 @@ def up_executor(launch: dict[str, Any], env: list[str], show_progress: bool = Tr
                         "give the values again with --env NAME=VALUE")
 
     def execute(spec: RunSpec, runs_dir: Path) -> Path:
-        from launcher.places.registry import run_up
+        from launcher.places.registry import place_of, run_up
 
         spec = with_env(spec, env_values)
-        vast = replace(base.vast, nodes=spec.nnodes) if base.vast else None
-        if vast is not None:  # one --max-cost for the whole sweep: this run gets what the earlier ones left
-            from launcher.providers.vast.budget import sweep_run_request
-
-            vast = sweep_run_request(vast, runs_dir)
-        slurm = replace(base.slurm, nodes=spec.nnodes) if base.slurm else None  # one job per entry, its own nodes
-        options = replace(base, runs_dir=runs_dir, hosts=base.hosts[: spec.nnodes], vast=vast, slurm=slurm,
-                          auto_gpus=False, record={"options": entry_options(launch, spec)})
+        options = replace(base, runs_dir=runs_dir, hosts=base.hosts[: spec.nnodes], auto_gpus=False,
+                          record={"options": entry_options(launch, spec)})
+        options = place_of(options).sweep_entry(options, spec.nnodes, runs_dir)  # what to rent or allocate for it
         result = run_up(spec, options)
         if result.exit_code == EXIT_INTERRUPTED:
             raise KeyboardInterrupt

@@ -16,11 +16,13 @@ def stacks(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, json_out: bool 
            connect_timeout: float = TIMEOUT) -> None:
     """Every rank's Python stack of a running run, and where each rank is (a collective, data loading, or
     elsewhere): a hang explained rank by rank."""
-    from launcher.execute.live_stacks import take_recorded_stacks
+    from launcher.places.registry import place_of_record
 
     check_seconds(connect_timeout, "--connect-timeout")
     run_dir = _find_run(runs_dir, run)
-    taken = take_recorded_stacks(run_dir, _options(runs_dir, identity_file, accept_new_host_keys, connect_timeout))
+    taken = place_of_record(run_dir.typed_record()).take_stacks(run_dir, _options(runs_dir, identity_file,
+                                                                                   accept_new_host_keys,
+                                                                                   connect_timeout))
     if json_out:
         print(json.dumps({"run": run_dir.run_id, "verdict": taken.verdict, "stacks": str(taken.folder)}))
         return

@@ -18,11 +18,7 @@ if TYPE_CHECKING:
 
 def take_recorded_stacks(run_dir: RunDir, options: UpOptions) -> StacksTaken:
     """Take every rank's stack of the recorded run; keep them in its run directory; return the verdict."""
-    record = run_dir.record()
-    provider = record.get("provider", "local")
-    if provider == "slurm":
-        raise DdpctlError(f"run {run_dir.run_id} is a Slurm job: `ddpctl stacks` reaches runs on this machine and "
-                          "on SSH hosts; on the cluster, `scancel --signal=...` its job steps instead")
+    record = run_dir.record()  # a Slurm job's place refuses before this (launcher/places/slurm.py)
     if record.get("hosts"):
         with reattach(run_dir, options) as session:
             return take_stacks(run_dir, session, node_workspaces(run_dir))

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from launcher.execute.stacks import StacksTaken
     from launcher.places.option_words import Flags
     from launcher.planning.plan import RunPlan
     from launcher.planning.request import UpOptions, UpResult
@@ -42,6 +43,11 @@ class Place(Protocol):
 
     def requests(self, values: dict[str, Any]) -> dict[str, Any]:
         """What to rent or allocate, built from the launch options' values: UpOptions fields ({} for none)."""
+        ...
+
+    def sweep_entry(self, options: UpOptions, nnodes: int, sweep_dir: Path) -> UpOptions:
+        """The options of one sweep entry of `nnodes` nodes: what to rent or allocate for it (the sweep's `options`
+        ask for its largest)."""
         ...
 
     def up(self, spec: RunSpec, options: UpOptions) -> UpResult:
@@ -83,6 +89,10 @@ class Place(Protocol):
 
     def held_note(self, runs_dir: Path) -> str | None:
         """One line after `status` when this place still holds machines for runs under `runs_dir`; else None."""
+        ...
+
+    def take_stacks(self, run_dir: RunDir, options: UpOptions) -> StacksTaken:
+        """Every rank's stack of the live recorded run, kept in its run directory; the verdict (`stacks`)."""
         ...
 
     def not_pulled_after_down(self, run_id: str, record: dict[str, Any], after_down: bool) -> str:

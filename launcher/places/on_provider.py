@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from launcher.execute.recorded import RecordedRun
+    from launcher.execute.stacks import StacksTaken
     from launcher.places.option_words import Flags
     from launcher.planning.plan import RunPlan
     from launcher.planning.request import UpOptions, UpResult
@@ -47,6 +48,9 @@ class ProvidedPlace:
     def recorded(self) -> RecordedRun:
         raise NotImplementedError
 
+    def sweep_entry(self, options: UpOptions, nnodes: int, sweep_dir: Path) -> UpOptions:
+        return options
+
     def up(self, spec: RunSpec, options: UpOptions) -> UpResult:
         from launcher.execute.up import run_on_provider
 
@@ -74,6 +78,11 @@ class ProvidedPlace:
 
     def down(self, run_dir: RunDir, options: UpOptions, force: bool) -> str:
         return self.recorded().down(run_dir, options, force)
+
+    def take_stacks(self, run_dir: RunDir, options: UpOptions) -> StacksTaken:
+        from launcher.execute.live_stacks import take_recorded_stacks
+
+        return take_recorded_stacks(run_dir, options)
 
     def print_held(self, runs_dir: Path, json_out: bool) -> None:
         """Nothing held: the machines are the user's (or this one)."""

@@ -4,9 +4,10 @@ commands through the login node."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from launcher.errors import SpecError
+from launcher.errors import DdpctlError, SpecError
 from launcher.places.option_words import it, listed
 from launcher.places.vast import VAST_ONLY
 
@@ -14,6 +15,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from launcher.execute.scheduled_reattach import SlurmRun
+    from launcher.execute.stacks import StacksTaken
     from launcher.places.option_words import Flags
     from launcher.planning.plan import RunPlan
     from launcher.planning.request import UpOptions, UpResult
@@ -69,6 +71,14 @@ class SlurmPlace:
             workdir=values.get("workdir"), sbatch_options=tuple(values.get("sbatch_option") or ()),
             prelude=tuple(values.get("prelude") or ()),
             max_requeues=max_requeues_asked(values.get("requeue"), values.get("max_requeues")))}
+
+    def sweep_entry(self, options: UpOptions, nnodes: int, sweep_dir: Path) -> UpOptions:
+        """One job per entry, with its own nodes."""
+        return replace(options, slurm=replace(options.slurm, nodes=nnodes)) if options.slurm else options
+
+    def take_stacks(self, run_dir: RunDir, options: UpOptions) -> StacksTaken:
+        raise DdpctlError(f"run {run_dir.run_id} is a Slurm job: `ddpctl stacks` reaches runs on this machine and "
+                          "on SSH hosts; on the cluster, `scancel --signal=...` its job steps instead")
 
     def up(self, spec: RunSpec, options: UpOptions) -> UpResult:
         from launcher.execute.scheduled import run_scheduled

@@ -4,6 +4,7 @@ on hosts, launcher/execute/rented_run.py answers the day-2 commands and destroys
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from launcher.errors import SpecError
@@ -55,6 +56,14 @@ class VastPlace(ProvidedPlace):
         from launcher.spec.vast_request import VastRequest
 
         return {"vast": VastRequest(**options)}
+
+    def sweep_entry(self, options: UpOptions, nnodes: int, sweep_dir: Path) -> UpOptions:
+        """An entry's machines; one --max-cost for the whole sweep: it gets what the earlier entries left."""
+        if options.vast is None:
+            return options
+        from launcher.providers.vast.budget import sweep_run_request
+
+        return replace(options, vast=sweep_run_request(replace(options.vast, nodes=nnodes), sweep_dir))
 
     def host_provider(self, options: UpOptions) -> HostProvider:
         from launcher.execute.up import executor_calls
