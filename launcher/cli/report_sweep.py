@@ -134,9 +134,11 @@ def report_command(
 def _print_table(rows: Any) -> None:
     from rich.console import Console
 
-    from launcher.results.report import render_terminal
+    from launcher.results.report import render_terminal, script_lines
 
     Console().print(render_terminal(rows))
+    for line in script_lines(rows):  # a script's row: what its time measured, what it logged
+        typer.echo(line)
 
 
 @takes_options(WHERE_OPTIONS, VAST_OPTIONS, SLURM_OPTIONS)
