@@ -168,7 +168,7 @@ STRATEGY_OPTIONS = (
 # `up` only: one run's own way of being followed, and the machines it rents (a sweep rents per layout).
 UP_WHERE_OPTIONS = (
     opt("detach", bool, False, "Start the run on the hosts and return; follow with status/logs.", HOSTS),
-    opt("nodes", int, 1, "Vast.ai: machines to rent; Slurm: nodes to allocate (one torchrun node each).", VAST),
+    opt("nodes", int, 1, "Vast.ai: machines to rent; Slurm: nodes to allocate (one torchrun node each).", RUN),
     opt("outputs", list, (), "With `-- CMD` on hosts: bring back only these of the files your script writes in its "
         "working directory (gitignore-style: 'snapshot.pt', '*.csv', 'checkpoints/'); repeat. Its "
         "$DDPCTL_OUTPUT_DIR always comes back.", OUTPUT),

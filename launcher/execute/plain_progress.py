@@ -130,16 +130,24 @@ _TOLD_ELSEWHERE = ("rank_failed", "hang", "low_disk", "teardown_failed", "failur
                    "contact_lost", "contact_back", "lost_contact", "node_failed")
 
 
+# Records for ddpctl's own use, not news: the measured world is in the summary table (its warning, if any, is
+# printed by `up` itself).
+_INTERNAL = ("world_measured",)
+
+
 def describe_event(event: dict[str, Any]) -> str | None:
     """An event of events.jsonl as a line for the log, or None for one another line tells."""
     kind = str(event.get("event") or "")
     if not kind or kind in _TOLD_ELSEWHERE or kind.startswith("vast."):
+        return None
+    if kind in _INTERNAL:
         return None
     if kind == "exited" and event.get("error") is not None:
         return None  # torchrun could not be started: the run ends with one error line that says so
     node = event.get("node")
     where = f"node {node}: " if isinstance(node, int) else ""
     phrases: dict[str, Callable[[], str]] = {
+        "run_created": lambda: f"run {event.get('run')} (its directory: {event.get('path')})",
         "planned": lambda: f"planned {len(event.get('nodes') or [])} node(s)",
         "shipped": lambda: "code shipped",
         "image": lambda: f"image {event.get('image')} in place",

@@ -124,6 +124,8 @@ class RunDir:
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
+        for listener in list(_event_listeners):  # a log names its run first (told, not recorded: run.json says it)
+            listener({"time": time.time(), "event": "run_created", "run": spec.run_id, "path": str(final)})
         return cls(final)
 
     @classmethod

@@ -104,7 +104,9 @@ def torchrun_argv(spec: RunSpec, role: NodeRole) -> list[str]:
     ]  # fmt: skip
     if spec.user_command:
         return argv + ["--no-python", *node_command(spec.user_command, spec.python)]
-    return argv + trainer_argv(spec, role)
+    # Our trainer prints one line per epoch on rank 0's stdout: teed into the node's torchrun output (`ddpctl logs`)
+    # as well as its file. A script's output is its own: it stays in the files only.
+    return argv + ["--tee", "1"] + trainer_argv(spec, role)
 
 
 def shown_command(argv: Sequence[str]) -> str:

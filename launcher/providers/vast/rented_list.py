@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.providers.vast.ledger import hourly, instance_cost, live, say
-from launcher.results.progress import console
+from launcher.results.progress import listing
 from launcher.results.rundir import RUN_FILE, RunDir
 
 
@@ -95,6 +95,6 @@ def print_rented(runs_dir: Path, json_out: bool) -> None:
     for r in rows:
         table.add_row(r["run"], str(r["instance_id"]), r["state"], str(r["gpu_name"] or "?"), r["ssh"],
                       f"{float(r['dph'] or 0):.4f}", f"{r['hours']:.2f}", f"${r['cost_usd']:.4f}")
-    console.print(table)
+    listing.print(table)
     total = sum(float(r["dph"] or 0) for r in rows)
     say(f"{len(rows)} machine(s) billing ${total:.4f}/hour in all")
