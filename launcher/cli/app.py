@@ -155,6 +155,12 @@ def finish_up(result: Any, json_out: bool) -> None:
         with unstamped():  # the same table as on a terminal
             console.print(summary_table(result.summary, f"run {result.run_dir.name}"))
         console.print(f"results in {result.run_dir}")
+        if result.summary.get("command"):  # a `-- CMD` run: what it logged for TensorBoard or W&B, by folder
+            from launcher.results.script_curves import script_logs_line
+
+            logged = script_logs_line(result.run_dir)
+            if logged:
+                console.print(logged, markup=False, highlight=False, soft_wrap=True)
     if result.run_dir is not None:  # the run's outcome is its training's; a pull that missed files is said beside
         from launcher.execute.pull_record import incomplete_pull_line
         from launcher.results.rundir import read_json

@@ -90,3 +90,15 @@ def read_scalars(files: list[Path]) -> ScriptScalars | None:
     if not times:
         return None
     return ScriptScalars(min(times), max(times), tuple(sorted((tag, value) for tag, (_, value) in last.items())))
+
+
+def script_logs_line(run_path: Path) -> str | None:
+    """The outcome's line naming what a script logged for its own tools (None when it logged nothing found)."""
+    folders = sorted({str(f.parent) for f in event_files(run_path)})
+    wandb = [str(p) for p in wandb_offline_runs(run_path)]
+    parts = []
+    if folders:
+        parts.append(f"TensorBoard event files in {', '.join(folders)} (`tensorboard --logdir DIR` shows them)")
+    if wandb:
+        parts.append(f"W&B offline runs {', '.join(wandb)} (`wandb sync DIR` uploads them)")
+    return "your script's own logs: " + "; ".join(parts) if parts else None
