@@ -131,3 +131,19 @@ def test_the_dry_runs_and_vast_cover_every_option_a_config_keeps() -> None:
     named |= {"identity_file"} | {o.name for o in VAST_OPTIONS} | {"env"}  # -i; Vast.ai and --env read back above
     kept = {name for name, option in UP_OPTIONS.items() if option.in_config}
     assert kept - named == set(), "add the new option to a dry run of PLANNED (or to the read-back tests)"
+
+
+@pytest.mark.parametrize(("event", "line"), [
+    ({"event": "started", "node": 0, "pid": 5, "launcher": "torchrun"}, "node 0: torchrun started (pid 5)"),
+    ({"event": "started", "node": 1, "pid": 6, "launcher": "mpirun"}, "node 1: mpirun started (pid 6)"),
+    ({"event": "exited", "node": 0, "exit_code": 0, "launcher": "spawn"}, "node 0: the command exited with status 0"),
+    ({"event": "world_measured", "failed": False, "measured": True, "processes": 2}, None),
+    ({"event": "job_state", "state": "RUNNING", "reason": "None", "nodes": "n1"}, None),
+    ({"event": "requeue_checked", "reason": "None", "state": "RUNNING"}, "requeue checked (state RUNNING)"),
+    ({"event": "run_created", "run": "r-1", "path": "/runs/r-1"}, "run r-1 (its directory: /runs/r-1)"),
+])
+def test_a_plain_log_says_what_started_and_keeps_internal_records_and_reprs_out(event: dict[str, Any],
+                                                                               line: str | None) -> None:
+    from launcher.execute.plain_progress import describe_event
+
+    assert describe_event(event) == line

@@ -200,3 +200,17 @@ def test_a_scripts_own_tensorboard_scalars_come_back_are_named_and_reach_its_rep
     assert row["script_scalars"][0][1] == pytest.approx(logged, rel=1e-6)
     assert 0 < row["first_step_s"] < row["last_step_s"]
     assert row["train_seconds"] == pytest.approx(row["last_step_s"] - row["first_step_s"])
+
+
+def test_a_scripts_traceback_does_not_show_ddpctls_join_hook(tmp_path: Path) -> None:
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text((REPO / "launcher" / "runtimes" / "join_hook.py").read_text())
+    (tmp_path / "bad.py").write_text("import torch.distributed as dist\n"
+                                     "dist.init_process_group('gloo', init_method='env://', rank=0, world_size=1)\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+    failed = subprocess.run([sys.executable, "bad.py"], capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                            env={**env, "PYTHONPATH": str(hook), "DDPCTL_JOIN_DIR": str(tmp_path / "joined")})
+    assert failed.returncode == 1 and 'File "' + str(tmp_path / "bad.py") + '", line 2' in failed.stderr
+    assert "in init_process_group" in failed.stderr, failed.stderr  # torch's own frames stay
+    assert "sitecustomize" not in failed.stderr and "hook" not in failed.stderr, failed.stderr

@@ -91,7 +91,8 @@ WHERE_OPTIONS = (
     opt("allow_public_rendezvous", bool, False, "Allow node 0's rendezvous on a public address (only behind a "
         "firewall: it is unauthenticated).", HOSTS),
     opt("stall_timeout", float, 0.0, "Hosts: stop every node and pull when no training step was seen for this many "
-        "seconds (a hung collective); 0: only note it after 300 s.", HOSTS),
+        "seconds (a hung collective); 0: no stop, a node without a step is only named, after 5x its slowest step "
+        "interval (at least 60 s; 300 s before the first step).", HOSTS),
 )
 
 VAST_OPTIONS = (

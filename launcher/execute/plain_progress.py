@@ -131,8 +131,8 @@ _TOLD_ELSEWHERE = ("rank_failed", "hang", "low_disk", "teardown_failed", "failur
 
 
 # Records for ddpctl's own use, not news: the measured world is in the summary table (its warning, if any, is
-# printed by `up` itself).
-_INTERNAL = ("world_measured",)
+# printed by `up` itself); a Slurm job's state has its own line as the job is followed (launcher/execute/scheduled.py).
+_INTERNAL = ("world_measured", "job_state")
 
 
 def describe_event(event: dict[str, Any]) -> str | None:
@@ -151,8 +151,8 @@ def describe_event(event: dict[str, Any]) -> str | None:
         "planned": lambda: f"planned {len(event.get('nodes') or [])} node(s)",
         "shipped": lambda: "code shipped",
         "image": lambda: f"image {event.get('image')} in place",
-        "started": lambda: f"torchrun started (pid {event.get('pid')})",
-        "exited": lambda: f"torchrun exited with status {event.get('exit_code')}",
+        "started": lambda: f"{_program(event)} started (pid {event.get('pid')})",
+        "exited": lambda: f"{_program(event)} exited with status {event.get('exit_code')}",
         "finished": lambda: f"every node ended (exit statuses {event.get('exit_codes')})",
         "stalled": lambda: f"no training step for {event.get('seconds')} s",
         "stop_requested": lambda: f"stopping: {event.get('reason')}",
@@ -171,8 +171,15 @@ def describe_event(event: dict[str, Any]) -> str | None:
     if phrase is not None:
         return where + phrase()
     details = ", ".join(f"{k} {v}" for k, v in sorted(event.items()) if k not in ("event", "time", "node")
-                        and isinstance(v, (str, int, float)) and len(str(v)) <= 80)
+                        and isinstance(v, (str, int, float)) and len(str(v)) <= 80
+                        and v not in ("", "None"))  # Slurm says "None" for no reason: nothing to tell
     return where + kind.replace("_", " ") + (f" ({details})" if details else "")
+
+
+def _program(event: dict[str, Any]) -> str:
+    """What a node started, by the run's --launcher: spawn runs the command itself."""
+    launcher = str(event.get("launcher") or "torchrun")
+    return "the command" if launcher == "spawn" else launcher
 
 
 def tell_event(event: dict[str, Any]) -> None:

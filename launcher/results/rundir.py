@@ -171,12 +171,20 @@ class RunDir:
 
     def event(self, kind: str, **fields: Any) -> None:
         """Append one launcher event with its time to events.jsonl (and tell the listeners)."""
+        if kind in ("started", "exited") and "launcher" not in fields:  # what started: torchrun, mpirun, the script
+            fields["launcher"] = self._launcher()
         record = {"time": time.time(), "event": kind, **fields}
         line = json.dumps(record, sort_keys=True)
         with open(self.path / EVENTS_FILE, "a") as f:
             f.write(line + "\n")
         for listener in list(_event_listeners):
             listener(record)
+
+    def _launcher(self) -> str:
+        """The run's --launcher (torchrun for ddpctl's trainer), as run.json records it."""
+        spec = (read_json(self.path / RUN_FILE) or {}).get("spec")
+        launcher = spec.get("launcher") if isinstance(spec, dict) else None
+        return launcher if isinstance(launcher, str) else "torchrun"
 
     def events(self) -> list[dict[str, Any]]:
         return read_jsonl(self.path / EVENTS_FILE)
