@@ -27,6 +27,7 @@ OUTSIDE_TOOLS = {
     "mpirun": {"--allow-run-as-root", "--bind-to"},
     "#SBATCH": {"--signal"},
     "mkdocs / pytest": {"--strict", "--dist", "--durations"},
+    "tensorboard": {"--logdir"},
 }
 # Scripts of this repository whose options the pages name: their source must hold the option.
 OWN_SCRIPTS = [*sorted((REPO / "infra").glob("*.sh")), *sorted((REPO / "bench").glob("*.py"))]
