@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -113,9 +114,10 @@ def test_local_runs_use_the_python_running_ddpctl(tmp_path: Path) -> None:
     """A venv's ddpctl run without activating the venv: python3 on PATH may lack torch; ddpctl's own has it."""
     result = ddpctl_in_process("up", "--dry-run", "--epochs", "1", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert f' {sys.executable} -c "$(cat launcher/spec/attempt_logs.py)" ' in result.stdout
+    wrapper = rf" {re.escape(sys.executable)} \S+/runs/[^/ ]+/ddpctl_torchrun\.py "  # torchrun's, in the run dir
+    assert re.search(wrapper, result.stdout), result.stdout
     hosts = ddpctl_in_process("up", "--dry-run", "--no-probe", "--host", "u@10.0.0.1", "--epochs", "1", cwd=tmp_path)
-    assert ' python3 -c "$(cat launcher/spec/attempt_logs.py)" ' in hosts.stdout, hosts.stderr
+    assert " python3 ddpctl_torchrun.py " in hosts.stdout, hosts.stderr
 
 
 def test_a_dry_run_whose_hosts_cannot_be_reached_prints_the_plan_and_its_unknowns(tmp_path: Path) -> None:
