@@ -182,7 +182,7 @@ def test_a_dry_run_whose_hosts_cannot_be_reached_prints_the_plan_and_its_unknown
     (["--host", "h", "--runtime", "docker", "--registry", "-x"], "--registry '-x' is not a valid image reference: "
                                                                  "it must not begin with '-'"),
     # options that would be ignored where the run goes
-    (["--nodes", "2"], "--nodes is for --provider vast only"),
+    (["--nodes", "2"], "--nodes is for --provider vast or slurm"),
     (["--gpu-name", "RTX 3080", "--max-price", "0.4"], "--gpu-name and --max-price are for --provider vast only"),
     (["--host", "h", "--down", "--max-cost", "2"], "--down and --max-cost are for --provider vast only"),
     (["--host", "h", "--min-reliability", "0.9", "--disk", "50", "--ready-timeout", "60"],
@@ -233,10 +233,12 @@ def test_a_python_that_cannot_be_started_is_one_line_and_the_run_is_recorded_as_
     runs = tmp_path / "runs"
     result = ddpctl_in_process("up", "--python", str(fake), "--epochs", "1", "--runs-dir", str(runs), *SMALL)
     assert result.returncode == 1
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"error: could not start torchrun ({fake}: "), result.stderr
-    assert "check --python" in lines[0] and "Traceback" not in result.stderr
     run = only_run(runs)
+    lines = result.stderr.strip().splitlines()  # the log names the run first (plain output), then the one error
+    assert len(lines) == 2 and lines[0].endswith(f" run {run.name} (its directory: {run})"), result.stderr
+    lines = lines[1:]
+    assert lines[0].startswith(f"error: could not start torchrun ({fake}: "), result.stderr
+    assert "check --python" in lines[0] and "Traceback" not in result.stderr
     events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
     assert [e["event"] for e in events] == ["exited"] and "could not start torchrun" in events[0]["error"]
     status = ddpctl_in_process("status", "--runs-dir", str(runs), "--json")
