@@ -214,3 +214,16 @@ def test_a_scripts_traceback_does_not_show_ddpctls_join_hook(tmp_path: Path) -> 
     assert failed.returncode == 1 and 'File "' + str(tmp_path / "bad.py") + '", line 2' in failed.stderr
     assert "in init_process_group" in failed.stderr, failed.stderr  # torch's own frames stay
     assert "sitecustomize" not in failed.stderr and "hook" not in failed.stderr, failed.stderr
+
+
+def test_a_sweep_of_a_plain_ddp_script_ends_in_its_scaling_report(tmp_path: Path) -> None:
+    (tmp_path / "multigpu_torchrun.py").write_text(TUTORIAL_SCRIPT)
+    runs = tmp_path / "runs"
+    swept = ddpctl("sweep", "--gpus", "1,2", "--runs-dir", str(runs), "--progress", "plain", "--", "python",
+                   "multigpu_torchrun.py", cwd=tmp_path)
+    assert swept.returncode == 0, swept.stderr
+    [sweep] = [p for p in runs.iterdir() if (p / "sweep.json").is_file()]
+    rows = json.loads((sweep / "report.json").read_text())["rows"]
+    assert [(r["layout"], r["world_size"]) for r in rows] == [("1x1", 1), ("1x2", 2)]
+    assert all(r["wall_seconds"] > 0 and r["model"] == "multigpu_torchrun.py" for r in rows)
+    assert "1x2" in swept.stdout and "report: " in swept.stdout

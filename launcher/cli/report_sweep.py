@@ -144,6 +144,8 @@ def _print_table(rows: Any) -> None:
 @takes_options(WHERE_OPTIONS, VAST_OPTIONS, SLURM_OPTIONS)
 def sweep_command(
     ctx: typer.Context,
+    command: list[str] | None = typer.Argument(None, help="After `--`: your own command, run once per layout "
+                                               "under torchrun (its report row: docs/guides/sweeps-and-reports.md)."),
     gpus: str | None = typer.Option(None, "--gpus", help="Processes per node to sweep, e.g. 1,2,4 "
                                     "(default: the preset's).", rich_help_panel=RUN),
     nodes: str | None = typer.Option(None, "--nodes", help="Node counts to sweep, e.g. 1,2 (default 1).",
@@ -260,6 +262,8 @@ def _start_sweep(o: dict[str, Any], given: list[str]) -> tuple[Path, dict[str, A
                           python=python, rdzv_port=o["rdzv_port"],
                           **{k: o[k] for k in spec_options})
     strategies, strategy_options = _sweep_strategies(o, fields)
+    if o.get("command"):  # `-- CMD`: the same script on every layout
+        fields["user_command"] = tuple(o["command"])
     base = RunSpec(run_id="sweep", **fields)
     if where.provider == "local":  # what `up` checks before each local run, checked once before the sweep exists
         for name in strategies:
@@ -306,4 +310,4 @@ def _sweep_strategies(o: dict[str, Any], fields: dict[str, Any]) -> tuple[tuple[
 def register(app: typer.Typer) -> None:
     """Add `report` and `sweep` to the ddpctl app."""
     app.command("report")(report_command)
-    app.command("sweep")(sweep_command)
+    app.command("sweep", context_settings={"allow_interspersed_args": False})(sweep_command)
