@@ -57,6 +57,13 @@ def test_up_help_all_shows_every_option() -> None:
     (["--disk", "5"], "--disk is for --provider vast only"),
     (["--detach"], "it is for runs on --host or --provider vast or slurm; drop it"),
     (["--stall-timeout", "5"], "it is for runs on --host or --provider vast; drop it"),
+    (["--detach", "--rdzv-port", "29555"], "they are for runs on --host or --provider vast; drop them"),
+    (["--provider", "slurm", "--host", "login", "--stall-timeout", "5"],
+     "--stall-timeout has no effect on a Slurm job (the batch script decides): it is for runs on --host or "
+     "--provider vast; drop it"),
+    (["--provider", "slurm", "--host", "login", "--disk", "5", "--max-price", "1"],
+     "--max-price and --disk have no effect on a Slurm job (the batch script decides): they are for --provider "
+     "vast; drop them"),
 ])
 def test_an_option_of_another_place_is_refused_naming_every_place_that_takes_it(args: list[str], said: str) -> None:
     refused = ddpctl_in_process("up", "--dry-run", *args)

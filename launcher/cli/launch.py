@@ -204,11 +204,15 @@ def check_options_fit(provider: str, hosts: tuple[HostSpec, ...], runtime: str, 
         if not_local:
             foreground = " (a local run stays in the foreground until it ends or Ctrl-C)" if "--detach" in given else ""
             raise SpecError(f"{_listed(not_local, 'has', 'have')} no effect on a run on this machine{foreground}: "
-                            f"{_listed(['it'] if len(not_local) == 1 else ['they'], 'is', 'are')} for runs on "
+                            f"{_they_are(not_local)} for runs on "
                             f"--host or --provider vast{_also_slurm(not_local)}; drop {_it(not_local)}")
     elif runtime == "native" and image_flags:
         raise SpecError(f"{_listed(image_flags, 'names', 'name')} the image of --runtime docker: add --runtime docker "
                         f"(or auto), or drop {_it(image_flags)} for a native run")
+
+
+def _they_are(flags: list[str]) -> str:
+    return "it is" if len(flags) == 1 else "they are"
 
 
 def _also_slurm(flags: list[str]) -> str:
@@ -222,7 +226,9 @@ def _check_slurm_fit(hosts: tuple[HostSpec, ...], given: list[str]) -> None:
                         "ask for them with --nodes)")
     not_here = [flag for flag in given if flag in _flags(NOT_SLURM) | _flags(VAST_ONLY) - {"--nodes"}]
     if not_here:
+        places = "--provider vast" if set(not_here) <= _flags(VAST_ONLY) else "runs on --host or --provider vast"
         raise SpecError(f"{_listed(not_here, 'has', 'have')} no effect on a Slurm job (the batch script decides): "
+                        f"{_they_are(not_here)} for {places}; "
                         f"drop {_it(not_here)}")
 
 
