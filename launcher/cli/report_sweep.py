@@ -90,7 +90,8 @@ def entry_options(launch: dict[str, Any], spec: RunSpec) -> dict[str, Any]:
               "python")
     return {**{k: v for k, v in launch.items() if k != "host"}, "host": list(launch.get("host", []))[: spec.nnodes],
             **{k: getattr(spec, k) for k in fields if getattr(spec, k) is not None}, "gpus": spec.nproc_per_node,
-            "trainer_arg": list(spec.trainer_args), "env_names": [name for name, _ in spec.extra_env]}
+            "trainer_arg": list(spec.trainer_args), "env_names": [name for name, _ in spec.extra_env],
+            **({"command": list(spec.user_command)} if spec.user_command else {})}  # `-- CMD`: `up --from` runs it
 
 
 def launch_values(launch: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
