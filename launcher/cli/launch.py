@@ -56,6 +56,8 @@ def resolve_values(ctx: typer.Context, values: dict[str, Any], declared: dict[st
             continue
         if typed or (name in layered and merged.get(name) != default):  # a file's default value is no request
             given.append(name)
+    if not values.get("command") and layered.get("command"):  # `-- CMD` on the command line wins over a file's
+        merged["command"] = layered["command"]
     return merged, given
 
 
@@ -184,8 +186,11 @@ def check_options_fit(provider: str, hosts: tuple[HostSpec, ...], runtime: str, 
         raise SpecError(f"--host is for --provider ssh, not {provider}")
     vast_only = [flag for flag in given if flag in _flags(VAST_ONLY)]
     if provider != "vast" and vast_only:
-        raise SpecError(f"{_listed(vast_only, 'is', 'are')} for --provider vast only: add --provider vast to rent "
-                        f"machines, or drop {_it(vast_only)}")
+        also_slurm = [flag for flag in vast_only if flag not in _flags(NOT_SLURM) | _flags(VAST_ONLY) - {"--nodes"}]
+        places = "--provider vast" + (" or slurm" if also_slurm == vast_only else " only" if not also_slurm else
+                                      f" ({_listed(also_slurm, 'is', 'are')} also for --provider slurm)")
+        raise SpecError(f"{_listed(vast_only, 'is', 'are')} for {places}: add --provider vast to rent machines"
+                        f"{' or --provider slurm --host LOGIN_NODE' if also_slurm else ''}, or drop {_it(vast_only)}")
     if provider == "vast":
         if runtime != "native":
             raise SpecError("on Vast.ai our image is the machine: the run is native there (drop --runtime)")
@@ -198,11 +203,20 @@ def check_options_fit(provider: str, hosts: tuple[HostSpec, ...], runtime: str, 
         not_local = [flag for flag in given if flag in _flags(NOT_LOCAL)] + image_flags
         if not_local:
             raise SpecError(f"{_listed(not_local, 'has', 'have')} no effect on a run on this machine: "
-                            f"{_listed(['it'] if len(not_local) == 1 else ['they'], 'is', 'are')} for runs on "
-                            f"--host or --provider vast; drop {_it(not_local)}")
+                            f"{_they_are(not_local)} for runs on "
+                            f"--host or --provider vast{_also_slurm(not_local)}; drop {_it(not_local)}")
     elif runtime == "native" and image_flags:
         raise SpecError(f"{_listed(image_flags, 'names', 'name')} the image of --runtime docker: add --runtime docker "
                         f"(or auto), or drop {_it(image_flags)} for a native run")
+
+
+def _they_are(flags: list[str]) -> str:
+    return "it is" if len(flags) == 1 else "they are"
+
+
+def _also_slurm(flags: list[str]) -> str:
+    """Where Slurm takes every one of `flags` too, the place that says so."""
+    return " or slurm" if not set(flags) & _flags(NOT_SLURM) else ""
 
 
 def _check_slurm_fit(hosts: tuple[HostSpec, ...], given: list[str]) -> None:
@@ -211,7 +225,9 @@ def _check_slurm_fit(hosts: tuple[HostSpec, ...], given: list[str]) -> None:
                         "ask for them with --nodes)")
     not_here = [flag for flag in given if flag in _flags(NOT_SLURM) | _flags(VAST_ONLY) - {"--nodes"}]
     if not_here:
+        places = "--provider vast" if set(not_here) <= _flags(VAST_ONLY) else "runs on --host or --provider vast"
         raise SpecError(f"{_listed(not_here, 'has', 'have')} no effect on a Slurm job (the batch script decides): "
+                        f"{_they_are(not_here)} for {places}; "
                         f"drop {_it(not_here)}")
 
 
