@@ -28,7 +28,8 @@ LABEL org.ddpctl.base-image="${BASE_IMAGE}" \
       org.ddpctl.compute_caps="${COMPUTE_CAPS}"
 
 # Optional: a directory of wheels in the build context (e.g. `.whl`) for machines where pip cannot reach the
-# registry; numpy is installed from it when the base lacks numpy, and any other wheel there is installed too.
+# registry; numpy and tensorboard (the trainer's event files; pyproject.toml's `train` extra) are installed from it
+# when the base lacks them, and any other wheel there is installed too.
 # `Dockerfile` is named only so that the COPY has a source when WHEEL_DIR does not exist.
 ARG WHEEL_DIR=.whl
 COPY Dockerfile ${WHEEL_DIR}* /tmp/wheels/
@@ -36,6 +37,7 @@ RUN set -eu; \
     python -c "import torch" || { echo "BASE_IMAGE must provide python with torch" >&2; exit 1; }; \
     offline=""; if ls /tmp/wheels/*.whl >/dev/null 2>&1; then offline="--no-index --find-links /tmp/wheels"; fi; \
     python -c "import numpy" 2>/dev/null || pip install --no-cache-dir $offline numpy; \
+    python -c "import tensorboard" 2>/dev/null || pip install --no-cache-dir $offline tensorboard; \
     if [ -n "$offline" ]; then pip install --no-cache-dir $offline /tmp/wheels/*.whl; fi; \
     rm -rf /tmp/wheels; \
     python -c "import site; open(site.getsitepackages()[0] + '/ddpctl.pth', 'w').write('/opt/ddpctl\\n')"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build the offline CPU base image for tests and CI: a Debian bookworm root file system (Debian's packages, no
-# container registry needed) with a venv holding the CPU torch and numpy, imported into the local Docker engine.
+# container registry needed) with a venv holding the CPU torch, numpy and the trainer's other packages
+# (tensorboard: its event files), imported into the local Docker engine.
 # The real Dockerfile then builds on it: `--build-arg BASE_IMAGE=$(bash infra/base_image.sh)`.
 #
 # Prints the image tag (the only thing on stdout) and exits 0. The tag carries a hash of this script and the
@@ -31,6 +32,8 @@ repo=$(dirname "$(dirname "$script")")
 TORCH_VERSION="${DDPCTL_TORCH_VERSION:-2.13.0}"
 TORCH_VERSION="${TORCH_VERSION%%+*}"  # the base image's build is CPU whatever the version names
 NUMPY_SPEC="${DDPCTL_NUMPY_SPEC:-numpy}"
+# The trainer's extra beside torch and numpy (pyproject.toml's `train`): the image's trainer writes TensorBoard files.
+TRAINER_SPEC="${DDPCTL_TRAINER_SPEC:-tensorboard}"
 SUITE=bookworm       # its python3 is 3.11: the wheels are cp311
 PY_TAG=311
 PACKAGES=python3,python3-venv,ca-certificates
@@ -40,7 +43,7 @@ log() { echo "base image: $*" >&2; }
 
 # The wheels: the same for every version of this script, so the cache key names only what decides them.
 PLATFORMS=(manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 any)
-wheel_key=$(echo "torch==$TORCH_VERSION+cpu $NUMPY_SPEC cp$PY_TAG ${PLATFORMS[*]}" | sha256sum | cut -c1-12)
+wheel_key=$(echo "torch==$TORCH_VERSION+cpu $NUMPY_SPEC $TRAINER_SPEC cp$PY_TAG ${PLATFORMS[*]}" | sha256sum | cut -c1-12)
 wheel_cache="${DDPCTL_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ddpctl}/base-wheels/$wheel_key"
 
 # Fills $wheel_cache (complete once its file `complete` exists: the download goes to a folder beside it first).
@@ -63,7 +66,7 @@ download_wheels() {
   log "downloading the CPU torch $TORCH_VERSION and $NUMPY_SPEC wheels (cp$PY_TAG) ${cpu_choice[1]:+from ${cpu_choice[1]} }with $py into $wheel_cache"
   if ! "$py" -m pip download -q --disable-pip-version-check -d "$partial" "${index_args[@]}" \
     --only-binary=:all: --python-version "$PY_TAG" --implementation cp --abi "cp$PY_TAG" "${platform_args[@]}" \
-    "torch==$TORCH_VERSION+cpu" "$NUMPY_SPEC" >&2; then
+    "torch==$TORCH_VERSION+cpu" "$NUMPY_SPEC" $TRAINER_SPEC >&2; then
     rm -rf "$partial"
     log "no CPU build of torch $TORCH_VERSION (torch==$TORCH_VERSION+cpu) could be downloaded: ${cpu_choice[2]:-}; put its wheel in a folder pip's find-links names, or let PyTorch's CPU index be reached (\`bash infra/setup.sh --test\` downloads it before the test suite cuts itself off from the internet)"
     return 1
@@ -80,7 +83,7 @@ if $wheels_only; then
   exit
 fi
 
-hash=$( { cat "$script"; echo "$TORCH_VERSION $NUMPY_SPEC $SUITE $PACKAGES"; } | sha256sum | cut -c1-12)
+hash=$( { cat "$script"; echo "$TORCH_VERSION $NUMPY_SPEC $TRAINER_SPEC $SUITE $PACKAGES"; } | sha256sum | cut -c1-12)
 tag="$REPO:cpu-$hash"
 
 if docker image inspect "$tag" >/dev/null 2>&1; then
@@ -123,7 +126,7 @@ mmdebstrap --quiet --variant=minbase --include="$PACKAGES" --aptopt='APT::Instal
   --customize-hook="cp -r '$work/wheels' \"\$1/tmp/wheels\"" \
   --customize-hook='chroot "$1" python3 -m venv /opt/venv' \
   --customize-hook="chroot \"\$1\" env -i PATH=/usr/bin:/bin /opt/venv/bin/pip install -q --no-cache-dir --no-index --find-links /tmp/wheels \
-      'torch==$TORCH_VERSION+cpu' '$NUMPY_SPEC'" \
+      'torch==$TORCH_VERSION+cpu' '$NUMPY_SPEC' $TRAINER_SPEC" \
   --customize-hook='rm -rf "$1/tmp/wheels" "$1/var/lib/apt/lists/"* "$1/var/cache/apt/"*' \
   "$SUITE" "$work/rootfs.tar" >&2
 

@@ -66,7 +66,8 @@ def test_setup_is_not_cut_off_and_the_base_image_builds_from_what_it_downloaded(
     assert downloaded.returncode == 0, downloaded.stderr[-2000:]
     [folder] = (cache / "base-wheels").iterdir()
     assert (folder / "complete").exists()
-    assert list(folder.glob("torch-*+cpu-cp311-*.whl")) and list(folder.glob("numpy-*-cp311-*.whl"))
+    assert list(folder.glob("torch-*+cpu-cp311-*.whl")) and list(folder.glob("numpy-*-cp311-*.whl")) \
+        and list(folder.glob("tensorboard-*.whl"))  # the trainer's event files
 
     # The suite's build, cut off: a repository name of its own, so that it really builds.
     repo_name = f"ddpctl-base-offline-{uuid.uuid4().hex[:8]}"
@@ -78,7 +79,7 @@ def test_setup_is_not_cut_off_and_the_base_image_builds_from_what_it_downloaded(
         assert tag.startswith(f"{repo_name}:cpu-")
         assert f"already in {folder}" in built.stderr
         versions = subprocess.run(["docker", "run", "--rm", tag, "python", "-c",
-                                   "import torch, numpy; print(torch.__version__, numpy.__version__)"],
+                                   "import torch, numpy, tensorboard; print(torch.__version__, numpy.__version__)"],
                                   capture_output=True, text=True, timeout=300)
         assert versions.returncode == 0, versions.stderr
         assert versions.stdout.split()[0].endswith("+cpu")

@@ -3,6 +3,7 @@ to test-bed hosts that each have their own Docker engine."""
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import os
@@ -34,7 +35,7 @@ from launcher.runtimes.docker import (
 from launcher.runtimes.docker_hosts import ensure_image, host_docker_info, registry_digest
 from launcher.runtimes.image import docker_client
 from launcher.runtimes.native import stop_node
-from launcher.runtimes.start import env_file, start_argv
+from launcher.runtimes.start import env_file, node_files, start_argv
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.torchrun import NodeRole, torchrun_argv
 from launcher.transport.parallel import raise_for_errors
@@ -56,7 +57,8 @@ def test_docker_node_plan_wraps_the_native_torchrun_argv() -> None:
                               "NCCL_SOCKET_IFNAME": "eth1", "PYTHONPATH": "/workspace/code", "PYTHONUNBUFFERED": "1",
                               "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     role = NodeRole(node_rank=1, out_dir="/workspace/out", log_dir="/workspace/logs", rdzv_addr="10.0.0.2",
-                    local_addr="10.0.0.3", snapshot_dir="/workspace/out/snapshots")
+                    local_addr="10.0.0.3", snapshot_dir="/workspace/out/snapshots",
+                    wrapper="/workspace/ddpctl_torchrun.py")  # torchrun's wrapper, written in the workspace
     assert list(node.command) == [
         "sh", "-c", RUN_SCRIPT, "ddpctl-docker", ".ddpctl/runs/r1", "", "ddpctl-r1-n1", str(STOP_GRACE_SECONDS),
         "docker.env",
@@ -102,7 +104,7 @@ def test_dry_run_shows_the_docker_run_line() -> None:
                                '-v "$HOME/.ddpctl/runs/r3:/workspace" -v "/srv/data:/data" '
                                '--env-file "$HOME/.ddpctl/runs/r3/docker.env" --init ')
     assert "# docker.env: HOME=/tmp PYTHONPATH=/workspace/code PYTHONUNBUFFERED=1 " in lines[2]
-    assert ' img:2 python3 -c "$(cat launcher/spec/attempt_logs.py)" --nnodes 2 --node-rank 0 ' in lines[2]
+    assert " img:2 python3 /workspace/ddpctl_torchrun.py --nnodes 2 --node-rank 0 " in lines[2]
     assert "--gpus all" in lines[4] and "--gpus" not in lines[2]
     assert RUN_SCRIPT not in plan.describe()
 
@@ -121,10 +123,13 @@ def _containers(run_id: str) -> str:
 
 
 def _start(node: NodePlan, home: Path) -> subprocess.Popen[bytes]:
-    """Run a node's command as the remote executor does: its environment file written, in its own session, from
-    its workspace."""
-    name, data = env_file(node)
-    (home / node.workspace / name).write_bytes(data)
+    """Run a node's command as the remote executor does: its files written (the environment file, torchrun's
+    wrapper: launcher/runtimes/start.py's node_files), in its own session, from its workspace."""
+    for name, data, mode in json.loads(node_files(node)):
+        path = home / node.workspace / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(base64.b64decode(data))
+        path.chmod(mode)
     env = {"PATH": os.environ["PATH"], "HOME": str(home)}
     return subprocess.Popen(node.command, cwd=home / node.workspace, env=env, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -230,8 +235,11 @@ def test_stopping_a_docker_node_lets_its_wrapper_remove_the_container(test_image
                    user_command=("python3", "-c", stubborn))
     node = docker_node_plan(spec, 0, NodeHost("a", "127.0.0.1"), "127.0.0.1", "ws", test_image)
     (tmp_path / "ws" / "code").mkdir(parents=True)
-    name, data = env_file(node)
-    (tmp_path / "ws" / name).write_bytes(data)
+    for name, data, mode in json.loads(node_files(node)):  # what start_node writes first
+        path = tmp_path / "ws" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(base64.b64decode(data))
+        path.chmod(mode)
     host = _ThisMachine(tmp_path)
     started = host.run(start_argv(node), timeout=30)
     assert started.exit_code == 0, started.stderr

@@ -4,6 +4,7 @@ share this machine's process table) and on the real local Docker engine."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import secrets
@@ -213,8 +214,11 @@ def test_a_container_gets_the_value_and_the_process_table_does_not(test_image: s
     ws = tmp_path / "ws"
     (ws / "code").mkdir(parents=True)
     (ws / "code" / "show_env.py").write_text(SHOW_ENV)
-    name, data = env_file(node)
-    (ws / name).write_bytes(data)
+    for name, data, mode in json.loads(node_files(node)):  # what start_node writes first (env file, wrapper, hook)
+        path = ws / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(base64.b64decode(data))
+        path.chmod(mode)
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}
     try:
         with ProcessTable(token) as table:
@@ -224,7 +228,7 @@ def test_a_container_gets_the_value_and_the_process_table_does_not(test_image: s
                      "the script did not start")
             before = table.samples
             wait_for(lambda: table.samples >= before + 5, 30, "ps was not sampled")
-            assert not (ws / name).exists(), "the env file is deleted once the container exists"
+            assert not (ws / env_file(node)[0]).exists(), "the env file is deleted once the container exists"
             (ws / "release").touch()
             wait_for(lambda: (ws / "exit_code").exists(), 120, "the node did not finish")
         assert (ws / "exit_code").read_text().strip() == "0", (ws / "torchrun.out").read_text()[-2000:]

@@ -18,7 +18,7 @@ KEPT_IN_CONFIG = sorted(o.flag for block in LAUNCH_BLOCKS for o in block
 
 
 def up_help() -> str:
-    result = subprocess.run([sys.executable, "-m", "launcher", "up", "--help"], cwd=REPO, capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "launcher", "up", "--help-all"], cwd=REPO, capture_output=True,
                             text=True, timeout=120, env={"COLUMNS": "300", "PATH": "/usr/bin:/bin"})
     assert result.returncode == 0, result.stderr
     return result.stdout

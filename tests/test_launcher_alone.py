@@ -144,7 +144,7 @@ def test_dry_run_json_is_the_plan_with_secrets_masked(tmp_path: Path) -> None:
 
 
 def test_up_help_groups_its_options_into_panels() -> None:
-    result = subprocess.run([sys.executable, "-m", "launcher", "up", "--help"], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "launcher", "up", "--help-all"], capture_output=True, text=True,
                             cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "160"}, timeout=120)
     assert result.returncode == 0, result.stderr
     panels = {}  # option -> the title of the panel it is listed in

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -113,9 +114,10 @@ def test_local_runs_use_the_python_running_ddpctl(tmp_path: Path) -> None:
     """A venv's ddpctl run without activating the venv: python3 on PATH may lack torch; ddpctl's own has it."""
     result = ddpctl_in_process("up", "--dry-run", "--epochs", "1", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert f' {sys.executable} -c "$(cat launcher/spec/attempt_logs.py)" ' in result.stdout
+    wrapper = rf" {re.escape(sys.executable)} \S+/runs/[^/ ]+/ddpctl_torchrun\.py "  # torchrun's, in the run dir
+    assert re.search(wrapper, result.stdout), result.stdout
     hosts = ddpctl_in_process("up", "--dry-run", "--no-probe", "--host", "u@10.0.0.1", "--epochs", "1", cwd=tmp_path)
-    assert ' python3 -c "$(cat launcher/spec/attempt_logs.py)" ' in hosts.stdout, hosts.stderr
+    assert " python3 ddpctl_torchrun.py " in hosts.stdout, hosts.stderr
 
 
 def test_a_dry_run_whose_hosts_cannot_be_reached_prints_the_plan_and_its_unknowns(tmp_path: Path) -> None:
@@ -180,7 +182,7 @@ def test_a_dry_run_whose_hosts_cannot_be_reached_prints_the_plan_and_its_unknown
     (["--host", "h", "--runtime", "docker", "--registry", "-x"], "--registry '-x' is not a valid image reference: "
                                                                  "it must not begin with '-'"),
     # options that would be ignored where the run goes
-    (["--nodes", "2"], "--nodes is for --provider vast only"),
+    (["--nodes", "2"], "--nodes is for --provider vast or slurm"),
     (["--gpu-name", "RTX 3080", "--max-price", "0.4"], "--gpu-name and --max-price are for --provider vast only"),
     (["--host", "h", "--down", "--max-cost", "2"], "--down and --max-cost are for --provider vast only"),
     (["--host", "h", "--min-reliability", "0.9", "--disk", "50", "--ready-timeout", "60"],
@@ -230,10 +232,12 @@ def test_a_python_that_cannot_be_started_is_one_line_and_the_run_is_recorded_as_
     runs = tmp_path / "runs"
     result = ddpctl_in_process("up", "--python", str(fake), "--epochs", "1", "--runs-dir", str(runs), *SMALL)
     assert result.returncode == 1
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"error: could not start torchrun ({fake}: "), result.stderr
-    assert "check --python" in lines[0] and "Traceback" not in result.stderr
     run = only_run(runs)
+    lines = result.stderr.strip().splitlines()  # the log names the run first (plain output), then the one error
+    assert len(lines) == 2 and lines[0].endswith(f" run {run.name} (its directory: {run})"), result.stderr
+    lines = lines[1:]
+    assert lines[0].startswith(f"error: could not start torchrun ({fake}: "), result.stderr
+    assert "check --python" in lines[0] and "Traceback" not in result.stderr
     events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
     assert [e["event"] for e in events] == ["exited"] and "could not start torchrun" in events[0]["error"]
     status = ddpctl_in_process("status", "--runs-dir", str(runs), "--json")

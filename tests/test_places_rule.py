@@ -93,7 +93,8 @@ def test_each_places_own_options_are_refused_elsewhere_with_its_hint() -> None:
     refused = 0
     for owner in PLACES.values():
         for other in PLACES.values():
-            names = [n for n in owner.own_options if n not in other.also_takes + other.unused_options]
+            names = [n for n in owner.own_options if n not in other.also_takes + other.unused_options
+                     and not any(n in p.also_takes for p in PLACES.values())]  # a shared one: below
             if other is owner or not names:
                 continue
             hosts = () if _takes_no_hosts(other) else parse_hosts(["u@10.0.0.2"])
@@ -104,6 +105,10 @@ def test_each_places_own_options_are_refused_elsewhere_with_its_hint() -> None:
                                           "or drop it")
             refused += 1
     assert refused == 5  # Vast's options on local, ssh; Slurm's on local, ssh, vast (Slurm reads --nodes itself)
+    with pytest.raises(SpecError) as shared:  # --nodes: Vast's own, and Slurm reads it too
+        check_options_fit("local", (), "native", ["--nodes"])
+    assert str(shared.value) == ("--nodes is for --provider vast or slurm: add --provider vast to rent machines or "
+                                 "--provider slurm --host LOGIN_NODE, or drop it")
 
 
 def _takes_no_hosts(place: Place) -> bool:

@@ -30,7 +30,7 @@ def test_torchrun_argv_multinode_node1() -> None:
         "python3", "-c", TORCHRUN_SOURCE,
         "--nnodes", "2", "--node-rank", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", "10.0.0.5:29400",
         "--rdzv-id", "exp1", "--rdzv-conf", "is_host=0", "--local-addr", "10.0.0.6",
-        "--nproc-per-node", "2", "--max-restarts", "1", "--log-dir", "logs", "--redirects", "3",
+        "--nproc-per-node", "2", "--max-restarts", "1", "--log-dir", "logs", "--redirects", "3", "--tee", "1",
         "-m", "trainer", "--model", "mnist-cnn", "--dataset", "synthetic", "--epochs", "2", "--batch-size", "32",
         "--lr", "0.05", "--save-every", "1", "--seed", "7", "--backend", "auto", "--out-dir", "out",
         "--snapshot-dir", "out/snapshots",

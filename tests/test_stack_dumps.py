@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from launcher.cli.launch import NOT_LOCAL
 from launcher.remote import rank_stacks
 from tests.testbed_fixtures import REPO
 
@@ -174,11 +173,6 @@ def test_ddpctl_stacks_of_a_run_that_is_not_running_is_one_line(tmp_path: Path) 
         "error: run ended-run is not running (no stacks to take): `ddpctl status ended-run` says how it ended"]
 
 
-LOCAL_STALL_WATCH = "stall_timeout" not in NOT_LOCAL
-
-
-@pytest.mark.skipif(not LOCAL_STALL_WATCH, reason="--stall-timeout is refused for runs on this machine in this "
-                    "checkout (launcher/cli/launch.py NOT_LOCAL): the local stall watch is not here yet")
 def test_a_stalled_local_run_names_where_each_rank_waits_before_it_is_stopped(tmp_path: Path) -> None:
     """The local stall watch takes the stacks before its stop, as on hosts (tests/faults/test_hang_stacks.py)."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}

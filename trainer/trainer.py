@@ -27,8 +27,9 @@ from trainer.distributed import DistContext, device_name
 from trainer.errors import SnapshotError
 from trainer.files import atomic_write_bytes
 from trainer.graphed_step import GraphedStep
-from trainer.records import ProgressReporter, TimingLog, build_summary, versions, write_summary
+from trainer.records import build_summary, versions, write_summary
 from trainer.requeue import STOP_CHECK_STEPS, StoppedForRequeue
+from trainer.run_log import RunLog
 from trainer.sharding import samples_per_rank, shard_indices
 from trainer.snapshot import newest_valid_position, save_snapshot, snapshot_path
 
@@ -112,12 +113,9 @@ class Trainer:
         self.records: list[dict[str, Any]] = []
         self.wall_start = time.time()
         self.first_step_time: float | None = None  # this attempt's first optimizer step (launch benchmarks)
-        self.timing = TimingLog(config.out_dir / "timing.jsonl") if ctx.is_rank0 else None
-        self.progress = (
-            ProgressReporter(config.out_dir / "progress.json", config.epochs, self.steps_per_epoch)
-            if ctx.is_rank0
-            else None
-        )
+        # Rank 0 tells each epoch: timing.jsonl, a line on stdout, scalars.csv, TensorBoard (trainer/run_log.py).
+        self.timing = RunLog(config.out_dir, lambda: self.optimizer.param_groups[0]["lr"]) if ctx.is_rank0 else None
+        self.progress = self.timing.progress(config.epochs, self.steps_per_epoch) if self.timing else None
 
     def _place(self, model: nn.Module) -> nn.Module:
         """The model on this process's device (strategies that split it across devices override this)."""

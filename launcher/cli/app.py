@@ -11,6 +11,7 @@ from typing import Any
 
 import typer
 
+from launcher.cli.brief_help import HELP_ALL, BriefHelpCommand
 from launcher.cli.config import config_text, recorded_options
 from launcher.cli.exit_status import (
     INTERRUPTED_STATUS,
@@ -38,9 +39,11 @@ from launcher.errors import DdpctlError, Interrupted, SpecError
 from launcher.execute.plain_progress import output_style, unstamped
 from launcher.results.progress import console, summary_table
 
+ABOUT = ("Run PyTorch DDP experiments on this machine, on SSH hosts (natively or in Docker), on a Slurm cluster or on "
+         "rented Vast.ai machines, and bring back what happened.")
 app = typer.Typer(
     name="ddpctl",
-    help="Run PyTorch DDP experiments locally, on SSH hosts or on Vast.ai, and bring back what happened.",
+    help=ABOUT,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
@@ -57,20 +60,35 @@ COMMAND_MODULES = (
 
 
 
+def _print_version(asked: bool) -> None:
+    if asked:
+        from importlib import metadata
+
+        try:
+            version = metadata.version("ddpctl")
+        except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+            version = "unknown (not installed: `pip install -e .` records it)"
+        typer.echo(f"ddpctl {version}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
-    """Run PyTorch DDP experiments locally, on SSH hosts or on Vast.ai, and bring back what happened."""
+def _root(version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                       help="Print ddpctl's version and exit.")) -> None:
+    """Run PyTorch DDP experiments on this machine, on SSH hosts (natively or in Docker), on a Slurm cluster or on
+    rented Vast.ai machines, and bring back what happened."""
 
 
 RUNS_DIR = typer.Option(Path("runs"), "--runs-dir", help="Where run directories live.", rich_help_panel=OUTPUT)
 
 
-@app.command(context_settings={"allow_interspersed_args": False})
+@app.command(cls=BriefHelpCommand, context_settings={"allow_interspersed_args": False})
 @takes_options(RUN_OPTIONS, STRATEGY_OPTIONS, WHERE_OPTIONS, UP_WHERE_OPTIONS, VAST_OPTIONS, SLURM_OPTIONS,
                UP_OUTPUT_OPTIONS)
 def up(
     ctx: typer.Context,
     command: list[str] | None = typer.Argument(None, help="After `--`: your own command to run under torchrun."),
+    help_all: bool = HELP_ALL,
     **values: Any,
 ) -> None:
     """Launch a DDP training run and follow it to the end."""
@@ -80,8 +98,7 @@ def up(
     declared = declared_options(up)
     recorded, from_run, env_names = (recorded_launch(values["from_run"], declared) if values["from_run"]
                                      else ({}, None, []))
-    values, given = resolve_values(ctx, {**values, "command": command or recorded.pop("command", None)}, declared,
-                                   recorded)
+    values, given = resolve_values(ctx, {**values, "command": command}, declared, recorded)
     if values["plan"] is not None:
         with output_style(values["progress"]):
             finish_up(up_saved_plan(values, given, command), values["json_out"])
@@ -141,6 +158,12 @@ def finish_up(result: Any, json_out: bool) -> None:
         with unstamped():  # the same table as on a terminal
             console.print(summary_table(result.summary, f"run {result.run_dir.name}"))
         console.print(f"results in {result.run_dir}")
+        if result.summary.get("command"):  # a `-- CMD` run: what it logged for TensorBoard or W&B, by folder
+            from launcher.results.script_curves import script_logs_line
+
+            logged = script_logs_line(result.run_dir)
+            if logged:
+                console.print(logged, markup=False, highlight=False, soft_wrap=True)
     if result.run_dir is not None:  # the run's outcome is its training's; a pull that missed files is said beside
         from launcher.execute.pull_record import incomplete_pull_line
         from launcher.places.registry import place_of_record

@@ -18,6 +18,7 @@ from launcher.errors import SpecError
 from launcher.spec.user_paths import read_user_file
 
 CONFIG_MAX_BYTES = 1 << 20  # a file of launch options is a few hundred bytes
+COMMAND_KEY = "command"  # the key that holds `-- CMD ...` (what runs), beside the options
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -50,6 +51,9 @@ def check_values(data: dict[str, Any], declared: dict[str, LaunchOption], where:
     values: dict[str, Any] = {}
     for key, value in data.items():
         name = key.replace("-", "_")
+        if name == COMMAND_KEY:  # `-- CMD ...`: what runs instead of ddpctl's trainer
+            values[name] = _command(value, f"{where}: {key}")
+            continue
         if name not in settable:
             close = difflib.get_close_matches(name, list(settable), n=1)
             hint = f"did you mean {close[0].replace('_', '-')!r}?" if close else "see `ddpctl up --help`"
@@ -87,6 +91,13 @@ def _typed(option: LaunchOption, value: Any, where: str) -> Any:
     return list(value) if kind == "repeated" else value
 
 
+def _command(value: Any, where: str) -> list[str]:
+    if not (isinstance(value, list) and value and all(isinstance(v, str) and v and "\x00" not in v for v in value)):
+        raise SpecError(f"{where}: expected the command after `--` as a list of strings, e.g. "
+                        '["python", "train.py"]')
+    return list(value)
+
+
 def _writable(value: Any) -> bool:
     if isinstance(value, list):
         return all(_writable(v) for v in value)
@@ -117,6 +128,8 @@ def config_text(values: dict[str, Any], declared: dict[str, LaunchOption]) -> st
             lines.append(f"# env: values not written (they may be secrets); give them with --env: {names}")
             continue
         lines.append(f"{name.replace('_', '-')} = {_toml_value(value)}")
+    if values.get(COMMAND_KEY):  # `-- CMD`: without it the file would plan ddpctl's trainer instead
+        lines.append(f"{COMMAND_KEY} = {_toml_value(list(values[COMMAND_KEY]))}")
     return "\n".join(lines) + "\n"
 
 

@@ -12,7 +12,7 @@ from launcher.errors import DdpctlError, HostError
 from launcher.planning.host_round import ProbeAnswer, probe_all
 from launcher.planning.preflight import REACH_TIMEOUT, HostFacts, Problem, check_requirements, reached_port
 from launcher.planning.rdzv_reservation import listen_request
-from launcher.results.progress import console
+from launcher.results.progress import console, listing
 from launcher.transport.hostsession import HostSession
 from launcher.transport.parallel import HostOutcome
 from launcher.transport.ssh import resolve_target
@@ -67,7 +67,7 @@ def run_doctor(options: UpOptions, *, gpus: int, python: str, rdzv_port: int, js
         table.add_row(row["host"], str(row.get("python", "-")), str(row.get("torch", "-")), str(row.get("gpus", "-")),
                       str(row.get("cpus", "-")), f"{row.get('disk_free_gb', '-')} GB", str(row.get("address", "-")),
                       "no" if row["problems"] else "yes")
-    console.print(table)
+    listing.print(table)
     for row in rows:
         for text in row["problems"]:
             console.print(f"{row['host']}: {text}", markup=False)

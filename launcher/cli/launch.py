@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -30,6 +30,9 @@ from launcher.spec.run_spec import DEFAULT_RDZV_PORT, RunSpec, check_port, new_r
 from launcher.spec.script_look import look
 from launcher.spec.user_command import TRAINER_ONLY, check_user_command
 from launcher.spec.validate import check_runs_dir, check_seconds
+
+if TYPE_CHECKING:
+    from launcher.places.base import Place
 
 # The strategy options (RunSpec validates them; None: the spec's default).
 STRATEGY_SPEC_OPTIONS = ("strategy", "devices", "threads_per_process", "average_every", "precision")
@@ -55,6 +58,8 @@ def resolve_values(ctx: typer.Context, values: dict[str, Any], declared: dict[st
             continue
         if typed or (name in layered and merged.get(name) != default):  # a file's default value is no request
             given.append(name)
+    if not values.get("command") and layered.get("command"):  # `-- CMD` on the command line wins over a file's
+        merged["command"] = layered["command"]
     return merged, given
 
 
@@ -175,10 +180,22 @@ def check_options_fit(provider: str, hosts: tuple[HostSpec, ...], runtime: str, 
         theirs = [flag for flag in given if flag in _flags(other.own_options) - _flags(place.also_takes)
                   - _flags(place.unused_options)] if other is not place else []
         if theirs:
-            raise SpecError(f"{_listed(theirs, 'is', 'are')} for --provider {other.name} only: "
-                            f"{other.own_options_hint}, or drop {_it(theirs)}")
+            raise SpecError(_taken_elsewhere(theirs, other, place))
     place.check_hosts(hosts)
     place.check_options(runtime, given, _flags)
+
+
+def _taken_elsewhere(flags: list[str], owner: Place, chosen: Place) -> str:
+    """The error for `owner`'s own options given for `chosen`; where a third place reads some of them too (Slurm:
+    --nodes), it is named beside the owner."""
+    sharer = next((p for p in PLACES.values() if p not in (owner, chosen) and set(flags) & _flags(p.also_takes)),
+                  None)
+    also = [flag for flag in flags if sharer is not None and flag in _flags(sharer.also_takes)]
+    where = f"--provider {owner.name}" + (
+        " only" if sharer is None else f" or {sharer.name}" if also == flags else
+        f" ({_listed(also, 'is', 'are')} also for --provider {sharer.name})")
+    hint = owner.own_options_hint + (f" or {sharer.own_options_hint.removeprefix('add ')}" if sharer else "")
+    return f"{_listed(flags, 'is', 'are')} for {where}: {hint}, or drop {_it(flags)}"
 
 
 def recorded_launch(run_ref: Path, declared: dict[str, LaunchOption]) -> tuple[dict[str, Any], str, list[str]]:

@@ -91,7 +91,8 @@ WHERE_OPTIONS = (
     opt("allow_public_rendezvous", bool, False, "Allow node 0's rendezvous on a public address (only behind a "
         "firewall: it is unauthenticated).", HOSTS),
     opt("stall_timeout", float, 0.0, "Stop the run (on hosts: every node, then pull) when no training step was seen "
-        "for this many seconds (a hung collective); 0: only note it after 300 s.", HOSTS),
+        "for this many seconds (a hung collective); 0: no stop, a node without a step is only named, after 5x its "
+        "slowest step interval (at least 60 s; 300 s before the first step).", HOSTS),
 )
 
 VAST_OPTIONS = (
@@ -170,7 +171,7 @@ STRATEGY_OPTIONS = (
 UP_WHERE_OPTIONS = (
     opt("detach", bool, False, "Start the run and return (on this machine too: it goes on without the terminal); "
         "follow with status/logs, stop with down.", HOSTS),
-    opt("nodes", int, 1, "Vast.ai: machines to rent; Slurm: nodes to allocate (one torchrun node each).", VAST),
+    opt("nodes", int, 1, "Vast.ai: machines to rent; Slurm: nodes to allocate (one torchrun node each).", RUN),
     opt("outputs", list, (), "With `-- CMD` on hosts: bring back only these of the files your script writes in its "
         "working directory (gitignore-style: 'snapshot.pt', '*.csv', 'checkpoints/'); repeat. Its "
         "$DDPCTL_OUTPUT_DIR always comes back.", OUTPUT),

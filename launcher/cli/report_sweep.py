@@ -90,7 +90,8 @@ def entry_options(launch: dict[str, Any], spec: RunSpec) -> dict[str, Any]:
               "python")
     return {**{k: v for k, v in launch.items() if k != "host"}, "host": list(launch.get("host", []))[: spec.nnodes],
             **{k: getattr(spec, k) for k in fields if getattr(spec, k) is not None}, "gpus": spec.nproc_per_node,
-            "trainer_arg": list(spec.trainer_args), "env_names": [name for name, _ in spec.extra_env]}
+            "trainer_arg": list(spec.trainer_args), "env_names": [name for name, _ in spec.extra_env],
+            **({"command": list(spec.user_command)} if spec.user_command else {})}  # `-- CMD`: `up --from` runs it
 
 
 def launch_values(launch: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -134,14 +135,18 @@ def report_command(
 def _print_table(rows: Any) -> None:
     from rich.console import Console
 
-    from launcher.results.report import render_terminal
+    from launcher.results.report import render_terminal, script_lines
 
     Console().print(render_terminal(rows))
+    for line in script_lines(rows):  # a script's row: what its time measured, what it logged
+        typer.echo(line)
 
 
 @takes_options(WHERE_OPTIONS, VAST_OPTIONS, SLURM_OPTIONS)
 def sweep_command(
     ctx: typer.Context,
+    command: list[str] | None = typer.Argument(None, help="After `--`: your own command, run once per layout "
+                                               "under torchrun (its report row: docs/guides/sweeps-and-reports.md)."),
     gpus: str | None = typer.Option(None, "--gpus", help="Processes per node to sweep, e.g. 1,2,4 "
                                     "(default: the preset's).", rich_help_panel=RUN),
     nodes: str | None = typer.Option(None, "--nodes", help="Node counts to sweep, e.g. 1,2 (default 1).",
@@ -261,6 +266,8 @@ def _start_sweep(o: dict[str, Any], given: list[str]) -> tuple[Path, dict[str, A
                           python=python, rdzv_port=o["rdzv_port"],
                           **{k: o[k] for k in spec_options})
     strategies, strategy_options = _sweep_strategies(o, fields)
+    if o.get("command"):  # `-- CMD`: the same script on every layout
+        fields["user_command"] = tuple(o["command"])
     base = RunSpec(run_id="sweep", **fields)
     if place.runs_here:  # what `up` checks before each local run, checked once before the sweep exists
         for name in strategies:
@@ -307,4 +314,4 @@ def _sweep_strategies(o: dict[str, Any], fields: dict[str, Any]) -> tuple[tuple[
 def register(app: typer.Typer) -> None:
     """Add `report` and `sweep` to the ddpctl app."""
     app.command("report")(report_command)
-    app.command("sweep")(sweep_command)
+    app.command("sweep", context_settings={"allow_interspersed_args": False})(sweep_command)

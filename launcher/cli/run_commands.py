@@ -12,7 +12,7 @@ from rich.table import Table
 from launcher.errors import DdpctlError, SpecError
 from launcher.execute.pull_record import incomplete_pull_line
 from launcher.places.registry import PLACES, place_of_record
-from launcher.results.progress import console
+from launcher.results.progress import console, listing
 from launcher.results.run_records import restarts_told
 from launcher.results.rundir import RunDir, find_run
 from launcher.spec.hosts import parse_hosts
@@ -79,15 +79,15 @@ def status(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, json_out: bool 
         loss = [] if not losses else ["-" if row.get("loss") is None else f"{row['loss']:.4g}"]
         table.add_row(str(row["node"]), str(row["host"]), str(row["state"]), exit_code, epoch, *loss,
                       str(row.get("restarts", "-")), *([_autostop_cell(row)] if watchdogs else []))
-    console.print(table)
+    listing.print(table)
     for row in rows:  # a node that could not be asked: why (HOST KEY CHANGED: what to do)
         if row.get("error"):
-            console.print(f"node {row['node']}: {row['error']}", markup=False, highlight=False, soft_wrap=True)
+            listing.print(f"node {row['node']}: {row['error']}", markup=False, highlight=False, soft_wrap=True)
     for entry in told:
         cause = entry["cause"]["summary"] if entry.get("cause") else "cause not recorded"
-        console.print(f"restart {entry['attempt']}: {cause}", markup=False, highlight=False, soft_wrap=True)
+        listing.print(f"restart {entry['attempt']}: {cause}", markup=False, highlight=False, soft_wrap=True)
     if isinstance(record.get("failure"), dict) and record["failure"].get("summary"):  # what `up` named as the cause
-        console.print(f"failure: {record['failure']['summary']}", markup=False, highlight=False)
+        listing.print(f"failure: {record['failure']['summary']}", markup=False, highlight=False)
     for held in PLACES.values():
         note = held.held_note(runs_dir)
         if note:

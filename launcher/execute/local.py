@@ -30,7 +30,7 @@ from launcher.runtimes.join_files import write_local_hook
 from launcher.spec.datasets import check_local_data
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.strategies import check_gpus, processes_per_node
-from launcher.spec.torchrun import shown_argv
+from launcher.spec.torchrun import TORCHRUN_SOURCE, WRAPPER_FILE, shown_argv
 from launcher.spec.user_command import node_command
 
 POLL_SECONDS = 0.5
@@ -132,6 +132,8 @@ def run_local(plan: RunPlan, run_dir: RunDir, show_progress: bool = True, show_o
     if plan.spec.user_command:  # the join hook first on the script's path: the world it forms is measured
         hook = str(write_local_hook(run_dir.path))
         env["PYTHONPATH"] = hook + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    if any(arg.endswith(WRAPPER_FILE) for arg in node.command):  # torchrun's wrapper, run from the run directory
+        (run_dir.path / WRAPPER_FILE).write_text(TORCHRUN_SOURCE)
     out_path = run_dir.path / "torchrun.out"
     previous = interruption.catch_stop_signals()  # SIGTERM, SIGHUP too: torchrun's own session would outlive us
     with open(out_path, "wb") as out:

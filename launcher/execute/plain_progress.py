@@ -131,21 +131,29 @@ _TOLD_ELSEWHERE = ("rank_failed", "hang", "low_disk", "teardown_failed", "failur
                    "stacks", "world_differs")  # the stall's stop and the run's last line carry these
 
 
+# Records for ddpctl's own use, not news: the measured world is in the summary table (its warning, if any, is
+# printed by `up` itself); a Slurm job's state has its own line as the job is followed (launcher/execute/scheduled.py).
+_INTERNAL = ("world_measured", "job_state")
+
+
 def describe_event(event: dict[str, Any]) -> str | None:
     """An event of events.jsonl as a line for the log, or None for one another line tells."""
     kind = str(event.get("event") or "")
     if not kind or kind in _TOLD_ELSEWHERE or kind.startswith("vast."):
+        return None
+    if kind in _INTERNAL:
         return None
     if kind == "exited" and event.get("error") is not None:
         return None  # torchrun could not be started: the run ends with one error line that says so
     node = event.get("node")
     where = f"node {node}: " if isinstance(node, int) else ""
     phrases: dict[str, Callable[[], str]] = {
+        "run_created": lambda: f"run {event.get('run')} (its directory: {event.get('path')})",
         "planned": lambda: f"planned {len(event.get('nodes') or [])} node(s)",
         "shipped": lambda: "code shipped",
         "image": lambda: f"image {event.get('image')} in place",
-        "started": lambda: f"torchrun started (pid {event.get('pid')})",
-        "exited": lambda: f"torchrun exited with status {event.get('exit_code')}",
+        "started": lambda: f"{_program(event)} started (pid {event.get('pid')})",
+        "exited": lambda: f"{_program(event)} exited with status {event.get('exit_code')}",
         "finished": lambda: f"every node ended (exit statuses {_listed(event.get('exit_codes'))})",
         "stalled": lambda: f"no training step for {event.get('seconds')} s",
         "stop_requested": lambda: f"stopping: {event.get('reason')}",
@@ -168,13 +176,20 @@ def describe_event(event: dict[str, Any]) -> str | None:
     if phrase is not None:
         return where + phrase()
     details = ", ".join(f"{k} {v}" for k, v in sorted(event.items()) if k not in ("event", "time", "node")
-                        and isinstance(v, (str, int, float)) and len(str(v)) <= 80)
+                        and isinstance(v, (str, int, float)) and len(str(v)) <= 80
+                        and v not in ("", "None"))  # Slurm says "None" for no reason: nothing to tell
     return where + kind.replace("_", " ") + (f" ({details})" if details else "")
 
 
 def _listed(values: object) -> str:
     """[0, 1] as `0, 1` (never a Python list in a line for people)."""
     return ", ".join(str(v) for v in values) if isinstance(values, (list, tuple)) else str(values)
+
+
+def _program(event: dict[str, Any]) -> str:
+    """What a node started, by the run's --launcher: spawn runs the command itself."""
+    launcher = str(event.get("launcher") or "torchrun")
+    return "the command" if launcher == "spawn" else launcher
 
 
 def tell_event(event: dict[str, Any]) -> None:

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 
 from launcher.errors import SpecError
 from launcher.places.on_provider import ProvidedPlace
-from launcher.places.option_words import it, listed
+from launcher.places.option_words import it, listed, they_are
+from launcher.places.slurm import NOT_SLURM
 
 if TYPE_CHECKING:
     from launcher.execute.recorded import RecordedRun
@@ -35,9 +36,11 @@ class LocalPlace(ProvidedPlace):
         not_local = [flag for flag in given if flag in flags(NOT_LOCAL)] + [
             flag for flag in given if flag in ("--image", "--registry")]
         if not_local:
+            # Where Slurm takes every one of them too, it is named as well.
+            also_slurm = " or slurm" if not set(not_local) & flags(NOT_SLURM) else ""
             raise SpecError(f"{listed(not_local, 'has', 'have')} no effect on a run on this machine: "
-                            f"{listed(['it'] if len(not_local) == 1 else ['they'], 'is', 'are')} for runs on "
-                            f"--host or --provider vast; drop {it(not_local)}")
+                            f"{they_are(not_local)} for runs on --host or --provider vast{also_slurm}; drop "
+                            f"{it(not_local)}")
 
     def host_provider(self, options: UpOptions) -> HostProvider:
         from launcher.execute.local_machine import LocalMachine

@@ -14,5 +14,9 @@ def listed(flags: list[str], singular: str, plural: str) -> str:
     return f"{names} {singular if len(flags) == 1 else plural}"
 
 
+def they_are(flags: list[str]) -> str:
+    return "it is" if len(flags) == 1 else "they are"
+
+
 def it(flags: list[str]) -> str:
     return "it" if len(flags) == 1 else "them"

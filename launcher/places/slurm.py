@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from launcher.errors import DdpctlError, SpecError
-from launcher.places.option_words import it, listed
+from launcher.places.option_words import it, listed, they_are
 from launcher.places.vast import VAST_ONLY
 
 if TYPE_CHECKING:
@@ -58,8 +58,9 @@ class SlurmPlace:
     def check_options(self, runtime: str, given: list[str], flags: Flags) -> None:
         not_here = [flag for flag in given if flag in flags(self.unused_options)]
         if not_here:
+            places = "--provider vast" if set(not_here) <= flags(VAST_ONLY) else "runs on --host or --provider vast"
             raise SpecError(f"{listed(not_here, 'has', 'have')} no effect on a Slurm job (the batch script "
-                            f"decides): drop {it(not_here)}")
+                            f"decides): {they_are(not_here)} for {places}; drop {it(not_here)}")
 
     def requests(self, values: dict[str, Any]) -> dict[str, Any]:
         """The SlurmRequest (what to allocate) of the options' values."""

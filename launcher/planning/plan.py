@@ -22,7 +22,7 @@ from launcher.spec.launchers import (
     NPROC_ENV,
 )
 from launcher.spec.run_spec import MASKED, RunSpec
-from launcher.spec.torchrun import NodeRole, node_argv, shown_command
+from launcher.spec.torchrun import WRAPPER_FILE, NodeRole, node_argv, shown_command
 from launcher.spec.user_command import node_command
 
 LOCAL = "local"
@@ -236,7 +236,8 @@ def _node_from_json(data: dict[str, Any]) -> NodePlan:
 
 def plan_local(spec: RunSpec, run_dir: str, cwd: str) -> RunPlan:
     """A single-node run on this machine; outputs go straight into the run directory."""
-    role = NodeRole(node_rank=0, out_dir=run_dir, log_dir=f"{run_dir}/logs", snapshot_dir=f"{run_dir}/snapshots")
+    role = NodeRole(node_rank=0, out_dir=run_dir, log_dir=f"{run_dir}/logs", snapshot_dir=f"{run_dir}/snapshots",
+                    wrapper=f"{run_dir}/{WRAPPER_FILE}")
     node = NodePlan(
         index=0,
         host=NodeHost(LOCAL),
@@ -280,13 +281,15 @@ def native_node_plan(spec: RunSpec, index: int, host: NodeHost, rdzv_addr: str, 
         rdzv_addr=rdzv_addr if spec.nnodes > 1 else None,
         local_addr=host.address if spec.nnodes > 1 else None,
         snapshot_dir="out/snapshots",
+        wrapper=WRAPPER_FILE,
     )
     cwd = f"{workspace}/code" if spec.user_command else workspace
     env = node_env(spec, host.iface, **(launcher_env(spec, index, rdzv_addr) if spec.user_command else {}))
     if spec.user_command:
         # The user's command runs in its shipped directory; outputs are still collected from the workspace.
         role = NodeRole(node_rank=role.node_rank, out_dir="../out", log_dir="../logs",
-                        rdzv_addr=role.rdzv_addr, local_addr=role.local_addr, snapshot_dir="../out/snapshots")
+                        rdzv_addr=role.rdzv_addr, local_addr=role.local_addr, snapshot_dir="../out/snapshots",
+                        wrapper=f"../{WRAPPER_FILE}")
     node = NodePlan(index, host, "native", workspace, tuple(node_argv(spec, role)), env, cwd, secret_names(spec))
     return shown_launch(spec, node)
 

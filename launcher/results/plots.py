@@ -41,6 +41,12 @@ def _save(fig: Figure, path: Path) -> Path:
     return path
 
 
+def _legend(ax: Any) -> None:
+    """The legend, when something was drawn (a script run without epoch records draws no curve)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize="small")
+
+
 def _by_strategy(rows: list[Row]) -> dict[str, list[Row]]:
     lines: dict[str, list[Row]] = {}
     for row in rows:
@@ -82,7 +88,7 @@ def plot_scaling(rows: list[Row], path: Path, references: tuple[ReferenceFigures
     ax_time.legend(loc="upper left", fontsize="small")
     ax_speed.set_title("Speed-up over each strategy's smallest run", fontsize="medium")
     ax_speed.set_ylabel("speed-up (x)")
-    ax_speed.legend(fontsize="small")
+    _legend(ax_speed)
     fig.suptitle("Time against process count, one line per strategy")
     return _save(fig, path)
 
@@ -109,7 +115,7 @@ def plot_accuracy(rows: list[Row], path: Path, references: tuple[ReferenceFigure
     ax.set_title("Final accuracy against process count")
     ax.set_xlabel("processes (world size)")
     ax.set_ylabel("accuracy (%)")
-    ax.legend(fontsize="small")
+    _legend(ax)
     return _save(fig, path)
 
 
@@ -132,11 +138,11 @@ def plot_curves(runs: list[RunFigures], path: Path) -> Path:
     ax_loss.set_title("Loss (solid: train, dashed: validation)", fontsize="medium")
     ax_loss.set_xlabel("epoch")
     ax_loss.set_ylabel("loss (cross-entropy)")
-    ax_loss.legend(fontsize="small")
+    _legend(ax_loss)
     ax_acc.set_title("Accuracy (solid: train, dashed: validation)", fontsize="medium")
     ax_acc.set_xlabel("epoch")
     ax_acc.set_ylabel("accuracy (%)")
-    ax_acc.legend(fontsize="small")
+    _legend(ax_acc)
     fig.suptitle("Training curves by world size")
     return _save(fig, path)
 
@@ -149,5 +155,5 @@ def write_plots(rows: list[Row], runs: list[RunFigures], out_dir: Path,
     return [
         plot_scaling(rows, out_dir / PLOT_FILES[0], references),
         plot_accuracy(rows, out_dir / PLOT_FILES[1], references),
-        plot_curves([r for r in runs if r.run_id in shown], out_dir / PLOT_FILES[2]),
+        plot_curves([r for r in runs if r.run_id in shown and r.records], out_dir / PLOT_FILES[2]),
     ]

@@ -13,6 +13,8 @@ from rich.table import Table
 from rich.text import Text
 
 console = Console(stderr=True)
+# Stdout: what a command lists (status, doctor, the rented machines), so that `ddpctl status > f` keeps it.
+listing = Console()
 
 
 # The numeric fields of a progress record (contracts.md: progress.json) and the type each is read as.

@@ -37,9 +37,9 @@ def row_cells(row: Row) -> list[str]:
     return [
         row.layout, row.strategy_label, str(row.world_size), _num(row.threads_per_process, "d"),
         _num(row.global_batch, "d"), _num(row.lr, "g"),
-        _num(row.steps_per_epoch, "d"), f"{row.epoch_seconds:.2f}", f"{row.train_seconds:.2f}",
+        _num(row.steps_per_epoch, "d"), _num(row.epoch_seconds, ".2f"), f"{row.train_seconds:.2f}",
         NOT_COMPARABLE if flagged else f"{row.speedup:.2f}x",
-        NOT_COMPARABLE if flagged else f"{100 * row.efficiency:.0f}%", f"{row.samples_per_s:.1f}",
+        NOT_COMPARABLE if flagged else f"{100 * row.efficiency:.0f}%", _num(row.samples_per_s, ".1f"),
         _pct(row.train_acc), _pct(row.val_acc), f"not comparable: {row.not_comparable}" if flagged else "yes",
         _num(row.cost_usd, ".2f"),
     ]
@@ -183,6 +183,21 @@ def _comparability_section(rows: list[Row]) -> list[str]:
            f"efficiency {100 * r.efficiency:.0f}%" for r in flagged]
 
 
+def script_lines(rows: list[Row]) -> list[str]:
+    """One line per row of a script that recorded no epochs: what its time column measured and what it logged."""
+    lines = []
+    for r in rows:
+        if r.wall_seconds is None and not r.script_scalars:
+            continue
+        seen = (f"first logged scalar {r.first_step_s:.1f} s after the launch, last {r.last_step_s:.1f} s; its "
+                "training time is the span between them" if r.first_step_s is not None and r.last_step_s is not None
+                else "no step seen (no TensorBoard scalar logged): its training time is the wall time")
+        scalars = ", ".join(f"{tag} {value:.4g}" for tag, value in r.script_scalars)
+        lines.append(f"{r.layout} (`{r.run_id}`): {r.world_size} process(es) measured, wall time "
+                     f"{_num(r.wall_seconds, '.1f')} s; {seen}" + (f"; last values: {scalars}" if scalars else ""))
+    return lines
+
+
 def _accuracy_section(rows: list[Row]) -> list[str]:
     rows = [r for r in rows if r.strategy == rows[0].strategy]
     base, last = rows[0], rows[-1]
@@ -234,6 +249,9 @@ def render_markdown(rows: list[Row], reference: ReferenceFigures | None = None,
     if superseded:
         lines += ["", "Older runs of a layout already in the table were left out (the newest is shown): "
                   + ", ".join(superseded) + "."]
+    scripts = script_lines(rows)
+    if scripts:
+        lines += ["", "## Scripts without epoch records", ""] + [f"- {line}" for line in scripts]
     if any(r.not_comparable for r in rows):
         lines += [""] + _comparability_section(rows)
     for ref in ([reference] if reference else []) + list(extra_references):

@@ -16,6 +16,7 @@ from launcher.errors import RunDirError
 from launcher.results.progress import finite_number
 from launcher.results.record import load_run_record
 from launcher.results.rundir import RUN_FILE, primary_node_out, read_json, read_jsonl
+from launcher.results.script_curves import ScriptScalars, event_files, read_scalars
 from launcher.results.script_progress import FIELD_RANGES, out_of_range
 from launcher.spec.presets import ReferenceFigures
 
@@ -51,6 +52,19 @@ class RunFigures:
     cores: int | None = None
     load_start: float | None = None  # 1-minute load average when the trainer started
     load_end: float | None = None
+    # A `-- CMD` run without epoch records: its wall time, and what its own TensorBoard scalars showed.
+    wall_seconds: float | None = None
+    script_scalars: ScriptScalars | None = None
+
+    def timed_seconds(self) -> float | None:
+        """The seconds its speed-up is measured on: training (the epochs' sum) when epochs were recorded; for a
+        script without them, from its first to its last logged scalar where seen, else its wall time."""
+        if self.records:
+            return sum(float(r["seconds"]) for r in self.records)
+        scalars = self.script_scalars
+        if scalars is not None and scalars.last_time > scalars.first_time:
+            return scalars.last_time - scalars.first_time
+        return self.wall_seconds
 
     def busy(self) -> str:
         """Why the machine was busy while this run trained (others' load against its cores), or ""."""
@@ -78,11 +92,11 @@ class Row:
     lr: float | None
     epochs: int
     steps_per_epoch: int | None
-    epoch_seconds: float  # median of the per-epoch training times
-    train_seconds: float  # sum of the per-epoch training times (validation excluded)
+    epoch_seconds: float | None  # median of the per-epoch training times (None: no epoch recorded)
+    train_seconds: float  # sum of the per-epoch training times (validation excluded), else RunFigures.timed_seconds
     speedup: float
     efficiency: float
-    samples_per_s: float
+    samples_per_s: float | None
     train_acc: float | None
     val_acc: float | None
     cost_usd: float | None
@@ -91,6 +105,10 @@ class Row:
     threads_per_process: int | None = None
     not_comparable: str = ""
     precision: str = "fp32"  # why speed-up and efficiency are not a result ("" when they are)
+    wall_seconds: float | None = None  # a script run without epoch records: launch to end
+    first_step_s: float | None = None  # seconds from the launch to the script's first / last logged scalar
+    last_step_s: float | None = None
+    script_scalars: tuple[tuple[str, float], ...] = ()  # each TensorBoard tag's last value
 
     @property
     def layout(self) -> str:
@@ -156,13 +174,15 @@ def load_run(path: Path) -> RunFigures:
     if not run and not summary and timing is None:
         raise RunDirError(f"{path} is not a run directory (no {RUN_FILE}, {TIMING_FILE} or {SUMMARY_FILE})")
     records = epoch_records(timing)
-    if not records:
-        raise RunDirError(f"run {path} has no finished epoch in {TIMING_FILE}: nothing to report for it")
     spec: dict[str, Any] = run["spec"] if isinstance(run.get("spec"), dict) else {}
+    script_scalars = read_scalars(event_files(path)) if spec.get("user_command") else None
+    wall = finite_number(summary.get("wall_seconds")) if spec.get("user_command") else None
+    if not records and wall is None and script_scalars is None:
+        raise RunDirError(f"run {path} has no finished epoch in {TIMING_FILE}: nothing to report for it")
     # A `-- CMD` run's spec holds our trainer's defaults (batch 32, lr 0.01...), which its script never read: its
     # figures come from what the script reported (the progress protocol's records, its summary) or stay unknown.
     trainer_spec = {} if spec.get("user_command") else spec
-    last = records[-1]
+    last = records[-1] if records else {}
     measured = next((v for v in (last.get("world_size"), summary.get("world_size"))
                      if v and not out_of_range("world_size", v)), None)
     if measured is None and spec.get("user_command"):
@@ -170,7 +190,7 @@ def load_run(path: Path) -> RunFigures:
         raise UnmeasuredWorld(f"run {path}: its world size was not measured (no process of its script joined a "
                               "process group that ddpctl saw), so it has no place on a scaling axis")
     world_size = int(measured or int(spec.get("nnodes", 1)) * int(spec.get("nproc_per_node", 1)))
-    started = run.get("created") or records[0].get("time") or path.stat().st_mtime
+    started = run.get("created") or (records[0].get("time") if records else None) or path.stat().st_mtime
     return RunFigures(
         path=path,
         run_id=str(run.get("run_id") or path.name),
@@ -191,6 +211,8 @@ def load_run(path: Path) -> RunFigures:
         cores=_int_or_none(summary.get("cores")),
         load_start=_first_load(summary.get("load_start")),
         load_end=_first_load(summary.get("load_end")),
+        wall_seconds=wall,
+        script_scalars=script_scalars,
     )
 
 
@@ -240,13 +262,13 @@ def scaling_table(runs: list[RunFigures]) -> list[Row]:
     for key in sorted(newest, key=lambda k: (order[k[0], k[1]], k[2], k[3])):
         run = newest[key]
         seconds = [float(r["seconds"]) for r in run.records]
-        train_seconds = sum(seconds)
+        train_seconds = run.timed_seconds() or 0.0
         if base is None or (base.strategy, base.precision) != (run.strategy, run.precision):
             base, base_seconds = run, train_seconds
         speedup = base_seconds / train_seconds if train_seconds > 0 else 0.0
         efficiency = speedup / (run.world_size / base.world_size)
         samples = sum(float(r.get("samples", 0)) for r in run.records)
-        last = run.records[-1]
+        last = run.records[-1] if run.records else {}
         rows.append(Row(
             world_size=run.world_size,
             nnodes=run.nnodes,
@@ -258,11 +280,11 @@ def scaling_table(runs: list[RunFigures]) -> list[Row]:
             lr=run.lr,
             epochs=len(run.records),
             steps_per_epoch=last.get("steps"),
-            epoch_seconds=statistics.median(seconds),
+            epoch_seconds=statistics.median(seconds) if seconds else None,
             train_seconds=train_seconds,
             speedup=speedup,
             efficiency=efficiency,
-            samples_per_s=samples / train_seconds if train_seconds > 0 else 0.0,
+            samples_per_s=(samples / train_seconds if train_seconds > 0 else 0.0) if run.records else None,
             train_acc=last.get("train_acc"),
             val_acc=last.get("val_acc"),
             cost_usd=run.cost_usd,
@@ -271,8 +293,23 @@ def scaling_table(runs: list[RunFigures]) -> list[Row]:
             threads_per_process=run.threads_per_process,
             not_comparable=_not_comparable(run, base, efficiency),
             precision=run.precision,
+            **_script_fields(run),
         ))
     return rows
+
+
+def _script_fields(run: RunFigures) -> dict[str, Any]:
+    """A script run's own figures for its row: wall time, when its logged scalars began and ended, their last
+    values (all absent for runs that recorded epochs)."""
+    scalars = run.script_scalars
+    if run.records or (scalars is None and run.wall_seconds is None):
+        return {}
+    return {
+        "wall_seconds": run.wall_seconds,
+        "first_step_s": scalars.first_time - run.started if scalars else None,
+        "last_step_s": scalars.last_time - run.started if scalars else None,
+        "script_scalars": scalars.last_values if scalars else (),
+    }
 
 
 def _not_comparable(run: RunFigures, base: RunFigures, efficiency: float) -> str:

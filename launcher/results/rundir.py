@@ -126,6 +126,8 @@ class RunDir:
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
+        for listener in list(_event_listeners):  # a log names its run first (told, not recorded: run.json says it)
+            listener({"time": time.time(), "event": "run_created", "run": spec.run_id, "path": str(final)})
         return cls(final)
 
     @classmethod
@@ -175,6 +177,8 @@ class RunDir:
 
     def event(self, kind: str, **fields: Any) -> None:
         """Append one launcher event with its time to events.jsonl (and tell the listeners)."""
+        if kind in ("started", "exited") and "launcher" not in fields:  # what started: torchrun, mpirun, the script
+            fields["launcher"] = self._launcher()
         record = {"time": time.time(), "event": kind, **fields}
         line = json.dumps(record, sort_keys=True)
         try:
@@ -196,6 +200,12 @@ class RunDir:
         print(f"warning: {self.path / name} cannot be written ({error.strerror or error}): the run goes on, but "
               f"from now on what happens is not recorded in {self.path}; make it writable again", file=sys.stderr,
               flush=True)
+
+    def _launcher(self) -> str:
+        """The run's --launcher (torchrun for ddpctl's trainer), as run.json records it."""
+        spec = (read_json(self.path / RUN_FILE) or {}).get("spec")
+        launcher = spec.get("launcher") if isinstance(spec, dict) else None
+        return launcher if isinstance(launcher, str) else "torchrun"
 
     def events(self) -> list[dict[str, Any]]:
         return read_jsonl(self.path / EVENTS_FILE)

@@ -38,7 +38,8 @@ FIELD_RANGES: dict[str, tuple[float, float]] = {
     **{name: (0, COUNT_MAX) for name in ("epoch", "epochs", "step", "steps", "samples", "world_size")},
     "seconds": (0, 1e8), "val_seconds": (0, 1e8), "samples_per_s": (0, 1e12),
     **{name: (-1e12, 1e12) for name in ("loss", "train_loss", "val_loss")},
-    **{name: (0, 100) for name in ("train_acc", "val_acc")},
+    # Fractions, as timing.jsonl, the report and its plots take them: 0.97, not 97 (which is refused, not scaled).
+    **{name: (0, 1) for name in ("train_acc", "val_acc")},
 }
 
 

@@ -29,7 +29,8 @@ from launcher.results.run_figures import (
     epoch_records,
     find_result_file,
 )
-from launcher.results.rundir import write_json_atomic
+from launcher.results.run_records import WRITTEN_BY as SCRIPT_SUMMARY
+from launcher.results.rundir import read_json, read_jsonl, write_json_atomic
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.strategies import DEVICE_STRATEGIES
 
@@ -180,10 +181,17 @@ def entry_spec(manifest: dict[str, Any], entry: dict[str, Any]) -> RunSpec:
 
 
 def run_finished(run_dir: Path, epochs: int) -> bool:
-    """True when the run wrote its summary and a timing record for every epoch."""
-    if not run_dir.is_dir() or find_result_file(run_dir, SUMMARY_FILE) is None:
+    """True when the run wrote its summary and a timing record for every epoch; a `-- CMD` script that printed no
+    epochs, when its world was measured and every node's process exited 0."""
+    summary_path = find_result_file(run_dir, SUMMARY_FILE) if run_dir.is_dir() else None
+    if summary_path is None:
         return False
     records = epoch_records(find_result_file(run_dir, TIMING_FILE))
+    summary = read_json(summary_path) or {}
+    if not records and summary.get("written_by") == SCRIPT_SUMMARY:
+        exits = [e.get("exit_code") for e in read_jsonl(run_dir / "events.jsonl") if e.get("event") == "exited"]
+        return bool(summary.get("world_measured")) and not summary.get("world_failed") and bool(exits) \
+            and all(code == 0 for code in exits)
     return bool(records) and int(records[-1]["epoch"]) >= epochs
 
 

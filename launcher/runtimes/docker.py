@@ -31,7 +31,7 @@ from launcher.remote import shell_text
 from launcher.runtimes.base import NODE_STOP_GRACE_SECONDS, STOP_GRACE_SECONDS
 from launcher.spec.launchers import HOOK_DIR, JOIN_DIR_ENV, JOINED_DIR
 from launcher.spec.run_spec import RunSpec
-from launcher.spec.torchrun import NodeRole, shown_command, torchrun_argv
+from launcher.spec.torchrun import WRAPPER_FILE, NodeRole, shown_command, torchrun_argv
 
 CONTAINER_WORKSPACE = "/workspace"
 CONTAINER_DATA = "/data"
@@ -72,6 +72,7 @@ def docker_node_plan(spec: RunSpec, index: int, host: NodeHost, rdzv_addr: str, 
         local_addr=host.address if multi else None,
         data_dir=CONTAINER_DATA if spec.data_dir else None,
         snapshot_dir=f"{ws}/out/snapshots",
+        wrapper=f"{ws}/{WRAPPER_FILE}",
     )
     argv = torchrun_argv(replace(spec, python=IMAGE_PYTHON), role)
     # A `-- CMD` node: ddpctl's variables, and the join hook first on its path (the world it forms is measured).

@@ -25,6 +25,7 @@ import json
 import os
 import sys
 import time
+import types
 
 JOIN_DIR_ENV = "DDPCTL_JOIN_DIR"
 # Which process registered the dumps of its rank at start: its children (DataLoader workers started as fresh
@@ -188,7 +189,40 @@ def _chain_next_sitecustomize():
             sys.modules["sitecustomize"] = ours
 
 
+def _without_our_frames(tb):
+    """A traceback chain without this file's frames (rebuilt: traceback objects are immutable)."""
+    frames = []
+    while tb is not None:
+        if os.path.abspath(tb.tb_frame.f_code.co_filename) != _HERE:
+            frames.append(tb)
+        tb = tb.tb_next
+    rebuilt = None
+    for frame in reversed(frames):
+        rebuilt = types.TracebackType(rebuilt, frame.tb_frame, frame.tb_lasti, frame.tb_lineno)
+    return rebuilt
+
+
+def _hide_our_frames(hook):
+    """sys.excepthook that prints the script's traceback as if ddpctl's wrapper were not there."""
+
+    def excepthook(kind, value, tb):
+        try:
+            seen, error = set(), value
+            while error is not None and id(error) not in seen:  # the chained exceptions too
+                seen.add(id(error))
+                error.__traceback__ = _without_our_frames(error.__traceback__)
+                error = error.__cause__ or error.__context__
+            tb = value.__traceback__ if value is not None else tb
+        except Exception:  # noqa: BLE001, S110 - the traceback as it was, rather than none
+            pass
+        hook(kind, value, tb)
+
+    return excepthook
+
+
+_HERE = os.path.abspath(__file__)
 if os.environ.get(JOIN_DIR_ENV):
     sys.meta_path.insert(0, _JoinFinder())
+    sys.excepthook = _hide_our_frames(sys.excepthook)
     _register_at_start()
 _chain_next_sitecustomize()

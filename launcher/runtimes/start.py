@@ -16,6 +16,7 @@ from launcher.runtimes.docker import DockerRuntime
 from launcher.runtimes.join_files import HOOK_FILE, join_hook_source
 from launcher.runtimes.native import NativeRuntime, start_program
 from launcher.spec.launchers import HOOK_DIR, NODE_RANK_ENV
+from launcher.spec.torchrun import TORCHRUN_SOURCE, WRAPPER_FILE
 from launcher.transport.connection import HostConnection
 
 if TYPE_CHECKING:
@@ -60,6 +61,8 @@ def node_files(node: NodePlan, code: tuple[str, str] | None = None) -> bytes:
     files = [(name, data, 0o600)]
     if NODE_RANK_ENV in dict(node.env):  # a `-- CMD` node: the world its processes join is measured
         files.append((f"{HOOK_DIR}/{HOOK_FILE}", join_hook_source(), 0o644))
+    if any(arg.endswith(WRAPPER_FILE) for arg in node.command):  # torchrun's wrapper, run from the workspace
+        files.append((WRAPPER_FILE, TORCHRUN_SOURCE.encode(), 0o644))
     listed = [[path, base64.b64encode(content).decode(), mode] for path, content, mode in files]
     if code is None:
         return json.dumps(listed).encode()

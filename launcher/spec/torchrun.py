@@ -14,9 +14,12 @@ from launcher.spec.launchers import MPI_PEER_SCRIPT, MPIRUN_SCRIPT, SPAWN_SCRIPT
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.user_command import node_command
 
-# What runs torchrun on a node (`python -c` it): torch.distributed.run with every attempt's worker logs kept.
+# What runs torchrun on a node: torch.distributed.run with every attempt's worker logs kept. Written as
+# WRAPPER_FILE into the node's workspace and run from there (so `ps` shows a file, not 3 KB of source); where no
+# file can be put first (a role without `wrapper`: the Slurm batch script), its source is given with `python -c`.
 TORCHRUN_SOURCE = Path(attempt_logs.__file__).read_text()
 TORCHRUN_SHOWN = '"$(cat launcher/spec/attempt_logs.py)"'
+WRAPPER_FILE = "ddpctl_torchrun.py"
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,7 @@ class NodeRole:
     local_addr: str | None = None
     data_dir: str | None = None
     snapshot_dir: str | None = None
+    wrapper: str | None = None  # WRAPPER_FILE's path on the node (from its cwd); None: `python -c` its source
 
 
 def trainer_argv(spec: RunSpec, role: NodeRole) -> list[str]:
@@ -78,7 +82,7 @@ def strategy_argv(spec: RunSpec) -> list[str]:
 def torchrun_argv(spec: RunSpec, role: NodeRole) -> list[str]:
     """The whole command a node runs: `PYTHON -c TORCHRUN_SOURCE OPTIONS (-m trainer ... | --no-python CMD)`,
     torch.distributed.run keeping each attempt's logs (launcher/spec/attempt_logs.py)."""
-    argv = [spec.python, "-c", TORCHRUN_SOURCE]
+    argv = [spec.python, role.wrapper] if role.wrapper else [spec.python, "-c", TORCHRUN_SOURCE]
     if spec.nnodes == 1 and role.rdzv_addr is None:
         argv += ["--standalone", "--nnodes", "1"]
     else:
@@ -104,7 +108,9 @@ def torchrun_argv(spec: RunSpec, role: NodeRole) -> list[str]:
     ]  # fmt: skip
     if spec.user_command:
         return argv + ["--no-python", *node_command(spec.user_command, spec.python)]
-    return argv + trainer_argv(spec, role)
+    # Our trainer prints one line per epoch on rank 0's stdout: teed into the node's torchrun output (`ddpctl logs`)
+    # as well as its file. A script's output is its own: it stays in the files only.
+    return argv + ["--tee", "1"] + trainer_argv(spec, role)
 
 
 def shown_command(argv: Sequence[str]) -> str:

@@ -31,7 +31,8 @@ from trainer.determinism import seed_rng
 from trainer.distributed import cpu_model
 from trainer.errors import SnapshotError, TrainerError
 from trainer.files import atomic_write_bytes
-from trainer.records import ProgressReporter, TimingLog, build_summary, versions, write_summary
+from trainer.records import ProgressReporter, build_summary, versions, write_summary
+from trainer.run_log import RunLog
 from trainer.sharding import samples_per_rank, shard_indices
 from trainer.snapshot import newest_valid, save_snapshot, snapshot_path
 from trainer.strategies.common import initial_model, read_data, set_threads, strategy_summary
@@ -57,8 +58,8 @@ class HogwildTrainer:
         self.epochs_done = 0
         self.records: list[dict[str, Any]] = []
         self.wall_start = time.time()
-        self.timing = TimingLog(config.out_dir / "timing.jsonl")
-        self.progress = ProgressReporter(config.out_dir / "progress.json", config.epochs, self.steps_per_epoch)
+        self.timing = RunLog(config.out_dir, lambda: config.lr)  # trainer/run_log.py: epoch lines, CSV, TensorBoard
+        self.progress = self.timing.progress(config.epochs, self.steps_per_epoch)
         self.commands: list[Any] = []
         self.results: Any = None
         self.workers: list[Any] = []

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.providers.vast.ledger import hourly, instance_cost, live, open_intents, say
-from launcher.results.progress import console
+from launcher.results.progress import listing
 from launcher.results.rundir import RUN_FILE, RunDir
 
 
@@ -116,7 +116,7 @@ def print_rented(runs_dir: Path, json_out: bool) -> None:
         rate = "unknown" if r["dph"] is None else f"{float(r['dph']):.4f}"
         table.add_row(r["run"], str(r["instance_id"] or "?"), r["state"], str(r["gpu_name"] or "?"), r["ssh"],
                       rate, f"{r['hours']:.2f}", cost)
-    console.print(table)
+    listing.print(table)
     total = sum(float(r["dph"] or 0) for r in rows)
     unsure = sum(1 for r in rows if r["instance_id"] is None)
     say(f"{len(rows) - unsure} machine(s) billing ${total:.4f}/hour in all"
