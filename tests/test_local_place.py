@@ -98,7 +98,7 @@ def test_status_of_a_training_local_run_shows_it_running_with_its_epoch_and_down
         assert isinstance(row["epoch"], int) and 1 <= row["epoch"] < 500 and row["epochs"] == 500
         assert isinstance(row["loss"], float) and row["restarts"] == 0 and row["exit_code"] is None
         table = ddpctl("status", "--runs-dir", str(runs))
-        assert table.returncode == 0 and "running" in table.stderr and "/500" in table.stderr, table.stderr
+        assert table.returncode == 0 and "running" in table.stdout and "/500" in table.stdout, table.stdout
 
         logs = ddpctl("logs", "--runs-dir", str(runs), "-n", "1000")
         assert logs.returncode == 0, logs.stderr
