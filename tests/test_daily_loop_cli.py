@@ -55,9 +55,8 @@ def test_up_help_all_shows_every_option() -> None:
     (["--nodes", "2", "--disk", "5"], "--nodes and --disk are for --provider vast (--nodes is also for --provider "
                                       "slurm)"),
     (["--disk", "5"], "--disk is for --provider vast only"),
-    (["--detach"], "it is for runs on --host or --provider vast or slurm; drop it"),
-    (["--stall-timeout", "5"], "it is for runs on --host or --provider vast; drop it"),
-    (["--detach", "--rdzv-port", "29555"], "they are for runs on --host or --provider vast; drop them"),
+    (["--rdzv-port", "29555"], "it is for runs on --host or --provider vast; drop it"),
+    (["--rdzv-port", "29555", "--no-probe"], "they are for runs on --host or --provider vast; drop them"),
     (["--provider", "slurm", "--host", "login", "--stall-timeout", "5"],
      "--stall-timeout has no effect on a Slurm job (the batch script decides): it is for runs on --host or "
      "--provider vast; drop it"),

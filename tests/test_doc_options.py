@@ -20,8 +20,9 @@ PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 OUTSIDE_TOOLS = {
     "torchrun": {"--nnodes", "--node-rank", "--nproc-per-node", "--rdzv-conf", "--local-addr", "--log-dir",
                  "--master-port"},
-    "sbatch / srun": {"--cpus-per-task", "--gpus-per-node", "--gres", "--kill-on-bad-exit", "--mem",
-                      "--ntasks-per-node", "--open-mode"},
+    "sbatch / srun / sacct": {"--cpus-per-task", "--gpus-per-node", "--gres", "--kill-on-bad-exit", "--mem",
+                              "--ntasks-per-node", "--open-mode", "--partitio", "--chdir", "--output", "--wrap",
+                              "--array", "--wait", "--mpi", "--duplicates"},
     "docker / compose": {"--abort-on-container-exit", "--env-file", "--ipc", "--network", "--build",
                          "--exit-code-from"},
     "mpirun": {"--allow-run-as-root", "--bind-to"},
