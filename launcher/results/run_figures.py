@@ -51,6 +51,7 @@ class RunFigures:
     cores: int | None = None
     load_start: float | None = None  # 1-minute load average when the trainer started
     load_end: float | None = None
+    exposed_comm_fraction: float | None = None  # the trainer's measure (trainer/comm_share.py); None: not measured
 
     def busy(self) -> str:
         """Why the machine was busy while this run trained (others' load against its cores), or ""."""
@@ -91,6 +92,7 @@ class Row:
     threads_per_process: int | None = None
     not_comparable: str = ""
     precision: str = "fp32"  # why speed-up and efficiency are not a result ("" when they are)
+    exposed_comm_fraction: float | None = None  # a step's share spent waiting on the gradients' communication
 
     @property
     def layout(self) -> str:
@@ -191,6 +193,8 @@ def load_run(path: Path) -> RunFigures:
         cores=_int_or_none(summary.get("cores")),
         load_start=_first_load(summary.get("load_start")),
         load_end=_first_load(summary.get("load_end")),
+        exposed_comm_fraction=finite_number(summary["exposed_comm_fraction"])
+        if isinstance(summary.get("exposed_comm_fraction"), int | float) else None,
     )
 
 
@@ -271,6 +275,7 @@ def scaling_table(runs: list[RunFigures]) -> list[Row]:
             threads_per_process=run.threads_per_process,
             not_comparable=_not_comparable(run, base, efficiency),
             precision=run.precision,
+            exposed_comm_fraction=run.exposed_comm_fraction,
         ))
     return rows
 

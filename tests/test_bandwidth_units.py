@@ -1,0 +1,97 @@
+"""The network's figures without a network: nccl-tests' definitions in the nodes' program, the message sizes, the
+gradient sizes against the trainer's own models, what doctor reads from rank 0's line, and the report's
+exposed-communication column per layout."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from launcher.execute import bandwidth as launcher_bw
+from launcher.planning.facts import HostAddress, HostFacts
+from launcher.results.report import render_markdown, row_cells
+from launcher.results.run_figures import load_run, scaling_table
+from launcher.spec.gradient_size import GRADIENT_BYTES
+from tests.test_report import write_run
+from trainer import bandwidth
+from trainer.models import build_model
+
+
+def test_bus_bandwidth_is_nccl_tests_all_reduce_factor() -> None:
+    assert bandwidth.bus_factor(2) == 1.0 and bandwidth.bus_factor(4) == 1.5 and bandwidth.bus_factor(8) == 1.75
+
+
+def test_message_sizes_run_from_8_bytes_up_to_the_gradient_exactly() -> None:
+    assert bandwidth.message_sizes(87_360) == [8, 64, 512, 4096, 32768, 87_360]
+    assert bandwidth.message_sizes(4096) == [8, 64, 512, 4096]
+    assert bandwidth.message_sizes(3) == [8]
+    assert all(size % 4 == 0 for size in bandwidth.message_sizes(44_726_570))
+
+
+def test_the_launcher_sends_the_program_with_the_same_result_mark() -> None:
+    assert launcher_bw.RESULT_MARK == bandwidth.RESULT_MARK
+    assert launcher_bw.PROGRAM.read_text() == Path(bandwidth.__file__).read_text()
+
+
+@pytest.mark.parametrize(("model", "shape"), [("mnist-cnn", (1, 28, 28)), ("mnist-cnn-small", (1, 28, 28)),
+                                              ("mnist-cnn", (3, 32, 32)), ("mnist-cnn-small", (3, 32, 32))])
+def test_gradient_sizes_are_the_trainer_models_parameters(model: str, shape: tuple[int, int, int]) -> None:
+    counted = sum(p.numel() * p.element_size() for p in build_model(model, shape).parameters())
+    dataset = "cifar10" if shape[0] == 3 else "mnist"
+    assert GRADIENT_BYTES[(model, dataset)] == counted
+    if dataset == "mnist":
+        assert GRADIENT_BYTES[(model, "synthetic")] == counted
+
+
+def facts(label: str, iface: str, addr: str) -> HostFacts:
+    return HostFacts(label, ssh_server_addr=addr,
+                     addrs=(HostAddress("lo", "127.0.0.1", 8), HostAddress(iface, addr, 24)))
+
+
+NODES = [facts("a@10.0.0.2", "eth0", "10.0.0.2"), facts("b@10.0.0.3", "ens5", "10.0.0.3"),
+         facts("c@10.0.0.4", "enp1s0", "10.0.0.4")]
+
+
+def test_each_node_is_told_node_0s_address_and_its_own_interface() -> None:
+    argv = launcher_bw.node_argv("python3", NODES, 1, 29400, 87_360)
+    assert argv[0] == "python3" and argv[1] == "-c"
+    assert argv[3:] == ["1", "3", "10.0.0.2", "29400", "ens5", "87360", "gloo", str(launcher_bw.SECONDS)]
+    gpu = [HostFacts(f.label, ssh_server_addr=f.ssh_server_addr, addrs=f.addrs, gpu_names=("H100",),
+                     torch_cuda="cu121") for f in NODES]
+    assert launcher_bw.backend_for(gpu) == "nccl" and launcher_bw.backend_for(NODES) == "gloo"
+
+
+def test_rank_0s_line_becomes_the_figures_with_the_slowest_pair_named() -> None:
+    found = {"nodes": 3, "backend": "gloo", "max_bytes": 87_360, "busbw_gbit_s": 0.3, "latency_ms": 0.2,
+             "sizes": [{"bytes": 8, "time_ms": 0.2, "algbw_gbit_s": 0.0003, "busbw_gbit_s": 0.0004}],
+             "pairs": [{"nodes": [0, 1], "busbw_gbit_s": 0.9}, {"nodes": [0, 2], "busbw_gbit_s": 0.05},
+                       {"nodes": [1, 2], "busbw_gbit_s": 0.06}]}
+    result = launcher_bw.figures("noise\n" + bandwidth.RESULT_MARK + json.dumps(found) + "\n", NODES)
+    assert (result["busbw_gbit_s"], result["latency_ms"]) == (0.3, 0.2)
+    assert result["ifaces"] == ["eth0", "ens5", "enp1s0"]
+    assert result["slowest_pair"] == {"hosts": ["a@10.0.0.2", "c@10.0.0.4"], "busbw_gbit_s": 0.05}
+    lines = launcher_bw.summary_lines(result)
+    assert "bus bandwidth 0.3 Gbit/s at 87,360 B" in lines[0] and "latency 0.2 ms at 8 B" in lines[0]
+    assert lines[1] == "slowest pair: a@10.0.0.2 and c@10.0.0.4, 0.05 Gbit/s"
+
+
+def test_no_result_line_is_an_error_not_a_figure() -> None:
+    from launcher.errors import DdpctlError
+
+    with pytest.raises(DdpctlError, match="printed no result"):
+        launcher_bw.figures("Traceback ...\n", NODES)
+
+
+def test_the_report_shows_the_exposed_share_per_layout(tmp_path: Path) -> None:
+    write_run(tmp_path, "r1", 1)
+    write_run(tmp_path, "r2", 2, nnodes=2, seed=1)
+    summary_path = tmp_path / "r2" / "summary.json"
+    summary_path.write_text(json.dumps({**json.loads(summary_path.read_text()), "exposed_comm_fraction": 0.625}))
+    rows = scaling_table([load_run(tmp_path / "r1"), load_run(tmp_path / "r2")])
+    assert [r.exposed_comm_fraction for r in rows] == [None, 0.625]
+    cells = [row_cells(r) for r in rows]
+    assert [c[11] for c in cells] == ["-", "62%"]  # beside the efficiency
+    markdown = render_markdown(rows)
+    assert "| exposed comm |" in markdown and "| 62% |" in markdown
