@@ -9,12 +9,18 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launcher.errors import DdpctlError
 from launcher.planning.facts import HostFacts
+from launcher.results.progress import console
+from launcher.spec.gradient_size import DEFAULT_MODEL, gradient_bytes
 from launcher.transport.connection import HostConnection
 from launcher.transport.parallel import run_on_hosts
+
+if TYPE_CHECKING:
+    from launcher.planning.plan import RunPlan
+    from launcher.transport.hostsession import HostSession
 
 # trainer/bandwidth.py as the nodes run it (it imports torch: the launcher reads its text, never imports it).
 PROGRAM = Path(__file__).resolve().parents[2] / "trainer" / "bandwidth.py"
@@ -91,3 +97,18 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
 def _last_line(text: str) -> str:
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[-1].strip() if lines else ""
+
+
+def before_run(session: HostSession, plan: RunPlan) -> dict[str, Any]:
+    """`up --check-bandwidth`: the measurement on the run's hosts, over the interfaces and with the backend the run
+    will use, up to its model's gradient (our trainer's; a `-- CMD` run's model is unknown: the default model's),
+    on its rendezvous port (reserved for the run, free until it starts); printed, and returned for run.json."""
+    spec = plan.spec
+    facts = list(plan.node_facts)
+    model = spec.model if not spec.user_command else DEFAULT_MODEL
+    result = measure([session.conn(i) for i in range(len(facts))], facts, python=spec.python, port=spec.rdzv_port,
+                     max_bytes=gradient_bytes(model, spec.dataset))
+    result["model"] = model
+    for line in summary_lines(result):
+        console.print(line, markup=False, highlight=False)
+    return result
