@@ -1,18 +1,23 @@
 """Multi-node runs on hosts that differ as real machines do (infra/testbed_variety.py): the nodes' interfaces are
 named eth0 and ens5, each host also has a docker0 that leads nowhere, the homes are under /home and /srv, the SSH
 ports 22 and 2222, python3 at a path of each host's own. `--launcher mpirun` is one MPI world across them and every
-rank on every node is given the run's --env and the DDPCTL_* variables."""
+rank on every node is given the run's --env and the DDPCTL_* variables. The network between them, measured: doctor's
+bus bandwidth follows a `tc` limit on one host's link, names the slowest pair, and a run's exposed communication
+share rises under the limit."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from infra.testbed import Testbed, cleanup_stale
+from infra.testbed import Testbed, TestHost, cleanup_stale
 from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, run_ddpctl
 
 pytestmark = pytest.mark.skipif(TESTBED_UNAVAILABLE, reason=TESTBED_SKIP_REASON)
@@ -94,3 +99,75 @@ def test_a_rank_on_the_second_node_told_to_fail_fails_the_run(bed: Testbed, proj
     assert code == 1, stderr
     assert run is not None and "rank 3: failing as FAIL_RANK asks" in (
         mpirun_output(run) + (run / "nodes" / "0" / "logs" / "mpirun" / "attempt_0" / "0" / "stderr.log").read_text())
+
+
+TC = "/usr/sbin/tc"
+LIMIT_MBIT = 50
+
+
+@contextlib.contextmanager
+def limited(host: TestHost, mbit: int) -> Iterator[None]:
+    """The host's egress on its link to the others held to `mbit` Mbit/s (tbf in its namespace), then freed."""
+    qdisc = ["qdisc", "add", "dev", host.iface, "root", "tbf", "rate", f"{mbit}mbit", "burst", "64kbit",
+             "latency", "400ms"]
+    subprocess.run([*host.nsenter(), TC, *qdisc], check=True, capture_output=True)
+    try:
+        yield
+    finally:
+        subprocess.run([*host.nsenter(), TC, "qdisc", "del", "dev", host.iface, "root"], check=True,
+                       capture_output=True)
+
+
+def doctor_bandwidth(bed: Testbed, hosts: list[TestHost]) -> dict[str, Any]:
+    result = run_ddpctl(bed, "doctor", *(a for h in hosts for a in ("--host", h.spec)), "--bandwidth", "--json")
+    assert result.returncode == 0, result.stderr
+    return dict(json.loads(result.stdout))
+
+
+def test_doctors_bus_bandwidth_follows_a_50_mbit_limit_on_one_hosts_link(bed: Testbed) -> None:
+    free = doctor_bandwidth(bed, bed.hosts)
+    with limited(bed.hosts[1], LIMIT_MBIT):
+        held = doctor_bandwidth(bed, bed.hosts)
+    limit_gbit = LIMIT_MBIT / 1000
+    assert 0.5 * limit_gbit <= held["busbw_gbit_s"] <= 1.3 * limit_gbit, held
+    assert free["busbw_gbit_s"] > 1.3 * limit_gbit, free  # the limit, not the machine, made the figure
+    for found in (free, held):
+        assert found["latency_ms"] > 0 and found["bandwidth"]["backend"] == "gloo"
+        assert found["bandwidth"]["ifaces"] == ["eth0", "ens5"]  # the route between the nodes, not docker0
+        assert found["bandwidth"]["sizes"][0]["bytes"] == 8 and found["bandwidth"]["max_bytes"] == 87_360
+        sizes = found["bandwidth"]["sizes"]
+        assert all(row["busbw_gbit_s"] == pytest.approx(row["bytes"] * 8 / 1e9 / (row["time_ms"] / 1e3))
+                   for row in sizes)  # two nodes: busbw = algbw
+
+
+def test_with_three_hosts_the_slowest_pair_is_the_one_through_the_slow_link(bed: Testbed) -> None:
+    third = bed.add_host(2200)
+    try:
+        assert third.iface == "enp1s0"
+        with limited(third, LIMIT_MBIT):
+            found = doctor_bandwidth(bed, bed.hosts)
+        pairs = found["bandwidth"]["pairs"]
+        assert len(pairs) == 3
+        assert third.spec in found["bandwidth"]["slowest_pair"]["hosts"], found["bandwidth"]
+        fast = next(p for p in pairs if third.spec not in p["hosts"])
+        assert fast["busbw_gbit_s"] > found["bandwidth"]["slowest_pair"]["busbw_gbit_s"]
+    finally:
+        bed.remove_host(third)
+
+
+def test_up_records_the_bandwidth_and_the_exposed_share_rises_under_the_limit(bed: Testbed, project: Path,
+                                                                            tmp_path: Path) -> None:
+    found = {}
+    for name, mbit in (("free", 0), ("held", LIMIT_MBIT)):
+        with limited(bed.hosts[1], mbit) if mbit else contextlib.nullcontext():
+            code, stderr, run = up(bed, project, tmp_path / name, "--gpus", "1", "--dataset", "synthetic",
+                                   "--epochs", "1", "--check-bandwidth")
+        assert code == 0, stderr
+        assert run is not None
+        record = json.loads((run / "run.json").read_text())["bandwidth"]
+        summary = json.loads((run / "summary.json").read_text())
+        found[name] = (record["busbw_gbit_s"], summary["exposed_comm_fraction"])
+        assert record["ifaces"] == ["eth0", "ens5"] and record["max_bytes"] == 87_360
+        assert summary["step_ms_sync"] > 0 and summary["step_ms_no_sync"] > 0
+    assert 0.5 * LIMIT_MBIT / 1000 <= found["held"][0] <= 1.3 * LIMIT_MBIT / 1000, found
+    assert found["held"][1] >= found["free"][1] + 0.1, found
