@@ -95,3 +95,40 @@ def test_the_report_shows_the_exposed_share_per_layout(tmp_path: Path) -> None:
     assert [c[11] for c in cells] == ["-", "62%"]  # beside the efficiency
     markdown = render_markdown(rows)
     assert "| exposed comm |" in markdown and "| 62% |" in markdown
+
+
+def with_network(run: Path, summary: dict[str, float], bandwidth: dict[str, object] | None = None) -> None:
+    path = run / "summary.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **summary}))
+    if bandwidth is not None:
+        record = json.loads((run / "run.json").read_text())
+        (run / "run.json").write_text(json.dumps({**record, "bandwidth": bandwidth}))
+
+
+def test_the_report_says_whether_the_network_limits_each_layout(tmp_path: Path) -> None:
+    write_run(tmp_path, "one", 1)
+    write_run(tmp_path, "slow", 2, nnodes=2, seed=1)
+    write_run(tmp_path, "fast", 4, nnodes=4, seed=2)
+    measured = {"busbw_gbit_s": 0.047, "latency_ms": 0.4,
+                "sizes": [{"bytes": 8, "time_ms": 0.4}, {"bytes": 87_360, "time_ms": 15.0}]}
+    with_network(tmp_path / "slow", {"exposed_comm_fraction": 0.8, "step_ms_no_sync": 5.0}, measured)
+    with_network(tmp_path / "fast", {"exposed_comm_fraction": 0.05, "step_ms_no_sync": 5.0})
+    rows = scaling_table([load_run(tmp_path / name) for name in ("one", "slow", "fast")])
+    slow, fast = rows[1], rows[2]
+    assert slow.busbw_gbit_s == 0.047 and slow.predicted_efficiency == pytest.approx(5.0 / 20.0)
+    assert fast.busbw_gbit_s is None and fast.predicted_efficiency is None  # no bandwidth measured: not predicted
+    markdown = render_markdown(rows)
+    section = markdown.split("## Where a step's time goes", 1)[1]
+    assert (f"- ddp 2x1 (`slow`): 80% of a step waited on communication that computation did not hide; bus "
+            f"bandwidth 0.047 Gbit/s, measured before the run; the efficiency it allows 25%, measured "
+            f"{100 * slow.efficiency:.0f}%: the network limits this layout's scaling.") in section
+    assert "- ddp 4x1 (`fast`): 5% of a step waited on communication that computation did not hide: the network " \
+           "is not what limits it." in section
+    assert "`one`" not in section  # one process: nothing was synced, nothing is said
+
+
+def test_no_exposed_share_measured_means_no_network_section(tmp_path: Path) -> None:
+    write_run(tmp_path, "one", 1)
+    write_run(tmp_path, "two", 2, nnodes=2, seed=1)
+    rows = scaling_table([load_run(tmp_path / "one"), load_run(tmp_path / "two")])
+    assert "Where a step's time goes" not in render_markdown(rows)

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,7 @@ from typing import Any
 import pytest
 
 from infra.testbed import Testbed, TestHost, cleanup_stale
-from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, run_ddpctl
+from tests.testbed_fixtures import REPO, TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, run_ddpctl
 
 pytestmark = pytest.mark.skipif(TESTBED_UNAVAILABLE, reason=TESTBED_SKIP_REASON)
 
@@ -171,3 +173,17 @@ def test_up_records_the_bandwidth_and_the_exposed_share_rises_under_the_limit(be
         assert summary["step_ms_sync"] > 0 and summary["step_ms_no_sync"] > 0
     assert 0.5 * LIMIT_MBIT / 1000 <= found["held"][0] <= 1.3 * LIMIT_MBIT / 1000, found
     assert found["held"][1] >= found["free"][1] + 0.1, found
+    # Beside one process on one host, the report says the limited link is what holds the 2-node layout back.
+    one = run_ddpctl(bed, "up", "--host", bed.hosts[0].spec, "--runs-dir", str(tmp_path / "held"), "--gpus", "1",
+                     "--dataset", "synthetic", "--epochs", "1", cwd=project)
+    assert one.returncode == 0, one.stderr
+    report = subprocess.run([sys.executable, "-m", "launcher", "report",
+                             *(str(p) for p in (tmp_path / "held").iterdir()), "--out", str(tmp_path / "report")],
+                            capture_output=True, text=True, cwd=project, timeout=120,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert report.returncode == 0, report.stderr
+    section = (tmp_path / "report" / "report.md").read_text().split("## Where a step's time goes", 1)[1]
+    (line,) = [line for line in section.splitlines() if line.startswith("- ddp 2x1")]
+    assert f"{100 * found['held'][1]:.0f}% of a step waited on communication" in line, line
+    assert "measured before the run; the efficiency it allows" in line, line
+    assert line.endswith(": the network limits this layout's scaling."), line

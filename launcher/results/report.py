@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import RunDirError
+from launcher.results.network_share import network_section
 from launcher.results.run_figures import Report, Row
 from launcher.spec.presets import ReferenceFigures
 from launcher.spec.user_paths import file_target, kind_of
@@ -243,6 +244,9 @@ def render_markdown(rows: list[Row], reference: ReferenceFigures | None = None,
         lines += [""] + _comparability_section(rows)
     for ref in ([reference] if reference else []) + list(extra_references):
         lines += [""] + _reference_section(rows, ref)
+    network = network_section(rows)
+    if network:
+        lines += [""] + network
     lines += [""] + _accuracy_section(rows)
     if plots:
         lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots]

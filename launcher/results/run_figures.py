@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import RunDirError
+from launcher.results.network_share import NetworkFigures, network_figures
 from launcher.results.progress import finite_number
 from launcher.results.record import load_run_record
 from launcher.results.rundir import RUN_FILE, primary_node_out, read_json, read_jsonl
@@ -51,7 +52,7 @@ class RunFigures:
     cores: int | None = None
     load_start: float | None = None  # 1-minute load average when the trainer started
     load_end: float | None = None
-    exposed_comm_fraction: float | None = None  # the trainer's measure (trainer/comm_share.py); None: not measured
+    network: NetworkFigures = NetworkFigures()  # exposed communication, bandwidth measured before the run
 
     def busy(self) -> str:
         """Why the machine was busy while this run trained (others' load against its cores), or ""."""
@@ -93,6 +94,8 @@ class Row:
     not_comparable: str = ""
     precision: str = "fp32"  # why speed-up and efficiency are not a result ("" when they are)
     exposed_comm_fraction: float | None = None  # a step's share spent waiting on the gradients' communication
+    busbw_gbit_s: float | None = None  # up --check-bandwidth's figure for the run's hosts
+    predicted_efficiency: float | None = None  # what that bandwidth allows (launcher/results/network_share.py)
 
     @property
     def layout(self) -> str:
@@ -193,8 +196,7 @@ def load_run(path: Path) -> RunFigures:
         cores=_int_or_none(summary.get("cores")),
         load_start=_first_load(summary.get("load_start")),
         load_end=_first_load(summary.get("load_end")),
-        exposed_comm_fraction=finite_number(summary["exposed_comm_fraction"])
-        if isinstance(summary.get("exposed_comm_fraction"), int | float) else None,
+        network=network_figures(run, summary),
     )
 
 
@@ -275,7 +277,9 @@ def scaling_table(runs: list[RunFigures]) -> list[Row]:
             threads_per_process=run.threads_per_process,
             not_comparable=_not_comparable(run, base, efficiency),
             precision=run.precision,
-            exposed_comm_fraction=run.exposed_comm_fraction,
+            exposed_comm_fraction=run.network.exposed_comm_fraction,
+            busbw_gbit_s=run.network.busbw_gbit_s,
+            predicted_efficiency=run.network.predicted_efficiency,
         ))
     return rows
 
