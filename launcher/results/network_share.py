@@ -9,13 +9,11 @@ the efficiency measured."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from launcher.results.progress import finite_number
-
-if TYPE_CHECKING:
-    from launcher.results.run_figures import Row
 
 LIMITS = 0.5  # exposed share from which the network is what limits a layout
 HIDDEN = 0.2  # below this, it is not what limits it
@@ -60,7 +58,26 @@ def verdict(exposed: float) -> str:
     return "the network takes a part of each step"
 
 
-def network_section(rows: list[Row]) -> list[str]:
+class LayoutRow(Protocol):
+    """What of a report row (run_figures.Row, which imports this module) the section reads."""
+
+    @property
+    def strategy(self) -> str: ...
+    @property
+    def layout(self) -> str: ...
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def efficiency(self) -> float: ...
+    @property
+    def exposed_comm_fraction(self) -> float | None: ...
+    @property
+    def busbw_gbit_s(self) -> float | None: ...
+    @property
+    def predicted_efficiency(self) -> float | None: ...
+
+
+def network_section(rows: Sequence[LayoutRow]) -> list[str]:
     """Markdown lines, one per layout whose exposed share was measured; [] when none was."""
     lines = []
     for row in rows:
