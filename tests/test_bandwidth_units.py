@@ -132,3 +132,25 @@ def test_no_exposed_share_measured_means_no_network_section(tmp_path: Path) -> N
     write_run(tmp_path, "two", 2, nnodes=2, seed=1)
     rows = scaling_table([load_run(tmp_path / "one"), load_run(tmp_path / "two")])
     assert "Where a step's time goes" not in render_markdown(rows)
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["doctor", "--host", "gpu1", "--bandwidth"],
+     "error: --bandwidth measures the network between hosts: give two --host or more"),
+    (["doctor", "--host", "gpu1", "--host", "gpu2", "--bandwidth", "--model", "vgg"],
+     "error: --model vgg --dataset mnist: choose a model of mnist-cnn, mnist-cnn-small, resnet18 and a data set of "
+     "cifar10, mnist, synthetic"),
+    (["up", "--host", "gpu1", "--check-bandwidth", "--dataset", "synthetic"],
+     "error: --check-bandwidth measures the network between SSH hosts: give two --host or more"),
+    (["up", "--check-bandwidth", "--dataset", "synthetic"],
+     "error: --check-bandwidth measures the network between SSH hosts: give two --host or more"),
+])
+def test_a_measurement_that_cannot_be_made_is_refused_in_one_line(tmp_path: Path, args: list[str],
+                                                                 line: str) -> None:
+    from tests.cli_in_process import ddpctl_in_process
+
+    result = ddpctl_in_process(*args, "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path) if args[0] == "up" \
+        else ddpctl_in_process(*args, cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.strip() == line
+    assert not (tmp_path / "runs").exists()

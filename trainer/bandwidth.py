@@ -87,10 +87,11 @@ def pairwise(max_bytes: int, device: torch.device) -> list[dict[str, Any]]:
     pairs = [(i, j) for i in range(world) for j in range(i + 1, world)]
     groups = [dist.new_group(list(pair)) for pair in pairs]  # every rank makes every group, in the same order
     found = []
+    size = message_sizes(max_bytes)[-1]
     for pair, group in zip(pairs, groups, strict=True):
         if rank in pair:
-            seconds = timed_all_reduce(max_bytes - max_bytes % 4 or SMALLEST, device, group)
-            found.append({"nodes": list(pair), "busbw_gbit_s": (max_bytes / seconds) * 8 / 1e9})
+            seconds = timed_all_reduce(size, device, group)  # two ranks: busbw = algbw
+            found.append({"nodes": list(pair), "busbw_gbit_s": (size / seconds) * 8 / 1e9})
         dist.barrier()
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, found)

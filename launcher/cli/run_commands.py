@@ -180,6 +180,8 @@ def doctor(host: list[str] = typer.Option(..., "--host", help="Hosts to check; r
     options = UpOptions(hosts=parse_hosts(host), identity_file=identity_file,
                         accept_new_host_keys=accept_new_host_keys, connect_timeout=connect_timeout,
                         rdzv_addr=rdzv_addr)
+    if bandwidth and len(host) < 2:
+        raise SpecError("--bandwidth measures the network between hosts: give two --host or more")
     if (model, dataset) not in GRADIENT_BYTES:
         models, datasets = sorted({m for m, _ in GRADIENT_BYTES}), sorted({d for _, d in GRADIENT_BYTES})
         raise SpecError(f"--model {model} --dataset {dataset}: choose a model of {', '.join(models)} and a data "
