@@ -154,3 +154,16 @@ def test_a_measurement_that_cannot_be_made_is_refused_in_one_line(tmp_path: Path
     assert result.returncode == 1
     assert result.stderr.strip() == line
     assert not (tmp_path / "runs").exists()
+
+
+def test_check_bandwidth_on_hosts_without_torch_is_one_line_naming_them() -> None:
+    from dataclasses import replace
+
+    from launcher.errors import DdpctlError
+    from launcher.planning.plan import NodeHost, plan_remote
+    from launcher.spec.run_spec import RunSpec
+
+    plan = plan_remote(RunSpec(run_id="r", nnodes=2), [NodeHost(f.label, f.ssh_server_addr) for f in NODES[:2]])
+    plan = replace(plan, node_facts=(replace(NODES[0], torch="2.13.0"), NODES[1]))
+    with pytest.raises(DdpctlError, match=r"needs torch: b@10.0.0.3 has none .*drop --check-bandwidth$"):
+        launcher_bw.before_run(None, plan)  # type: ignore[arg-type]  # refused before any host is asked

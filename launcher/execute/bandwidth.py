@@ -105,6 +105,11 @@ def before_run(session: HostSession, plan: RunPlan) -> dict[str, Any]:
     on its rendezvous port (reserved for the run, free until it starts); printed, and returned for run.json."""
     spec = plan.spec
     facts = list(plan.node_facts)
+    without = [f.label for f in facts if not f.torch]
+    if without:
+        raise DdpctlError(f"--check-bandwidth runs on the hosts' own python ({spec.python}), which needs torch: "
+                          f"{', '.join(without)} has none (a Docker runtime's torch is in its image): install it "
+                          "there, or drop --check-bandwidth")
     model = spec.model if not spec.user_command else DEFAULT_MODEL
     result = measure([session.conn(i) for i in range(len(facts))], facts, python=spec.python, port=spec.rdzv_port,
                      max_bytes=gradient_bytes(model, spec.dataset))
