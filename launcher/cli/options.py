@@ -175,6 +175,8 @@ UP_WHERE_OPTIONS = (
     opt("outputs", list, (), "With `-- CMD` on hosts: bring back only these of the files your script writes in its "
         "working directory (gitignore-style: 'snapshot.pt', '*.csv', 'checkpoints/'); repeat. Its "
         "$DDPCTL_OUTPUT_DIR always comes back.", OUTPUT),
+    opt("check_bandwidth", bool, False, "SSH hosts: before training, measure all-reduce bus bandwidth and latency "
+        "between the nodes (as `ddpctl doctor --bandwidth`) and record them in run.json.", HOSTS),
 )
 
 UP_OUTPUT_OPTIONS = (
