@@ -111,7 +111,7 @@ PLANNED = [
     ["--provider", "slurm", "--host", "login1", "--strategy", "dp", "--devices", "cpu,cpu"],
     ["--host", "a@h1", "--host", "h2:2222", "--runtime", "docker", "--image", "img:1", "--registry",
      "reg.example/img:1", "--rdzv-addr", "10.0.0.1", "--rdzv-port", "29555", "--allow-public-rendezvous",
-     "--stall-timeout", "60", "--outputs", "*.csv", "--gpus", "2", "--", "python", "train.py"],
+     "--stall-timeout", "60", "--outputs", "*.csv", "--gpus", "2", "--check-bandwidth", "--", "python", "train.py"],
 ]
 
 
