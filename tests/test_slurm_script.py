@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 
 from launcher.errors import SpecError
-from launcher.schedulers.slurm.batch_script import GPUS_PER_NODE, GRES, SlurmJob, batch_script, sbatch_argv
+from launcher.schedulers.slurm.batch_script import (
+    GPUS_PER_NODE,
+    GRES,
+    SlurmJob,
+    batch_script,
+    env_file_text,
+    sbatch_argv,
+)
 from launcher.schedulers.slurm.cluster import ClusterFacts, Partition, gpu_count, key_values, preflight_refusal
 from launcher.schedulers.slurm.scheduler import status_from_sacct, status_from_scontrol
 from launcher.spec.run_spec import RunSpec
@@ -84,7 +91,10 @@ def test_a_user_command_runs_in_each_nodes_own_copy_with_quoted_arguments() -> N
     spec = RunSpec(run_id="r2", nnodes=2, nproc_per_node=1, python="/opt/venv/bin/python",
                    user_command=("python", "train.py", "--note", "it's $HOME; rm -rf /"))
     script = batch_script(SlurmJob(spec, SlurmRequest(nodes=2), RUN, gpu_flag=None))
-    assert 'rm -rf "$ws/code" && cp -R code "$ws/code"\nexport DDPCTL_OUTPUT_DIR="$ws/out"\n' in script
+    assert ('rm -rf "$ws/code" && cp -R code "$ws/code"\nexport DDPCTL_OUTPUT_DIR="$ws/out" '
+            'DDPCTL_NODE_RANK="$SLURM_NODEID" DDPCTL_NNODES=2 DDPCTL_JOIN_DIR="$ws/logs/joined"\n') in script
+    # The join hook first on the path: every process records the world it joins (the world size is measured).
+    assert 'export PYTHONPATH="$PWD/hook:$ws/code${PYTHONPATH:+:$PYTHONPATH}"\n' in script
     assert 'cd "$ws/code"\n' in script
     assert ("--log-dir ../logs --redirects 3 --no-python /opt/venv/bin/python train.py --note "
             "'it'\"'\"'s $HOME; rm -rf /' > \"$ws/torchrun.out\"") in script
@@ -160,3 +170,24 @@ def test_launchers_other_than_torchrun_are_refused_before_the_cluster_is_asked()
     spec = RunSpec(run_id="r", nnodes=2, nproc_per_node=1, launcher="mpirun", user_command=("python", "x.py"))
     with pytest.raises(SpecError, match="--launcher mpirun: a Slurm job starts torchrun"):
         SlurmScheduler(SlurmRequest(nodes=2), "login").submit_dryrun(spec, None)
+
+
+def test_env_values_stay_out_of_the_script_which_sources_them_from_a_file_beside_it() -> None:
+    spec = RunSpec(run_id="r3", nnodes=2, nproc_per_node=1, python="python3", user_command=("python", "t.py"),
+                   extra_env=(("WANDB_API_KEY", "s3cr3t value"), ("X", "1")))
+    script = batch_script(SlurmJob(spec, SlurmRequest(nodes=2), RUN, gpu_flag=None))
+    assert "s3cr3t" not in script
+    assert ("export PYTHONUNBUFFERED=1 TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1\n"
+            "# --env WANDB_API_KEY X: the values from ddpctl.env beside this script (mode 0600, written by ddpctl)\n"
+            ". ./ddpctl.env\n") in script
+    # Sourced by the batch shell before srun: every node's task inherits them (srun exports the environment).
+    assert script.index(". ./ddpctl.env") < script.index("srun --nodes=2")
+    assert env_file_text(spec) == "export WANDB_API_KEY='s3cr3t value'\nexport X=1\n"
+    plain = batch_script(SlurmJob(RunSpec(run_id="r4", python="python3"), SlurmRequest(), RUN, gpu_flag=None))
+    assert "ddpctl.env" not in plain
+
+
+def test_a_requeued_user_command_counts_the_newest_allocations_joins() -> None:
+    spec = RunSpec(run_id="r5", nnodes=1, nproc_per_node=1, python="python3", user_command=("python", "t.py"))
+    script = batch_script(SlurmJob(spec, SlurmRequest(time="1", max_requeues=1), RUN, gpu_flag=None))
+    assert '[ -d "$ws/code" ] || cp -R code "$ws/code"\nrm -rf "$ws/logs/joined"\n' in script

@@ -28,9 +28,12 @@ from launcher.remote import shell_text
 from launcher.results.progress import console
 from launcher.results.run_records import finish_records
 from launcher.results.rundir import RunDir, primary_node_out, read_json, write_bytes_atomic, write_json_atomic
+from launcher.runtimes.join_files import HOOK_FILE, join_hook_source
 from launcher.schedulers.base import PENDING, RUNNING, JobStatus
+from launcher.schedulers.slurm.batch_script import env_file_text
 from launcher.schedulers.slurm.job_output import OomKill
 from launcher.schedulers.slurm.scheduler import SlurmScheduler, SlurmSubmit
+from launcher.spec.launchers import HOOK_DIR
 from launcher.spec.run_spec import RunSpec
 from launcher.transport import outputs
 from launcher.transport.hostsession import HostSession, target_to_json
@@ -65,6 +68,8 @@ def run_scheduled(spec: RunSpec, options: UpOptions, saved_script: str | None = 
             _print_request(request, options)
             return UpResult(None, 0, None, scheduled_plan=plan_json(spec, scheduler.request, scheduler.login,
                                                                      request.to_json()))
+        for warning in request.warnings:
+            console.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
         if saved_script is not None and request.script != saved_script:
             raise PlanError("the cluster no longer gives the saved plan's batch script (its partition, workdir or "
                             f"facts changed): {MAKE_ONE}")
@@ -97,7 +102,7 @@ def run_scheduled(spec: RunSpec, options: UpOptions, saved_script: str | None = 
                                                  lambda: pull_job(conn, run_dir))
             raise Interrupted(outcome.text) from None
         interruption.pull_after_run(run_dir, lambda: pull_job(conn, run_dir))
-        code = finish_job(run_dir, status)
+        code = finish_job(run_dir, status, scheduler.allocation_spans(conn, job_id))
         return UpResult(run_dir.path, code, read_json(run_dir.path / "summary.json"))
 
 
@@ -145,7 +150,13 @@ def ship_code(conn: Connection, spec: RunSpec, request: SlurmSubmit, run_dir: Ru
 
 
 def write_script(conn: Connection, request: SlurmSubmit, run_dir: RunDir) -> None:
-    """The batch script on the shared file system (a temporary name, then renamed) and in the run directory."""
+    """The batch script on the shared file system (a temporary name, then renamed) and in the run directory; beside
+    it, the files it reads: --env's values (mode 0600) and, for a `-- CMD` job, the join hook."""
+    spec = request.job.spec
+    if spec.extra_env:
+        write_remote_file(conn, request.job.env_path, env_file_text(spec).encode(), "600")
+    if spec.user_command:
+        write_remote_file(conn, f"{request.remote_dir}/{HOOK_DIR}/{HOOK_FILE}", join_hook_source(), "644")
     path = request.job.script_path
     tmp = f"{path}.part"
     try:
@@ -155,6 +166,15 @@ def write_script(conn: Connection, request: SlurmSubmit, run_dir: RunDir) -> Non
     except OSError as e:
         raise HostError(conn.label, f"could not write {path}: {e}") from e
     write_bytes_atomic(run_dir.path / "job.sbatch", request.script.encode())
+
+
+def write_remote_file(conn: Connection, path: str, data: bytes, mode: str) -> None:
+    """`data` into `path` on the cluster, given on standard input (never on a command line), made unreadable to
+    others from its creation (umask 077) and renamed into place whole."""
+    result = conn.run(["sh", "-c", 'umask 077 && mkdir -p "$(dirname "$1")" && cat > "$1.part" && chmod "$2" '
+                       '"$1.part" && mv "$1.part" "$1"', "ddpctl-write", path, mode], stdin=data, timeout=60)
+    if not result.ok:
+        raise HostError(conn.label, f"could not write {path}: {result.stderr.strip()[:200]}")
 
 
 def follow_job(scheduler: SlurmScheduler, conn: Connection, run_dir: RunDir, job_id: str,
@@ -262,8 +282,9 @@ def pull_job(conn: Connection, run_dir: RunDir) -> list[dict[str, Any]]:
     return stats
 
 
-def finish_job(run_dir: RunDir, status: JobStatus) -> int:
-    """Record the end state (one line), the allocation's cost and the failure; the run's exit code."""
+def finish_job(run_dir: RunDir, status: JobStatus, slurm_spans: list[tuple[float, float]] | None = None) -> int:
+    """Record the end state (one line), the allocation's cost and the failure; the run's exit code. `slurm_spans`:
+    each allocation's (start, end) from Slurm's accounting, where the cluster keeps it."""
     queued = _span(status.submit_time, status.start_time)
     ran = _span(status.start_time, status.end_time)
     cost = {"queued_seconds": queued, "run_seconds": ran,
@@ -273,9 +294,11 @@ def finish_job(run_dir: RunDir, status: JobStatus) -> int:
     line, spent = end_line(status, queued, ran, oom), False
     most = scheduled_chain.max_requeues(run_dir)
     if most:  # a chain of allocations: counted over all of them, and the outcome once no requeue was left
-        cost, chain = scheduled_chain.cost(run_dir, status, scheduled_chain.submit_time(run_dir))
-        saved = scheduled_chain.saved_text(run_dir, bool(run_dir.spec().user_command))
-        line, spent = scheduled_chain.end_line(status, cost, chain, most, saved), scheduled_chain.spent(status, chain)
+        cost, chain = scheduled_chain.cost(run_dir, status, scheduled_chain.submit_time(run_dir), slurm_spans)
+        user_command = bool(run_dir.spec().user_command)
+        saved = scheduled_chain.saved_text(run_dir, user_command)
+        line = scheduled_chain.end_line(status, cost, chain, most, saved, user_command)
+        spent = scheduled_chain.spent(status, chain)
     run_dir.update_record(slurm={**run_dir.record()["slurm"], "status": status.to_json(), "end": line, **cost})
     run_dir.event("job_ended", state=status.state, exit_code=status.exit_code, line=line)
     finish_records(run_dir)

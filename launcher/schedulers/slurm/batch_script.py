@@ -14,12 +14,17 @@ from dataclasses import dataclass
 
 from launcher.schedulers.slurm import requeue
 from launcher.spec import strategies
+from launcher.spec.launchers import HOOK_DIR, JOIN_DIR_ENV, JOINED_DIR, NNODES_ENV, NODE_RANK_ENV
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.slurm_request import SlurmRequest
 from launcher.spec.torchrun import TORCHRUN_SOURCE, NodeRole, trainer_argv
 from launcher.spec.user_command import node_command
 
 SCRIPT_NAME = "job.sbatch"
+# --env's values: a file of mode 0600 beside the script, written over SFTP and sourced by the batch shell, so every
+# rank gets them (srun passes the batch environment on) while they stay off every command line and out of the
+# script's text, which --dry-run prints and Slurm keeps (`scontrol write batch_script`).
+ENV_FILE = "ddpctl.env"
 PORT_BASE, PORT_SPAN = 20000, 20000
 # GPU requests as the cluster understands them: cons_tres clusters take --gpus-per-node, others only --gres.
 GPUS_PER_NODE, GRES = "--gpus-per-node", "--gres"
@@ -41,6 +46,10 @@ class SlurmJob:
     @property
     def script_path(self) -> str:
         return f"{self.remote_dir}/{SCRIPT_NAME}"
+
+    @property
+    def env_path(self) -> str:
+        return f"{self.remote_dir}/{ENV_FILE}"
 
     @property
     def output_path(self) -> str:
@@ -97,8 +106,12 @@ def node_script(spec: RunSpec, requeued: bool = False) -> str:
     if spec.user_command:  # the script writes beside itself: each node its own copy, as on hosts
         fresh = '[ -d "$ws/code" ] ||' if requeued else 'rm -rf "$ws/code" &&'
         copy = f'{fresh} cp -R code "$ws/code"'
-        lines += [copy, 'export DDPCTL_OUTPUT_DIR="$ws/out"',
-                  'export PYTHONPATH="$ws/code${PYTHONPATH:+:$PYTHONPATH}"', 'cd "$ws/code"']
+        # The join hook (launcher/runtimes/join_hook.py, first on the path) records the world each process joins,
+        # as on hosts: the world size is measured, not planned. A requeued job's newest allocation is what counts.
+        joined = [f'rm -rf "$ws/logs/{JOINED_DIR}"'] if requeued else []
+        lines += [copy, *joined, f'export DDPCTL_OUTPUT_DIR="$ws/out" {NODE_RANK_ENV}="$SLURM_NODEID" '
+                  f'{NNODES_ENV}={spec.nnodes} {JOIN_DIR_ENV}="$ws/logs/{JOINED_DIR}"',
+                  f'export PYTHONPATH="$PWD/{HOOK_DIR}:$ws/code${{PYTHONPATH:+:$PYTHONPATH}}"', 'cd "$ws/code"']
     else:
         lines += ['export PYTHONPATH="$PWD/code${PYTHONPATH:+:$PYTHONPATH}"', 'cd "$ws"']
     # The exit status is kept beside the output, as on a host, for the failure attribution after the pull.
@@ -114,6 +127,20 @@ def node_script(spec: RunSpec, requeued: bool = False) -> str:
     return "\n".join(lines)
 
 
+def env_lines(spec: RunSpec) -> list[str]:
+    """The batch script's lines that export --env's variables: their names only, the values from ENV_FILE."""
+    names = [name for name, _ in spec.extra_env]
+    if not names:
+        return []
+    return [f"# --env {' '.join(names)}: the values from {ENV_FILE} beside this script (mode 0600, written by ddpctl)",
+            f". ./{ENV_FILE}"]
+
+
+def env_file_text(spec: RunSpec) -> str:
+    """ENV_FILE's text: one `export NAME=VALUE` line per --env variable, each value quoted for the shell."""
+    return "".join(f"export {name}={shlex.quote(value)}\n" for name, value in spec.extra_env)
+
+
 def batch_script(job: SlurmJob) -> str:
     """The whole batch script, byte for byte what is written to the cluster and submitted."""
     spec, requeued = job.spec, job.request.requeue
@@ -127,6 +154,7 @@ def batch_script(job: SlurmJob) -> str:
           if job.request.prelude else []),
         "set -e",
         "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env),
+        *env_lines(spec),
         "# The allocation's first node hosts the c10d store, on a port derived from the job id.",
         'rdzv_host=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         f'export DDPCTL_RDZV_ENDPOINT="$rdzv_host:$(({PORT_BASE} + SLURM_JOB_ID % {PORT_SPAN}))"',

@@ -9,6 +9,7 @@ from __future__ import annotations
 import shlex
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from launcher.errors import DdpctlError, HostError, SpecError
@@ -32,6 +33,7 @@ class SlurmSubmit:
     workdir: str  # the user's workdir on the cluster (absolute): runs/ and code/ live under it
     login: str
     unknown: tuple[str, ...] = ()  # what a dry run could not learn (no probe): such a request never runs
+    warnings: tuple[str, ...] = ()  # what will likely not go as the user expects (the dry run says it)
 
     @property
     def remote_dir(self) -> str:
@@ -46,13 +48,14 @@ class SlurmSubmit:
                 f"process(es), run folder {self.remote_dir}",
                 f"# sbatch line: {shlex.join(self.argv)}",
                 *(f"# unknown: {u}" for u in self.unknown),
+                *(f"# warning: {w}" for w in self.warnings),
                 f"# {self.job.script_path}:"]
         return "\n".join(head) + "\n" + self.script
 
     def to_json(self) -> dict[str, Any]:
         return {"scheduler": "slurm", "login": self.login, "remote_dir": self.remote_dir, "workdir": self.workdir,
                 "sbatch": self.argv, "script": self.script, "gpu_flag": self.job.gpu_flag,
-                "cpus_per_task": self.job.cpus_per_task, "unknown": list(self.unknown),
+                "cpus_per_task": self.job.cpus_per_task, "unknown": list(self.unknown), "warnings": list(self.warnings),
                 "partition": self.job.request.partition, "time": self.job.request.time,
                 "requeue": requeue.plan_fields(self.job.request)}
 
@@ -74,21 +77,22 @@ class SlurmScheduler:
         refusal = requeue.refusal(spec, self.request)
         if refusal:
             raise SpecError(refusal)
-        if spec.extra_env:
-            raise SpecError("--env is not passed to Slurm jobs yet (its values would be written to the batch script "
-                            "on the shared file system): set them with --prelude 'export NAME=...' if they are not "
-                            "secret, or drop --env")
+        if spec.withheld_env:
+            raise SpecError(f"the values of --env {', '.join(spec.withheld_env)} were not stored (run.json and "
+                            "sweep.json keep names only): give --env NAME=VALUE for each again")
+        warning = requeue.handler_warning(spec, self.request, Path.cwd())
+        warnings = (warning,) if warning else ()
         if conn is None:
             job = SlurmJob(spec, self.request, f"{UNPROBED_WORKDIR}/runs/{spec.run_id}", gpu_flag=None)
             unknown = ("the partition, its GPUs and MaxTime, the workdir and torch (not probed: --no-probe)",)
-            return SlurmSubmit(job, batch_script(job), UNPROBED_WORKDIR, self.login, unknown)
+            return SlurmSubmit(job, batch_script(job), UNPROBED_WORKDIR, self.login, unknown, warnings)
         facts = cluster.read_facts(conn, spec, self.request)
         has_gpus = any(facts.partition.gpus_per_node)
         gpu_flag = (GPUS_PER_NODE if facts.select_type.endswith("cons_tres") else GRES) if has_gpus else None
         request = self.request if self.request.partition else _with_partition(self.request, facts.partition.name)
         job = SlurmJob(spec, request, f"{facts.workdir}/runs/{spec.run_id}", gpu_flag=gpu_flag,
                        cpus_per_task=None if has_gpus else spec.nproc_per_node)
-        submit = SlurmSubmit(job, batch_script(job), facts.workdir, self.login)
+        submit = SlurmSubmit(job, batch_script(job), facts.workdir, self.login, warnings=warnings)
         _test_only(conn, submit)
         return submit
 
@@ -112,6 +116,21 @@ class SlurmScheduler:
         if acct.ok and acct.stdout.strip():
             return status_from_sacct(job_id, acct.stdout.strip().splitlines()[0])
         return JobStatus(job_id, "UNKNOWN", reason=_last_line(result.stderr or acct.stderr))
+
+    def allocation_spans(self, conn: Connection, job_id: str) -> list[tuple[float, float]] | None:
+        """Each allocation's (start, end) of a job, requeued ones included (`sacct --duplicates`), from the
+        cluster's accounting; None where there is none (sacct refuses or answers nothing)."""
+        acct = conn.run(["sacct", "-j", job_id, "-X", "-D", "-n", "-P", "-o", "Start,End"],
+                        timeout=cluster.QUERY_TIMEOUT)
+        if not acct.ok:
+            return None
+        spans = []
+        for line in acct.stdout.splitlines():
+            start, _, end = line.strip().partition("|")
+            began, ended = _clock(start), _clock(end)
+            if began is not None and ended is not None:
+                spans.append((began, ended))
+        return spans or None
 
     def cancel(self, conn: Connection, job_id: str) -> None:
         """scancel: Slurm sends SIGTERM to every task, then SIGKILL after the cluster's KillWait."""

@@ -1,0 +1,111 @@
+"""A script that knows nothing of ddpctl on the real test cluster, with `--requeue`: `--env` reaches every rank from a
+file of mode 0600 (never in the script's text nor the dry run), the world size is measured by the join hook, a
+script that ignores the time limit's signal ends in a TIMEOUT that names the signal and the handler to add, and the
+time trained counts the allocation Slurm cut at its limit. The repository's example handler
+(examples/slurm_requeue.py) runs through a requeue chain to the end, beside it (the cluster's nodes have a CPU
+each to spare for a second 2-node job)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from infra.slurm_cluster import SlurmCluster
+from tests.slurm_fixtures import needs_slurm
+from tests.testbed_fixtures import REPO, run_ddpctl
+
+pytestmark = [pytest.mark.e2e, needs_slurm]
+SECRET = "hunter2-do-not-print"
+
+# Plain torchrun DDP: what torchrun gives, a world, and a wait that only the time limit ends (SIGUSR1 is ignored).
+PLAIN = '''import os, time
+import torch.distributed as dist
+dist.init_process_group("gloo")
+print(f"rank {dist.get_rank()} of {dist.get_world_size()}: X={os.environ.get('X')}", flush=True)
+while True:
+    time.sleep(1)
+'''
+
+
+def slurm(cluster: SlurmCluster, *args: str, cwd: Path, timeout: float = 420) -> subprocess.CompletedProcess[str]:
+    return run_ddpctl(cluster.bed, *args[:1], "--provider", "slurm", "--host", cluster.login.spec, *args[1:], cwd=cwd,
+                      timeout=timeout)
+
+
+def stdout_of(run: Path) -> str:
+    return "".join(p.read_text() for p in sorted(run.glob("nodes/*/logs/**/stdout.log")))
+
+
+def test_a_plain_script_gets_env_a_measured_world_and_a_timeout_that_names_the_signal_and_the_fix(
+        slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    chain_dir, plain_dir = tmp_path / "example", tmp_path / "plain"
+    chain_dir.mkdir()
+    plain_dir.mkdir()
+    shutil.copy(REPO / "examples" / "slurm_requeue.py", chain_dir)
+    (plain_dir / "plain.py").write_text(PLAIN)
+    # The example handler: 60 s of steps, more than one allocation of a one-minute limit gives (signalled 30 to 60 s
+    # in); each next allocation resumes where the last stopped, up to the end.
+    detached = slurm(slurm_cluster, "up", "--nodes", "2", "--gpus", "1", "--time", "1", "--max-requeues", "4",
+                     "--detach", "--", "python", "slurm_requeue.py", "--steps", "600", cwd=chain_dir)
+    assert detached.returncode == 0, detached.stderr
+
+    args = ("--nodes", "2", "--gpus", "1", "--requeue", "--max-requeues", "1", "--time", "0:01:00", "--env", "X=1",
+            "--env", f"TOKEN={SECRET}", "--", "python", "plain.py")
+    dry = slurm(slurm_cluster, "up", *args[:-3], "--dry-run", *args[-3:], cwd=plain_dir)
+    assert dry.returncode == 0, dry.stderr
+    assert "# warning: --requeue: plain.py has no SIGUSR1 handler in sight" in dry.stdout
+    assert ". ./ddpctl.env" in dry.stdout and SECRET not in dry.stdout + dry.stderr
+
+    up = slurm(slurm_cluster, "up", *args, cwd=plain_dir)
+    assert up.returncode == 1, up.stderr
+    assert SECRET not in up.stdout + up.stderr
+    run = next((plain_dir / "runs").iterdir())
+    record = json.loads((run / "run.json").read_text())["slurm"]
+    job = record["job_id"]
+    # --env: on every rank, from a file only its owner reads; never in the script Slurm holds.
+    assert sorted(stdout_of(run).splitlines()) == ["rank 0 of 2: X=1", "rank 1 of 2: X=1"]
+    env_file = Path(record["remote_dir"]) / "ddpctl.env"
+    assert stat.S_IMODE(env_file.stat().st_mode) == 0o600 and SECRET in env_file.read_text()
+    held = slurm_cluster.slurm("scontrol", "write", "batch_script", job, "-").stdout
+    assert held == (run / "job.sbatch").read_text() and SECRET not in held
+    assert not [p for p in run.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
+    # The world size is measured (the join hook), not planned.
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["world_size"], summary["world_measured"], summary["processes"]) == (2, True, 2)
+    # The outcome: the signal came, nothing followed, what to add.
+    end = record["end"]
+    assert end.startswith(f"job {job} TIMEOUT (exit "), end
+    assert "SIGUSR1 came at " in end and "no snapshot followed" in end and "examples/slurm_requeue.py" in end
+    assert end in up.stderr
+    # The allocation Slurm cut at its limit counts: its time from Slurm (StartTime to EndTime), at least the limit.
+    assert record["allocations"] == 1 and record["trained_from"] == "requeue/chain and scontrol"
+    assert record["trained_seconds"] >= 55
+    cpus = record["status"]["cpus"]
+    assert cpus and record["cpu_hours"] == round(cpus * record["trained_seconds"] / 3600, 4)
+
+    # The example handler's chain: requeued at each limit, resumed each time, completed.
+    chain_run = next((chain_dir / "runs").iterdir())
+    chain_job = json.loads((chain_run / "run.json").read_text())["slurm"]["job_id"]
+    deadline = time.monotonic() + 420
+    while "JobState=COMPLETED" not in slurm_cluster.slurm("scontrol", "show", "job", chain_job).stdout:
+        assert "JobState=FAILED" not in slurm_cluster.slurm("scontrol", "show", "job", chain_job).stdout
+        assert time.monotonic() < deadline, "the example's chain did not complete"
+        time.sleep(3)
+    pulled = run_ddpctl(slurm_cluster.bed, "pull", str(chain_run), cwd=tmp_path)
+    assert pulled.returncode == 0, pulled.stderr
+    chained = json.loads((chain_run / "run.json").read_text())["slurm"]
+    assert chained["end"].startswith(f"job {chain_job} COMPLETED (exit 0:0) after {chained['allocations']} "), chained
+    assert chained["allocations"] >= 2 and chained["requeues"] == chained["allocations"] - 1
+    assert chained["trained_seconds"] > 0 and chained["cpu_hours"] > 0
+    finished = [line for line in stdout_of(chain_run).splitlines() if "finished at step 600" in line]
+    assert len(finished) == 2, stdout_of(chain_run)
+    steps = json.loads(finished[0].split("allocations' steps ")[1])
+    # Every allocation went on from where the one before stopped: no step lost or done twice.
+    assert len(steps) == chained["allocations"] and steps[0][0] == 0 and steps[-1][1] == 600
+    assert all(before[1] == after[0] for before, after in zip(steps, steps[1:], strict=False))
