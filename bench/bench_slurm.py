@@ -60,8 +60,8 @@ def bare_round(cluster: SlurmCluster, template: Path, n: int) -> float:
     folder = f"{source}-bare{n}"
     script = (template / "job.sbatch").read_text().replace(source, folder)
     login = cluster.login
-    login.run_as_user(["sh", "-c", 'rm -rf "$2" && mkdir -p "$2" && cp -R "$1/code" "$2/code"', "copy", source,
-                       folder])
+    login.run_as_user(["sh", "-c", 'rm -rf "$2" && mkdir -p "$2" && cp -R "$1/code" "$2/code" && '
+                       'cp "$1/torchrun_attempts.py" "$2/"', "copy", source, folder])
     ssh = ["ssh", "-i", cluster.bed.client_key_path, "-o", f"UserKnownHostsFile={cluster.bed.known_hosts_path}",
            "-o", "BatchMode=yes", f"{login.user}@{login.address}"]
     Path(login.home, "bare.sbatch").write_text(script)

@@ -22,6 +22,7 @@ from tests.testbed_fixtures import REPO, run_ddpctl
 
 pytestmark = [pytest.mark.e2e, needs_slurm]
 SECRET = "hunter2-do-not-print"
+STEPS = 900  # 0.1 s each (the example's --step-seconds)
 
 # Plain torchrun DDP: what torchrun gives, a world, and a wait that only the time limit ends (SIGUSR1 is ignored).
 PLAIN = '''import os, time
@@ -42,6 +43,7 @@ def stdout_of(run: Path) -> str:
     return "".join(p.read_text() for p in sorted(run.glob("nodes/*/logs/**/stdout.log")))
 
 
+@pytest.mark.timeout(1200)  # the plain job (about 2 minutes), then the rest of the example's chain (up to 10)
 def test_a_plain_script_gets_env_a_measured_world_and_a_timeout_that_names_the_signal_and_the_fix(
         slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     chain_dir, plain_dir = tmp_path / "example", tmp_path / "plain"
@@ -49,10 +51,11 @@ def test_a_plain_script_gets_env_a_measured_world_and_a_timeout_that_names_the_s
     plain_dir.mkdir()
     shutil.copy(REPO / "examples" / "slurm_requeue.py", chain_dir)
     (plain_dir / "plain.py").write_text(PLAIN)
-    # The example handler: 60 s of steps, more than one allocation of a one-minute limit gives (signalled 30 to 60 s
-    # in); each next allocation resumes where the last stopped, up to the end.
-    detached = slurm(slurm_cluster, "up", "--nodes", "2", "--gpus", "1", "--time", "1", "--max-requeues", "4",
-                     "--detach", "--", "python", "slurm_requeue.py", "--steps", "600", cwd=chain_dir)
+    # The example handler: 90 s of steps at least, more than one allocation of a two-minute limit gives (Slurm checks
+    # limits every 30 s: the signal asked 60 s before the limit comes 30 to 60 s in, seen on the test cluster);
+    # each next allocation resumes where the last stopped, up to the end.
+    detached = slurm(slurm_cluster, "up", "--nodes", "2", "--gpus", "1", "--time", "2", "--max-requeues", "5",
+                     "--detach", "--", "python", "slurm_requeue.py", "--steps", str(STEPS), cwd=chain_dir)
     assert detached.returncode == 0, detached.stderr
 
     args = ("--nodes", "2", "--gpus", "1", "--requeue", "--max-requeues", "1", "--time", "0:01:00", "--env", "X=1",
@@ -92,7 +95,7 @@ def test_a_plain_script_gets_env_a_measured_world_and_a_timeout_that_names_the_s
     # The example handler's chain: requeued at each limit, resumed each time, completed.
     chain_run = next((chain_dir / "runs").iterdir())
     chain_job = json.loads((chain_run / "run.json").read_text())["slurm"]["job_id"]
-    deadline = time.monotonic() + 420
+    deadline = time.monotonic() + 600
     while "JobState=COMPLETED" not in slurm_cluster.slurm("scontrol", "show", "job", chain_job).stdout:
         assert "JobState=FAILED" not in slurm_cluster.slurm("scontrol", "show", "job", chain_job).stdout
         assert time.monotonic() < deadline, "the example's chain did not complete"
@@ -103,9 +106,9 @@ def test_a_plain_script_gets_env_a_measured_world_and_a_timeout_that_names_the_s
     assert chained["end"].startswith(f"job {chain_job} COMPLETED (exit 0:0) after {chained['allocations']} "), chained
     assert chained["allocations"] >= 2 and chained["requeues"] == chained["allocations"] - 1
     assert chained["trained_seconds"] > 0 and chained["cpu_hours"] > 0
-    finished = [line for line in stdout_of(chain_run).splitlines() if "finished at step 600" in line]
+    finished = [line for line in stdout_of(chain_run).splitlines() if f"finished at step {STEPS}" in line]
     assert len(finished) == 2, stdout_of(chain_run)
     steps = json.loads(finished[0].split("allocations' steps ")[1])
     # Every allocation went on from where the one before stopped: no step lost or done twice.
-    assert len(steps) == chained["allocations"] and steps[0][0] == 0 and steps[-1][1] == 600
+    assert len(steps) == chained["allocations"] and steps[0][0] == 0 and steps[-1][1] == STEPS
     assert all(before[1] == after[0] for before, after in zip(steps, steps[1:], strict=False))

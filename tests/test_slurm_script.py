@@ -18,7 +18,6 @@ from launcher.schedulers.slurm.cluster import ClusterFacts, Partition, gpu_count
 from launcher.schedulers.slurm.scheduler import status_from_sacct, status_from_scontrol
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.slurm_request import SlurmRequest, time_minutes
-from launcher.spec.torchrun import TORCHRUN_SOURCE
 
 RUN = "/scratch/u/ddpctl/runs/r1"
 SPEC = RunSpec(run_id="r1", nnodes=2, nproc_per_node=4, python="python3", epochs=2)
@@ -58,10 +57,8 @@ export PYTHONUNBUFFERED=1 TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 rdzv_host=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 export DDPCTL_RDZV_ENDPOINT="$rdzv_host:$((20000 + SLURM_JOB_ID % 20000))"
 echo "ddpctl: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, rendezvous at $DDPCTL_RDZV_ENDPOINT"
-# torchrun keeping every attempt's logs (ddpctl's launcher/spec/attempt_logs.py), run by each node
-read -r -d '' DDPCTL_TORCHRUN <<'TORCHRUN' || true
-{TORCHRUN_SOURCE.rstrip()}
-TORCHRUN
+# each node's torchrun, keeping every attempt's logs: ddpctl's launcher/spec/attempt_logs.py as torchrun_attempts.py
+DDPCTL_TORCHRUN=$(cat torchrun_attempts.py)
 export DDPCTL_TORCHRUN
 read -r -d '' node_script <<'NODE' || true
 ws="$PWD/nodes/$SLURM_NODEID"

@@ -30,11 +30,12 @@ from launcher.results.run_records import finish_records
 from launcher.results.rundir import RunDir, primary_node_out, read_json, write_bytes_atomic, write_json_atomic
 from launcher.runtimes.join_files import HOOK_FILE, join_hook_source
 from launcher.schedulers.base import PENDING, RUNNING, JobStatus
-from launcher.schedulers.slurm.batch_script import env_file_text
+from launcher.schedulers.slurm.batch_script import TORCHRUN_FILE, env_file_text
 from launcher.schedulers.slurm.job_output import OomKill
 from launcher.schedulers.slurm.scheduler import SlurmScheduler, SlurmSubmit
 from launcher.spec.launchers import HOOK_DIR
 from launcher.spec.run_spec import RunSpec
+from launcher.spec.torchrun import TORCHRUN_SOURCE
 from launcher.transport import outputs
 from launcher.transport.hostsession import HostSession, target_to_json
 from launcher.transport.pull import pull_tree
@@ -153,6 +154,7 @@ def write_script(conn: Connection, request: SlurmSubmit, run_dir: RunDir) -> Non
     """The batch script on the shared file system (a temporary name, then renamed) and in the run directory; beside
     it, the files it reads: --env's values (mode 0600) and, for a `-- CMD` job, the join hook."""
     spec = request.job.spec
+    write_remote_file(conn, f"{request.remote_dir}/{TORCHRUN_FILE}", TORCHRUN_SOURCE.encode(), "644")
     if spec.extra_env:
         write_remote_file(conn, request.job.env_path, env_file_text(spec).encode(), "600")
     if spec.user_command:

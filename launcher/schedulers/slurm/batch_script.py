@@ -17,7 +17,7 @@ from launcher.spec import strategies
 from launcher.spec.launchers import HOOK_DIR, JOIN_DIR_ENV, JOINED_DIR, NNODES_ENV, NODE_RANK_ENV
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.slurm_request import SlurmRequest
-from launcher.spec.torchrun import TORCHRUN_SOURCE, NodeRole, trainer_argv
+from launcher.spec.torchrun import NodeRole, trainer_argv
 from launcher.spec.user_command import node_command
 
 SCRIPT_NAME = "job.sbatch"
@@ -25,6 +25,9 @@ SCRIPT_NAME = "job.sbatch"
 # rank gets them (srun passes the batch environment on) while they stay off every command line and out of the
 # script's text, which --dry-run prints and Slurm keeps (`scontrol write batch_script`).
 ENV_FILE = "ddpctl.env"
+# torchrun's wrapper (launcher/spec/attempt_logs.py), a file beside the script: the script stays short enough to read
+# in a dry run, and every node reads the same source from the shared file system.
+TORCHRUN_FILE = "torchrun_attempts.py"
 PORT_BASE, PORT_SPAN = 20000, 20000
 # GPU requests as the cluster understands them: cons_tres clusters take --gpus-per-node, others only --gres.
 GPUS_PER_NODE, GRES = "--gpus-per-node", "--gres"
@@ -160,10 +163,9 @@ def batch_script(job: SlurmJob) -> str:
         f'export DDPCTL_RDZV_ENDPOINT="$rdzv_host:$(({PORT_BASE} + SLURM_JOB_ID % {PORT_SPAN}))"',
         'echo "ddpctl: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, rendezvous at $DDPCTL_RDZV_ENDPOINT"',
         *(requeue.environment_lines(job.request) if requeued else []),
-        "# torchrun keeping every attempt's logs (ddpctl's launcher/spec/attempt_logs.py), run by each node",
-        "read -r -d '' DDPCTL_TORCHRUN <<'TORCHRUN' || true",
-        TORCHRUN_SOURCE.rstrip("\n"),
-        "TORCHRUN",
+        "# each node's torchrun, keeping every attempt's logs: ddpctl's launcher/spec/attempt_logs.py as "
+        f"{TORCHRUN_FILE}",
+        f'DDPCTL_TORCHRUN=$(cat {TORCHRUN_FILE})',
         "export DDPCTL_TORCHRUN",
         "read -r -d '' node_script <<'NODE' || true",
         node_script(spec, requeued),
