@@ -62,7 +62,9 @@ def test_a_plain_script_gets_env_a_measured_world_and_a_timeout_that_names_the_s
             "--env", f"TOKEN={SECRET}", "--", "python", "plain.py")
     dry = slurm(slurm_cluster, "up", *args[:-3], "--dry-run", *args[-3:], cwd=plain_dir)
     assert dry.returncode == 0, dry.stderr
-    assert "# warning: --requeue: plain.py has no SIGUSR1 handler in sight" in dry.stdout
+    # The sbatch line and the script first (stdout); the notes beside them (stderr), the handler's warning among them.
+    assert dry.stdout.startswith("# sbatch line: sbatch --parsable ") and "\n#!/bin/bash\n" in dry.stdout
+    assert "warning: --requeue: plain.py has no SIGUSR1 handler in sight" in dry.stderr
     assert ". ./ddpctl.env" in dry.stdout and SECRET not in dry.stdout + dry.stderr
 
     up = slurm(slurm_cluster, "up", *args, cwd=plain_dir)
@@ -112,3 +114,41 @@ def test_a_plain_script_gets_env_a_measured_world_and_a_timeout_that_names_the_s
     # Every allocation went on from where the one before stopped: no step lost or done twice.
     assert len(steps) == chained["allocations"] and steps[0][0] == 0 and steps[-1][1] == STEPS
     assert all(before[1] == after[0] for before, after in zip(steps, steps[1:], strict=False))
+
+
+SPAWNS = '''import os
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def work(local, nproc):
+    nnodes, node = int(os.environ["DDPCTL_NNODES"]), int(os.environ["DDPCTL_NODE_RANK"])
+    where = f"tcp://{os.environ['DDPCTL_MASTER_ADDR']}:{os.environ['DDPCTL_MASTER_PORT']}"
+    dist.init_process_group("gloo", init_method=where, rank=node * nproc + local, world_size=nnodes * nproc)
+    total = torch.ones(1)
+    dist.all_reduce(total)
+    print(f"rank {dist.get_rank()}: sum {total.item():.0f}", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    mp.spawn(work, args=(int(os.environ["DDPCTL_NPROC_PER_NODE"]),), nprocs=int(os.environ["DDPCTL_NPROC_PER_NODE"]))
+'''
+
+
+def test_a_spawn_script_runs_once_per_node_and_its_processes_form_one_world(
+        slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    (tmp_path / "spawns.py").write_text(SPAWNS)
+    up = slurm(slurm_cluster, "up", "--nodes", "2", "--gpus", "2", "--launcher", "spawn", "--time", "5", "--",
+               "python", "spawns.py", cwd=tmp_path)
+    assert up.returncode == 0, up.stderr
+    run = next((tmp_path / "runs").iterdir())
+    record = json.loads((run / "run.json").read_text())["slurm"]
+    assert record["end"].startswith(f"job {record['job_id']} COMPLETED (exit 0:0)")
+    # One task per node ran the script once; its own processes (2 a node) made one world of 4, measured.
+    assert sorted(stdout_of(run).splitlines()) == [f"rank {r}: sum 4" for r in range(4)]
+    assert len(list(run.glob("nodes/*/logs/spawn/attempt_0/0/stdout.log"))) == 2
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["world_size"], summary["processes"], summary["worlds"]) == (4, 4, 1)

@@ -226,7 +226,8 @@ def _slurm_request(provider: str, values: dict[str, Any]) -> Any:
                         account=values.get("account"), qos=values.get("qos"), constraint=values.get("constraint"),
                         workdir=values.get("workdir"), sbatch_options=tuple(values.get("sbatch_option") or ()),
                         prelude=tuple(values.get("prelude") or ()),
-                        max_requeues=max_requeues_asked(values.get("requeue"), values.get("max_requeues")))
+                        max_requeues=max_requeues_asked(values.get("requeue"), values.get("max_requeues")),
+                        gpus_given=values.get("gpus") is not None)
 
 
 def _listed(flags: list[str], singular: str, plural: str) -> str:

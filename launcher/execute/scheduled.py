@@ -26,14 +26,14 @@ from launcher.execute.shipping import _cache_key
 from launcher.planning.request import UpOptions, UpResult
 from launcher.remote import shell_text
 from launcher.results.progress import console
-from launcher.results.run_records import finish_records
+from launcher.results.run_records import finish_records, world_exit_code
 from launcher.results.rundir import RunDir, primary_node_out, read_json, write_bytes_atomic, write_json_atomic
 from launcher.runtimes.join_files import HOOK_FILE, join_hook_source
 from launcher.schedulers.base import PENDING, RUNNING, JobStatus
-from launcher.schedulers.slurm.batch_script import TORCHRUN_FILE, env_file_text
+from launcher.schedulers.slurm.batch_script import SPAWN_FILE, TORCHRUN_FILE, env_file_text
 from launcher.schedulers.slurm.job_output import OomKill
 from launcher.schedulers.slurm.scheduler import SlurmScheduler, SlurmSubmit
-from launcher.spec.launchers import HOOK_DIR
+from launcher.spec.launchers import HOOK_DIR, SPAWN_SCRIPT
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.torchrun import TORCHRUN_SOURCE
 from launcher.transport import outputs
@@ -69,7 +69,7 @@ def run_scheduled(spec: RunSpec, options: UpOptions, saved_script: str | None = 
             _print_request(request, options)
             return UpResult(None, 0, None, scheduled_plan=plan_json(spec, scheduler.request, scheduler.login,
                                                                      request.to_json()))
-        for warning in request.warnings:
+        for warning in request.warnings:  # a dry run says them with the request
             console.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
         if saved_script is not None and request.script != saved_script:
             raise PlanError("the cluster no longer gives the saved plan's batch script (its partition, workdir or "
@@ -127,9 +127,12 @@ class interruption_before_submit:
 
 
 def _print_request(request: SlurmSubmit, options: UpOptions) -> None:
+    """The sbatch line and the batch script on stdout (or the request as JSON), the notes beside it on stderr."""
     print(json.dumps(request.to_json(), indent=2) if not options.show_progress else request.describe(), end="")
     if not options.show_progress:
         print()
+    for note in request.notes():
+        console.print(note, markup=False, highlight=False, soft_wrap=True)
 
 
 def ship_code(conn: Connection, spec: RunSpec, request: SlurmSubmit, run_dir: RunDir) -> None:
@@ -159,6 +162,8 @@ def write_script(conn: Connection, request: SlurmSubmit, run_dir: RunDir) -> Non
         write_remote_file(conn, request.job.env_path, env_file_text(spec).encode(), "600")
     if spec.user_command:
         write_remote_file(conn, f"{request.remote_dir}/{HOOK_DIR}/{HOOK_FILE}", join_hook_source(), "644")
+    if spec.launcher == "spawn":
+        write_remote_file(conn, f"{request.remote_dir}/{SPAWN_FILE}", SPAWN_SCRIPT.encode(), "644")
     path = request.job.script_path
     tmp = f"{path}.part"
     try:
@@ -303,10 +308,10 @@ def finish_job(run_dir: RunDir, status: JobStatus, slurm_spans: list[tuple[float
         spent = scheduled_chain.spent(status, chain)
     run_dir.update_record(slurm={**run_dir.record()["slurm"], "status": status.to_json(), "end": line, **cost})
     run_dir.event("job_ended", state=status.state, exit_code=status.exit_code, line=line)
-    finish_records(run_dir)
+    summary = finish_records(run_dir)
     console.print(line, markup=False, highlight=False)
-    if status.state == "COMPLETED":
-        return 0
+    if status.state == "COMPLETED":  # as on hosts: a job that did not train as one world across its nodes fails
+        return world_exit_code(summary, 0)
     failure = scheduled_end.job_failure(run_dir, status, line, oom)
     if spent:  # the job stopped itself, every node ended 0: the time limit with no requeue left is the cause
         failure = {"summary": line, "node": None, "rank": None, "slurm_state": status.state,

@@ -14,7 +14,16 @@ from dataclasses import dataclass
 
 from launcher.schedulers.slurm import requeue
 from launcher.spec import strategies
-from launcher.spec.launchers import HOOK_DIR, JOIN_DIR_ENV, JOINED_DIR, NNODES_ENV, NODE_RANK_ENV
+from launcher.spec.launchers import (
+    HOOK_DIR,
+    JOIN_DIR_ENV,
+    JOINED_DIR,
+    MASTER_ADDR_ENV,
+    MASTER_PORT_ENV,
+    NNODES_ENV,
+    NODE_RANK_ENV,
+    NPROC_ENV,
+)
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.slurm_request import SlurmRequest
 from launcher.spec.torchrun import NodeRole, trainer_argv
@@ -28,6 +37,7 @@ ENV_FILE = "ddpctl.env"
 # torchrun's wrapper (launcher/spec/attempt_logs.py), a file beside the script: the script stays short enough to read
 # in a dry run, and every node reads the same source from the shared file system.
 TORCHRUN_FILE = "torchrun_attempts.py"
+SPAWN_FILE = "spawn.sh"  # --launcher spawn: launcher/remote/spawn.sh, which runs the script once on each node
 PORT_BASE, PORT_SPAN = 20000, 20000
 # GPU requests as the cluster understands them: cons_tres clusters take --gpus-per-node, others only --gres.
 GPUS_PER_NODE, GRES = "--gpus-per-node", "--gres"
@@ -84,6 +94,15 @@ def sbatch_directives(job: SlurmJob) -> list[str]:
     return options + list(request.sbatch_options)
 
 
+def node_launch_line(spec: RunSpec) -> str:
+    """The shell line a node runs for the spec's --launcher: torchrun, or (spawn) the user's script once, its own
+    processes started by itself, its output in logs/spawn/attempt_0/0/ as on hosts (launcher/remote/spawn.sh)."""
+    if spec.launcher == "spawn":  # the script beside the batch script (SPAWN_FILE), as `sh -c` runs it on hosts
+        words = ["../logs", spec.python, *node_command(spec.user_command, spec.python)]
+        return 'sh "$spawn" ' + " ".join(shlex.quote(w) for w in words)
+    return node_torchrun_line(spec)
+
+
 def node_torchrun_line(spec: RunSpec) -> str:
     """The shell line a node runs: torchrun joining the job's rendezvous, then our trainer or the user's command."""
     # torchrun as on hosts (launcher/spec/attempt_logs.py): every start of a node's workers in its own attempt
@@ -101,6 +120,18 @@ def node_torchrun_line(spec: RunSpec) -> str:
     return " ".join(words + [shlex.quote(w) for w in rest])
 
 
+def spawn_env_lines(spec: RunSpec) -> list[str]:
+    """What a spawn script is told beyond every node's variables (as on hosts, launcher/planning/plan.py): the
+    processes per node and, on several nodes, the first node's address and the job's port for its process group."""
+    if spec.launcher != "spawn":
+        return []
+    lines = [f'spawn="$PWD/{SPAWN_FILE}"', f"export {NPROC_ENV}={spec.nproc_per_node}"]
+    if spec.nnodes > 1:
+        lines.append(f'export {MASTER_ADDR_ENV}="${{DDPCTL_RDZV_ENDPOINT%:*}}" '
+                     f'{MASTER_PORT_ENV}="${{DDPCTL_RDZV_ENDPOINT##*:}}"')
+    return lines
+
+
 def node_script(spec: RunSpec, requeued: bool = False) -> str:
     """What `srun` runs on each node (bash -c): make the node's workspace, run torchrun in it, keep its status.
     `requeued`: the code is copied once (the script's own checkpoints beside it survive a requeue), the output is
@@ -113,7 +144,7 @@ def node_script(spec: RunSpec, requeued: bool = False) -> str:
         # as on hosts: the world size is measured, not planned. A requeued job's newest allocation is what counts.
         joined = [f'rm -rf "$ws/logs/{JOINED_DIR}"'] if requeued else []
         lines += [copy, *joined, f'export DDPCTL_OUTPUT_DIR="$ws/out" {NODE_RANK_ENV}="$SLURM_NODEID" '
-                  f'{NNODES_ENV}={spec.nnodes} {JOIN_DIR_ENV}="$ws/logs/{JOINED_DIR}"',
+                  f'{NNODES_ENV}={spec.nnodes} {JOIN_DIR_ENV}="$ws/logs/{JOINED_DIR}"', *spawn_env_lines(spec),
                   f'export PYTHONPATH="$PWD/{HOOK_DIR}:$ws/code${{PYTHONPATH:+:$PYTHONPATH}}"', 'cd "$ws/code"']
     else:
         lines += ['export PYTHONPATH="$PWD/code${PYTHONPATH:+:$PYTHONPATH}"', 'cd "$ws"']
@@ -123,9 +154,9 @@ def node_script(spec: RunSpec, requeued: bool = False) -> str:
     # processes by parent (proctrack/linuxproc) would take for the step's end while torchrun still writes.
     lines.append("trap : TERM")
     if requeued:
-        lines += requeue.node_run_lines(node_torchrun_line(spec), '"$ws/torchrun.out"')
+        lines += requeue.node_run_lines(node_launch_line(spec), '"$ws/torchrun.out"')
     else:
-        lines += [f'{node_torchrun_line(spec)} > "$ws/torchrun.out" 2>&1 < /dev/null', "code=$?"]
+        lines += [f'{node_launch_line(spec)} > "$ws/torchrun.out" 2>&1 < /dev/null', "code=$?"]
     lines += ['echo "$code" > "$ws/exit_code.tmp" && mv "$ws/exit_code.tmp" "$ws/exit_code"', 'exit "$code"']
     return "\n".join(lines)
 

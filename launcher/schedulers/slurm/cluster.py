@@ -163,6 +163,21 @@ def preflight_refusal(spec: RunSpec, request: SlurmRequest, facts: ClusterFacts,
     return ""
 
 
+def default_gpus_note(spec: RunSpec, request: SlurmRequest, part: Partition) -> str:
+    """What --gpus left to its default (1 process per node) means on this partition (empty when --gpus was given,
+    or when 1 is all its nodes have)."""
+    if request.gpus_given or spec.nproc_per_node != 1:
+        return ""
+    if any(part.gpus_per_node):
+        most = max(part.gpus_per_node)
+        return "" if most <= 1 else (f"--gpus not given: 1 process and 1 GPU per node, while partition {part.name}'s "
+                                     f"nodes have up to {most} GPUs: give --gpus {most} to use them")
+    cpus = max(part.cpus_per_node) if part.cpus_per_node else None
+    has = f" (its nodes have {cpus} CPUs)" if cpus else ""
+    return (f"--gpus not given: 1 process per node on partition {part.name}, which has no GPUs{has}; give --gpus N "
+            "for N processes (and CPUs) per node")
+
+
 def _minutes(minutes: float) -> str:
     whole = int(minutes)
     days, rest = divmod(whole, 1440)

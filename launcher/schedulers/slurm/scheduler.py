@@ -44,13 +44,14 @@ class SlurmSubmit:
         return sbatch_argv(self.job)
 
     def describe(self) -> str:
-        head = [f"# Slurm job on {self.login}: {self.job.spec.nnodes} node(s) x {self.job.spec.nproc_per_node} "
+        """What --dry-run prints first: the sbatch line, then the batch script, byte for byte what is submitted."""
+        return f"# sbatch line: {shlex.join(self.argv)}\n# {self.job.script_path}:\n" + self.script
+
+    def notes(self) -> list[str]:
+        """What --dry-run says beside the script (on stderr): the job in one line, what was not probed, warnings."""
+        return [f"Slurm job on {self.login}: {self.job.spec.nnodes} node(s) x {self.job.spec.nproc_per_node} "
                 f"process(es), run folder {self.remote_dir}",
-                f"# sbatch line: {shlex.join(self.argv)}",
-                *(f"# unknown: {u}" for u in self.unknown),
-                *(f"# warning: {w}" for w in self.warnings),
-                f"# {self.job.script_path}:"]
-        return "\n".join(head) + "\n" + self.script
+                *(f"unknown: {u}" for u in self.unknown), *(f"warning: {w}" for w in self.warnings)]
 
     def to_json(self) -> dict[str, Any]:
         return {"scheduler": "slurm", "login": self.login, "remote_dir": self.remote_dir, "workdir": self.workdir,
@@ -71,9 +72,9 @@ class SlurmScheduler:
 
     def submit_dryrun(self, spec: RunSpec, conn: Connection | None) -> SlurmSubmit:
         """The exact submission (conn None: without asking the cluster, its facts named as unknown)."""
-        if spec.launcher != "torchrun":
-            raise SpecError(f"--launcher {spec.launcher}: a Slurm job starts torchrun on every node (srun); mpirun "
-                            "and spawn are not available with --provider slurm yet: drop --launcher")
+        refused = launcher_refusal(spec, self.request)
+        if refused:
+            raise SpecError(refused)
         refusal = requeue.refusal(spec, self.request)
         if refusal:
             raise SpecError(refusal)
@@ -82,9 +83,11 @@ class SlurmScheduler:
                             "sweep.json keep names only): give --env NAME=VALUE for each again")
         warning = requeue.handler_warning(spec, self.request, Path.cwd())
         warnings = (warning,) if warning else ()
-        if conn is None:
-            job = SlurmJob(spec, self.request, f"{UNPROBED_WORKDIR}/runs/{spec.run_id}", gpu_flag=None)
-            unknown = ("the partition, its GPUs and MaxTime, the workdir and torch (not probed: --no-probe)",)
+        if conn is None:  # the GPU request as a cons_tres cluster takes it; the probe decides it for the cluster
+            job = SlurmJob(spec, self.request, f"{UNPROBED_WORKDIR}/runs/{spec.run_id}", gpu_flag=GPUS_PER_NODE)
+            unknown = ("the partition, its GPUs and MaxTime, the workdir and torch (not probed: --no-probe); the GPU "
+                       "request is --gpus-per-node where Slurm runs select/cons_tres, else --gres=gpu:N, and on a "
+                       "CPU-only partition --cpus-per-task=N instead",)
             return SlurmSubmit(job, batch_script(job), UNPROBED_WORKDIR, self.login, unknown, warnings)
         facts = cluster.read_facts(conn, spec, self.request)
         has_gpus = any(facts.partition.gpus_per_node)
@@ -92,7 +95,9 @@ class SlurmScheduler:
         request = self.request if self.request.partition else _with_partition(self.request, facts.partition.name)
         job = SlurmJob(spec, request, f"{facts.workdir}/runs/{spec.run_id}", gpu_flag=gpu_flag,
                        cpus_per_task=None if has_gpus else spec.nproc_per_node)
-        submit = SlurmSubmit(job, batch_script(job), facts.workdir, self.login, warnings=warnings)
+        default = cluster.default_gpus_note(spec, self.request, facts.partition)
+        submit = SlurmSubmit(job, batch_script(job), facts.workdir, self.login,
+                             warnings=warnings + ((default,) if default else ()))
         _test_only(conn, submit)
         return submit
 
@@ -137,6 +142,18 @@ class SlurmScheduler:
         result = conn.run(["scancel", job_id], timeout=cluster.QUERY_TIMEOUT)
         if not result.ok:
             raise HostError(conn.label, f"scancel {job_id} failed: {_last_line(result.stderr)}")
+
+
+def launcher_refusal(spec: RunSpec, request: SlurmRequest) -> str:
+    """Why the spec's --launcher cannot run as a Slurm job (empty: it can): torchrun and spawn run one task per node."""
+    if spec.launcher == "mpirun":
+        return ("--launcher mpirun with --provider slurm: not yet: inside an allocation the MPI job would be started "
+                "by Slurm itself (`srun --mpi=pmix`, or Open MPI's mpirun launching through srun), which ddpctl does "
+                "not plan yet; run the MPI script on --host nodes, or start it with mpirun in your own sbatch script")
+    if spec.launcher == "spawn" and request.requeue:
+        return ("--requeue with --launcher spawn: the time limit's signal is passed on to torchrun's workers only; "
+                "your script's own processes would not get it: drop --requeue, or run the script under torchrun")
+    return ""
 
 
 def _with_partition(request: SlurmRequest, partition: str) -> SlurmRequest:
