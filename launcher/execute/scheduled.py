@@ -13,12 +13,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from launcher.errors import DdpctlError, HostError, Interrupted, PlanError
+from launcher.errors import DdpctlError, Interrupted, PlanError
 from launcher.execute import interruption, scheduled_chain, scheduled_end
 from launcher.execute.failure_cause import record_failure
 from launcher.execute.on_hosts import PULLED, TOP_LEVEL_FILES
 from launcher.execute.plain_progress import plain_output, run_progress
 from launcher.execute.pull_record import pull_lock, write_pull_record
+from launcher.execute.scheduled_files import place_job_files
 from launcher.execute.scheduled_output import Rank0Output
 from launcher.execute.scheduled_plan import MAKE_ONE, plan_json
 from launcher.execute.shipment import trainer_source_dir
@@ -28,14 +29,10 @@ from launcher.remote import shell_text
 from launcher.results.progress import console
 from launcher.results.run_records import finish_records, world_exit_code
 from launcher.results.rundir import RunDir, primary_node_out, read_json, write_bytes_atomic, write_json_atomic
-from launcher.runtimes.join_files import HOOK_FILE, join_hook_source
 from launcher.schedulers.base import PENDING, RUNNING, JobStatus
-from launcher.schedulers.slurm.batch_script import SPAWN_FILE, TORCHRUN_FILE, env_file_text
 from launcher.schedulers.slurm.job_output import OomKill
 from launcher.schedulers.slurm.scheduler import SlurmScheduler, SlurmSubmit
-from launcher.spec.launchers import HOOK_DIR, SPAWN_SCRIPT
 from launcher.spec.run_spec import RunSpec
-from launcher.spec.torchrun import TORCHRUN_SOURCE
 from launcher.transport import outputs
 from launcher.transport.hostsession import HostSession, target_to_json
 from launcher.transport.pull import pull_tree
@@ -81,8 +78,7 @@ def run_scheduled(spec: RunSpec, options: UpOptions, saved_script: str | None = 
         run_dir = RunDir.create(options.runs_dir, spec, fields)
         write_json_atomic(run_dir.path / REQUEST_FILE, request.to_json())
         with interruption_before_submit(run_dir):
-            ship_code(conn, spec, request, run_dir)
-            write_script(conn, request, run_dir)
+            write_script(conn, request, run_dir, ship_code(conn, spec, request, run_dir))
             interruption.defer_signals()  # a job is never submitted without its id being recorded
             job_id = scheduler.schedule(conn, request)
             run_dir.update_record(slurm={**run_dir.record()["slurm"], "job_id": job_id})
@@ -135,9 +131,10 @@ def _print_request(request: SlurmSubmit, options: UpOptions) -> None:
         console.print(note, markup=False, highlight=False, soft_wrap=True)
 
 
-def ship_code(conn: Connection, spec: RunSpec, request: SlurmSubmit, run_dir: RunDir) -> None:
-    """The trainer (or the user's directory) to a cache in the workdir, sending only what changed, then copied into
-    the run's folder, so every node reads the code the job was submitted with."""
+def ship_code(conn: Connection, spec: RunSpec, request: SlurmSubmit, run_dir: RunDir) -> tuple[str, str]:
+    """The trainer (or the user's directory) to a cache in the workdir, sending only what changed; (the cache, where
+    under the run's code/ it goes): copied there with the job's files, so every node reads the code the job was
+    submitted with."""
     if spec.user_command:
         source, dest = Path.cwd(), ""
         manifest, left_out = outputs.record_shipped(run_dir.path, source)
@@ -146,42 +143,15 @@ def ship_code(conn: Connection, spec: RunSpec, request: SlurmSubmit, run_dir: Ru
         source, dest = trainer_source_dir(), "/trainer"
     cache = f"{request.workdir}/code/{_cache_key(source)}"
     stats = ship_tree(conn, source, cache, python=spec.python)
-    copied = conn.run(["sh", "-c", 'mkdir -p "$1/code$3" && rm -rf "$1/code$3" && cp -R "$2" "$1/code$3"',
-                       "ddpctl-copy", request.remote_dir, cache, dest], timeout=300)
-    if not copied.ok:
-        raise HostError(conn.label, f"could not copy the code into {request.remote_dir}: {copied.stderr.strip()[:200]}")
     run_dir.event("shipped", node=0, **asdict(stats))
+    return cache, dest
 
 
-def write_script(conn: Connection, request: SlurmSubmit, run_dir: RunDir) -> None:
-    """The batch script on the shared file system (a temporary name, then renamed) and in the run directory; beside
-    it, the files it reads: --env's values (mode 0600) and, for a `-- CMD` job, the join hook."""
-    spec = request.job.spec
-    write_remote_file(conn, f"{request.remote_dir}/{TORCHRUN_FILE}", TORCHRUN_SOURCE.encode(), "644")
-    if spec.extra_env:
-        write_remote_file(conn, request.job.env_path, env_file_text(spec).encode(), "600")
-    if spec.user_command:
-        write_remote_file(conn, f"{request.remote_dir}/{HOOK_DIR}/{HOOK_FILE}", join_hook_source(), "644")
-    if spec.launcher == "spawn":
-        write_remote_file(conn, f"{request.remote_dir}/{SPAWN_FILE}", SPAWN_SCRIPT.encode(), "644")
-    path = request.job.script_path
-    tmp = f"{path}.part"
-    try:
-        with conn.sftp.open(tmp, "wb") as f:
-            f.write(request.script.encode())
-        conn.sftp.posix_rename(tmp, path)
-    except OSError as e:
-        raise HostError(conn.label, f"could not write {path}: {e}") from e
+def write_script(conn: Connection, request: SlurmSubmit, run_dir: RunDir, code: tuple[str, str]) -> None:
+    """The code, the batch script and the files it reads beside it into the run's folder on the shared file system
+    (launcher/execute/scheduled_files.py: one command); the script in the run directory too."""
+    place_job_files(conn, request, *code)
     write_bytes_atomic(run_dir.path / "job.sbatch", request.script.encode())
-
-
-def write_remote_file(conn: Connection, path: str, data: bytes, mode: str) -> None:
-    """`data` into `path` on the cluster, given on standard input (never on a command line), made unreadable to
-    others from its creation (umask 077) and renamed into place whole."""
-    result = conn.run(["sh", "-c", 'umask 077 && mkdir -p "$(dirname "$1")" && cat > "$1.part" && chmod "$2" '
-                       '"$1.part" && mv "$1.part" "$1"', "ddpctl-write", path, mode], stdin=data, timeout=60)
-    if not result.ok:
-        raise HostError(conn.label, f"could not write {path}: {result.stderr.strip()[:200]}")
 
 
 def follow_job(scheduler: SlurmScheduler, conn: Connection, run_dir: RunDir, job_id: str,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from launcher.errors import DdpctlError, HostError, SpecError
@@ -126,9 +127,13 @@ def probe_login(conn: Connection, python: str, workdir: str | None, prelude: tup
 
 def read_facts(conn: Connection, spec: RunSpec, request: SlurmRequest) -> ClusterFacts:
     """Probe the cluster (read-only) and refuse, in one line each, what cannot run there."""
-    partition = read_partition(conn, request.partition)
-    login = probe_login(conn, spec.python, request.workdir, request.prelude)
-    facts = ClusterFacts(partition=partition, select_type=read_select_type(conn), workdir=str(login["workdir"]),
+    # The login Python's answer (its torch import takes seconds) comes while Slurm's own queries are asked: two
+    # channels of the one SSH connection at once.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ddpctl-login-probe") as pool:
+        asked = pool.submit(probe_login, conn, spec.python, request.workdir, request.prelude)
+        partition, select_type = read_partition(conn, request.partition), read_select_type(conn)
+        login = asked.result()
+    facts = ClusterFacts(partition=partition, select_type=select_type, workdir=str(login["workdir"]),
                          python=str(login.get("python")), torch=login.get("torch"))  # type: ignore[arg-type]
     refusal = preflight_refusal(spec, request, facts, login)
     if refusal:
