@@ -152,3 +152,29 @@ def test_a_spawn_script_runs_once_per_node_and_its_processes_form_one_world(
     assert len(list(run.glob("nodes/*/logs/spawn/attempt_0/0/stdout.log"))) == 2
     summary = json.loads((run / "summary.json").read_text())
     assert (summary["world_size"], summary["processes"], summary["worlds"]) == (4, 4, 1)
+
+
+MPI_SCRIPT = '''import os
+from mpi4py import MPI
+
+world = MPI.COMM_WORLD
+total = world.allreduce(1)
+print(f"rank {world.Get_rank()} of {world.Get_size()} on node {os.environ['DDPCTL_NODE_RANK']}: sum {total}, "
+      f"X={os.environ.get('X')}", flush=True)
+'''
+
+
+def test_an_mpi_script_runs_under_mpirun_inside_the_allocation_as_one_world(
+        slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    (tmp_path / "mpi_sum.py").write_text(MPI_SCRIPT)
+    up = slurm(slurm_cluster, "up", "--nodes", "2", "--gpus", "2", "--launcher", "mpirun", "--time", "5",
+               "--env", "X=1", "--", "python", "mpi_sum.py", cwd=tmp_path)
+    assert up.returncode == 0, up.stderr
+    run = next((tmp_path / "runs").iterdir())
+    record = json.loads((run / "run.json").read_text())["slurm"]
+    assert record["end"].startswith(f"job {record['job_id']} COMPLETED (exit 0:0)")
+    # Open MPI's mpirun in the batch shell started 2 ranks on each node (its daemons through srun): one world of 4.
+    output = (run / "nodes" / "0" / "logs" / "mpirun" / "attempt_0" / "0" / "stdout.log").read_text()
+    assert sorted(output.splitlines()) == [f"rank {r} of 4 on node {r // 2}: sum 4, X=1" for r in range(4)]
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["world_size"], summary["processes"], summary["worlds"]) == (4, 4, 1)

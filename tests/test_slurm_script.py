@@ -176,8 +176,22 @@ def test_scontrol_and_sacct_lines_become_job_states() -> None:
 
 def test_a_launcher_slurm_cannot_run_is_refused_before_the_cluster_is_asked() -> None:
     spec = RunSpec(run_id="r", nnodes=2, nproc_per_node=1, launcher="mpirun", user_command=("python", "x.py"))
-    with pytest.raises(SpecError, match="--launcher mpirun with --provider slurm: not yet: "):
-        SlurmScheduler(SlurmRequest(nodes=2), "login").submit_dryrun(spec, None)
+    with pytest.raises(SpecError, match="--requeue with --launcher mpirun: "):
+        SlurmScheduler(SlurmRequest(nodes=2, time="10", max_requeues=1), "login").submit_dryrun(spec, None)
+
+
+def test_an_mpi_job_runs_mpirun_in_the_allocation_with_its_ranks_as_tasks() -> None:
+    spec = RunSpec(run_id="r10", nnodes=2, nproc_per_node=2, python="python3", launcher="mpirun",
+                   user_command=("python", "mp.py", "--n", "a b"))
+    script = batch_script(SlurmJob(spec, SlurmRequest(nodes=2), RUN, gpu_flag=None))
+    assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=2\n" in script
+    assert "srun --" not in script and "DDPCTL_TORCHRUN" not in script
+    assert ('for k in $(seq 0 1); do mkdir -p "nodes/$k/out" "nodes/$k/logs" && rm -rf "nodes/$k/code" && '
+            'cp -R code "nodes/$k/code"; done\nexport DDPCTL_RUN="$PWD" DDPCTL_NPROC=2 DDPCTL_NNODES=2\n') in script
+    assert ('sh "$PWD/mpirun.sh" nodes/0/logs mpirun -np 4 --map-by ppr:2:node --bind-to none bash -c ') in script
+    assert ("ddpctl-rank python3 -m mpi4py mp.py --n 'a b' > nodes/0/torchrun.out 2>&1 < /dev/null || code=$?\n"
+            'echo "$code" > nodes/0/exit_code.tmp && mv nodes/0/exit_code.tmp nodes/0/exit_code\nexit "$code"\n'
+            ) in script
 
 
 def test_env_values_stay_out_of_the_script_which_sources_them_from_a_file_beside_it() -> None:
@@ -246,9 +260,9 @@ def test_a_spawn_job_runs_the_script_once_per_node_told_where_it_sits() -> None:
 
 
 @pytest.mark.parametrize(("launcher", "requeued", "named"), [
-    ("mpirun", False, "--launcher mpirun with --provider slurm: not yet"),
+    ("mpirun", True, "--requeue with --launcher mpirun: the time limit's signal is passed on to torchrun's workers"),
     ("spawn", True, "--requeue with --launcher spawn: the time limit's signal is passed on to torchrun's workers"),
-    ("spawn", False, ""), ("torchrun", True, ""),
+    ("spawn", False, ""), ("mpirun", False, ""), ("torchrun", True, ""),
 ])
 def test_each_launcher_runs_on_slurm_or_is_refused_saying_why(launcher: str, requeued: bool, named: str) -> None:
     spec = RunSpec(run_id="r", python="python3", launcher=launcher, user_command=("python", "t.py"))

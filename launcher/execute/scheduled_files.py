@@ -11,8 +11,9 @@ import tarfile
 from launcher.errors import HostError
 from launcher.runtimes.join_files import HOOK_FILE, join_hook_source
 from launcher.schedulers.slurm.batch_script import ENV_FILE, SCRIPT_NAME, SPAWN_FILE, TORCHRUN_FILE, env_file_text
+from launcher.schedulers.slurm.mpi_job import MPIRUN_FILE
 from launcher.schedulers.slurm.scheduler import SlurmSubmit
-from launcher.spec.launchers import HOOK_DIR, SPAWN_SCRIPT
+from launcher.spec.launchers import HOOK_DIR, MPIRUN_SCRIPT, SPAWN_SCRIPT
 from launcher.spec.torchrun import TORCHRUN_SOURCE
 from launcher.transport.ssh import Connection
 
@@ -32,6 +33,8 @@ def job_files(request: SlurmSubmit) -> list[tuple[str, bytes, int]]:
         files.append((f"{HOOK_DIR}/{HOOK_FILE}", join_hook_source(), 0o644))
     if spec.launcher == "spawn":
         files.append((SPAWN_FILE, SPAWN_SCRIPT.encode(), 0o644))
+    if spec.launcher == "mpirun":
+        files.append((MPIRUN_FILE, MPIRUN_SCRIPT.encode(), 0o644))
     return [*files, (SCRIPT_NAME, request.script.encode(), 0o644)]
 
 

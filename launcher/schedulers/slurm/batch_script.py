@@ -12,7 +12,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from launcher.schedulers.slurm import requeue
+from launcher.schedulers.slurm import mpi_job, requeue
 from launcher.spec import strategies
 from launcher.spec.launchers import (
     HOOK_DIR,
@@ -78,7 +78,9 @@ def sbatch_argv(job: SlurmJob) -> list[str]:
 def sbatch_directives(job: SlurmJob) -> list[str]:
     """The #SBATCH options, in a fixed order."""
     spec, request = job.spec, job.request
-    options = [f"--job-name=ddpctl-{spec.run_id}", f"--nodes={spec.nnodes}", "--ntasks-per-node=1"]
+    # One task per node, which runs torchrun (or a spawn script); an MPI job's tasks are its ranks (mpi_job.py).
+    tasks = spec.nproc_per_node if spec.launcher == "mpirun" else 1
+    options = [f"--job-name=ddpctl-{spec.run_id}", f"--nodes={spec.nnodes}", f"--ntasks-per-node={tasks}"]
     if job.cpus_per_task is not None:
         options.append(f"--cpus-per-task={job.cpus_per_task}")
     if job.gpu_flag == GPUS_PER_NODE:
@@ -194,6 +196,10 @@ def batch_script(job: SlurmJob) -> str:
         f'export DDPCTL_RDZV_ENDPOINT="$rdzv_host:$(({PORT_BASE} + SLURM_JOB_ID % {PORT_SPAN}))"',
         'echo "ddpctl: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, rendezvous at $DDPCTL_RDZV_ENDPOINT"',
         *(requeue.environment_lines(job.request) if requeued else []),
+    ]
+    if spec.launcher == "mpirun":
+        return "\n".join(lines + mpi_job.run_lines(spec)) + "\n"
+    lines += [
         "# each node's torchrun, keeping every attempt's logs: ddpctl's launcher/spec/attempt_logs.py as "
         f"{TORCHRUN_FILE}",
         f'DDPCTL_TORCHRUN=$(cat {TORCHRUN_FILE})',

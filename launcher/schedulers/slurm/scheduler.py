@@ -94,7 +94,7 @@ class SlurmScheduler:
         gpu_flag = (GPUS_PER_NODE if facts.select_type.endswith("cons_tres") else GRES) if has_gpus else None
         request = self.request if self.request.partition else _with_partition(self.request, facts.partition.name)
         job = SlurmJob(spec, request, f"{facts.workdir}/runs/{spec.run_id}", gpu_flag=gpu_flag,
-                       cpus_per_task=None if has_gpus else spec.nproc_per_node)
+                       cpus_per_task=None if has_gpus or spec.launcher == "mpirun" else spec.nproc_per_node)
         default = cluster.default_gpus_note(spec, self.request, facts.partition)
         submit = SlurmSubmit(job, batch_script(job), facts.workdir, self.login,
                              warnings=warnings + ((default,) if default else ()))
@@ -145,14 +145,11 @@ class SlurmScheduler:
 
 
 def launcher_refusal(spec: RunSpec, request: SlurmRequest) -> str:
-    """Why the spec's --launcher cannot run as a Slurm job (empty: it can): torchrun and spawn run one task per node."""
-    if spec.launcher == "mpirun":
-        return ("--launcher mpirun with --provider slurm: not yet: inside an allocation the MPI job would be started "
-                "by Slurm itself (`srun --mpi=pmix`, or Open MPI's mpirun launching through srun), which ddpctl does "
-                "not plan yet; run the MPI script on --host nodes, or start it with mpirun in your own sbatch script")
-    if spec.launcher == "spawn" and request.requeue:
-        return ("--requeue with --launcher spawn: the time limit's signal is passed on to torchrun's workers only; "
-                "your script's own processes would not get it: drop --requeue, or run the script under torchrun")
+    """Why the spec's --launcher cannot run as a Slurm job (empty: it can)."""
+    if spec.launcher != "torchrun" and request.requeue:
+        return (f"--requeue with --launcher {spec.launcher}: the time limit's signal is passed on to torchrun's "
+                "workers only; your script's own processes would not get it: drop --requeue, or run the script "
+                "under torchrun")
     return ""
 
 
