@@ -61,10 +61,6 @@ class SlurmJob:
         return f"{self.remote_dir}/{SCRIPT_NAME}"
 
     @property
-    def env_path(self) -> str:
-        return f"{self.remote_dir}/{ENV_FILE}"
-
-    @property
     def output_path(self) -> str:
         """The batch script's own output (sbatch's %j is the job id)."""
         return f"{self.remote_dir}/slurm-%j.out"
