@@ -13,9 +13,10 @@ from launcher.schedulers.base import JobStatus
 from launcher.schedulers.slurm import requeue
 from launcher.schedulers.slurm.batch_script import SlurmJob, batch_script
 from launcher.schedulers.slurm.requeue import Chain
-from launcher.schedulers.slurm.scheduler import SlurmSubmit
+from launcher.schedulers.slurm.scheduler import SlurmScheduler, SlurmSubmit
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.slurm_request import DEFAULT_MAX_REQUEUES, SlurmRequest, max_requeues_asked
+from launcher.transport.ssh import CommandResult
 
 RUN = "/scratch/u/ddpctl/runs/r1"
 SPEC = RunSpec(run_id="r1", nnodes=2, nproc_per_node=4, python="python3", epochs=2)
@@ -201,3 +202,27 @@ def test_the_dry_run_warns_when_requeue_meets_a_script_with_no_handler_in_sight(
         assert warning.startswith("--requeue: train.py has no SIGUSR1 handler in sight") and \
             "examples/slurm_requeue.py" in warning
     assert requeue.handler_warning(spec, SlurmRequest(), tmp_path) == ""  # no --requeue: nothing to say
+
+
+class AccountingAnswer:
+    """A login connection whose only command, sacct, answers as a cluster with accounting (or without) does."""
+
+    def __init__(self, result: CommandResult) -> None:
+        self.result = result
+        self.asked: list[list[str]] = []
+
+    def run(self, argv: list[str], **_: object) -> CommandResult:
+        self.asked.append(argv)
+        return self.result
+
+
+def test_each_allocation_of_a_requeued_job_is_read_from_accounting_where_the_cluster_keeps_it() -> None:
+    scheduler = SlurmScheduler(SlurmRequest(), "login")
+    kept = AccountingAnswer(CommandResult(0, "2026-11-25T15:29:27|2026-11-25T15:30:37\n"
+                                             "2026-11-25T15:31:00|2026-11-25T15:32:01\nUnknown|Unknown\n", ""))
+    spans = scheduler.allocation_spans(kept, "12")  # type: ignore[arg-type]
+    assert kept.asked == [["sacct", "-j", "12", "-X", "-D", "-n", "-P", "-o", "Start,End"]]
+    assert spans is not None and [round(end - start) for start, end in spans] == [70, 61]
+    # No accounting (the test cluster's case): sacct refuses, and the job's own record counts.
+    refused = AccountingAnswer(CommandResult(1, "", "sacct: error: Slurm accounting storage is disabled"))
+    assert scheduler.allocation_spans(refused, "12") is None  # type: ignore[arg-type]
