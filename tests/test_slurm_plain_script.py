@@ -178,3 +178,19 @@ def test_an_mpi_script_runs_under_mpirun_inside_the_allocation_as_one_world(
     assert sorted(output.splitlines()) == [f"rank {r} of 4 on node {r // 2}: sum 4, X=1" for r in range(4)]
     summary = json.loads((run / "summary.json").read_text())
     assert (summary["world_size"], summary["processes"], summary["worlds"]) == (4, 4, 1)
+
+
+def test_a_failing_mpi_rank_fails_the_job_with_mpiruns_own_account(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    (tmp_path / "fails.py").write_text('''from mpi4py import MPI
+world = MPI.COMM_WORLD
+if world.Get_rank() == 3:
+    raise RuntimeError("rank 3 gives up")
+world.barrier()
+''')
+    up = slurm(slurm_cluster, "up", "--nodes", "2", "--gpus", "2", "--launcher", "mpirun", "--time", "5", "--",
+               "python", "fails.py", cwd=tmp_path)
+    assert up.returncode == 1 and "error: training failed: mpirun on node 0 (" in up.stderr, up.stderr
+    run = next((tmp_path / "runs").iterdir())
+    failure = json.loads((run / "run.json").read_text())["failure"]
+    assert failure["slurm_state"] == "FAILED" and failure["summary"].startswith("mpirun on node 0 (")
+    assert "RuntimeError: rank 3 gives up" in failure["explain"]  # the rank's traceback, as mpirun passed it on
