@@ -67,10 +67,16 @@ def operations() -> tuple[Operation, ...]:
 
 
 def _patched(name: str, schema: dict[str, Any]) -> dict[str, Any]:
-    """One documented self-contradiction resolved: search's `type` enum says "ondemand" while the same
-    file's request example (and vast-cli, and the live service) use "on-demand"; accept both."""
+    """Two documented contradictions resolved: search's `type` enum says "ondemand" while the same file's request
+    example (and vast-cli, and the live service) use "on-demand"; the create's `env` is a string in the OpenAPI
+    file, while Vast's "creating instances" guide, its multi-node guide and vast-cli send a JSON object of
+    strings ({"-p 22:22": "1", "-n NET": "1", "VAR": "value"}); accept both forms of each."""
     if name == "search_offers":
         schema["properties"]["type"]["enum"].append("on-demand")
+    if name == "create_instance" and "env" in schema.get("properties", {}):
+        string_form = schema["properties"]["env"]
+        schema["properties"]["env"] = {"anyOf": [string_form, {"type": "object",
+                                                               "additionalProperties": {"type": "string"}}]}
     return schema
 
 
@@ -121,6 +127,12 @@ def _input_limits(limits: dict[str, Any], body: Any) -> list[str]:
         value = body.get(field)
         if isinstance(value, str) and "max_length" in rule and len(value) > rule["max_length"]:
             out.append(f"{field} is longer than {rule['max_length']}")
+        if isinstance(value, dict):  # env's object form: each entry, and all of them together
+            entries = [f"{k}{v}" for k, v in value.items()]
+            if "max_length" in rule and any(len(e) > rule["max_length"] for e in entries):
+                out.append(f"an entry of {field} is longer than {rule['max_length']}")
+            if "max_total_length" in rule and sum(map(len, entries)) > rule["max_total_length"]:
+                out.append(f"{field} is longer than {rule['max_total_length']} in all")
         if isinstance(value, (int, float)) and "min" in rule and value < rule["min"]:
             out.append(f"{field} {value} is below the minimum {rule['min']}")
     return out

@@ -49,6 +49,7 @@ class Switches:
     disk_full_machines: set[int] = field(default_factory=set)  # pulls there fail "no space left on device"
     unknown_machines: dict[int, float] = field(default_factory=dict)  # machine -> seconds "unknown" after boot
     rebooting_machines: dict[int, float] = field(default_factory=dict)  # machine -> seconds "rebooting" after boot
+    offline_machines: set[int] = field(default_factory=set)  # their host disconnected: "offline" (docs' state)
     rate_limits: dict[tuple[str, str], float] = field(default_factory=dict)  # (method, template) -> seconds
     # (method, template) -> (requests, per seconds): more in any such window is answered 429 (search: (10, 60))
     windows: dict[tuple[str, str], tuple[int, float]] = field(default_factory=dict)
@@ -190,6 +191,8 @@ class Lifecycle:
             return "stopped", "stopped by request", False
         if inst.id in self.frozen:
             return "frozen", "container paused", False
+        if machine in sw.offline_machines:
+            return "offline", "", False
         if inst.id in self.started and time.monotonic() - self.started[inst.id] < boot_delay_s:
             return "loading", "starting container", False
         if age < sw.null_status_s:

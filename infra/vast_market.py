@@ -45,7 +45,9 @@ def search_filters(market: Market, query: dict[str, Any]) -> dict[str, Any]:
 
 def network_of(request: dict[str, Any]) -> str | None:
     """The docker network `-n NAME` / `--network NAME` an instance's create request asks for, if any."""
-    words = shlex.split(str(request.get("env") or ""))
+    env = request.get("env") or ""
+    # vast-cli's object form ({"-n NAME": "1", ...}) or the OpenAPI file's string form
+    words = [w for key in env for w in shlex.split(key)] if isinstance(env, dict) else shlex.split(str(env))
     for flag, value in zip(words, words[1:], strict=False):
         if flag in ("-n", "--network", "--net"):
             return value

@@ -53,9 +53,15 @@ class Faults:
     exited_machines: set[int] = field(default_factory=set)  # instances there exit right away
     failing_creates: dict[int, int] = field(default_factory=dict)  # k-th create (1-based) -> status
     lost_create_answers: set[int] = field(default_factory=set)  # k-th create rents, then answers 500
+    # A new instance is missing from the instance list (GET /api/v1/instances/) for this many list requests after
+    # its create: the list lags behind creates (1: "one read behind"); show instance by id sees it at once.
+    list_lag_reads: int = 0
     destroy_lag_s: float = 0.0  # destroyed instances stay listed this long (released: cur_state `destroyed_state`)
     destroyed_state: str = "unloaded"  # what a destroyed, still listed instance shows (docs: "released on destroy")
     ignored_destroys: set[int] = field(default_factory=set)  # instances whose destroy answers 200 and does nothing
+    # operation (the yaml file's stem, e.g. "attach_ssh") -> how many of its next requests are carried out and
+    # then answered 502 by the gateway in front (the answer is lost, the action happened)
+    gateway_after_acting: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -70,6 +76,7 @@ class Instance:
     destroyed_at: float | None = None
     keys: list[str] = field(default_factory=list)
     start_error: str | None = None  # the container cannot start (e.g. its docker network does not exist)
+    unlisted_reads: int = 0  # list requests that still leave it out (Faults.list_lag_reads)
 
 
 class VastStandIn:
@@ -88,7 +95,7 @@ class VastStandIn:
         self.market = vast_market.Market()  # market behaviours (infra/vast_market.py)
         self.lifecycle = Lifecycle()  # start delays, pull failures, rate limits, stop/start, scoped keys
         self.bind = bind
-        self.requests: list[dict[str, Any]] = []  # every request: method, path, query, body, problems, status
+        self.requests: list[dict[str, Any]] = []  # every request: method, path, query, body, problems, status, at
         self.instances: dict[int, Instance] = {}
         self.account_keys: list[str] = []
         self.overlays: dict[str, dict[str, Any]] = {}
@@ -135,7 +142,8 @@ class VastStandIn:
     def handle(self, method: str, raw_path: str, headers: dict[str, str], raw_body: bytes) -> tuple[int, Any]:
         parts = urlsplit(raw_path)
         query = dict(parse_qsl(parts.query))
-        record: dict[str, Any] = {"method": method, "path": parts.path, "query": query, "problems": []}
+        record: dict[str, Any] = {"method": method, "path": parts.path, "query": query, "problems": [],
+                                  "at": time.monotonic()}  # when it came: tests check the pacing of clients
         with self._lock:
             self.requests.append(record)
             status, body = self._handle(method, parts.path, query, headers, raw_body, record)
@@ -175,7 +183,11 @@ class VastStandIn:
         if path_id is not None and not path_id.isdigit():
             return 400, example("destroy_instance.delete.400")
         handler = getattr(self, f"_{op.name}_{method.lower()}")
-        return handler(int(path_id) if path_id else None, body, query)
+        answer = handler(int(path_id) if path_id else None, body, query)
+        if self.faults.gateway_after_acting.get(op.name, 0) > 0:
+            self.faults.gateway_after_acting[op.name] -= 1
+            return 502, {"detail": "Bad Gateway"}
+        return answer
 
     def _authorize(self, op_name: str, method: str, path_id: str | None, body: Any, bearer: str | None,
                    record: dict[str, Any]) -> tuple[int, Any] | None:
@@ -224,7 +236,7 @@ class VastStandIn:
             return status, example(f"create_instance.put.{status}", ask_id=offer_id)
         iid = next(self._ids)
         offer["rented"] = True  # the whole machine's GPUs are ours now
-        inst = Instance(iid, offer, req, time.monotonic())
+        inst = Instance(iid, offer, req, time.monotonic(), unlisted_reads=self.faults.list_lag_reads)
         self.instances[iid] = inst
         inst.host = self.host_factory(iid)
         inst.address = (inst.host.address, int(inst.host.port))
@@ -247,8 +259,11 @@ class VastStandIn:
         filters = json.loads(query.get("select_filters", "{}"))
         after = int(base64.b64decode(query["after_token"])) if "after_token" in query else 0
         limit = int(query.get("limit", 25))
+        lagging = {i.id for i in self.instances.values() if i.unlisted_reads > 0}
+        for iid in lagging:
+            self.instances[iid].unlisted_reads -= 1
         shown = [self._show(i) for i in sorted(self.instances.values(), key=lambda i: i.id)
-                 if self._visible(i) and i.id > after]
+                 if self._visible(i) and i.id > after and i.id not in lagging]
         shown = [s for s in shown if all(_matches(s, k, v) for k, v in filters.items())]
         page = shown[:limit]
         token = base64.b64encode(str(page[-1]["id"]).encode()).decode() if len(shown) > limit else None
@@ -296,6 +311,13 @@ class VastStandIn:
             return 404, example("attach_ssh.post.404", msg="Instance not found")
         self._add_key(inst, body["ssh_key"])
         return 200, example("attach_ssh.post.200")
+
+    def _show_instance_ssh_keys_get(self, iid: int, _body: Any, _query: Any) -> tuple[int, Any]:
+        inst = self.instances.get(iid)
+        if inst is None or inst.destroyed_at is not None:
+            return 400, {"success": False, "error": "invalid_args", "msg": "Invalid instance ID"}
+        keys = [{"id": k, "name": f"key-{k}", "public_key": key} for k, key in enumerate(inst.keys, 1)]
+        return 200, {"success": True, "ssh_keys": json.dumps(keys)}  # documented: a JSON string
 
     def _create_ssh_key_post(self, _id: Any, body: dict[str, Any], _query: Any) -> tuple[int, Any]:
         if not body["ssh_key"].strip():

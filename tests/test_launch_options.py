@@ -110,8 +110,8 @@ def test_a_missing_config_file_is_named(tmp_path: Path, recorded: Recorder,
 def test_options_from_a_file_are_checked_like_typed_ones(tmp_path: Path, recorded: Recorder,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     config = tmp_path / "exp.toml"
-    config.write_text("stall-timeout = 30.0\n")  # host-only: a local run refuses it from a file as from the line
-    assert "--stall-timeout has no effect on a run on this machine" in fails(capsys, "--config", str(config))
+    config.write_text("connect-timeout = 30.0\n")  # host-only: a local run refuses it from a file as from the line
+    assert "--connect-timeout has no effect on a run on this machine" in fails(capsys, "--config", str(config))
 
 
 def test_save_config_round_trips_and_never_writes_env_values(tmp_path: Path, recorded: Recorder) -> None:

@@ -1,4 +1,4 @@
-"""A local run checks what a host run's preflight checks (launcher/local_checks.py): the rendezvous address
+"""A local run checks what a host run's preflight checks (launcher/execute/local_checks.py): the rendezvous address
 resolves and a port can be bound, before anything is written; a run with no first step shows torchrun's last line."""
 
 from __future__ import annotations

@@ -189,8 +189,7 @@ def test_a_dry_run_whose_hosts_cannot_be_reached_prints_the_plan_and_its_unknown
      "with --provider vast, --image is the registry reference each machine starts from: drop --registry"),
     (["--image", "ddpctl:latest"], "--image has no effect on a run on this machine"),
     (["--host", "h", "--registry", "docker.io/you/ddpctl:1"], "--registry names the image of --runtime docker"),
-    (["--detach"], "--detach has no effect on a run on this machine (a local run stays in the foreground"),
-    (["--stall-timeout", "60"], "--stall-timeout has no effect on a run on this machine"),
+    (["--detach", "--stall-timeout", "60"], "--stall-timeout acts while `up` follows the run"),
     (["--identity-file", "key", "--accept-new-host-keys"], "--identity-file and --accept-new-host-keys have no "
                                                            "effect on a run on this machine"),
 ])  # fmt: skip
@@ -238,7 +237,7 @@ def test_a_python_that_cannot_be_started_is_one_line_and_the_run_is_recorded_as_
     events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
     assert [e["event"] for e in events] == ["exited"] and "could not start torchrun" in events[0]["error"]
     status = ddpctl_in_process("status", "--runs-dir", str(runs), "--json")
-    assert status.returncode == 0 and json.loads(status.stdout)["nodes"][0]["state"] == "ended"
+    assert status.returncode == 0 and json.loads(status.stdout)["nodes"][0]["state"] == "failed"
 
 
 def local_run(runs: Path, **record: object) -> Path:
@@ -306,7 +305,7 @@ def test_pull_refuses_a_local_run_and_down_of_an_ended_one_has_nothing_to_stop(t
     assert down.stderr == f"run local-run ran on this machine and has ended: nothing to stop; its files are in {run}\n"
 
 
-def test_down_names_a_local_runs_pid_only_while_it_is_still_its_torchrun(tmp_path: Path) -> None:
+def test_down_stops_a_local_runs_pid_only_while_it_is_still_its_torchrun(tmp_path: Path) -> None:
     from launcher.remote.proctree import start_time
     from launcher.results.rundir import RunDir
 
@@ -315,12 +314,16 @@ def test_down_names_a_local_runs_pid_only_while_it_is_still_its_torchrun(tmp_pat
         run = local_run(tmp_path / "runs", local_pid=victim.pid, local_pid_start=str(int(start_time(victim.pid)) - 7))
         down = ddpctl_in_process("down", "--runs-dir", str(tmp_path / "runs"))
         assert down.returncode == 0, down.stderr
-        assert "has ended: nothing to stop" in down.stderr and "kill" not in down.stderr
+        assert "has ended: nothing to stop" in down.stderr
+        assert victim.poll() is None  # never signalled: the pid is another process's now
         RunDir(run).update_record(local_pid_start=start_time(victim.pid))  # now it is the run's torchrun
         down = ddpctl_in_process("down", "--runs-dir", str(tmp_path / "runs"))
-        assert down.returncode == 1 and down.stderr.count("\n") == 1
-        assert "is a local run and `down` is for runs on hosts" in down.stderr and f"`kill {victim.pid}`" in down.stderr
-        assert victim.poll() is None  # never signalled
+        assert down.returncode == 0, down.stderr
+        assert down.stderr == (f"stopped run local-run on this machine (1 process(es) stopped, none left); its files "
+                               f"are already here, nothing to pull: {run}\n")
+        assert victim.wait(timeout=10) == -signal.SIGTERM
+        status = ddpctl_in_process("status", "--runs-dir", str(tmp_path / "runs"), "--json")
+        assert json.loads(status.stdout)["nodes"][0]["state"] == "stopped"
     finally:
         victim.kill()
         victim.wait()

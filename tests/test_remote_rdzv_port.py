@@ -1,6 +1,6 @@
 """The host side of the rendezvous port's reservation and of the probe's round trip (launcher/remote/rdzv_port.py,
 launcher/remote/probe_round.py, host_probe's address rule), called here as functions on a temporary reservation
-directory: no SSH, no process. (Run as the hosts run them, over a connection: tests/test_probe_round_trips.py.)"""
+directory: no SSH, no process. (Run as the hosts run them, over a connection: tests/test_round_trips.py.)"""
 
 from __future__ import annotations
 

@@ -62,8 +62,15 @@ def test_batch_script_of_a_two_node_gpu_run_is_exactly_this_text() -> None:
 #SBATCH --open-mode=append
 #SBATCH --no-requeue
 #SBATCH --mem=64G
-# --prelude: the cluster's own set-up (module load, conda activate)
-module load cuda/12.4
+# --prelude: the cluster's own set-up (module load, conda activate), as a block of its own: checked by
+# bash -n, run in this shell, then back in the job's folder
+ddpctl_dir=$PWD
+ddpctl_prelude='module load cuda/12.4'
+if ! bash -n -c "$ddpctl_prelude"; then
+  echo "ddpctl: the --prelude lines are not valid shell (bash -n, above): the job ends" >&2; exit 2
+fi
+eval "$ddpctl_prelude"
+cd "$ddpctl_dir"
 set -e
 export PYTHONUNBUFFERED=1 TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 # The allocation's first node hosts the c10d store, on a port derived from the job id.

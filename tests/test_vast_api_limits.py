@@ -177,7 +177,8 @@ def test_an_empty_key_is_refused_before_any_request(tmp_path, monkeypatch):
 
 def test_vast_login_refuses_an_empty_key_in_one_line_without_asking_vast(tmp_path):
     with VastStandIn(api_key=KEY) as standin:
-        env = dict(os.environ, PYTHONPATH=str(ROOT), XDG_CONFIG_HOME=str(tmp_path), DDPCTL_VAST_URL=standin.url)
+        env = dict(os.environ, PYTHONPATH=str(ROOT), XDG_CONFIG_HOME=str(tmp_path), DDPCTL_VAST_URL=standin.url,
+                   HOME=str(tmp_path))
         env.pop("VAST_API_KEY", None)
         for typed in ("\n", "   \n", ""):
             out = subprocess.run([sys.executable, "-m", "launcher", "vast", "login"], input=typed, env=env,

@@ -67,7 +67,8 @@ def test_the_stand_in_rejects_requests_that_break_the_contract(standin):
     """The schema check is real: a body the OpenAPI file forbids gets the documented 400."""
     c = client(standin)
     with pytest.raises(VastError) as err:
-        c.create_instance(2, {"image": "img", "runtype": "ssh_direc ssh_proxy", "env": {"-p 22:22": "1"}})
+        # env: neither the OpenAPI file's string nor vast-cli's object of strings
+        c.create_instance(2, {"image": "img", "runtype": "ssh_direc ssh_proxy", "env": {"-p 22:22": 1}})
     assert err.value.status == 400 and "runtype" in str(err.value) and "\n" not in str(err.value)
     with pytest.raises(VastError):
         c.create_instance(2, {"label": "no image"})

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import logging
-import shlex
 import subprocess
 from collections import Counter
 
 import pytest
 
+from infra.vast_market import network_of
 from infra.vast_standin import VastStandIn, make_offer
 from launcher.providers.vast.client import VastClient
 from launcher.providers.vast.errors import ProvisionError, VastError
@@ -68,7 +68,7 @@ def test_two_nodes_in_one_cluster_with_an_overlay(standin):
         assert standin.instances[r.instance_id].keys.count(PUB) == 2
         req = standin.instances[r.instance_id].request
         # created into the overlay network (Vast's documented order: the overlay first, `-n NAME` at create)
-        assert req["env"] == "-p 22:22 -n run-test-net"
+        assert req["env"] == {"-p 22:22": "1", "-n run-test-net": "1"}  # vast-cli's object form
         assert req["onstart"] == ONSTART and req["disk"] == DISK
     assert standin.market.order[0] == "overlay run-test-net"
     assert [e["event"] for e in events].count("vast.instance_ready") == 2
@@ -79,10 +79,15 @@ def test_two_nodes_in_one_cluster_with_an_overlay(standin):
 def test_env_values_reach_the_create_request_quoted(standin):
     env = {"MSG": "two words", "QUOTE": "it's", "PLAIN": "x"}
     rented = _provision(standin, env=env)
-    flags = standin.instances[rented[0].instance_id].request["env"]
-    assert flags == "-p 22:22 -e 'MSG=two words' -e 'QUOTE=it'\"'\"'s' -e PLAIN=x"
-    assert shlex.split(flags) == ["-p", "22:22", "-e", "MSG=two words", "-e", "QUOTE=it's", "-e", "PLAIN=x"]
+    sent = standin.instances[rented[0].instance_id].request["env"]
+    assert sent == {"-p 22:22": "1", "MSG": "two words", "QUOTE": "it's", "PLAIN": "x"}  # values as they are
     _teardown(standin, rented)
+
+
+def test_the_stand_in_reads_a_network_from_either_form_of_env():
+    assert network_of({"env": "-p 22:22 -e 'A=b c' -n run-net"}) == "run-net"  # the OpenAPI file's string
+    assert network_of({"env": {"-p 22:22": "1", "A": "b c", "-n run-net": "1"}}) == "run-net"  # vast-cli's object
+    assert network_of({"env": {"-p 22:22": "1"}}) is None
 
 
 @pytest.mark.parametrize("status", [404, 410])
@@ -125,11 +130,12 @@ def test_second_create_failing_destroys_the_first(standin):
     assert len(standin.instances) == 1  # the first was created, and the fixture checks it is gone
 
 
-def test_a_lost_create_answer_is_found_by_label_and_destroyed(standin):
-    standin.faults.lost_create_answers.add(1)  # rented, but the answer was a 500
+def test_a_lost_create_answer_is_found_by_label_and_destroyed_on_a_later_failure(standin):
+    standin.faults.lost_create_answers.add(1)  # rented, but the answer was a 500: found by label and used
+    standin.faults.failing_creates[2] = 400  # then the second node's create fails: both are destroyed
     with pytest.raises(VastError):
-        _provision(standin)
-    assert len(standin.instances) == 1
+        _provision(standin, nodes=2)
+    assert len(standin.instances) == 1  # the lost one, never re-sent; the fixture checks it is gone
 
 
 def test_ctrl_c_during_provisioning_leaves_nothing(standin):
@@ -241,3 +247,28 @@ def test_onstart_exports_the_images_env_for_ssh_sessions_and_nothing_secret(tmp_
     assert sorted(lines) == sorted(["OTHER=kept", "LANG=C.UTF-8", "PATH=/opt/conda/bin:/usr/bin:/bin",
                                     "PYTHONUNBUFFERED=1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"])
     assert (tmp_path / ".no_auto_tmux").exists() and len(ONSTART) < 4048  # Vast's onstart limit
+
+
+def _calls(standin: VastStandIn, method: str, path_end: str) -> list[dict]:
+    return [r for r in standin.requests if r["method"] == method and r["path"].endswith(path_end)]
+
+
+def test_keys_whose_answer_a_gateway_lost_are_looked_for_not_sent_twice(standin):
+    standin.faults.gateway_after_acting.update(attach_ssh=1, create_ssh_key=1)  # done, then answered 502
+    [rented] = _provision(standin)
+    assert standin.account_keys == [PUB]  # the account key was not added a second time
+    attaches = [r for r in _calls(standin, "POST", "/ssh/") if "/instances/" in r["path"]]
+    assert [r["status"] for r in attaches] == [502]  # looked at the instance's keys, found it, sent no second attach
+    assert len(_calls(standin, "GET", f"/instances/{rented.instance_id}/ssh/")) == 1
+    _teardown(standin, [rented])
+
+
+def test_an_attach_refused_by_the_gateway_before_acting_is_sent_again_after_a_look(standin):
+    client = VastClient(KEY, base_url=standin.url, backoff_base=0.001, pace=0.0)
+    iid = client.create_instance(1, {"client_id": "me", "image": "ddpctl/trainer:1", "disk": DISK, "label": "k"})
+    standin.faults.burst, standin.faults.burst_paths = [502], f"/api/v0/instances/{iid}/ssh/"  # refused unseen
+    client.attach_ssh_key(iid, PUB)
+    attaches = [r for r in _calls(standin, "POST", "/ssh/") if "/instances/" in r["path"]]
+    assert [r["status"] for r in attaches] == [502, 200] and standin.instances[iid].keys == [PUB]
+    assert len(_calls(standin, "GET", f"/instances/{iid}/ssh/")) == 1  # looked before sending it again
+    assert teardown(client, [iid], poll_interval=0.05)[0].destroyed

@@ -1,15 +1,21 @@
 """Vast.ai's instance states as its docs define them, against the stand-in (issue 25, points 2, 3 and 6): `unknown`
 is a failed start at once (only null, loading and rebooting are waited for), `frozen` is halted like `stopped` but
-still bills its GPU, a destroyed instance that stays listed as released (`unloaded` and the like) is destroyed, not
-"may still be billing", and overlay names are of the form Vast accepts."""
+still bills its GPU, a destroyed instance that stays listed as released (`cur_state unloaded`, the only state Vast's
+docs call released) is destroyed, one listed `offline` is "may still be billing", overlay names are of the form Vast
+accepts (issue 42: `status` tells exited, unknown and offline machines and writes the cost as of now, a machine that
+comes back exited after a start is told at once)."""
 
 from __future__ import annotations
 
+import json
 import re
+import time
 
 import pytest
 
 from infra.vast_standin import VastStandIn, make_offer
+from launcher.errors import DdpctlError
+from launcher.execute import rented_run
 from launcher.providers.vast.client import VastClient
 from launcher.providers.vast.ledger import Ledger, hourly
 from launcher.providers.vast.machine_states import refresh, start_stopped
@@ -64,11 +70,10 @@ def test_unknown_is_a_failed_start_at_once_and_the_next_machine_is_rented(standi
     teardown(_client(standin), [r.instance_id for r in rented], poll_interval=0.05)
 
 
-@pytest.mark.parametrize("released", ["unloaded", "destroyed", "terminated", "offline"])
-def test_an_accepted_destroy_listed_as_released_is_destroyed(standin, released):
+def test_an_accepted_destroy_listed_as_released_is_destroyed(standin):
     rented = _provision(standin)
     standin.faults.destroy_lag_s = 3600  # still listed long after the destroy
-    standin.faults.destroyed_state = released
+    standin.faults.destroyed_state = released = "unloaded"
     client = _client(standin)
     [result] = teardown(client, [rented[0].instance_id], poll_interval=0.05, verify_timeout=5.0)
     assert result.destroyed and result.error is None
@@ -120,6 +125,76 @@ def test_a_run_id_with_capitals_and_underscores_gets_an_overlay_vast_accepts(sta
     rented = _provision(standin, nodes=2, label="My_Run.2")
     name = rented[0].overlay_name
     assert name is not None and re.fullmatch(r"[a-z0-9-]+", name) and name in standin.overlays
-    assert all(standin.instances[r.instance_id].request["env"].endswith(f"-n {name}") for r in rented)
+    assert all(standin.instances[r.instance_id].request["env"][f"-n {name}"] == "1" for r in rented)
     teardown(_client(standin), [r.instance_id for r in rented], overlay_name=name, poll_interval=0.05)
     assert standin.overlays == {}
+
+
+def test_a_destroyed_machine_listed_offline_is_not_counted_released(standin):
+    rented = _provision(standin)
+    standin.faults.destroy_lag_s = 3600
+    standin.faults.destroyed_state = "offline"  # a host that disconnected may come back: not "released"
+    [result] = teardown(_client(standin), [rented[0].instance_id], poll_interval=0.05, verify_timeout=0.5)
+    assert not result.destroyed and "may still be billing" in str(result.error)
+
+
+def _rented_run_dir(standin: VastStandIn, tmp_path, rented: list[RentedInstance], **record) -> RunDir:
+    run_dir = RunDir.create(tmp_path, RunSpec(run_id="run-states"), {
+        "provider": "vast", "nodes": [], "hosts": [{"hostname": r.ssh_host, "port": r.ssh_port} for r in rented],
+        "vast": {"label": "run-states"}, **record})
+    ledger = Ledger(run_dir)
+    for node, r in enumerate(rented):
+        ledger.on_provision_event({"event": "vast.instance_created", "node": node, "instance_id": r.instance_id,
+                                   "offer_id": r.offer.id, "machine_id": r.offer.machine_id, "dph": r.dph,
+                                   "storage_dph": 0.01})
+    ledger.rented(rented)
+    return run_dir
+
+
+@pytest.mark.parametrize(("state", "told"), [("exited", "its container exited"),
+                                              ("unknown", "no recent heartbeat from its host"),
+                                              ("offline", "its host is disconnected")])
+def test_status_tells_a_machine_exited_unknown_or_offline_and_writes_the_cost_as_of_now(
+        standin, tmp_path, monkeypatch, state, told):
+    rented = _provision(standin, nodes=2)
+    run_dir = _rented_run_dir(standin, tmp_path, rented)
+    before = json.loads((run_dir.path / "run.json").read_text())["cost_usd"]
+    machine = rented[1].offer.machine_id
+    if state == "exited":
+        standin.faults.exited_machines.add(machine)
+    elif state == "unknown":
+        standin.lifecycle.switches.unknown_machines[machine] = 3600.0  # no heartbeat for the next hour
+    else:
+        standin.lifecycle.switches.offline_machines.add(machine)
+    monkeypatch.setattr(rented_run, "vast_client", lambda: _client(standin))
+    rows = rented_run.RentedRun().status_rows(run_dir, None)  # type: ignore[arg-type]  # no SSH: the API says
+    by_node = {row["node"]: row["state"] for row in rows}
+    assert by_node[0] == "machine rented"
+    assert by_node[1].startswith(f"machine {state} ({told}); it may bill until `ddpctl down run-states`")
+    record = json.loads((run_dir.path / "run.json").read_text())
+    assert record["cost_usd"] > before and record["instances"][1]["api_state"] == state  # refreshed, saved
+    teardown(_client(standin), [r.instance_id for r in rented], poll_interval=0.05)
+
+
+def test_a_machine_that_comes_back_exited_after_a_start_is_told_at_once(standin, tmp_path):
+    rented = _provision(standin)
+    run_dir = _rented_run_dir(standin, tmp_path, rented)
+    client = _client(standin)
+    client.manage_instance(rented[0].instance_id, "stopped")
+    ledger = Ledger(run_dir)
+    refresh(client, ledger)
+    assert ledger.instances[0]["state"] == "stopped"
+    standin.faults.exited_machines.add(rented[0].offer.machine_id)  # its container will not start again
+    began = time.monotonic()
+    with pytest.raises(DdpctlError, match=r"came back exited after the start \(container exited\)"):
+        start_stopped(client, ledger, poll=0.05, timeout=900)
+    assert time.monotonic() - began < 30  # not the 900 s start timeout
+    assert any(e["event"] == "vast.start_failed" for e in run_dir.events())
+    teardown(client, [rented[0].instance_id], poll_interval=0.05)
+
+
+def test_why_machines_were_started_names_autostop_only_when_it_was_on():
+    assert "autostop was off" in rented_run.start_reason(autostop=False, frozen=1, started=1)
+    assert rented_run.start_reason(autostop=True, frozen=2, started=2) == ("they were frozen outside ddpctl; "
+                                                                            "autostop stops, it does not freeze")
+    assert rented_run.start_reason(autostop=True, frozen=0, started=2) == "autostop had stopped them"

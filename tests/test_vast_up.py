@@ -322,6 +322,7 @@ def test_max_cost_stops_pulls_and_tears_down_before_the_budget_passes(bed, stand
     run = _the_run(ddpctl.runs)
     record = _record(run)
     assert 0 < record["cost_usd"] <= max_cost
+    assert record["max_cost_reached"]["max_cost"] == max_cost  # run.json (and summary.json) say why it stopped
     assert record["cost_usd"] == pytest.approx(_expected_cost(record), abs=1e-6)
     kinds = [e["event"] for e in _events(run)]
     assert "vast.max_cost_reached" in kinds and "stop_requested" in kinds and "started" in kinds
@@ -346,6 +347,16 @@ def test_bad_key_missing_key_no_cluster_and_dry_run_rent_nothing(bed, standin, d
     plan = ddpctl.up("--nodes", "2", "--gpus", "1", "--gpu-name", "RTX 3080", "--dry-run")
     assert plan.returncode == 0, plan.stderr
     assert "vast offer 1" in plan.stdout and "vast offer 2" in plan.stdout and "--nnodes 2" in plan.stdout
+
+    # the budget against the worst case of the expected hours at these offers' prices (issue 42)
+    fits = ddpctl.up("--gpus", "1", "--gpu-name", "RTX 3080", "--dry-run", "--max-cost", "50",
+                     "--expected-hours", "2")
+    assert fits.returncode == 0 and "worst case for --expected-hours 2: $" in fits.stderr, fits.stderr
+    assert "against --max-cost $50 (fits)" in fits.stderr
+    too_long = ddpctl.up("--gpus", "1", "--gpu-name", "RTX 3080", "--dry-run", "--max-cost", "0.5",
+                         "--expected-hours", "200")
+    assert too_long.returncode == 1 and too_long.stderr.count("\n") == 1, too_long.stderr
+    assert "--max-cost $0.5 does not cover --expected-hours 200" in too_long.stderr
 
     assert standin.instances == {} and bed.hosts == [] and not ddpctl.runs.exists()
     assert not (ddpctl.tmp / "config" / "ddpctl" / "vast_api_key").exists()

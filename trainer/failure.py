@@ -9,7 +9,7 @@ and ends its process at once (`leave`).
 
 Its reason goes to stderr (torchrun's capture), and also into a small file reserved when the rank starts
 (`reserve`): OUT/failures/rank-NNNNN.txt, RESERVED_BYTES written ahead, so that overwriting it needs no new
-space on a disk that has since filled up. The launcher reads these files back (launcher/execute/rank_failures.py);
+space on a disk that has since filled up. The launcher reads these files back (launcher/remote/node_report.py);
 on a clean end they are removed.
 """
 

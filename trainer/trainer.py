@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from trainer import requeue
+from trainer import requeue, stack_dumps
 from trainer.data import DataSplits
 from trainer.determinism import capture_rng, restore_rng, seed_rng
 from trainer.distributed import DistContext, device_name
@@ -88,6 +88,7 @@ class Trainer:
     def __init__(self, config: TrainConfig, ctx: DistContext, data: DataSplits, model: nn.Module) -> None:
         self.config = config
         self.ctx = ctx
+        stack_dumps.register(ctx.rank, ctx.world_size, config.out_dir)  # `ddpctl stacks`, a stalled run's verdict
         self.data = data.to(ctx.device)
         if config.channels_last:
             self.data = self.data.channels_last()

@@ -52,6 +52,7 @@ COMMAND_MODULES = (
     "launcher.runtimes.image",
     "launcher.cli.vast",
     "launcher.cli.report_sweep",
+    "launcher.cli.stacks_command",
 )
 
 
@@ -179,6 +180,14 @@ def _names_own_command(argv: list[str]) -> bool:
     return bool(argv) and argv[0] in own
 
 
+def refuse_empty_command(argv: list[str]) -> None:
+    """`up --` with nothing after it: click reads it as no command, which would run the built-in trainer instead
+    of the command the user meant to give."""
+    if len(argv) > 1 and argv[0] == "up" and argv[-1] == "--" and "--" not in argv[:-1]:
+        raise SpecError(f"`{argv[0]} --` with no command after it: give the command to run (`-- python3 train.py`), "
+                        "or drop the `--` to run the built-in trainer")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app, turning our errors and usage errors into one line on stderr."""
     from launcher.cli.plain_values import use_plain_values
@@ -189,6 +198,7 @@ def main(argv: list[str] | None = None) -> None:
         _register_commands()
     previous = catch_stop_signals()  # SIGTERM and SIGHUP (a closed terminal) end every command as Ctrl-C does
     try:
+        refuse_empty_command(sys.argv[1:] if argv is None else argv)
         status = app(args=argv, standalone_mode=False)  # click returns an Exit's code instead of raising it
         if isinstance(status, int) and status:
             exit_with(status)

@@ -9,15 +9,13 @@ from __future__ import annotations
 import difflib
 import json
 import math
-import os
-import stat
 import sys
 from pathlib import Path
 from typing import Any
 
 from launcher.cli.options import LaunchOption
 from launcher.errors import SpecError
-from launcher.spec.user_paths import kind_of
+from launcher.spec.user_paths import read_user_file
 
 CONFIG_MAX_BYTES = 1 << 20  # a file of launch options is a few hundred bytes
 
@@ -30,12 +28,10 @@ else:  # pragma: no cover - Python 3.10
 def read_config(path: Path, declared: dict[str, LaunchOption]) -> dict[str, Any]:
     """The options of a TOML config file, checked against `declared`; SpecError naming the file otherwise."""
     try:
-        mode = os.stat(path).st_mode
-        if not stat.S_ISREG(mode):  # a FIFO would wait for ever, /dev/zero never end
-            raise SpecError(f"--config {path} is {kind_of(mode)}, not a regular file: give a TOML file")
-        if os.stat(path).st_size > CONFIG_MAX_BYTES:
-            raise SpecError(f"--config {path} is over {CONFIG_MAX_BYTES // 2**20} MiB: not a file of launch options")
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        # A FIFO would wait for ever, /dev/zero never end. utf-8-sig: a byte-order mark (some editors write one)
+        # is not TOML, but it is not the user's mistake either.
+        data = tomllib.loads(read_user_file(path, "--config", CONFIG_MAX_BYTES, "give a TOML file")
+                             .decode("utf-8-sig"))
     except FileNotFoundError:
         raise SpecError(f"--config {path}: no such file") from None
     except (OSError, UnicodeDecodeError) as e:

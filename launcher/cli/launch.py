@@ -25,8 +25,8 @@ from launcher.spec.validate import check_runs_dir, check_seconds
 # Options only --provider vast reads, and those a run on this machine has no use for.
 VAST_ONLY = ("nodes", "gpu_name", "max_price", "min_reliability", "disk", "down", "max_cost", "max_cost_reserve",
              "ready_timeout", "expected_hours")
-NOT_LOCAL = ("detach", "stall_timeout", "identity_file", "accept_new_host_keys", "connect_timeout", "rdzv_addr",
-             "rdzv_port", "allow_public_rendezvous", "no_probe", "outputs")
+NOT_LOCAL = ("identity_file", "accept_new_host_keys", "connect_timeout", "rdzv_addr", "rdzv_port",
+             "allow_public_rendezvous", "no_probe", "outputs")
 SLURM_ONLY = ("partition", "time", "account", "qos", "constraint", "workdir", "sbatch_option", "prelude", "requeue",
               "max_requeues")
 # What the scheduler decides on a Slurm cluster (the job's nodes, its rendezvous, how it is followed).
@@ -197,8 +197,7 @@ def check_options_fit(provider: str, hosts: tuple[HostSpec, ...], runtime: str, 
     if provider == "local":
         not_local = [flag for flag in given if flag in _flags(NOT_LOCAL)] + image_flags
         if not_local:
-            foreground = " (a local run stays in the foreground until it ends or Ctrl-C)" if "--detach" in given else ""
-            raise SpecError(f"{_listed(not_local, 'has', 'have')} no effect on a run on this machine{foreground}: "
+            raise SpecError(f"{_listed(not_local, 'has', 'have')} no effect on a run on this machine: "
                             f"{_listed(['it'] if len(not_local) == 1 else ['they'], 'is', 'are')} for runs on "
                             f"--host or --provider vast; drop {_it(not_local)}")
     elif runtime == "native" and image_flags:

@@ -90,8 +90,8 @@ WHERE_OPTIONS = (
         optional=True),
     opt("allow_public_rendezvous", bool, False, "Allow node 0's rendezvous on a public address (only behind a "
         "firewall: it is unauthenticated).", HOSTS),
-    opt("stall_timeout", float, 0.0, "Hosts: stop every node and pull when no training step was seen for this many "
-        "seconds (a hung collective); 0: only note it after 300 s.", HOSTS),
+    opt("stall_timeout", float, 0.0, "Stop the run (on hosts: every node, then pull) when no training step was seen "
+        "for this many seconds (a hung collective); 0: only note it after 300 s.", HOSTS),
 )
 
 VAST_OPTIONS = (
@@ -100,7 +100,8 @@ VAST_OPTIONS = (
     opt("min_reliability", float, 0.95, "Vast.ai: least reliability, 0..1.", VAST),
     opt("disk", float, 32.0, "Vast.ai: disk per machine, GB.", VAST),
     opt("down", bool, False, "Vast.ai: destroy the machines once results are verified.", VAST),
-    opt("max_cost", float, None, "Vast.ai: stop, pull and destroy before the run's spend passes this many USD.",
+    opt("max_cost", float, None, "Vast.ai: stop, pull and destroy before the run's spend (a sweep's: all its "
+        "runs') passes this many USD.",
         VAST, optional=True),
     opt("max_cost_reserve", float, 120.0, "Seconds of spend --max-cost keeps for the final pull and teardown.",
         VAST, hidden=True),
@@ -168,7 +169,8 @@ STRATEGY_OPTIONS = (
 
 # `up` only: one run's own way of being followed, and the machines it rents (a sweep rents per layout).
 UP_WHERE_OPTIONS = (
-    opt("detach", bool, False, "Start the run on the hosts and return; follow with status/logs.", HOSTS),
+    opt("detach", bool, False, "Start the run and return (on this machine too: it goes on without the terminal); "
+        "follow with status/logs, stop with down.", HOSTS),
     opt("nodes", int, 1, "Vast.ai: machines to rent; Slurm: nodes to allocate (one torchrun node each).", VAST),
     opt("outputs", list, (), "With `-- CMD` on hosts: bring back only these of the files your script writes in its "
         "working directory (gitignore-style: 'snapshot.pt', '*.csv', 'checkpoints/'); repeat. Its "

@@ -68,6 +68,10 @@ def up_executor(launch: dict[str, Any], env: list[str], show_progress: bool = Tr
 
         spec = with_env(spec, env_values)
         vast = replace(base.vast, nodes=spec.nnodes) if base.vast else None
+        if vast is not None:  # one --max-cost for the whole sweep: this run gets what the earlier ones left
+            from launcher.providers.vast.budget import sweep_run_request
+
+            vast = sweep_run_request(vast, runs_dir)
         slurm = replace(base.slurm, nodes=spec.nnodes) if base.slurm else None  # one job per entry, its own nodes
         options = replace(base, runs_dir=runs_dir, hosts=base.hosts[: spec.nnodes], vast=vast, slurm=slurm,
                           auto_gpus=False, record={"options": entry_options(launch, spec)})

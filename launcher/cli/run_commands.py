@@ -59,9 +59,9 @@ def status(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, json_out: bool 
         print_rented(check_runs_dir(runs_dir), json_out)
         return
     run_dir = _find_run(runs_dir, run)
-    record = run_dir.record()
     rows = recorded_run(run_dir.typed_record()).status_rows(run_dir, _options(runs_dir, identity_file, False,
                                                                                connect_timeout))
+    record = run_dir.record()  # after the rows: asking a rented run's API brings its instances and cost up to date
     extra = {k: record[k] for k in ("instances", "cost_usd", "failure") if k in record}
     told = restarts_told(run_dir)  # each restart: its attempt, the nodes that restarted, what caused it
     if json_out:
@@ -70,12 +70,15 @@ def status(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, json_out: bool 
         return
     table = Table(title=f"run {run_dir.run_id}")
     watchdogs = any("autostop" in row for row in rows)  # a Vast.ai run with autostop: each node's watchdog
-    for column in ("node", "host", "state", "exit", "epoch", "restarts", *(("autostop",) if watchdogs else ())):
+    losses = any(row.get("loss") is not None for row in rows)  # the newest progress record's loss, where one has it
+    for column in ("node", "host", "state", "exit", "epoch", *(("loss",) if losses else ()), "restarts",
+                   *(("autostop",) if watchdogs else ())):
         table.add_column(column)
     for row in rows:
         epoch = f"{row['epoch']}/{row['epochs']}" if row["epoch"] else "-"
         exit_code = "-" if row["exit_code"] is None else str(row["exit_code"])
-        table.add_row(str(row["node"]), str(row["host"]), str(row["state"]), exit_code, epoch,
+        loss = [] if not losses else ["-" if row.get("loss") is None else f"{row['loss']:.4g}"]
+        table.add_row(str(row["node"]), str(row["host"]), str(row["state"]), exit_code, epoch, *loss,
                       str(row.get("restarts", "-")), *([_autostop_cell(row)] if watchdogs else []))
     console.print(table)
     for row in rows:  # a node that could not be asked: why (HOST KEY CHANGED: what to do)

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from launcher.providers.vast.apikey import load_api_key, save_api_key
+from launcher.providers.vast.apikey import save_api_key, vast_client
 from launcher.providers.vast.errors import ApiKeyMissing
 
 if TYPE_CHECKING:
@@ -41,7 +41,6 @@ def offers(
     """List the Vast.ai offers that can run ddpctl's image, cheapest first (hourly price includes the disk asked
     for; bandwidth is billed per GB on top, at each host's price)."""
     # Imported here: requests costs a tenth of a second at every `ddpctl` start otherwise.
-    from launcher.providers.vast.client import VastClient
     from launcher.providers.vast.image_needs import MachineNeeds
     from launcher.providers.vast.offers import OfferError, OfferFilter, explain_offers, search_offers
 
@@ -60,7 +59,7 @@ def offers(
         typer.echo(f"image needs of {constants_note()}; --image REF reads another image's", err=True)
     flt = OfferFilter(gpu_name=gpu_name, num_gpus=gpus, max_price=max_price, min_reliability=min_reliability,
                       disk_gb=disk, min_cuda=min_cuda, limit=max(limit, 64), needs=needs)
-    with VastClient(load_api_key()) as client:
+    with vast_client() as client:  # paced together with every other ddpctl process using the key
         if explain:
             explained = explain_offers(client, flt)[:limit]
         else:
@@ -114,7 +113,7 @@ def login(
     if verify:
         from launcher.providers.vast.client import VastClient
 
-        with VastClient(key) as client:
+        with VastClient(key, shared_pacing=True) as client:
             client.list_instances()
     path = save_api_key(key)
     typer.echo(f"saved the Vast.ai API key to {path} (mode 0600)")

@@ -9,16 +9,22 @@ import sys
 import time
 from pathlib import Path
 
-from launcher.errors import DdpctlError, SpecError
+from launcher.errors import DdpctlError, RunStopRequested, SpecError
 from launcher.execute import interruption
 from launcher.execute.hang_watch import RunWatch
 from launcher.execute.live_output import LiveOutput
 from launcher.execute.local_checks import FirstStepWatch, check_cpu_processes, check_local_rendezvous
+from launcher.execute.local_state import run_mark
+from launcher.execute.outside_stops import DOWN_EVENT
 from launcher.execute.plain_progress import run_progress
+from launcher.execute.stacks import stall_verdict
+from launcher.execute.stall_watch import StallWatch
 from launcher.planning.mpi_check import check_local_mpi
 from launcher.planning.plan import RunPlan, plan_local
 from launcher.planning.preflight import check_local_disk
-from launcher.remote.proctree import start_time, stop_tree
+from launcher.remote.node_stop import stop_processes, workspace_path
+from launcher.remote.proctree import start_time
+from launcher.results.progress import FreshestProgress, stall_note
 from launcher.results.rundir import RunDir, read_json
 from launcher.runtimes.join_files import write_local_hook
 from launcher.spec.datasets import check_local_data
@@ -116,10 +122,13 @@ def check_local_run(spec: RunSpec, run_path: Path | None = None) -> RunPlan:
     return plan
 
 
-def run_local(plan: RunPlan, run_dir: RunDir, show_progress: bool = True, show_output: bool = True) -> int:
-    """Start torchrun, follow its progress until it ends, and return its exit code (130 after Ctrl-C)."""
+def run_local(plan: RunPlan, run_dir: RunDir, show_progress: bool = True, show_output: bool = True,
+              stall_timeout: float = 0.0) -> int:
+    """Start torchrun, follow its progress until it ends, and return its exit code (130 after Ctrl-C). A run
+    stopped by `ddpctl down`, or past `stall_timeout` seconds without a training step, raises RunStopRequested
+    with the line that says so (launcher/execute/stall_watch.py, as on hosts)."""
     node = plan.nodes[0]
-    env = {**os.environ, **dict(node.env)}
+    env = {**os.environ, **dict(node.env), **run_mark(run_dir)}  # the mark: how `down` finds every process of it
     if plan.spec.user_command:  # the join hook first on the script's path: the world it forms is measured
         hook = str(write_local_hook(run_dir.path))
         env["PYTHONPATH"] = hook + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -145,23 +154,36 @@ def run_local(plan: RunPlan, run_dir: RunDir, show_progress: bool = True, show_o
         progress_file = run_dir.path / "progress.json"
         first_step = FirstStepWatch(out_path)
         node_watch = RunWatch.for_run([node.host.label], run_dir)  # hangs, low disk, the first rank failure
+        stall = StallWatch(run_dir, FreshestProgress(1), stall_timeout,  # --stall-timeout, as on hosts
+                           lambda: stall_verdict(run_dir, None, [str(run_dir.path)]))
         with run_progress([node.host.label], enabled=show_progress) as progress:
             live = LiveOutput(run_dir, progress, show_output)  # rank 0's output, a script's progress, restarts
             while proc.poll() is None:
                 record = live.local_record(read_json(progress_file))
-                progress.update(0, record, first_step.state(record))
-                node_watch.poll_here(True, None, record, time.monotonic())
+                now = time.monotonic()
+                stall.freshest.observe(0, record, now)
+                stalled = stall.check(now)
+                progress.update(0, record, first_step.state(record), stall_note(stalled) if record else "")
+                node_watch.poll_here(True, None, record, now)
                 time.sleep(POLL_SECONDS)
-            node_watch.poll_here(False, proc.returncode, None, time.monotonic())
+            downed = any(e.get("event") == DOWN_EVENT for e in run_dir.events())  # not a failure: `ddpctl down`
+            if not downed:
+                node_watch.poll_here(False, proc.returncode, None, time.monotonic())
             record = live.local_record(read_json(progress_file))
-            progress.update(0, record, "finished" if proc.returncode == 0 else "failed")
+            progress.update(0, record, "stopped" if downed else "finished" if proc.returncode == 0 else "failed")
     except BaseException as exc:
+        if isinstance(exc, RunStopRequested):  # --stall-timeout: stopped here as on hosts, with the same line
+            run_dir.event("stop_requested", reason=str(exc))
+            outcome = interruption.stop_and_pull(run_dir, lambda: _stop(proc, run_dir), None, cause=str(exc),
+                                                 abandonable=False)
+            run_dir.event("stopped", node=0, exit_code=proc.returncode, by=exc.reason)
+            raise RunStopRequested(f"{exc}; {outcome.text}", exc.reason) from None
         if not interruption.interrupted_by(exc):
-            _stop(proc)  # an unexpected error must not leave torchrun running in its own session either
+            _stop(proc, run_dir)  # an unexpected error must not leave torchrun running in its own session either
             raise
 
         def stop() -> None:
-            _stop(proc)
+            _stop(proc, run_dir)
             run_dir.event("stopped", node=0, exit_code=proc.returncode)
 
         # Further signals during the stop are told that it goes on: the stop is bounded (SIGKILL after the grace).
@@ -169,11 +191,17 @@ def run_local(plan: RunPlan, run_dir: RunDir, show_progress: bool = True, show_o
         return 130
     finally:
         interruption.restore_signals(previous)
+    if downed:  # `ddpctl down` stopped it (and says so too)
+        run_dir.event("stopped", node=0, exit_code=proc.returncode, by="down")
+        raise RunStopRequested(f"run {run_dir.run_id} was stopped by `ddpctl down` (from another terminal); what "
+                               f"it wrote is in {run_dir.path}", "down")
     run_dir.event("exited", node=0, exit_code=proc.returncode)
     return int(proc.returncode)
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """Stop torchrun and its workers: SIGTERM first (torchrun stops its workers), SIGKILL after a grace period."""
-    stop_tree(proc.pid, STOP_GRACE_SECONDS)
+def _stop(proc: subprocess.Popen[bytes], run_dir: RunDir) -> None:
+    """Stop torchrun and its workers as `ddpctl down` and a host node's stop do (launcher/remote/node_stop.py):
+    SIGTERM to its tree and process group and to every process with the run's mark (torchrun stops its workers),
+    SIGKILL after a grace period. The pid is still torchrun's: it is not reaped until proc.wait."""
+    stop_processes(proc.pid, workspace_path(str(run_dir.path)), STOP_GRACE_SECONDS)
     proc.wait(timeout=10.0)

@@ -28,10 +28,16 @@ def full_disk_message(run_path: Path) -> str:
 
 @contextlib.contextmanager
 def full_disk_named(run_path: Path) -> Iterator[None]:
-    """Turn a full disk met by the launcher itself (writing run.json or events) into full_disk_message."""
+    """Turn a full disk met by the launcher itself (writing run.json or events) into full_disk_message, and a run
+    directory that became read-only into one line too."""
     try:
         yield
     except OSError as exc:
+        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM) and str(exc.filename or "").startswith(
+                str(run_path)):  # made read-only mid-run: said in one line (the run was stopped, or had ended)
+            raise DdpctlError(f"the run directory {run_path} cannot be written ({exc.strerror}): what the run did "
+                              "after that is not recorded there (its summary neither); make it writable "
+                              "again") from None
         if exc.errno != errno.ENOSPC:
             raise
         raise DdpctlError(full_disk_message(run_path)) from None

@@ -1,6 +1,6 @@
 """This machine, as `up`'s provider: acquiring it gives this machine (no SSH session, so the executor starts the run
-here itself), releasing it does nothing; a run here has one node. `status`/`logs` of a recorded local run, and the
-refusals of `pull`/`down`, are launcher/execute/recorded.py."""
+here itself), releasing it does nothing; a run here has one node. `status`/`logs`/`down` of a recorded local run,
+and the refusal of `pull`, are launcher/execute/recorded.py (with launcher/execute/local_state.py)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from launcher.results.rundir import RunDir
+from launcher.results.record import RecordError
+from launcher.results.rundir import RUN_FILE, RunDir
 from launcher.runtimes.native import NodeState, ask_node, stop_node
 from launcher.runtimes.start import runtime_of
 from launcher.transport.hostsession import HostSession
@@ -14,7 +15,22 @@ from launcher.transport.parallel import run_on_hosts
 
 
 def node_workspaces(run_dir: RunDir) -> list[str]:
-    return [str(n["workspace"]) for n in run_dir.record()["nodes"]]
+    """Each node's workspace as run.json records it, checked as a plan's are: a hand-edited `../..` would have
+    `pull`, `status` or `down` work on a host's whole file system (RecordError, one line)."""
+    workspaces = [str(n["workspace"]) for n in run_dir.record()["nodes"]]
+    for index, workspace in enumerate(workspaces):
+        if not recorded_workspace_ok(workspace):
+            raise RecordError(f"{run_dir.path / RUN_FILE}: node {index}'s workspace {workspace!r} is not a run's "
+                              f"workspace (ddpctl writes ~/.ddpctl/runs/{run_dir.run_id}): the record was edited; "
+                              "restore it, or reach the host yourself")
+    return workspaces
+
+
+def recorded_workspace_ok(workspace: str) -> bool:
+    """A folder below the login's home or an absolute one, never climbing (`..`), never `/`, `~` or the home itself."""
+    parts = workspace.split("/")
+    return (bool(workspace.strip("/. ")) and ".." not in parts and not workspace.startswith("~")
+            and not any(c in workspace for c in "\0\n\r"))
 
 
 def stop_all(session: HostSession, run_dir: RunDir) -> None:

@@ -30,9 +30,11 @@ from launcher.execute.plain_progress import run_progress
 from launcher.execute.pull_record import pull_lock, write_pull_record
 from launcher.execute.restart_causes import finish_run_records
 from launcher.execute.shipping import code_cache, ship_code, ship_image, workspace_before_start
+from launcher.execute.stacks import stall_verdict
+from launcher.execute.stall_watch import StallWatch
 from launcher.planning.plan import RunPlan
+from launcher.results.planned_world import checked_exit_code
 from launcher.results.progress import FreshestProgress, console, stall_note
-from launcher.results.run_records import world_exit_code
 from launcher.results.rundir import (
     RUN_FILE,
     RunDir,
@@ -128,7 +130,7 @@ def run_remote_up(plan: RunPlan, options: UpOptions, session: HostSession, recor
             raise Interrupted(outcome.text) from None
         interruption.pull_after_run(run_dir, lambda: pull_run(session, run_dir))
         code = teardown_outcome(run_dir, code, len(plan.nodes))
-        code = world_exit_code(finish_run_records(run_dir), code)
+        code = checked_exit_code(run_dir, finish_run_records(run_dir), code)  # the planned world?
         summary = read_json(run_dir.path / "summary.json")
         return UpResult(run_dir.path, code, summary, plan)
     finally:
@@ -200,8 +202,10 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
                            lambda i: getattr(latest[i], "exit_time", None))
     failed_reported = False
     cause: dict[str, Any] | None = None
-    stall_reported = False
+    explained = False  # the current hang's stacks were taken and told
     freshest = FreshestProgress(len(labels))
+    stall = StallWatch(run_dir, freshest, stall_timeout,
+                       lambda: stall_verdict(run_dir, session, node_workspaces(run_dir)))
     node_watch = RunWatch.for_run(labels, run_dir)  # hangs, low disk, the first rank failure: told unasked
     served = ServedPolls(run_dir.spec().python)  # one node program per host for all the polls
     with contextlib.closing(served), run_progress(labels, enabled=show_progress) as progress:
@@ -235,17 +239,15 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
                 if state is not None:
                     freshest.observe(index, state.progress, now)
             node_watch.poll(states, now)
+            if node_watch.hang_told and not explained:  # a hang just told: where each rank is, in one line more
+                console.print(f"where each rank is: {stall_verdict(run_dir, session, node_workspaces(run_dir))}",
+                              markup=False, highlight=False, soft_wrap=True)
+            explained = node_watch.hang_told
             rule = node_watch.rule  # how training moves, for what a silent node leaves the others doing
             moving = Movement(rule.last_move, rule.slowest, rule.last_move is not None and rule.hung(now))
             latest[:] = states
             contact.observe(states, now, moving)
-            stalled = freshest.stalled_for(now)
-            if stalled is not None and not stall_reported:
-                run_dir.event("stalled", seconds=round(stalled))
-            stall_reported = stalled is not None  # once per stall
-            if stall_timeout and freshest.stalled_for(now, stall_timeout) is not None:
-                raise RunStopRequested(f"--stall-timeout: no training step for {stall_timeout:g} s (a hung "
-                                       f"collective or data loader); see `ddpctl logs {run_dir.run_id}`", "stalled")
+            stalled = stall.check(now)  # past --stall-timeout: RunStopRequested (launcher/execute/stall_watch.py)
             for index, state in enumerate(states):
                 if state is None:
                     progress.update(index, None, "unreachable")

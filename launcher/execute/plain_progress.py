@@ -127,7 +127,8 @@ def say(text: str) -> None:
 # Events whose news another line already gives (the hang watch's, a restart's with its cause, the provider's own;
 # a node's failure: its state line, "node K (HOST): failed (exit N)", comes from the same poll, just before).
 _TOLD_ELSEWHERE = ("rank_failed", "hang", "low_disk", "teardown_failed", "failure_attributed", "restarted",
-                   "contact_lost", "contact_back", "lost_contact", "node_failed")
+                   "contact_lost", "contact_back", "lost_contact", "node_failed",
+                   "stacks", "world_differs")  # the stall's stop and the run's last line carry these
 
 
 def describe_event(event: dict[str, Any]) -> str | None:
@@ -145,12 +146,16 @@ def describe_event(event: dict[str, Any]) -> str | None:
         "image": lambda: f"image {event.get('image')} in place",
         "started": lambda: f"torchrun started (pid {event.get('pid')})",
         "exited": lambda: f"torchrun exited with status {event.get('exit_code')}",
-        "finished": lambda: f"every node ended (exit statuses {event.get('exit_codes')})",
+        "finished": lambda: f"every node ended (exit statuses {_listed(event.get('exit_codes'))})",
         "stalled": lambda: f"no training step for {event.get('seconds')} s",
         "stop_requested": lambda: f"stopping: {event.get('reason')}",
-        "stopping": lambda: f"stopping node(s) {event.get('nodes')}: {event.get('reason')}",
+        "stopping": lambda: f"stopping node(s) {_listed(event.get('nodes'))}: {event.get('reason')}",
         "stopped": lambda: "stopped" + (f" (exit status {event['exit_code']})" if "exit_code" in event else ""),
-        "pulled": lambda: "results pulled and verified",
+        "pulled": lambda: (f"results pulled, {event['verified']} file(s) verified" if event.get("verified")
+                           else "nothing came back (no file to pull)"),
+        "world_measured": lambda: (f"world measured: {event.get('processes')} process(es), world size "
+                                   f"{event.get('world_size') or 'not one world'}" if event.get("measured")
+                                   else "world not measured (no process recorded joining a process group)"),
         "pull_failed": lambda: f"pull failed: {event.get('error')}",
         "interrupted": lambda: f"interrupted: {event.get('reason')}",
         "stop_abandoned": lambda: "the stop was abandoned: nodes may still be running",
@@ -165,6 +170,11 @@ def describe_event(event: dict[str, Any]) -> str | None:
     details = ", ".join(f"{k} {v}" for k, v in sorted(event.items()) if k not in ("event", "time", "node")
                         and isinstance(v, (str, int, float)) and len(str(v)) <= 80)
     return where + kind.replace("_", " ") + (f" ({details})" if details else "")
+
+
+def _listed(values: object) -> str:
+    """[0, 1] as `0, 1` (never a Python list in a line for people)."""
+    return ", ".join(str(v) for v in values) if isinstance(values, (list, tuple)) else str(values)
 
 
 def tell_event(event: dict[str, Any]) -> None:

@@ -53,13 +53,13 @@ def print_rank_log(run_dir: RunDir, rank: int, lines: int, follow: bool, options
         _print_pulled(run_dir.path / "nodes" / str(node) / "logs", local_rank, rank, lines, "a Slurm job", attempt)
         return
     if not run_dir.record().get("nodes"):  # this machine's run
-        from launcher.execute.reattach import _local_run_ended
+        from launcher.execute.local_state import local_run_ended
 
         logs = run_dir.path / "logs"
         if attempt is not None:
             _print_attempt(logs, local_rank, rank, attempt, lines)
             return
-        _print_rank(lambda *a: _read_local(logs, local_rank, *a), lambda: _local_run_ended(run_dir),
+        _print_rank(lambda *a: _read_local(logs, local_rank, *a), lambda: local_run_ended(run_dir),
                     rank, lines, follow)
         return
     from launcher.execute.on_hosts import node_workspaces, reattach

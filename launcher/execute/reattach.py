@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import codecs
-import os
 import sys
 import time
 from typing import TYPE_CHECKING, Any
 
 from launcher.errors import DdpctlError
 from launcher.execute.failure_cause import failure_from_pulled
+from launcher.execute.local_state import local_run_ended
 from launcher.execute.outside_stops import DOWN_EVENT
 from launcher.execute.restart_causes import finish_run_records
-from launcher.remote.proctree import alive, start_time
 from launcher.results.progress import progress_record
+from launcher.results.restarts import newest_attempt_dir
 from launcher.results.run_records import node_restarts
 from launcher.results.rundir import RunDir
 
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from launcher.planning.request import UpOptions
 
 FOLLOW_POLL_SECONDS = 1.0
-START_GRACE_SECONDS = 30.0
+ALL_LINES = 1 << 30  # a rank's output from its first line (as much as `logs` reads of a file's end)
 
 
 def host_status_rows(run_dir: RunDir, options: UpOptions) -> list[dict[str, Any]]:
@@ -41,6 +41,7 @@ def host_status_rows(run_dir: RunDir, options: UpOptions) -> list[dict[str, Any]
                                                          else "unreachable"),
                      "exit_code": state.exit_code if state else None,
                      "epoch": progress.get("epoch"), "epochs": progress.get("epochs"),
+                     "loss": progress.get("loss"),
                      "restarts": pulled[index] if state is None or state.attempt is None else state.attempt,
                      **({"error": unanswered(run_dir.run_id, errors[index], index in key_changes)}
                         if index in errors else {})})
@@ -53,16 +54,6 @@ def unanswered(run_id: str, error: str, key_refused: bool) -> str:
         return (f"{error}. Until then ddpctl does not talk to it: the node's state is unknown and `ddpctl down "
                 f"{run_id}` cannot stop it")
     return f"{error}; the node's state is unknown: ask again with `ddpctl status {run_id}`"
-
-
-def local_status_rows(run_dir: RunDir) -> list[dict[str, Any]]:
-    """The one row of a run on this machine, read from its run directory."""
-    exited = [e for e in run_dir.events() if e["event"] in ("exited", "stopped")]
-    summary_exists = (run_dir.path / "summary.json").exists()
-    local_state = "finished" if summary_exists else ("ended" if exited else "running or interrupted")
-    return [{"node": 0, "host": "local", "state": local_state,
-             "exit_code": exited[-1].get("exit_code") if exited else None, "epoch": None, "epochs": None,
-             "restarts": node_restarts(run_dir)[0]}]
 
 
 def pull_hosts(run_dir: RunDir, options: UpOptions) -> list[dict[str, Any]]:
@@ -145,8 +136,17 @@ def _no_output_yet(node: int, follow: bool) -> None:
     print(f"node {node} has no output yet{waiting}", file=sys.stderr, flush=True)
 
 
-def print_local_log(run_dir: RunDir, lines: int, follow: bool) -> None:
-    """A run on this machine: the end of its torchrun.out, then (with `follow`) what is added until it ends."""
+def print_local_log(run_dir: RunDir, lines: int, follow: bool, options: UpOptions) -> None:
+    """A run on this machine: global rank 0's own output (what `logs --rank 0` shows, as `up` showed it under its
+    progress) once rank 0 has written any; before that, torchrun's own output (torchrun.out: how a run that never
+    started its workers ended), and with `follow`, rank 0's output from its first line once it comes, until the
+    run ends."""
+    from launcher.execute.rank_logs import print_rank_log
+
+    logs = run_dir.path / "logs"
+    if newest_attempt_dir(logs) is not None:
+        print_rank_log(run_dir, 0, lines, follow, options)
+        return
     path = run_dir.path / "torchrun.out"
     offset = 0
     if path.exists():
@@ -155,44 +155,19 @@ def print_local_log(run_dir: RunDir, lines: int, follow: bool) -> None:
         text = data.decode(errors="replace")
         print("".join(text.splitlines(keepends=True)[-lines:]), end="", flush=True)
     else:
-        _no_output_yet(0, follow and not _local_run_ended(run_dir))
+        _no_output_yet(0, follow and not local_run_ended(run_dir))
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     while follow:
-        ended = _local_run_ended(run_dir)  # before reading: what it wrote before it ended is still shown
+        ended = local_run_ended(run_dir)  # before reading: what it wrote before it ended is still shown
         if path.exists():
             with open(path, "rb") as f:
                 f.seek(offset)
                 chunk = f.read()
             offset += len(chunk)
             print(decoder.decode(chunk), end="", flush=True)
+        if newest_attempt_dir(logs) is not None:  # the workers started: rank 0's lines from here on
+            print_rank_log(run_dir, 0, ALL_LINES, True, options)
+            return
         if ended:
             break
         time.sleep(FOLLOW_POLL_SECONDS)
-
-
-def _local_run_ended(run_dir: RunDir) -> bool:
-    """True once `up` recorded the end of the run, or once its torchrun is gone (`up` itself was killed)."""
-    if any(e.get("event") in ("exited", "stopped") for e in run_dir.events()):
-        return True
-    record = run_dir.record()
-    if not isinstance(record.get("local_pid"), int):  # starting right now (the pid follows), or it never started
-        return time.time() - float(record.get("created") or 0) > START_GRACE_SECONDS
-    return not local_torchrun_running(record)
-
-
-def local_torchrun_running(record: dict[str, Any]) -> bool:
-    """Whether the local run's torchrun still runs: its recorded pid lives, not as a zombie, and (a pid alone is no
-    identity: the system hands it to another process once ours ended) still has the start time recorded with it.
-    A record without one (older runs) is judged by the pid alone."""
-    pid, recorded_start = record.get("local_pid"), record.get("local_pid_start")
-    if not isinstance(pid, int):
-        return False
-    if recorded_start is not None:
-        return start_time(pid) == str(recorded_start) and alive(pid)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return alive(pid)  # a zombie (ended, not yet reaped) still answers kill 0

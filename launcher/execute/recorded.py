@@ -10,10 +10,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 from launcher.errors import DdpctlError, SpecError
+from launcher.execute.local_state import local_run_processes, local_status_rows, local_torchrun_running
 from launcher.execute.reattach import (
     host_status_rows,
-    local_status_rows,
-    local_torchrun_running,
     print_host_log,
     print_local_log,
     pull_hosts,
@@ -85,17 +84,18 @@ class HostsRun:
 
 
 class LocalRun:
-    """A run on this machine: its files were written straight into the run directory; nothing to fetch or stop."""
+    """A run on this machine: its files were written straight into the run directory (nothing to fetch); its
+    state is measured from its processes here, and `down` stops them as a host node's are stopped."""
 
     def status_rows(self, run_dir: RunDir, options: UpOptions) -> list[dict[str, Any]]:
-        """The run's one row, from its run directory."""
+        """The run's one row: its measured state and its progress, from its run directory."""
         return local_status_rows(run_dir)
 
     def print_log(self, run_dir: RunDir, node: int, lines: int, follow: bool, options: UpOptions) -> None:
-        """The end of the run's torchrun.out (node 0: a local run has no other)."""
+        """Rank 0's output (node 0: a local run has no other); torchrun's own before the workers start."""
         if node != 0:
             raise SpecError(f"--node {node}: run {run_dir.run_id} ran on this machine; it has node 0 only")
-        print_local_log(run_dir, lines, follow)
+        print_local_log(run_dir, lines, follow, options)
 
     def pull(self, run_dir: RunDir, options: UpOptions) -> list[dict[str, Any]]:
         """Refused: the files are already here."""
@@ -103,13 +103,25 @@ class LocalRun:
                           f"already in {run_dir.path}")
 
     def down(self, run_dir: RunDir, options: UpOptions, force: bool) -> str:
-        """Nothing to do for a local run that ended; one still running is refused: it is stopped where `up` runs
-        (its torchrun's pid is named only while that pid is still its torchrun)."""
-        record = run_dir.record()
-        ended = any(e.get("event") in ("exited", "stopped") for e in run_dir.events())
-        if ended or not local_torchrun_running(record):
+        """Stop the run's processes here (launcher/execute/local_state.py: its torchrun's tree and every process
+        with the run's mark, SIGKILL after the grace period); an `up` following it then says it was stopped by
+        `down`. Its files are already in its run directory: nothing is pulled."""
+        from launcher.execute.local import STOP_GRACE_SECONDS
+        from launcher.execute.local_state import stop_local_run
+        from launcher.execute.outside_stops import DOWN_EVENT
+        from launcher.execute.restart_causes import finish_run_records
+
+        if not local_torchrun_running(run_dir.record()) and not local_run_processes(run_dir):
             return f"run {run_dir.run_id} ran on this machine and has ended: nothing to stop; its files are in " \
                    f"{run_dir.path}"
-        raise DdpctlError(f"run {run_dir.run_id} is a local run and `down` is for runs on hosts: stop a local run "
-                          f"with Ctrl-C where `ddpctl up` runs (or `kill {record['local_pid']}`, its torchrun); its "
-                          f"files are in {run_dir.path}")
+        run_dir.event(DOWN_EVENT)  # an `up` following the run says it was stopped by down, not that it failed
+        signalled = stop_local_run(run_dir, STOP_GRACE_SECONDS)
+        left = local_run_processes(run_dir)
+        if left:
+            raise DdpctlError(f"run {run_dir.run_id}: {len(left)} process(es) of the run could not be stopped "
+                              f"(pids {', '.join(map(str, sorted(left)))}); `ddpctl down {run_dir.run_id}` again "
+                              "tries once more")
+        finish_run_records(run_dir)
+        run_dir.event("stopped", node=0, by="down", signalled=len(signalled))
+        return (f"stopped run {run_dir.run_id} on this machine ({len(signalled)} process(es) stopped, none left); "
+                f"its files are already here, nothing to pull: {run_dir.path}")

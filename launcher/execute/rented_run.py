@@ -10,13 +10,19 @@ from launcher.errors import DdpctlError
 from launcher.execute.reattach import host_status_rows, print_host_log, pull_hosts, stop_and_pull_hosts
 from launcher.providers.vast.apikey import vast_client
 from launcher.providers.vast.autostop import mark_pulled_command, stopped_at_command
-from launcher.providers.vast.ledger import Ledger, destroy_all, hourly, live, say
+from launcher.providers.vast.ledger import Ledger, destroy_all, hourly, live, open_intents, say
+from launcher.providers.vast.lost_creates import reconcile_run
 from launcher.providers.vast.rented_list import is_released, offline_rows
 from launcher.providers.vast.watchdog_state import add_watchdog_states, parse_watchdog, watchdog_command
 from launcher.results.rundir import RunDir
 
 if TYPE_CHECKING:
     from launcher.planning.request import UpOptions
+
+
+# What Vast's states that never become running again by themselves mean (models.py lists its docs' states).
+TROUBLE = {"exited": "its container exited", "unknown": "no recent heartbeat from its host",
+           "offline": "its host is disconnected"}
 
 
 class RentedRun:
@@ -66,8 +72,11 @@ def release_run(run_dir: RunDir, options: UpOptions, force: bool = False) -> str
     When the results cannot be pulled and verified the machines are kept (they hold the only copy) unless
     `force`. A run whose training never started has nothing to pull. Returns what to tell the user."""
     ledger = Ledger(run_dir)
+    if open_intents(ledger.intents):  # a create whose answer was lost: look for its machine by label first
+        with vast_client() as client:
+            reconcile_run(client, ledger)
     if not live(ledger.instances):
-        return f"run {run_dir.run_id} holds no rented machine any more (cost ${ledger.cost():.4f})"
+        return f"run {run_dir.run_id} holds no rented machine any more (cost ${ledger.cost():.4f})" + _unsure(ledger)
     problem = None
     if run_dir.record().get("nodes"):
         problem = _start_stopped(run_dir, options, ledger) or _stop_and_pull(run_dir, options)
@@ -81,11 +90,23 @@ def release_run(run_dir: RunDir, options: UpOptions, force: bool = False) -> str
         say(f"destroying the machines without verified results (--force): {problem}", style="yellow")
     with vast_client() as client:
         cost = destroy_all(client, ledger, "down --force" if problem else "down")
-    return f"run {run_dir.run_id}: machines destroyed (verified); it cost ${cost:.4f}; results in {run_dir.path}"
+    return (f"run {run_dir.run_id}: machines destroyed (verified); it cost ${cost:.4f}; results in {run_dir.path}"
+            + _unsure(ledger))
+
+
+def _unsure(ledger: Ledger) -> str:
+    """What `down` must add while a create without an answer may still show up by the run's label."""
+    unsure = open_intents(ledger.intents)
+    if not unsure:
+        return ""
+    return (f"; but the create(s) of offer(s) {', '.join(str(i.get('offer_id')) for i in unsure)} got no answer and "
+            f"no machine labelled for this run is listed yet: run `ddpctl down {ledger.run_dir.run_id}` again in a "
+            "few minutes")
 
 
 def _stopped_rows(run_dir: RunDir) -> list[dict[str, Any]] | None:
-    """Status rows from the API when any machine of the run is stopped (SSH cannot reach it), else None."""
+    """Status rows from the API when any machine of the run is stopped, or shown exited, unknown or offline (SSH
+    cannot reach it), else None."""
     from launcher.providers.vast.machine_states import refresh
 
     ledger = Ledger(run_dir)
@@ -94,12 +115,15 @@ def _stopped_rows(run_dir: RunDir) -> list[dict[str, Any]] | None:
             refresh(client, ledger)
     except DdpctlError:
         return None  # no key or no API: ask the machines themselves
-    if not any(i["state"] == "stopped" for i in ledger.instances):
+    ledger.save()  # the cost as of now, for `status --json` (and every later reader of run.json)
+    if not any(i["state"] == "stopped" or i.get("api_state") for i in live(ledger.instances)):
         return None
     rows = []
     for inst in sorted(live(ledger.instances), key=lambda i: i.get("node") or 0):
         state = (f"machine frozen (its GPU bills: ${hourly(inst):.4f}/hour)" if inst.get("frozen")
                  else f"machine stopped (storage ${hourly(inst):.4f}/hour)" if inst["state"] == "stopped"
+                 else f"machine {inst['api_state']} ({TROUBLE[inst['api_state']]}); it may bill until `ddpctl down "
+                      f"{run_dir.run_id}`" if inst.get("api_state") in TROUBLE
                  else f"machine {inst['state']}")
         rows.append({"node": inst.get("node"), "host": f"vast:{inst['instance_id']}", "state": state,
                      "exit_code": None, "epoch": None, "epochs": None, "dph": hourly(inst)})
@@ -119,10 +143,20 @@ def _start_stopped(run_dir: RunDir, options: UpOptions, ledger: Ledger | None = 
         except DdpctlError as exc:
             return str(exc).splitlines()[0]
     if started:
-        say(f"started the {len(started)} stopped machine(s) of run {run_dir.run_id} again (autostop had stopped "
-            "them)")
+        frozen = sum(1 for i in ledger.instances if i["instance_id"] in started and not i.get("stops"))
+        say(f"started the {len(started)} stopped machine(s) of run {run_dir.run_id} again "
+            f"({start_reason(bool(run_dir.record().get('autostop')), frozen, len(started))})")
         exact_stop_times(ledger, _on_nodes(run_dir, options, stopped_at_command))
     return None
+
+
+def start_reason(autostop: bool, frozen: int, started: int) -> str:
+    """Why the machines `pull` or `down` started were halted: autostop stops (never freezes) them, and only when on."""
+    if not autostop:
+        return "they were stopped or frozen outside ddpctl: autostop was off"
+    if frozen == started:
+        return "they were frozen outside ddpctl; autostop stops, it does not freeze"
+    return "autostop had stopped them" if not frozen else "autostop had stopped some; others were frozen outside ddpctl"
 
 
 def _rearm(run_dir: RunDir, options: UpOptions) -> None:

@@ -26,8 +26,9 @@ from launcher.execute.shipment import trainer_source_dir
 from launcher.execute.shipping import _cache_key
 from launcher.planning.request import UpOptions, UpResult
 from launcher.remote import shell_text
+from launcher.results.planned_world import checked_exit_code
 from launcher.results.progress import console
-from launcher.results.run_records import finish_records, world_exit_code
+from launcher.results.run_records import finish_records
 from launcher.results.rundir import RunDir, primary_node_out, read_json, write_bytes_atomic, write_json_atomic
 from launcher.schedulers.base import PENDING, RUNNING, JobStatus
 from launcher.schedulers.slurm.job_output import OomKill
@@ -100,6 +101,7 @@ def run_scheduled(spec: RunSpec, options: UpOptions, saved_script: str | None = 
             raise Interrupted(outcome.text) from None
         interruption.pull_after_run(run_dir, lambda: pull_job(conn, run_dir))
         code = finish_job(run_dir, status, scheduler.allocation_spans(conn, job_id))
+        code = checked_exit_code(run_dir, read_json(run_dir.path / "summary.json"), code)  # the planned world?
         return UpResult(run_dir.path, code, read_json(run_dir.path / "summary.json"))
 
 
@@ -278,10 +280,10 @@ def finish_job(run_dir: RunDir, status: JobStatus, slurm_spans: list[tuple[float
         spent = scheduled_chain.spent(status, chain)
     run_dir.update_record(slurm={**run_dir.record()["slurm"], "status": status.to_json(), "end": line, **cost})
     run_dir.event("job_ended", state=status.state, exit_code=status.exit_code, line=line)
-    summary = finish_records(run_dir)
+    finish_records(run_dir)
     console.print(line, markup=False, highlight=False)
-    if status.state == "COMPLETED":  # as on hosts: a job that did not train as one world across its nodes fails
-        return world_exit_code(summary, 0)
+    if status.state == "COMPLETED":
+        return 0
     failure = scheduled_end.job_failure(run_dir, status, line, oom)
     if spent:  # the job stopped itself, every node ended 0: the time limit with no requeue left is the cause
         failure = {"summary": line, "node": None, "rank": None, "slurm_state": status.state,

@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 import launcher
-from launcher.errors import PlanError
+from launcher.errors import PlanError, SpecError
+from launcher.planning.plan_file import PLAN_MAX_BYTES
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.slurm_request import SlurmRequest
+from launcher.spec.user_paths import read_user_file
 
 KIND = "slurm"
 VERSION = 1
@@ -60,7 +62,7 @@ def read_scheduled_plan(path: Path, data: dict[str, Any]) -> tuple[RunSpec, Slur
 
 def load_json(path: Path) -> object:
     """The file's JSON, or None when it cannot be read as JSON (the host plan reader then says why)."""
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
+    try:  # bounded, a regular file: load_plan then names what else it is
+        return json.loads(read_user_file(path, "--plan", PLAN_MAX_BYTES).decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, SpecError):
         return None

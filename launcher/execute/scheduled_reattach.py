@@ -1,6 +1,6 @@
 """A scheduled run from its run directory alone (`status`, `logs`, `pull`, `down` after `up --detach` or from
 another directory): the login node from run.json (its pinned key), the job id, and the run's folder on the
-shared file system. The RunProvider of `provider: slurm` runs (launcher/providers/recorded.py)."""
+shared file system; launcher/execute/recorded.py routes a `provider: slurm` run's day-2 commands here."""
 
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from launcher.errors import RunStopRequested
 from launcher.execute.before_start import nothing_started_if_interrupted
 from launcher.execute.failure_cause import local_failure, teardown_outcome
 from launcher.execute.local import check_local_run, run_local
@@ -18,8 +19,8 @@ from launcher.execute.saved_plan import options_for_saved, same_plan
 from launcher.execute.shipment import ship_source, with_shipment
 from launcher.planning.request import UpOptions, UpResult
 from launcher.providers.base import ExecutorCalls
+from launcher.results.planned_world import checked_exit_code
 from launcher.results.rank_layout import PLAN_FILE
-from launcher.results.run_records import world_exit_code
 from launcher.results.rundir import RunDir, read_json, write_json_atomic
 from launcher.spec.run_spec import RunSpec
 
@@ -116,7 +117,8 @@ def _run_on_hosts(acquired: AcquiredHosts, saved: RunPlan | None) -> UpResult:
 
 def _run_here(acquired: AcquiredHosts, saved: RunPlan | None) -> UpResult:
     """This machine: the local checks give the plan (or pass the saved one), then torchrun runs it here, writing
-    into the run directory; the plan is kept there as plan.json."""
+    into the run directory; the plan is kept there as plan.json. With --detach, a process of its own follows the
+    run (launcher/execute/local_detach.py) and `up` returns once torchrun has started."""
     spec, options = acquired.spec, acquired.options
     run_path = (options.runs_dir / spec.run_id).resolve()
     plan = check_local_run(spec, run_path)
@@ -124,12 +126,33 @@ def _run_here(acquired: AcquiredHosts, saved: RunPlan | None) -> UpResult:
     with full_disk_named(run_path):  # a full --runs-dir disk: one line, not a traceback
         run_dir = RunDir.create(options.runs_dir, spec, {**acquired.record, **options.record})
         write_json_atomic(run_dir.path / PLAN_FILE, plan.to_json())
-        written = LocalOutputs.start(run_dir, plan.nodes[0].cwd) if spec.user_command else None
-        code = run_local(plan, run_dir, show_progress=options.show_progress, show_output=options.show_output)
+        if options.detach:
+            from launcher.execute.local_detach import run_detached
+            from launcher.results.progress import console
+
+            run_detached(run_dir, lambda: _follow_here(plan, run_dir, options, run_path))
+            console.print(f"started run {spec.run_id} on this machine; it runs on without this terminal. Follow "
+                          f"with `ddpctl status {spec.run_id}`, `ddpctl logs {spec.run_id} -f`; stop with "
+                          f"`ddpctl down {spec.run_id}`. Its files are in {run_dir.path}.",
+                          markup=False, highlight=False, soft_wrap=True)
+            return UpResult(run_dir.path, 0, None, plan)
+        code = _follow_here(plan, run_dir, options, run_path)
+    return UpResult(run_dir.path, code, read_json(run_dir.path / "summary.json"), plan)
+
+
+def _follow_here(plan: RunPlan, run_dir: RunDir, options: UpOptions, run_path: Path) -> int:
+    """Run the plan here to its end and record how it ended; the run's exit status."""
+    written = LocalOutputs.start(run_dir, plan.nodes[0].cwd) if plan.spec.user_command else None
+    try:
+        code = run_local(plan, run_dir, show_progress=options.show_progress, show_output=options.show_output,
+                         stall_timeout=options.stall_timeout)
+    except RunStopRequested:  # stopped by `ddpctl down` or --stall-timeout: what the script wrote is told still
         if written is not None:
             written.finish()
-        raise_if_disk_full(run_path, code)
-        local_failure(run_dir, code, spec.python)  # the first failure across ranks, in run.json and events.jsonl
-        code = teardown_outcome(run_dir, code)
-        code = world_exit_code(finish_run_records(run_dir), code)
-    return UpResult(run_dir.path, code, read_json(run_dir.path / "summary.json"), plan)
+        raise
+    if written is not None:
+        written.finish()
+    raise_if_disk_full(run_path, code)
+    local_failure(run_dir, code, plan.spec.python)  # the first failure across ranks, in run.json and events.jsonl
+    code = teardown_outcome(run_dir, code)
+    return checked_exit_code(run_dir, finish_run_records(run_dir), code)  # the planned world?

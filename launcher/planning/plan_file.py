@@ -11,7 +11,9 @@ from launcher.errors import PlanError, SpecError
 from launcher.planning.plan import LOCAL, RunPlan
 from launcher.results.user_files import write_user_file
 from launcher.spec.hosts import parse_hosts
+from launcher.spec.user_paths import read_user_file
 
+PLAN_MAX_BYTES = 16 << 20  # a plan names its nodes and files: kilobytes
 MAKE_ONE = "save one with `ddpctl up --dry-run --save-plan FILE` (add the options of the run)"
 
 
@@ -26,7 +28,7 @@ def save_plan(path: Path, plan: RunPlan) -> Path:
 def load_plan(path: Path) -> RunPlan:
     """The plan saved in `path`, refused when it is missing, malformed, made by a newer ddpctl, or cannot run."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_user_file(path, "--plan", PLAN_MAX_BYTES, MAKE_ONE).decode("utf-8")
     except FileNotFoundError:
         raise PlanError(f"--plan {path}: no such file: {MAKE_ONE}") from None
     except (OSError, UnicodeDecodeError) as e:

@@ -57,8 +57,21 @@ def stop(workspace: str, grace: str, fallback: str) -> "dict[str, object]":
     # what is left of the group is ours. A pid that names another process now is left alone.
     ours = pid is not None and (proctree.start_time(pid) is None or proctree.is_node_process(
         pid, _read(os.path.join(path, "pid_start")), node_start.NODE_MARKER.encode()))
+    signalled = stop_processes(pid if ours else None, path, seconds)
+    if files and (ours or signalled) and not os.path.exists(os.path.join(path, "exit_code")):
+        with contextlib.suppress(OSError), open(os.path.join(path, "exit_code"), "w") as f:
+            f.write("143\n")
+    return {"signalled": sorted(signalled), "found_by": "pid file" if ours else "marks" if signalled else ""}
+
+
+def stop_processes(pid: "int | None", path: str, seconds: float) -> "dict[int, str]":
+    """Stop the run whose workspace (or, on this machine, run directory) is `path`: the tree of `pid` (the
+    node's own process, already known to be the one started, or None) with its process group, and every process
+    carrying the run's marks (run_marks); SIGTERM, SIGCONT, up to `seconds` of grace, then SIGKILL. Returns the
+    processes signalled (pid -> start time). Also what a local run's `ddpctl down` calls
+    (launcher/execute/local_state.py)."""
     victims = proctree.marked_processes(*run_marks(path))
-    if ours and pid is not None:
+    if pid is not None:
         victims.update(_with_start_times(proctree.process_tree(pid)))
         with contextlib.suppress(OSError):
             os.killpg(pid, signal.SIGTERM)
@@ -67,17 +80,14 @@ def stop(workspace: str, grace: str, fallback: str) -> "dict[str, object]":
     for p, started in signalled.items():
         proctree.signal_same(p, started, signal.SIGCONT)
     _wait_gone(signalled, seconds, every=0.2)
-    if ours and pid is not None:  # what the tree started meanwhile
+    if pid is not None:  # what the tree started meanwhile
         signalled.update(_with_start_times(proctree.process_tree(pid)))
     killed = {p: started for p, started in signalled.items()
               if _lives(p, started) and proctree.signal_same(p, started, signal.SIGKILL)}
     # A SIGKILL takes effect when the process next runs, which on a loaded host can be a moment later: the stop
     # returns (and the node is told stopped) once they are gone, or after KILL_WAIT_SECONDS.
     _wait_gone(killed, KILL_WAIT_SECONDS, every=0.05)
-    if files and (ours or signalled) and not os.path.exists(os.path.join(path, "exit_code")):
-        with contextlib.suppress(OSError), open(os.path.join(path, "exit_code"), "w") as f:
-            f.write("143\n")
-    return {"signalled": sorted(signalled), "found_by": "pid file" if ours else "marks" if signalled else ""}
+    return signalled
 
 
 def _with_start_times(pids: "list[int]") -> "dict[int, str]":

@@ -118,6 +118,9 @@ def world_verdict(measured: MeasuredWorlds | None, planned_nodes: int, planned_w
     if planned_nodes > 1 and len(measured.nodes) < planned_nodes:
         return fields, (f"the world spans {len(measured.nodes)} of the run's {planned_nodes} nodes: "
                         f"{measured.describe()}"), True
+    if planned_world is not None and measured.world_size < planned_world:  # processes of the plan trained without
+        return fields, (f"the world that ran has {measured.world_size} processes, fewer than the planned "
+                        f"{planned_world}: {measured.describe()}; the results are not those of the planned run"), True
     if planned_world is not None and measured.world_size != planned_world:
         return fields, (f"the world that ran has {measured.world_size} processes, not the planned {planned_world}: "
                         f"{measured.describe()} (a script that starts its own processes: --launcher spawn)"), False

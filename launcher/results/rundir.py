@@ -3,11 +3,13 @@ summary.json (and nodes/<k>/ for runs pulled from hosts). Written so a crash nev
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import platform
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -163,22 +165,44 @@ class RunDir:
             raise RecordError(f"{self.path / RUN_FILE}: spec is not a valid run spec ({e})") from None
 
     def update_record(self, **fields: Any) -> None:
+        """Add `fields` to run.json; a run directory that can no longer be written is told once (unwritable)."""
         data = self.record()
         data.update(fields)
-        write_json_atomic(self.path / RUN_FILE, data)
+        try:
+            write_json_atomic(self.path / RUN_FILE, data)
+        except OSError as e:
+            self.unwritable(RUN_FILE, e)
 
     def event(self, kind: str, **fields: Any) -> None:
         """Append one launcher event with its time to events.jsonl (and tell the listeners)."""
         record = {"time": time.time(), "event": kind, **fields}
         line = json.dumps(record, sort_keys=True)
-        with open(self.path / EVENTS_FILE, "a") as f:
-            f.write(line + "\n")
+        try:
+            with open(self.path / EVENTS_FILE, "a") as f:
+                f.write(line + "\n")
+        except OSError as e:
+            self.unwritable(EVENTS_FILE, e)
         for listener in list(_event_listeners):
             listener(record)
+
+    def unwritable(self, name: str, error: OSError) -> None:
+        """A record that cannot be written (the folder made read-only, its disk gone) is a fault like others: the
+        run goes on (its nodes are followed, stopped and pulled as ever) and this is said once, with what to do."""
+        if error.errno == errno.ENOSPC:  # a full disk has its own one line (launcher/execute/local_disk.py)
+            raise error
+        if self.path in _unwritable_told:
+            return
+        _unwritable_told.add(self.path)
+        print(f"warning: {self.path / name} cannot be written ({error.strerror or error}): the run goes on, but "
+              f"from now on what happens is not recorded in {self.path}; make it writable again", file=sys.stderr,
+              flush=True)
 
     def events(self) -> list[dict[str, Any]]:
         return read_jsonl(self.path / EVENTS_FILE)
 
+
+# Run directories already told to be unwritable (RunDir.unwritable says it once per run directory).
+_unwritable_told: set[Path] = set()
 
 # Told every event as it is recorded: the plain progress lines (launcher.execute.plain_progress) list them.
 _event_listeners: list[Callable[[dict[str, Any]], None]] = []

@@ -4,6 +4,13 @@ one record of it — kind, rank, world size, pid, node, host, attempt — as a J
 processes a script starts itself (`mp.spawn`: a fresh interpreter inherits the environment) record theirs too. So
 the world size a summary shows is what ran (launcher/results/joined_worlds.py reads them), never what was planned.
 
+Each rank also registers for stack dumps (`ddpctl stacks`, and a stalled run's stop): faulthandler writes every
+thread's Python stack to logs/stacks/rank-R.txt (beside logs/joined/) when the rank gets STACK_SIGNAL, and
+rank-R.json says which process that is (pid, start time, signal), so only a process that registered is ever sent
+the signal (its default action would end it). A torchrun worker registers at start (RANK is set: a rank stuck
+before init_process_group is seen too), any other process when it joins a process group (mp.spawn). The trainer
+does the same (trainer/stack_dumps.py); launcher/remote/rank_stacks.py takes the dumps.
+
 Standard library only, importable without torch; it patches nothing until torch or mpi4py is imported, and then
 only wraps `init_process_group` (after it returns) or reads MPI's COMM_WORLD once MPI is initialised. Any error in
 it is swallowed: measuring must never break the user's script. Another sitecustomize on the path still runs.
@@ -20,6 +27,11 @@ import sys
 import time
 
 JOIN_DIR_ENV = "DDPCTL_JOIN_DIR"
+# Which process registered the dumps of its rank at start: its children (DataLoader workers started as fresh
+# interpreters) inherit RANK but must not take their parent's registration.
+STACKS_OWNER_ENV = "DDPCTL_STACKS_PID"
+STACK_SIGNAL_OFFSET = 5  # SIGRTMIN + 5: a real-time signal that neither torch nor a training script uses
+_stack_files: dict = {}  # pid -> the open dump file (faulthandler writes to its descriptor until the process ends)
 _TORCH = "torch.distributed.distributed_c10d"
 _MPI = "mpi4py.MPI"
 
@@ -45,6 +57,56 @@ def _record(kind, rank, world_size, where=None):
         pass
 
 
+def _proc_start_time():
+    try:
+        with open("/proc/self/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def _register_stacks(rank, world_size):
+    """Dump this process's stacks into <logs>/stacks/rank-R.txt on STACK_SIGNAL; record who registered."""
+    folder = os.environ.get(JOIN_DIR_ENV)
+    if not folder or os.getpid() in _stack_files:
+        return
+    try:
+        import faulthandler
+        import signal
+
+        stacks = os.path.join(os.path.dirname(os.path.normpath(folder)), "stacks")
+        os.makedirs(stacks, exist_ok=True)
+        number = int(signal.SIGRTMIN) + STACK_SIGNAL_OFFSET
+        dump = open(os.path.join(stacks, f"rank-{int(rank)}.txt"), "a")  # noqa: SIM115 - open for the process
+        faulthandler.register(number, file=dump, all_threads=True)
+        _stack_files[os.getpid()] = dump
+        record = {"rank": int(rank), "world_size": int(world_size), "pid": os.getpid(),
+                  "start": _proc_start_time(), "signal": number, "dump": f"rank-{int(rank)}.txt",
+                  "time": time.time()}
+        part = os.path.join(stacks, f".rank-{int(rank)}.json.{os.getpid()}")
+        with open(part, "w") as f:
+            json.dump(record, f)
+        os.replace(part, os.path.join(stacks, f"rank-{int(rank)}.json"))
+    except Exception:  # noqa: BLE001, S110 - the dumps must never break the script
+        pass
+
+
+def _register_at_start():
+    """A torchrun worker (RANK and WORLD_SIZE set, not inherited from a registered parent) registers now, and
+    switches on torch's NCCL flight recorder (read when an NCCL process group is made; nothing on CPUs): the last
+    collectives of each rank, dumped beside the stacks when a collective times out."""
+    rank, world, owner = os.environ.get("RANK"), os.environ.get("WORLD_SIZE"), os.environ.get(STACKS_OWNER_ENV)
+    if rank is None or world is None or (owner and owner != str(os.getpid())):
+        return
+    stacks = os.path.join(os.path.dirname(os.path.normpath(os.environ[JOIN_DIR_ENV])), "stacks")
+    os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
+    os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+    os.environ.setdefault("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", os.path.join(stacks, "nccl_trace_rank_"))
+    with contextlib.suppress(ValueError):
+        _register_stacks(int(rank), int(world))
+        os.environ[STACKS_OWNER_ENV] = str(os.getpid())
+
+
 def _torch_where(args, kwargs):
     init = kwargs.get("init_method") or (args[1] if len(args) > 1 else None)
     if isinstance(init, str) and init != "env://":
@@ -62,6 +124,7 @@ def _patch_torch(module):
         result = original(*args, **kwargs)
         with contextlib.suppress(Exception):
             _record("torch", module.get_rank(), module.get_world_size(), _torch_where(args, kwargs))
+            _register_stacks(module.get_rank(), module.get_world_size())
         return result
 
     functools.update_wrapper(init_process_group, original)
@@ -127,4 +190,5 @@ def _chain_next_sitecustomize():
 
 if os.environ.get(JOIN_DIR_ENV):
     sys.meta_path.insert(0, _JoinFinder())
+    _register_at_start()
 _chain_next_sitecustomize()

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass
 
 from launcher.errors import SpecError
+from launcher.spec.sbatch_options import check_sbatch_option
 
 # Slurm's time formats: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
 _TIME_RE = re.compile(r"^(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+)(?::(\d+))?)?)$")
@@ -48,12 +50,8 @@ class SlurmRequest:
         if self.workdir is not None and (not self.workdir.strip() or any(c.isspace() for c in self.workdir)):
             raise SpecError(f"--workdir {self.workdir!r}: give a folder path without spaces (sbatch's #SBATCH lines "
                             "cannot hold one)")
-        for option in self.sbatch_options:
-            if not option.startswith("--") or "\n" in option or "\r" in option or "#" in option:
-                raise SpecError(f"--sbatch-option {option!r}: give one long sbatch option, e.g. '--mem=64G'")
-            if option.split("=", 1)[0] in OWN_OPTIONS:
-                raise SpecError(f"--sbatch-option {option!r}: ddpctl sets {option.split('=', 1)[0]} itself; use "
-                                "its own flag (see `ddpctl up --help`, panel Slurm)")
+        for option in self.sbatch_options:  # read as sbatch reads it (launcher/spec/sbatch_options.py)
+            check_sbatch_option(option, OWN_OPTIONS)
         if not 0 <= self.max_requeues <= MAX_REQUEUES_LIMIT:
             raise SpecError(f"--max-requeues {self.max_requeues}: give 1 to {MAX_REQUEUES_LIMIT}")
         if self.max_requeues and self.time is None:
@@ -61,8 +59,7 @@ class SlurmRequest:
         if self.max_requeues and time_minutes(self.time or "0") < 1:
             raise SpecError(f"--time {self.time}: --requeue needs a limit of at least a minute (Slurm's granularity)")
         for line in self.prelude:
-            if "\n" in line or "\r" in line or not line.strip():
-                raise SpecError(f"--prelude {line!r}: give one shell line per --prelude (repeat it for more)")
+            check_prelude_line(line)
 
 
 DEFAULT_MAX_REQUEUES, MAX_REQUEUES_LIMIT = 10, 1000
@@ -70,6 +67,26 @@ DEFAULT_MAX_REQUEUES, MAX_REQUEUES_LIMIT = 10, 1000
 OWN_OPTIONS = ("--nodes", "--ntasks-per-node", "--ntasks", "--partition", "--time", "--account", "--qos",
                "--constraint", "--chdir", "--output", "--error", "--job-name", "--gpus-per-node", "--gres",
                "--open-mode", "--requeue", "--no-requeue", "--signal")
+
+
+def check_prelude_line(line: str) -> None:
+    """Refuse a --prelude line that is not one complete shell line (SpecError): several lines, a trailing
+    backslash, an unclosed quote, a heredoc (whose body would need lines of its own). The batch script also runs
+    the lines in a block of their own, checked by bash -n (launcher/schedulers/slurm/prelude.py)."""
+    if "\n" in line or "\r" in line or not line.strip():
+        raise SpecError(f"--prelude {line!r}: give one shell line per --prelude (repeat it for more)")
+    if line.rstrip().endswith("\\"):
+        raise SpecError(f"--prelude {line!r}: a trailing backslash continues the line: give each line whole")
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+    try:
+        words = list(lexer)
+    except ValueError:  # shlex does not know bash's $'...': such a line is left to bash -n
+        if "$'" in line:
+            return
+        raise SpecError(f"--prelude {line!r}: an unclosed quote; give each line whole") from None
+    if any(w in ("<<", "<<-") for w in words):
+        raise SpecError(f"--prelude {line!r}: a heredoc needs lines of its own: put them in a script on the cluster "
+                        "and give --prelude 'source FILE'")
 
 
 def max_requeues_asked(requeue: bool | None, max_requeues: int | None) -> int:

@@ -55,3 +55,31 @@ def folder_target(path: Path, option: str, purpose: str = "a directory") -> Path
         what = "a file" if stat.S_ISREG(mode) else kind_of(mode)
         raise SpecError(f"{option} {path} is {what}, not a directory: give {purpose} (it is created if missing)")
     return path
+
+
+def read_user_file(path: Path | str, what: str, limit: int, fix: str = "give the path of a regular file") -> bytes:
+    """The bytes of a file the user named (a key, known_hosts, a plan, a config): opened without waiting (a FIFO
+    would block the open) and refused in one line (SpecError) when it is not a regular file or holds more than
+    `limit` bytes (/dev/zero never ends; a /proc file says size 0 and is read only up to the limit). Other
+    OSErrors, a missing file among them, go to the caller, which knows what a missing file means there."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise SpecError(f"{what} {path} is {kind_of(mode)}, not a regular file: {fix}")
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    if size > limit:
+        raise SpecError(f"{what} {path} is larger than {_bytes(limit)}, more than such a file ever holds: {fix}")
+    return b"".join(chunks)
+
+
+def _bytes(count: int) -> str:
+    return f"{count >> 20} MiB" if count >= 1 << 20 else f"{count >> 10} KiB"

@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher.errors import SpecError
+from launcher.spec.user_paths import read_user_file
 from launcher.transport.paramiko_loader import paramiko
 
 ACCEPT_FLAG = "--accept-new-host-keys"
+KNOWN_HOSTS_MAX_BYTES = 64 << 20  # a line per host key: millions of hosts
 
 
 def default_known_hosts_path() -> Path:
@@ -94,9 +98,12 @@ class KnownHosts:
 def _matching_entries(path: Path, name: str, marker: str | None) -> list[KnownKey]:
     """Entries for `name` with that marker (None: plain lines) in one file; `marker hosts keytype base64 ...`."""
     try:
-        lines = path.read_text(errors="replace").splitlines()
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        lines = read_user_file(path, "the known_hosts file", KNOWN_HOSTS_MAX_BYTES,
+                               "give a known_hosts file (DDPCTL_KNOWN_HOSTS)").decode(errors="replace").splitlines()
+    except (FileNotFoundError, NotADirectoryError):
         return []
+    except OSError as e:
+        raise SpecError(f"the known_hosts file {path} cannot be read ({e.strerror or e})") from None
     found = []
     for lineno, line in enumerate(lines, start=1):
         fields = line.split()
@@ -125,13 +132,26 @@ def _names_match(patterns: list[str], name: str) -> bool:
         negated = pattern.startswith("!")
         pattern = pattern[1:] if negated else pattern
         if pattern.startswith("|1|"):
-            hit = paramiko.HostKeys.hash_host(name, pattern) == pattern
+            hit = _hashed_match(pattern, name)
         else:
             hit = _wildcard(pattern).fullmatch(name) is not None
         if hit and negated:
             return False
         matched = matched or hit
     return matched
+
+
+def _hashed_match(pattern: str, name: str) -> bool:
+    """Whether `|1|salt|hash` (base64 of an HMAC-SHA1 key and of the name's HMAC under it) hashes `name`; a
+    malformed one matches nothing, as OpenSSH ignores it."""
+    parts = pattern.split("|")
+    if len(parts) != 4:
+        return False
+    try:
+        salt, digest = base64.b64decode(parts[2], validate=True), base64.b64decode(parts[3], validate=True)
+    except ValueError:  # binascii.Error
+        return False
+    return len(salt) == 20 and hmac.compare_digest(hmac.new(salt, name.encode(), hashlib.sha1).digest(), digest)
 
 
 def _wildcard(pattern: str) -> re.Pattern[str]:

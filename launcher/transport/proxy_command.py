@@ -16,10 +16,14 @@ import signal
 import subprocess
 import threading
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 from launcher.errors import DdpctlError
+from launcher.spec.user_paths import read_user_file
 from launcher.transport.paramiko_loader import paramiko
+
+SSH_CONFIG_MAX_BYTES = 4 << 20  # far more than any hand-written ssh config
 
 _STDERR_LINES = 5
 
@@ -44,9 +48,28 @@ def expand_proxy_command(template: str, *, hostname: str, port: int, user: str, 
     return "".join(out)
 
 
+def read_ssh_config(path: Path) -> paramiko.SSHConfig:
+    """The ssh config at `path` (nothing there: an empty one); a device, FIFO, directory or an unbounded file
+    there is refused in one line (SpecError) before paramiko reads it."""
+    try:
+        data = read_user_file(path, "the ssh config", SSH_CONFIG_MAX_BYTES, "give an ssh config file (--ssh-config)")
+    except (FileNotFoundError, NotADirectoryError):
+        return paramiko.SSHConfig()
+    return RawProxyCommandConfig.from_text(data.decode(errors="replace"))
+
+
 class RawProxyCommandConfig(paramiko.SSHConfig):
     """paramiko's ssh config reader, leaving ProxyCommand's tokens for expand_proxy_command: paramiko fills %p and
     %r from the config alone (not from `user@host:port` as typed) and knows no %%."""
+
+    def lookup(self, hostname: str) -> Any:
+        """paramiko's lookup, with a Port outside 1-65535 refused (ValueError, named by resolve_target) rather than
+        tried (a connection refused, blamed on sshd)."""
+        found = super().lookup(hostname)
+        port = found.get("port")
+        if port is not None and not (str(port).isdigit() and 1 <= int(port) <= 65535):
+            raise ValueError(f"Port {port} for {hostname!r} is not a port number (1 to 65535)")
+        return found
 
     def _expand_variables(self, config: Any, target_hostname: str) -> Any:
         raw = config.get("proxycommand")

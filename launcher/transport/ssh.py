@@ -26,7 +26,7 @@ from launcher.errors import AuthenticationFailed, DdpctlError, HostError
 from launcher.spec.hosts import HostSpec, parse_host
 from launcher.transport.known_hosts import ACCEPT_FLAG, KnownHosts, KnownKey, fingerprint, host_key_name
 from launcher.transport.paramiko_loader import config_lookup, paramiko
-from launcher.transport.proxy_command import ProxyCommandSocket, RawProxyCommandConfig, expand_proxy_command
+from launcher.transport.proxy_command import ProxyCommandSocket, expand_proxy_command, read_ssh_config
 from launcher.transport.ssh_keys import KeyLoad, check_identity_file
 
 DEFAULT_CONNECT_TIMEOUT = 15.0
@@ -62,7 +62,7 @@ def resolve_target(host: HostSpec, ssh_config: Path | None = None, identity_file
     if identity_file is not None:
         check_identity_file(identity_file)
     try:
-        config = RawProxyCommandConfig.from_path(str(path)) if path.is_file() else paramiko.SSHConfig()
+        config = read_ssh_config(path)  # bounded, a regular file (launcher/spec/user_paths.py)
         opts: dict[str, Any] = dict(config_lookup(config, host.hostname))
     except (OSError, paramiko.SSHException, ValueError) as e:
         raise DdpctlError(f"cannot read ssh config {path}: {e}") from e

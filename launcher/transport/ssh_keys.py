@@ -8,23 +8,37 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from launcher.errors import SpecError
+from launcher.spec.user_paths import read_user_file
 from launcher.transport.paramiko_loader import paramiko
 
+KEY_MAX_BYTES = 1 << 20  # an RSA 16384-bit private key is about 12 KiB
 _PUBLIC_PREFIXES = (b"ssh-", b"ecdsa-sha2-", b"sk-ssh-", b"sk-ecdsa-")
 
 
 def is_public_key(path: str | Path) -> bool:
     """Whether the file is the public half of a key pair (`ssh-ed25519 AAAA... comment`, as `.pub` files are)."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(64)
-    except OSError:
+        head = read_user_file(path, "the key file", KEY_MAX_BYTES)[:64]
+    except (OSError, SpecError):
         return False
     return head.startswith(_PUBLIC_PREFIXES)
 
 
+def check_key_file(path: str | Path, what: str = "--identity-file") -> None:
+    """Refuse (SpecError, one line) a key file that is not a regular file or is larger than any key: paramiko
+    would read /dev/zero until memory runs out, and wait on a FIFO for ever."""
+    try:
+        read_user_file(path, what, KEY_MAX_BYTES, "give the path of a private key file (e.g. ~/.ssh/id_ed25519)")
+    except (FileNotFoundError, NotADirectoryError):
+        return  # named where the keys are loaded (not found)
+    except OSError as e:
+        raise SpecError(f"{what} {path}: cannot be read ({e.strerror or e})") from None
+
+
 def check_identity_file(path: Path) -> None:
-    """Refuse (SpecError) an --identity-file that holds a public key, naming the private file to give instead."""
+    """Refuse (SpecError) an --identity-file that is not a bounded regular file, or holds a public key (naming
+    the private file to give instead)."""
+    check_key_file(path)
     if not is_public_key(path):
         return
     text = str(path)
@@ -47,6 +61,13 @@ class KeyLoad:
             if not os.path.exists(path):
                 if explicit:
                     self.tried.append(f"{path} (not found)")
+                continue
+            try:
+                check_key_file(path, "the identity file")
+            except SpecError as e:
+                if explicit:
+                    raise
+                self.tried.append(f"{path} ({str(e).rsplit(': ', 1)[0]})")
                 continue
             if is_public_key(path):
                 self.tried.append(f"{path} (a public key: give the private one)")

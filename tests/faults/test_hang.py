@@ -58,6 +58,11 @@ def test_up_names_every_node_that_stopped_moving(hung_run: tuple[subprocess.Comp
         assert re.search(r"no training step for \d+ s \(.*\): it may be hung; last logged: \S", line), line
     hang = next(e for e in events(run) if e["event"] == "hang")
     assert set(hang["nodes"]) == {"0", "1"}
+    # then, unasked too, where each rank is (every rank's stack, taken at once)
+    (where,) = [line for line in unstamped(result.stderr).splitlines() if line.startswith("where each rank is: ")]
+    assert re.search(r"rank 1 is elsewhere, at trainer\.py:\d+ in _run_epoch: `time\.sleep\(", where), where
+    kinds = [e["event"] for e in events(run)]
+    assert kinds.index("hang") < kinds.index("stacks") < kinds.index("stop_requested"), kinds
     # found within the detection window: its threshold (the floor, or 5 x the slowest interval between two
     # progress records: a few seconds here), plus a poll or two
     assert HANG_FLOOR <= hang["threshold"] < STALL_TIMEOUT, hang
@@ -70,6 +75,10 @@ def test_stall_timeout_still_stops_and_pulls(hung_run: tuple[subprocess.Complete
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(f"error: --stall-timeout: no training step for {STALL_TIMEOUT} s"), result.stderr
+    # before the stop, every rank's stack (the trainer registers its dumps): where each rank was, in one line
+    assert re.search(r": rank 0 waits in (backward|all_reduce)\b.*\(trainer\.py:\d+ in _run_batch", last), last
+    assert re.search(r"; rank 1 is elsewhere, at trainer\.py:\d+ in _run_epoch: `time\.sleep\(", last), last
+    assert "the ranks are not in the same collective (stacks in " in last, last
     kinds = [e["event"] for e in events(run)]
     assert kinds.index("hang") < kinds.index("stop_requested") < kinds.index("pulled")
     # epoch 1's snapshot, written before the hang, came back byte for byte from both nodes

@@ -16,10 +16,11 @@ KEY_ENV = "VAST_API_KEY"
 
 
 def vast_client() -> VastClient:
-    """An API client with the saved (or $VAST_API_KEY) key."""
+    """An API client with the saved (or $VAST_API_KEY) key, pacing its requests together with every other ddpctl
+    process of this user (shared_pacing.py: Vast's limits count per key)."""
     from launcher.providers.vast.client import VastClient
 
-    return VastClient(load_api_key())
+    return VastClient(load_api_key(), shared_pacing=True)
 
 
 def _config_home() -> Path:

@@ -25,6 +25,7 @@ from launcher.providers.vast.errors import (
     VastUnavailable,
 )
 from launcher.providers.vast.pacing import DEFAULT_INTERVAL_S, ENDPOINT_INTERVALS_S, Pacer, endpoint_of, retry_after_s
+from launcher.providers.vast.shared_pacing import PacingFile, pacing_file
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +61,9 @@ class _Secret:
 class VastClient:
     """Calls the Vast.ai API with retries (exponential backoff with jitter, bounded in count and time).
 
-    `backoff_base` seconds is the first pause; each retry doubles it up to `backoff_max`. A 429 with Retry-After
-    waits that long (or fails at once, in one line, when that is past the retry budget); gateway errors
+    `backoff_base` seconds is the first pause; each retry doubles it up to `backoff_max`. A 429 (Vast sends no
+    Retry-After; one a proxy adds is waited for, or fails at once, in one line, when past the retry budget) pauses
+    at least as long as pacing.Pacer.refused says; gateway errors
     (502/503/504) get vast-cli's 3 quick tries. `clock` (monotonic seconds) and `sleep` are injectable.
     """
 
@@ -79,6 +81,7 @@ class VastClient:
         sleep: Callable[[float], None] = time.sleep,
         pace: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        shared_pacing: bool = False,
     ) -> None:
         if not api_key or any(c.isspace() for c in api_key):
             raise VastAuthError("the Vast.ai API key is empty or contains whitespace; set it again with "
@@ -95,7 +98,10 @@ class VastClient:
         self._clock = clock
         # `pace` scales every endpoint's minimum interval and window (0: none; tests run Vast's limits faster)
         self.pace = pace
-        self._pacer = Pacer(pace, clock, sleep)
+        # shared_pacing: keep to the limits together with every other ddpctl process using this key (their
+        # stamps are compared across processes, so wall time); else this client's own memory
+        self._pacer = (Pacer(pace, time.time, sleep, PacingFile(pacing_file(api_key, self.base_url)))
+                       if shared_pacing and pace > 0 else Pacer(pace, clock, sleep))
         self.rate_limited = 0  # 429 answers received (each one retried after a pause)
 
     def __repr__(self) -> str:
@@ -152,12 +158,39 @@ class VastClient:
             params["after_token"] = token
 
     def attach_ssh_key(self, instance_id: int, public_key: str) -> None:
-        """POST /api/v0/instances/{id}/ssh/: let `public_key` log in to this instance."""
-        self._request("POST", f"/api/v0/instances/{int(instance_id)}/ssh/", json={"ssh_key": public_key})
+        """POST /api/v0/instances/{id}/ssh/: let `public_key` log in to this instance. Not idempotent (a repeat adds
+        the key again): after a gateway error or a lost answer the instance's keys are looked at first, and the
+        attach is sent again only when the key is not among them (vast-cli's 3 tries in all)."""
+        for attempt in range(GATEWAY_TRIES):
+            try:
+                self._request("POST", f"/api/v0/instances/{int(instance_id)}/ssh/", json={"ssh_key": public_key},
+                              idempotent=False)
+                return
+            except VastUnavailable:
+                if attempt == GATEWAY_TRIES - 1:
+                    raise
+            if _key_body(public_key) in {_key_body(k) for k in self.instance_ssh_keys(instance_id)}:
+                return  # it was attached: only the answer was lost
+            self._sleep(GATEWAY_PAUSE_S * 1.5**attempt)
+
+    def instance_ssh_keys(self, instance_id: int) -> list[str]:
+        """GET /api/v0/instances/{id}/ssh/: the public keys attached to an instance (`ssh_keys` is documented as
+        a JSON string holding a list of key objects; a plain list is read too)."""
+        body = self._request("GET", f"/api/v0/instances/{int(instance_id)}/ssh/")
+        keys = body.get("ssh_keys") if isinstance(body, dict) else None
+        if isinstance(keys, str):
+            try:
+                keys = jsonlib.loads(keys)
+            except ValueError:
+                keys = []
+        return [str(k.get("public_key") or k.get("ssh_key") or "") if isinstance(k, dict) else str(k)
+                for k in keys or []]
 
     def create_ssh_key(self, public_key: str) -> dict[str, Any]:
-        """POST /api/v0/ssh/: add `public_key` to the account (may reach only instances created later)."""
-        body = self._request("POST", "/api/v0/ssh/", json={"ssh_key": public_key})
+        """POST /api/v0/ssh/: add `public_key` to the account (may reach only instances created later). Never
+        repeated after a gateway error (a repeat holds the key twice, and the account's keys cannot be listed
+        through the documented API): provisioning attaches the key to each instance anyway."""
+        body = self._request("POST", "/api/v0/ssh/", json={"ssh_key": public_key}, idempotent=False)
         return dict(body.get("key") or {}) if isinstance(body, dict) else {}
 
     def destroy_instance(self, instance_id: int) -> None:
@@ -315,6 +348,11 @@ class VastClient:
         """A server message made safe to show: one line, bounded, and never echoing the key."""
         out = " ".join(str(text or "").split())[:300]
         return out.replace(self._key.reveal(), "***")
+
+
+def _key_body(public_key: str) -> str:
+    """A public key without its comment: "ssh-ed25519 AAAA..." (the comment may be dropped or changed)."""
+    return " ".join(public_key.split()[:2])
 
 
 def _never_sent(exc: requests.RequestException) -> bool:

@@ -10,6 +10,12 @@ it frozen: halted like a stopped one, but its GPU bills on), `autostop_key` (whi
 autostop uses: "container", the instance's own CONTAINER_API_KEY, or "scoped") and `autostop_key_id` (the id of a
 scoped stop-only API key, see autostop.py) when they apply. `cost_usd` at the top is the spend so far (final once
 `released_at` is set).
+
+run.json `create_intents`: one object per create request, written BEFORE the request is sent (a create whose answer
+is lost may still have rented a machine): `offer_id`, `machine_id`, `node`, `label`, `sent_at`, `instance_id` once
+known, and `state`: sent (no answer recorded yet), created, refused (the API said no: nothing rented), unresolved
+(no answer, and not listed by its label within the grace), not_rented (looked up by label after the grace: nothing).
+`sent` and `unresolved` ones may be billing: `status --rented` and `down` look them up by label (lost_creates.py).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ if TYPE_CHECKING:
 LIVE_STATES = frozenset({"starting", "failed", "rented", "stopped", "destroy_failed"})  # may be billing
 STATES = LIVE_STATES | {"destroyed"}
 LEDGER_VERSION = 1
+OPEN_INTENTS = frozenset({"sent", "unresolved"})  # a create that may have rented a machine nobody has seen yet
 
 
 @dataclass
@@ -82,6 +89,21 @@ def read_ledger(run_dir: RunDir) -> list[dict[str, Any]]:
     return [InstanceRecord.from_json(i, where).to_json() for i in instances]
 
 
+def read_intents(run_dir: RunDir) -> list[dict[str, Any]]:
+    """A run's create intents from run.json (see the module docstring); RecordError when they are malformed."""
+    where = str(run_dir.path / "run.json")
+    intents = run_dir.record().get("create_intents") or []
+    if not isinstance(intents, list) or not all(isinstance(i, dict) and isinstance(i.get("state"), str)
+                                                for i in intents):
+        raise RecordError(f"{where}: create_intents is not a list of objects with a state")
+    return intents
+
+
+def open_intents(intents: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The creates that may have rented a machine not in the ledger."""
+    return [i for i in intents if i.get("state") in OPEN_INTENTS]
+
+
 def say(text: str, style: str | None = None) -> None:
     """One message on stderr, taken literally (ids and paths hold brackets) and never wrapped mid-command."""
     console.print(text, style=style, markup=False, highlight=False, soft_wrap=True)
@@ -127,6 +149,7 @@ class Ledger:
         self.run_dir = run_dir
         self.clock = clock
         self.instances: list[dict[str, Any]] = read_ledger(run_dir)
+        self.intents: list[dict[str, Any]] = read_intents(run_dir)
 
     def _find(self, instance_id: int) -> dict[str, Any]:
         """The record of an instance; made on the spot if its creation was not recorded (a Ctrl-C landed between
@@ -139,7 +162,8 @@ class Ledger:
         return found
 
     def save(self) -> None:
-        self.run_dir.update_record(instances=self.instances, cost_usd=round(self.cost(), 6),
+        self.run_dir.update_record(instances=self.instances, create_intents=self.intents,
+                                   cost_usd=round(self.cost(), 6),
                                    cost_split=cost_split(self.instances, self.run_dir.events(), self.clock()))
 
     def cost(self) -> float:
@@ -159,6 +183,7 @@ class Ledger:
             if inst["state"] == "failed":
                 inst.update(state="destroyed", destroyed_at=now)
         kind, iid = event["event"], event.get("instance_id")
+        self._note_intent(kind, event, now)
         if kind == "vast.instance_created":
             self.instances.append({"instance_id": iid, "node": event.get("node"), "offer_id": event.get("offer_id"),
                                    "machine_id": event.get("machine_id"), "dph": event.get("dph"),
@@ -173,6 +198,36 @@ class Ledger:
             self._find(int(str(iid))).update(state="destroyed" if destroyed else "destroy_failed",
                                              destroyed_at=now if destroyed else None)
         self.save()
+
+    def _note_intent(self, kind: str, event: dict[str, Any], now: float) -> None:
+        """Keep create_intents up to date: `vast.create_sending` is saved before the request goes out."""
+        if kind == "vast.create_sending":
+            self.intents.append({"offer_id": event.get("offer_id"), "machine_id": event.get("machine_id"),
+                                 "node": event.get("node"), "label": event.get("label"), "sent_at": now,
+                                 "instance_id": None, "state": "sent"})
+            return
+        outcome = {"vast.instance_created": "created", "vast.offer_gone": "refused", "vast.create_refused": "refused",
+                   "vast.create_unresolved": "unresolved"}.get(kind)
+        intent = next((i for i in reversed(self.intents)
+                       if i["state"] in OPEN_INTENTS and i.get("offer_id") == event.get("offer_id")), None)
+        if outcome is not None and intent is not None:
+            intent.update(state=outcome, instance_id=event.get("instance_id"))
+
+    def adopt(self, listed: dict[str, Any], intent: dict[str, Any] | None) -> None:
+        """An instance found by the run's label that the ledger lacked (its create's answer was lost): recorded
+        from the listing, billed from when its create was sent, so that it is shown and destroyed like the rest."""
+        iid = int(listed["id"])
+        sent_at = float(intent["sent_at"]) if intent is not None else self.clock()
+        self.instances.append({"instance_id": iid, "node": intent.get("node") if intent else None,
+                               "offer_id": intent.get("offer_id") if intent else None,
+                               "machine_id": listed.get("machine_id"), "dph": listed.get("dph_total"),
+                               "storage_dph": listed.get("storage_total_cost"), "gpu_name": listed.get("gpu_name"),
+                               "created_at": sent_at, "state": "starting", "destroyed_at": None,
+                               "found_by_label": True})
+        if intent is not None:
+            intent.update(state="created", instance_id=iid)
+        self.run_dir.event("vast.instance_found_by_label", instance_id=iid,
+                           offer_id=intent.get("offer_id") if intent else None)
 
     def rented(self, rented: list[RentedInstance]) -> None:
         """Provisioning succeeded: every instance it created but did not return was destroyed by it."""
@@ -260,4 +315,6 @@ def write_summary_cost(run_dir: RunDir, cost: float) -> None:
     if isinstance(summary, dict):
         summary["cost_usd"] = round(cost, 6)
         summary["cost_split"] = run_dir.record().get("cost_split")  # Ledger.save wrote it
+        if run_dir.record().get("max_cost_reached"):  # stopped on --max-cost: the summary says so
+            summary["max_cost_reached"] = run_dir.record()["max_cost_reached"]
         write_json_atomic(path, summary)

@@ -16,13 +16,15 @@ from typing import TYPE_CHECKING, Any
 from launcher.errors import DdpctlError
 from launcher.providers.vast.ledger import Ledger, live
 from launcher.providers.vast.models import InstanceState, is_frozen, is_halted
+from launcher.providers.vast.start_failures import FAILED_STATES
 
 if TYPE_CHECKING:
     from launcher.providers.vast.client import VastClient
 
 START_TIMEOUT_S = 900.0
-
-
+# A started instance still shown exited (or unknown, offline) this long after the start, without having been
+# seen loading, did not start: the first listings after a start may still show the state from before it.
+FAILED_AFTER_START_S = 60.0
 
 
 def refresh(client: VastClient, ledger: Ledger, clock: Callable[[], float] = time.time) -> dict[int, dict[str, Any]]:
@@ -36,6 +38,9 @@ def refresh(client: VastClient, ledger: Ledger, clock: Callable[[], float] = tim
         obj = listed.get(int(inst["instance_id"]))
         if obj is None or inst["state"] not in ("rented", "stopped"):
             continue
+        trouble = obj.get("actual_status") if obj.get("actual_status") in FAILED_STATES else None
+        if inst.get("api_state") != trouble:  # exited, unknown or offline: SSH will not answer; told by status
+            inst["api_state"], changed = trouble, True
         stops = inst.setdefault("stops", [])
         if is_halted(obj) and inst["state"] == "rented":
             inst["state"], changed = "stopped", True
@@ -68,12 +73,23 @@ def start_stopped(client: VastClient, ledger: Ledger, *, timeout: float = START_
     for inst in stopped:
         client.manage_instance(int(inst["instance_id"]), "running")
     ledger.run_dir.event("vast.starting_stopped", instances=[i["instance_id"] for i in stopped])
-    deadline = clock() + timeout
+    started_at = clock()
+    deadline = started_at + timeout
     waiting = {int(i["instance_id"]): i for i in stopped}
+    moving: set[int] = set()  # seen leaving its halted state: a failed state from then on is the start's outcome
     while waiting:
         listed = {int(i["id"]): i for i in client.list_instances(label=ledger.run_dir.run_id)}
         for iid, inst in list(waiting.items()):
             state = InstanceState.from_json(listed[iid]) if iid in listed else None
+            if state is not None and state.actual_status in FAILED_STATES and not is_halted(listed[iid]) and (
+                    iid in moving or clock() - started_at > FAILED_AFTER_START_S):
+                ledger.run_dir.event("vast.start_failed", instance_id=iid, actual_status=state.actual_status,
+                                     status_msg=state.status_msg)
+                raise DdpctlError(f"Vast.ai instance {iid} came back {state.actual_status} after the start"
+                                  f"{f' ({state.status_msg})' if state.status_msg else ''}: it will not run again; "
+                                  "`ddpctl down RUN --force` destroys it (what was not pulled is lost)")
+            if state is not None and state.actual_status not in FAILED_STATES and not is_halted(listed[iid]):
+                moving.add(iid)
             if state is not None and state.running and state.ssh_address is not None:
                 inst["ssh_host"], inst["ssh_port"] = state.ssh_address
                 inst["state"] = "rented"

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from launcher.providers.vast.billing import IMAGE_PULL_GB, reserve_usd
+from launcher.providers.vast.budget import DATA_GB, budget_line, check_fits
 from launcher.providers.vast.image_needs import MachineNeeds
 from launcher.providers.vast.offers import OfferError, OfferFilter, choose_offers, search_cluster_offers, search_offers
 
@@ -15,9 +16,6 @@ if TYPE_CHECKING:
     from launcher.providers.vast.models import Offer, RentedInstance
     from launcher.spec.run_spec import RunSpec
     from launcher.spec.vast_request import VastRequest
-
-DATA_GB = 1.0  # data moved each way per machine that --max-cost keeps back (code, data set, results)
-
 
 def find_offers(client: VastClient, spec: RunSpec, req: VastRequest, num_gpus: int | None,
                 image_needs: ImageNeeds | None = None) -> list[Offer]:
@@ -40,6 +38,7 @@ def find_offers(client: VastClient, spec: RunSpec, req: VastRequest, num_gpus: i
             raise OfferError(f"--max-cost ${req.max_cost:g} does not cover the bandwidth alone: pulling the image "
                              f"(~{IMAGE_PULL_GB:g} GB) and moving {DATA_GB:g} GB of data on {len(picked)} machine(s) "
                              f"costs about ${reserve:.4f} at their hosts' $/GB; raise --max-cost")
+        check_fits(picked, req)
     return offers
 
 
@@ -68,6 +67,7 @@ def chosen_summary(picked: list[Offer], req: VastRequest) -> str:
     """One line for --dry-run: the cluster (multi-node), the hourly price and the bandwidth to expect."""
     hourly = sum(o.hourly_price(req.disk) for o in picked)
     where = f" in cluster {picked[0].cluster_id}" if req.nodes > 1 and picked else ""
+    budget = budget_line(picked, req)
     return (f"would rent {len(picked)} machine(s){where}: ${hourly:.4f}/hour with {req.disk:g} GB disk each, plus "
             f"about ${reserve_usd(picked, DATA_GB):.4f} of bandwidth (image pull ~{IMAGE_PULL_GB:g} GB and "
-            f"{DATA_GB:g} GB of data each way per machine)")
+            f"{DATA_GB:g} GB of data each way per machine)" + (f"; {budget}" if budget else ""))

@@ -14,9 +14,9 @@ HOURS_PER_MONTH = 30 * 24  # Vast prices storage per GB-month; storage_total_cos
 # heartbeat from the host"), offline ("host machine disconnected"); cur_state running, stopped or unloaded
 # ("released on destroy").
 HALTED_STATES = frozenset({"stopped", "frozen"})  # not running, and SSH cannot reach it: started again to pull
-# What counts as gone once Vast has accepted our destroy (the docs' `unloaded`, and what vast-cli and the issue
-# tracker show destroyed machines as): the instance no longer holds its machine, so it no longer bills.
-GONE_STATES = frozenset({"unloaded", "destroyed", "terminated", "offline"})
+# What counts as gone once Vast has accepted our destroy: only the docs' `cur_state` "unloaded" ("released on
+# destroy"). `offline` is a host that disconnected, whose instance may come back and bill: not gone.
+GONE_STATES = frozenset({"unloaded"})
 
 
 def is_halted(obj: Mapping[str, Any]) -> bool:
@@ -31,7 +31,7 @@ def is_frozen(obj: Mapping[str, Any]) -> bool:
 
 def gone_after_destroy(obj: Mapping[str, Any]) -> bool:
     """Whether an instance shown after an accepted destroy is already released (see GONE_STATES)."""
-    return obj.get("cur_state") in GONE_STATES or obj.get("actual_status") in GONE_STATES
+    return obj.get("cur_state") in GONE_STATES
 
 
 def _num(value: Any, default: float = 0.0) -> float:

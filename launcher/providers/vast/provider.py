@@ -26,7 +26,7 @@ from launcher.providers.base import AcquiredHosts, ExecutorCalls
 from launcher.providers.vast.apikey import vast_client
 from launcher.providers.vast.autostop import arm_autostop
 from launcher.providers.vast.image_labels import ImageNeeds, image_needs_for
-from launcher.providers.vast.ledger import Ledger, destroy_all, live, say, write_summary_cost
+from launcher.providers.vast.ledger import Ledger, destroy_all, live, open_intents, say, write_summary_cost
 from launcher.providers.vast.market import chosen_summary, find_offers, first_machines, offer_note, pull_reserve_usd
 from launcher.providers.vast.models import Offer, RentedInstance
 from launcher.providers.vast.overlay import overlay_hosts
@@ -59,6 +59,9 @@ class CostWatch:
         if self.max_cost is not None and cost + rate * self.reserve_s / 3600 + self.reserve_usd >= self.max_cost:
             self.ledger.run_dir.event("vast.max_cost_reached", cost_usd=cost, max_cost=self.max_cost,
                                       reserve_s=self.reserve_s)
+            # kept in run.json and, by write_summary_cost, in summary.json: the run ended on the budget
+            self.ledger.run_dir.update_record(max_cost_reached={"cost_usd": round(cost, 6),
+                                                                "max_cost": self.max_cost})
             raise RunStopRequested(f"--max-cost ${self.max_cost:g} reached: ${cost:.4f} spent, and stopping, "
                                    f"pulling and destroying take about {self.reserve_s:g} s more at "
                                    f"${rate:.2f}/hour", "max-cost")
@@ -185,10 +188,12 @@ def _provision(client: VastClient, offers: list[Offer], spec: RunSpec, options: 
     except BaseException as exc:
         # provision destroyed what it created (each destruction is in events.jsonl and run.json)
         left = [i["instance_id"] for i in live(ledger.instances)]
-        run_dir.event("vast.provision_ended", error=str(exc) or type(exc).__name__, still_rented=left)
+        unsure = [i["offer_id"] for i in open_intents(ledger.intents)]
+        run_dir.event("vast.provision_ended", error=str(exc) or type(exc).__name__, still_rented=left,
+                      unresolved_creates=unsure)
         note = (f"; instance(s) {left} could not be verified destroyed: check https://console.vast.ai" if left
                 else f"; the {len(ledger.instances)} instance(s) it created were destroyed" if ledger.instances
-                else "; nothing was rented")
+                else "" if unsure else "; nothing was rented")
         if isinstance(exc, KeyboardInterrupt):
             raise Interrupted(f"stopped by {stop_cause()} while renting{note}") from None
         if isinstance(exc, DdpctlError):

@@ -5,7 +5,6 @@ exactly what this call created."""
 from __future__ import annotations
 
 import logging
-import shlex
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -13,7 +12,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from launcher.providers.vast.client import VastClient
-from launcher.providers.vast.errors import ProvisionError, VastAuthError, VastError, VastNotFound, VastUnavailable
+from launcher.providers.vast.errors import ProvisionError, VastAuthError, VastError, VastNotFound
+from launcher.providers.vast.lost_creates import answer_lost, find_created
 from launcher.providers.vast.models import HALTED_STATES, HOURS_PER_MONTH, InstanceState, Offer, RentedInstance
 from launcher.providers.vast.offers import OfferError
 from launcher.providers.vast.overlay import create_overlay, network_flag, overlay_name, wait_for_subnet
@@ -120,7 +120,8 @@ def provision(
             create_overlay(client, int(offers[0].cluster_id or 0), overlay, emit)
         starter = _Starter(client, list(offers), image=image, disk=disk, label=label,
                            public_key=ssh_public_key, env=env or {}, created=created, emit=emit, clock=clock,
-                           network=overlay, image_login=image_login, transient_grace=transient_grace)
+                           sleep=sleep, poll_interval=poll_interval, network=overlay, image_login=image_login,
+                           transient_grace=transient_grace)
         pending = [starter.start_next(node) for node in range(nodes)]
         ready: dict[int, RentedInstance] = {}
         failures = 0
@@ -168,18 +169,22 @@ class _Starter:
 
     def __init__(self, client: VastClient, offers: list[Offer], *, image: str, disk: float, label: str,
                  public_key: str, env: Mapping[str, str], created: list[int], emit: Event,
-                 clock: Callable[[], float], network: str | None = None, image_login: str | None = None,
+                 clock: Callable[[], float], sleep: Callable[[float], None], poll_interval: float,
+                 network: str | None = None, image_login: str | None = None,
                  transient_grace: float = TRANSIENT_GRACE_S) -> None:
         self.client, self.offers, self.label, self.transient_grace = client, offers, label, transient_grace
+        self.sleep, self.poll_interval = sleep, poll_interval
         self.disk, self.public_key, self.created, self.emit, self.clock = disk, public_key, created, emit, clock
         self.used_machines: set[int] = set()
         self.attached: set[int] = set()
-        # Vast.ai reads `env` as docker run options: each value quoted, so spaces or quotes stay in it.
-        env_flags = ["-p 22:22"] + [f"-e {shlex.quote(f'{k}={v}')}" for k, v in env.items()]
+        # `env` in vast-cli's object form (what Vast's guides document and the live service honours for `-n`;
+        # the OpenAPI file's string form is accepted too): docker options as keys with "1", variables as
+        # NAME: value (no quoting needed, and no 256-character limit on the whole string).
+        env_object = {"-p 22:22": "1", **{str(k): str(v) for k, v in env.items()}}
         if network is not None:  # created inside the overlay network (multi-node)
-            env_flags.append(network_flag(network))
+            env_object[network_flag(network)] = "1"
         self.request = {"client_id": "me", "image": image, "disk": disk, "label": label, "runtype": RUNTYPE,
-                        "env": " ".join(env_flags), "onstart": ONSTART, "target_state": "running",
+                        "env": env_object, "onstart": ONSTART, "target_state": "running",
                         "cancel_unavail": True}
         if image_login:
             self.request["image_login"] = image_login
@@ -193,14 +198,19 @@ class _Starter:
                                      f"{len(self.used_machines)} machines); relax the filters or retry later")
             self.used_machines.add(offer.machine_id)
             created_at = self.clock()
+            # recorded (run.json, by the ledger) before the request goes out: a lost answer may still have rented
+            self.emit({"event": "vast.create_sending", "node": node, "offer_id": offer.id,
+                       "machine_id": offer.machine_id, "label": self.label})
             try:
                 iid = self.client.create_instance(offer.id, self.request)
             except VastNotFound as exc:  # 404/410: rented by someone else since the search
                 self.emit({"event": "vast.offer_gone", "offer_id": offer.id, "status": exc.status})
                 continue
-            except VastUnavailable:
-                self._adopt_orphans()  # the create may have happened: never leave one billing unseen
-                raise
+            except VastError as exc:
+                if not answer_lost(exc):  # the API answered no: nothing was rented
+                    self.emit({"event": "vast.create_refused", "offer_id": offer.id, "status": exc.status})
+                    raise
+                iid = self._found_by_label(offer, node, exc)
             self.created.append(iid)
             self.emit({"event": "vast.instance_created", "node": node, "instance_id": iid,
                        "offer_id": offer.id, "machine_id": offer.machine_id,
@@ -209,10 +219,20 @@ class _Starter:
                        "storage_dph": offer.storage_cost * self.disk / HOURS_PER_MONTH})
             return _Pending(node, offer, iid, created_at, self.clock())
 
-    def _adopt_orphans(self) -> None:
-        for inst in self.client.list_instances(label=self.label):
-            if int(inst["id"]) not in self.created:
-                self.created.append(int(inst["id"]))
+    def _found_by_label(self, offer: Offer, node: int, exc: VastError) -> int:
+        """The instance a create without an answer made, looked up by our label until the grace has passed (the
+        instance list lags behind creates); ProvisionError when it is not found (the intent stays open in run.json
+        for `status --rented` and `down`)."""
+        self.emit({"event": "vast.create_answer_lost", "node": node, "offer_id": offer.id, "error": str(exc)})
+        found = find_created(self.client, self.label, offer.machine_id, set(self.created), grace=self.transient_grace,
+                             poll_interval=self.poll_interval, clock=self.clock, sleep=self.sleep)
+        if found is None:
+            self.emit({"event": "vast.create_unresolved", "node": node, "offer_id": offer.id,
+                       "machine_id": offer.machine_id})
+            raise ProvisionError(f"the create of Vast.ai offer {offer.id} got no answer ({exc}) and no instance "
+                                 f"labelled {self.label} showed up within {self.transient_grace:.0f}s; it may still "
+                                 f"appear: `ddpctl status --rented` and `ddpctl down {self.label}` look for it")
+        return int(found["id"])
 
     def check(self, slot: _Pending, obj: dict[str, Any] | None, ready_timeout: float,
               ssh_ready: Callable[[str, int], bool], seen_at: float) -> RentedInstance | StartFailure | None:

@@ -7,14 +7,24 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launcher.providers.vast.ledger import hourly, instance_cost, live, say
+from launcher.providers.vast.ledger import hourly, instance_cost, live, open_intents, say
 from launcher.results.progress import console
 from launcher.results.rundir import RUN_FILE, RunDir
 
 
 def is_released(record: dict[str, Any]) -> bool:
-    """A rented run whose machines are all destroyed (nothing to reach over SSH any more)."""
-    return bool(record.get("instances")) and not live(record["instances"])
+    """A rented run whose machines are all destroyed (nothing to reach over SSH any more), and none of whose
+    creates may have rented one unseen."""
+    return (bool(record.get("instances")) and not live(record["instances"])
+            and not open_intents(record.get("create_intents") or []))
+
+
+def _intent_rows(run: str, record: dict[str, Any], now: float) -> list[dict[str, Any]]:
+    """`status --rented` rows of creates whose answer was lost and whose machine no listing has shown yet."""
+    return [{"run": run, "instance_id": None, "state": f"create of offer {i.get('offer_id')} unanswered",
+             "gpu_name": None, "ssh": "unknown", "dph": None, "storage_dph": None,
+             "hours": (now - float(i.get("sent_at") or now)) / 3600, "cost_usd": None}
+            for i in open_intents(record.get("create_intents") or [])]
 
 
 def offline_rows(run_dir: RunDir) -> list[dict[str, Any]]:
@@ -26,9 +36,12 @@ def offline_rows(run_dir: RunDir) -> list[dict[str, Any]]:
         exit_code = int(code.read_text().strip()) if code.is_file() and code.read_text().strip().isdigit() else None
         rows.append({"node": node["index"], "host": node["label"], "state": "machine destroyed",
                      "exit_code": exit_code, "epoch": None, "epochs": None})
-    if not rows:  # provisioning never ended (or failed): one row per instance created
+    if not rows:  # provisioning never ended (or failed): one row per instance created, and per unanswered create
         rows = [{"node": "-", "host": f"vast:{i['instance_id']}", "state": i["state"], "exit_code": None,
                  "epoch": None, "epochs": None} for i in record.get("instances") or []]
+        rows += [{"node": "-", "host": f"vast offer {i.get('offer_id')}", "state": f"create unanswered ({i['state']}): "
+                  f"`ddpctl down {run_dir.run_id}` looks for it by label", "exit_code": None, "epoch": None,
+                  "epochs": None} for i in open_intents(record.get("create_intents") or [])]
     return rows
 
 
@@ -47,14 +60,17 @@ def rented_rows(runs_dir: Path, now: float | None = None) -> list[dict[str, Any]
                          "dph": hourly(inst), "storage_dph": inst.get("storage_dph"),
                          "hours": (now - float(inst["created_at"])) / 3600,
                          "cost_usd": round(instance_cost(inst, now), 6)})
+        rows += _intent_rows(path.parent.name, record, now)
     return rows
 
 
 def _refresh_states(runs_dir: Path) -> None:
-    """Ask the API which machines of each run are stopped (one list request per run); as recorded without a key."""
+    """Ask the API which machines of each run are stopped (one list request per run), and look up by label the
+    creates whose answer was lost (lost_creates.py); as recorded without a key."""
     from launcher.errors import DdpctlError
     from launcher.providers.vast.apikey import vast_client
     from launcher.providers.vast.ledger import Ledger
+    from launcher.providers.vast.lost_creates import reconcile_run
     from launcher.providers.vast.machine_states import refresh
 
     runs = [p.parent for p in sorted(runs_dir.glob(f"*/{RUN_FILE}"))]
@@ -64,14 +80,17 @@ def _refresh_states(runs_dir: Path) -> None:
             ledger = Ledger(RunDir.open(path))
         except DdpctlError:
             continue
-        if live(ledger.instances):
+        if live(ledger.instances) or open_intents(ledger.intents):
             ledgers.append(ledger)
     if not ledgers:
         return
     try:
         with vast_client() as client:
             for ledger in ledgers:
-                refresh(client, ledger)
+                if open_intents(ledger.intents):
+                    reconcile_run(client, ledger)
+                if live(ledger.instances):
+                    refresh(client, ledger)
     except DdpctlError as exc:
         say(f"as recorded (the Vast.ai API could not be asked: {str(exc).splitlines()[0]})", style="yellow")
 
@@ -93,8 +112,13 @@ def print_rented(runs_dir: Path, json_out: bool) -> None:
     for column in ("run", "instance", "state", "GPU", "ssh", "$/hour", "hours", "cost so far"):
         table.add_column(column)
     for r in rows:
-        table.add_row(r["run"], str(r["instance_id"]), r["state"], str(r["gpu_name"] or "?"), r["ssh"],
-                      f"{float(r['dph'] or 0):.4f}", f"{r['hours']:.2f}", f"${r['cost_usd']:.4f}")
+        cost = "unknown" if r["cost_usd"] is None else f"${r['cost_usd']:.4f}"
+        rate = "unknown" if r["dph"] is None else f"{float(r['dph']):.4f}"
+        table.add_row(r["run"], str(r["instance_id"] or "?"), r["state"], str(r["gpu_name"] or "?"), r["ssh"],
+                      rate, f"{r['hours']:.2f}", cost)
     console.print(table)
     total = sum(float(r["dph"] or 0) for r in rows)
-    say(f"{len(rows)} machine(s) billing ${total:.4f}/hour in all")
+    unsure = sum(1 for r in rows if r["instance_id"] is None)
+    say(f"{len(rows) - unsure} machine(s) billing ${total:.4f}/hour in all"
+        + (f"; {unsure} create(s) without an answer may have rented more: `ddpctl down RUN` looks for them by label"
+           if unsure else ""))

@@ -24,7 +24,7 @@ def destroy_verified(
     sleep: Callable[[float], None] = time.sleep,
 ) -> TeardownResult:
     """Destroy one instance and wait until show_instance no longer finds it, or shows it released (cur_state
-    `unloaded` and the like, models.GONE_STATES: a destroyed machine can stay listed for a while).
+    `unloaded`, models.GONE_STATES: a destroyed machine can stay listed for a while).
 
     Never raises for API errors: the result says whether the instance is verified gone.
     """

@@ -13,6 +13,7 @@ import shlex
 from dataclasses import dataclass
 
 from launcher.schedulers.slurm import mpi_job, requeue
+from launcher.schedulers.slurm.prelude import prelude_lines
 from launcher.spec import strategies
 from launcher.spec.launchers import (
     HOOK_DIR,
@@ -182,8 +183,7 @@ def batch_script(job: SlurmJob) -> str:
         f"# ddpctl run {spec.run_id}: {spec.nnodes} node(s) x {spec.nproc_per_node} process(es); "
         "submitted as written here",
         *(f"#SBATCH {option}" for option in sbatch_directives(job)),
-        *(["# --prelude: the cluster's own set-up (module load, conda activate)", *job.request.prelude]
-          if job.request.prelude else []),
+        *prelude_lines(job.request.prelude),  # a block of its own (launcher/schedulers/slurm/prelude.py)
         "set -e",
         "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env),
         *env_lines(spec),

@@ -1,0 +1,38 @@
+"""The plain log's event lines are for people: no Python list, dict, None, True or False in them; a pull that
+brought nothing back does not say "results pulled and verified"; what the stall's stop and the run's last line
+already carry (the stacks' verdict, a world that is not the planned one) is not said a second time."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from launcher.execute.plain_progress import describe_event
+
+REPRS = re.compile(r"[\[\]{}]|\b(None|True|False)\b")
+
+
+@pytest.mark.parametrize(("event", "line"), [
+    ({"event": "finished", "exit_codes": [1, 1]}, "every node ended (exit statuses 1, 1)"),
+    ({"event": "stopping", "nodes": [0, 2], "reason": "a node failed"}, "stopping node(s) 0, 2: a node failed"),
+    ({"event": "pulled", "node": 0, "verified": 0, "not_pulled": []}, "node 0: nothing came back (no file to pull)"),
+    ({"event": "pulled", "node": 1, "verified": 12}, "node 1: results pulled, 12 file(s) verified"),
+    ({"event": "world_measured", "measured": False, "failed": False, "warning": None, "world_size": None,
+      "processes": None}, "world not measured (no process recorded joining a process group)"),
+    ({"event": "world_measured", "measured": True, "failed": False, "warning": None, "world_size": 4,
+      "processes": 4, "worlds": 1}, "world measured: 4 process(es), world size 4"),
+    ({"event": "world_measured", "measured": True, "failed": True, "world_size": None, "processes": 4,
+      "worlds": 2}, "world measured: 4 process(es), world size not one world"),
+])
+def test_event_lines_name_values_not_reprs(event: dict[str, Any], line: str) -> None:
+    said = describe_event({"time": 1.0, **event})
+    assert said == line
+    assert not REPRS.search(said), said
+
+
+@pytest.mark.parametrize("event", [{"event": "stacks", "verdict": "rank 0 waits ...", "folder": "stacks/x"},
+                                   {"event": "world_differs", "error": "the trainer ran on 1 node(s) ..."}])
+def test_what_the_last_line_carries_is_not_said_twice(event: dict[str, Any]) -> None:
+    assert describe_event({"time": 1.0, **event}) is None

@@ -1,0 +1,197 @@
+"""Stacks taken from real processes on this machine: the join hook and the trainer register the same record; the
+node program (launcher/remote/rank_stacks.py) signals only a process that registered and catches the signal;
+`ddpctl stacks RUN` on a live local `-- CMD` run names where each rank is."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from launcher.cli.launch import NOT_LOCAL
+from launcher.remote import rank_stacks
+from tests.testbed_fixtures import REPO
+
+pytestmark = pytest.mark.integration
+
+HOOK = REPO / "launcher" / "runtimes" / "join_hook.py"
+CASES = REPO / "tests" / "data" / "stacks" / "hang_cases.py"
+SLEEPER = "import time\ndef wait_here():\n    time.sleep(600)\nwait_here()\n"
+
+
+def _wait_for(predicate: object, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if callable(predicate) and predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def _start_hooked(workspace: Path, rank: int, started: list[subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
+    """A plain Python process that the join hook registers at start, as a torchrun worker (RANK set)."""
+    hook = workspace / "hook"
+    hook.mkdir(exist_ok=True)
+    shutil.copy(HOOK, hook / "sitecustomize.py")
+    (workspace / "sleeper.py").write_text(SLEEPER)
+    env = {**os.environ, "PYTHONPATH": str(hook), "DDPCTL_JOIN_DIR": str(workspace / "logs" / "joined"),
+           "RANK": str(rank), "WORLD_SIZE": "2"}
+    env.pop("DDPCTL_STACKS_PID", None)
+    proc = subprocess.Popen([sys.executable, str(workspace / "sleeper.py")], env=env)
+    started.append(proc)
+    return proc
+
+
+def test_the_hook_and_the_trainer_register_the_same_record_and_both_dump(
+        tmp_path: Path, processes: list[subprocess.Popen[bytes]]) -> None:
+    hooked = _start_hooked(tmp_path, 0, processes)
+    trainer_side = (f"import sys, time; sys.path.insert(0, {str(REPO)!r}); from pathlib import Path\n"
+                    f"from trainer import stack_dumps\nstack_dumps.register(1, 2, Path({str(tmp_path)!r}))\n"
+                    + SLEEPER)
+    env = {k: v for k, v in os.environ.items() if k != "DDPCTL_JOIN_DIR"}
+    processes.append(subprocess.Popen([sys.executable, "-c", trainer_side], env=env))
+    stacks = tmp_path / "logs" / "stacks"
+    _wait_for(lambda: (stacks / "rank-0.json").exists() and (stacks / "rank-1.json").exists(), 60, "both records")
+    records = [json.loads((stacks / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    assert sorted(records[0]) == sorted(records[1]) == ["dump", "pid", "rank", "signal", "start", "time",
+                                                        "world_size"]
+    assert records[0]["signal"] == records[1]["signal"] == signal.SIGRTMIN + 5
+    assert records[0]["pid"] == hooked.pid and records[1]["pid"] == processes[1].pid
+    time.sleep(0.5)  # both are in time.sleep by now
+    answer = rank_stacks.take(str(tmp_path))
+    assert [(r["rank"], r["state"]) for r in answer["ranks"]] == [(0, "dumped"), (1, "dumped")]
+    for entry in answer["ranks"]:
+        assert "in wait_here" in entry["dump"], entry["dump"]
+    assert all(p.poll() is None for p in processes)  # a dump does not end the process
+
+
+def test_a_process_that_does_not_catch_the_signal_is_never_sent_it(
+        tmp_path: Path, processes: list[subprocess.Popen[bytes]]) -> None:
+    """A registration whose process no longer catches the signal (another process under a reused pid, or one
+    that exec'd) is reported, and that process lives on: the signal's default action would have ended it."""
+    plain = subprocess.Popen([sys.executable, "-c", SLEEPER])
+    processes.append(plain)
+    stacks = tmp_path / "logs" / "stacks"
+    stacks.mkdir(parents=True)
+    time.sleep(0.5)
+    start = Path(f"/proc/{plain.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    record = {"rank": 0, "world_size": 2, "pid": plain.pid, "start": start, "signal": int(signal.SIGRTMIN) + 5,
+              "dump": "rank-0.txt"}
+    (stacks / "rank-0.json").write_text(json.dumps(record))
+    (stacks / "rank-1.json").write_text(json.dumps({**record, "rank": 1, "start": "1"}))  # another process's pid
+    (stacks / "rank-2.json").write_text("{half")  # written when the rank was stopped
+    answer = rank_stacks.take(str(tmp_path))
+    assert [(r["rank"], r["state"]) for r in answer["ranks"]] == [(0, "no handler"), (1, "exited")]
+    time.sleep(0.3)
+    assert plain.poll() is None
+
+
+LOCAL_VERDICTS = {
+    "collective": ("all_reduce", "rank 0 waits in all_reduce (hang_cases.py:42 in main: `dist.all_reduce(total)`); "
+                   "rank 1 is elsewhere, at hang_cases.py:40 in main: `time.sleep(3600)  # rank 1 never reaches the "
+                   "all-reduce`: the ranks are not in the same collective"),
+    "loader": ("its DataLoader worker", "rank 0 waits in backward, where DDP all-reduces the gradients "
+               "(hang_cases.py:27 in step: `model(batch).sum().backward()`); rank 1 waits for data loading "
+               "(hang_cases.py:44 in main: `for batch in DataLoader(Samples(), batch_size=8, num_workers=1):`; its "
+               "DataLoader worker is at hang_cases.py:22 in __getitem__: `time.sleep(3600)  # a worker stuck "
+               "reading a sample`): the ranks are not in the same collective"),
+    "exited": ("has exited", "rank 0 waits in the rendezvous, init_process_group (hang_cases.py:35 in main: "
+               "`dist.init_process_group(\"gloo\")`); rank 1 has exited (its process is gone): the others wait for a "
+               "rank that has exited (not a hang of the collective)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LOCAL_VERDICTS))
+def test_ddpctl_stacks_names_where_each_rank_of_a_local_run_waits(tmp_path: Path, case: str) -> None:
+    settled, expected = LOCAL_VERDICTS[case]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    shutil.copy(CASES, tmp_path / "hang_cases.py")
+    runs = tmp_path / "runs"
+    up = subprocess.Popen([sys.executable, "-m", "launcher", "up", "--gpus", "2", "--runs-dir", str(runs), "--quiet",
+                           "--", "python3", "hang_cases.py", case], cwd=tmp_path, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        def registered() -> bool:
+            return len(list(runs.glob("*/logs/stacks/rank-*.json"))) == 2
+
+        _wait_for(registered, 150, "both ranks to register")
+        for _ in range(15):  # a rank may still be setting up on a busy machine: asked again until it waits
+            asked = subprocess.run([sys.executable, "-m", "launcher", "stacks", "--runs-dir", str(runs)],
+                                   cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+            assert asked.returncode == 0, asked.stderr
+            verdict, kept = asked.stdout.splitlines()
+            if settled in verdict and "rank 0 waits" in verdict:
+                break
+            time.sleep(2)
+        assert verdict == expected
+        folder = Path(kept.split(": ", 1)[1])
+        assert (folder / "verdict.txt").read_text().strip() == verdict
+        assert sorted(p.name for p in folder.glob("node-0-rank-*.txt")) == (
+            ["node-0-rank-0.txt"] if case == "exited" else ["node-0-rank-0.txt", "node-0-rank-1.txt"])
+        (run,) = [p for p in runs.iterdir() if p.is_dir()]
+        events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+        assert [e["verdict"] for e in events if e["event"] == "stacks"][-1] == verdict
+        assert up.poll() is None  # taking the stacks did not end the run
+    finally:
+        up.send_signal(signal.SIGINT)
+        try:
+            up.communicate(timeout=90)
+        finally:
+            if up.poll() is None:
+                up.kill()
+                up.wait()
+
+
+def test_ddpctl_stacks_of_a_run_that_is_not_running_is_one_line(tmp_path: Path) -> None:
+    from launcher.results.rundir import RunDir
+    from launcher.spec.run_spec import RunSpec
+
+    runs = tmp_path / "runs"
+    RunDir.create(runs, RunSpec(run_id="ended-run"), {"provider": "local"})  # no torchrun pid: never started
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    asked = subprocess.run([sys.executable, "-m", "launcher", "stacks", "ended-run", "--runs-dir", str(runs)],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert asked.returncode == 1
+    assert asked.stderr.strip().splitlines() == [
+        "error: run ended-run is not running (no stacks to take): `ddpctl status ended-run` says how it ended"]
+
+
+LOCAL_STALL_WATCH = "stall_timeout" not in NOT_LOCAL
+
+
+@pytest.mark.skipif(not LOCAL_STALL_WATCH, reason="--stall-timeout is refused for runs on this machine in this "
+                    "checkout (launcher/cli/launch.py NOT_LOCAL): the local stall watch is not here yet")
+def test_a_stalled_local_run_names_where_each_rank_waits_before_it_is_stopped(tmp_path: Path) -> None:
+    """The local stall watch takes the stacks before its stop, as on hosts (tests/faults/test_hang_stacks.py)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    shutil.copy(CASES, tmp_path / "hang_cases.py")
+    runs = tmp_path / "runs"
+    result = subprocess.run([sys.executable, "-m", "launcher", "up", "--gpus", "2", "--runs-dir", str(runs),
+                             "--stall-timeout", "20", "--quiet", "--", "python3", "hang_cases.py", "collective"],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: --stall-timeout: no training step for 20 s (a hung collective or data loader): "
+                           ), last
+    assert ("rank 0 waits in all_reduce (hang_cases.py:42 in main: `dist.all_reduce(total)`); rank 1 is elsewhere, at "
+            "hang_cases.py:40 in main") in last, last
+    (run,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
+    assert list(run.glob("stacks/*/verdict.txt")), "the stacks were not kept in the run directory"
