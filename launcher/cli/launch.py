@@ -31,7 +31,7 @@ SLURM_ONLY = ("partition", "time", "account", "qos", "constraint", "workdir", "s
               "max_requeues")
 # What the scheduler decides on a Slurm cluster (the job's nodes, its rendezvous, how it is followed).
 NOT_SLURM = ("runtime", "image", "registry", "rdzv_addr", "rdzv_port", "allow_public_rendezvous", "stall_timeout",
-             "outputs", "env")
+             "outputs")
 # The strategy options (RunSpec validates them; None: the spec's default).
 STRATEGY_SPEC_OPTIONS = ("strategy", "devices", "threads_per_process", "average_every", "precision")
 SPEC_OPTIONS = ("model", "dataset", "data_dir", "epochs", "batch_size", "lr", "save_every", "seed", "max_restarts",
@@ -244,7 +244,8 @@ def _slurm_request(provider: str, values: dict[str, Any]) -> Any:
                         account=values.get("account"), qos=values.get("qos"), constraint=values.get("constraint"),
                         workdir=values.get("workdir"), sbatch_options=tuple(values.get("sbatch_option") or ()),
                         prelude=tuple(values.get("prelude") or ()),
-                        max_requeues=max_requeues_asked(values.get("requeue"), values.get("max_requeues")))
+                        max_requeues=max_requeues_asked(values.get("requeue"), values.get("max_requeues")),
+                        gpus_given=values.get("gpus") is not None)
 
 
 def _listed(flags: list[str], singular: str, plural: str) -> str:
