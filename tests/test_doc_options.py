@@ -25,7 +25,7 @@ OUTSIDE_TOOLS = {
                               "--array", "--wait", "--mpi", "--duplicates"},
     "docker / compose": {"--abort-on-container-exit", "--env-file", "--ipc", "--network", "--build",
                          "--exit-code-from"},
-    "mpirun": {"--allow-run-as-root", "--bind-to"},
+    "mpirun": {"--allow-run-as-root", "--bind-to", "--map-by"},
     "#SBATCH": {"--signal"},
     "mkdocs / pytest": {"--strict", "--dist", "--durations"},
     "tensorboard": {"--logdir"},
