@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 TRAIN = ["--nodes", "2", "--gpus", "1", "--epochs", "1", "--synthetic-train-size", "512",
          "--synthetic-test-size", "128"]
 PREFIX = "ddpslb"
+SUBMIT_SECONDS: list[float] = []  # per ddpctl round: from the command to its sbatch (connect, probe, ship, write)
 
 
 def first_step(folder: Path, timeout: float = 300) -> float:
@@ -49,6 +50,9 @@ def ddpctl_round(cluster: SlurmCluster, runs: Path) -> tuple[float, Path]:
     if done.returncode != 0:
         raise RuntimeError(f"ddpctl up failed: {done.stderr[-2000:]}")
     run = max(runs.iterdir(), key=lambda p: p.stat().st_mtime)
+    submitted = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()
+                 if '"submitted"' in line]
+    SUBMIT_SECONDS.append(float(submitted[0]["time"]) - t0)  # ddpctl's own part: all it does before sbatch
     return first_step(run) - t0, run
 
 
@@ -60,8 +64,8 @@ def bare_round(cluster: SlurmCluster, template: Path, n: int) -> float:
     folder = f"{source}-bare{n}"
     script = (template / "job.sbatch").read_text().replace(source, folder)
     login = cluster.login
-    login.run_as_user(["sh", "-c", 'rm -rf "$2" && mkdir -p "$2" && cp -R "$1/code" "$2/code"', "copy", source,
-                       folder])
+    login.run_as_user(["sh", "-c", 'rm -rf "$2" && mkdir -p "$2" && cp -R "$1/code" "$2/code" && '
+                       'cp "$1/torchrun_attempts.py" "$2/"', "copy", source, folder])
     ssh = ["ssh", "-i", cluster.bed.client_key_path, "-o", f"UserKnownHostsFile={cluster.bed.known_hosts_path}",
            "-o", "BatchMode=yes", f"{login.user}@{login.address}"]
     Path(login.home, "bare.sbatch").write_text(script)
@@ -90,10 +94,11 @@ def main() -> int:
             seconds, run = ddpctl_round(cluster, runs)
             ddpctl_times.append(seconds)
             bare_times.append(bare_round(cluster, run, n))
-            print(f"round {n + 1}: ddpctl up {ddpctl_times[-1]:.1f} s, bare sbatch {bare_times[-1]:.1f} s to the "
-                  "first training step", flush=True)
+            print(f"round {n + 1}: ddpctl up {ddpctl_times[-1]:.1f} s ({SUBMIT_SECONDS[-1]:.1f} s of it before its "
+                  f"sbatch), bare sbatch {bare_times[-1]:.1f} s to the first training step", flush=True)
     result = {"machine": f"{platform.node()} ({os.cpu_count()} cores)", "rounds": args.rounds,
               "ddpctl_seconds": ddpctl_times, "bare_sbatch_seconds": bare_times,
+              "ddpctl_before_sbatch_seconds": SUBMIT_SECONDS,
               "ddpctl_median": statistics.median(ddpctl_times), "bare_median": statistics.median(bare_times),
               "ratio": statistics.median(ddpctl_times) / statistics.median(bare_times),
               "what": "seconds from the command to the trainer's first step, 2 nodes x 1 process, empty queue"}

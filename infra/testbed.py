@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from infra import testbed_variety as variety
 from infra.testbed_host import (  # noqa: F401 - TestHost, TestbedError, SSHD re-exported
     SSHD,
     TestbedError,
@@ -89,9 +90,9 @@ class Testbed:
     __test__ = False
 
     def __init__(self, name_prefix: str = "ddptb", n_hosts: int = 2, ports: Sequence[int] | None = None,
-                 *, persistent: bool = False, host_python: bool = False) -> None:
+                 *, persistent: bool = False, host_python: bool = False, varied: bool = False) -> None:
         """`host_python`: hosts' SSH sessions get this machine's Python (with torch) first on PATH, and one
-        thread per torch process."""
+        thread per torch process. `varied`: hosts differ as real machines do (infra/testbed_variety.py)."""
         if not _PREFIX_RE.match(name_prefix):
             raise ValueError(f"name_prefix {name_prefix!r}: use 1-8 lower-case letters or digits, first a letter")
         if os.geteuid() != 0:
@@ -100,6 +101,7 @@ class Testbed:
         if len(ports) != n_hosts:
             raise ValueError(f"{n_hosts} hosts but {len(ports)} ports given")
         self.prefix = name_prefix
+        self.varied = varied
         self._stopped = False
         self.dir, idx = _claim_index()
         self.hosts: list[TestHost] = []
@@ -147,7 +149,8 @@ class Testbed:
         self.state.next_host += 1
         name = f"{self.prefix}{self.idx}h{k}"
         host = TestHost(name=name, index=k, netns=name, address=f"{SUBNET_FMT.format(idx=self.idx)}.{k + 2}",
-                        port=port, user=name, home=f"/home/{name}", iface=HOST_IFACE, veth=name,
+                        port=port, user=name, home=variety.host_home(k, name) if self.varied else f"/home/{name}",
+                        iface=variety.host_iface(k) if self.varied else HOST_IFACE, veth=name,
                         dir=str(self.dir / name), client_key_path=self.client_key_path)
         self.state.hosts.append(asdict(host))
         self._save()
@@ -246,6 +249,8 @@ class Testbed:
         sh("ip", "-n", host.netns, "addr", "add", f"{host.address}/24", "dev", host.iface)
         sh("ip", "-n", host.netns, "link", "set", host.iface, "up")
         sh("ip", "-n", host.netns, "link", "set", "lo", "up")
+        if self.varied:
+            variety.add_decoy_interface(host.netns, self.idx)
 
     def _create_user(self, host: TestHost) -> None:
         # '*' as password: the account is unlocked (sshd without PAM refuses locked ones) but has no password.
@@ -263,7 +268,8 @@ class Testbed:
         """The bed's client key as the user's only authorized key; the bed's variables for every SSH session."""
         pub = Path(self.client_key_path + ".pub").read_text()
         write_user_file(Path(host.home, ".ssh", "authorized_keys"), pub, host.user, 0o600)
-        host.set_ssh_environment(self.host_env)
+        host.set_ssh_environment(variety.host_python_env(self.dir, host.name, self.host_env) if self.varied
+                                 else self.host_env)
 
 
 # -- teardown: works from the saved state alone, so it also serves stale beds of dead processes -------------

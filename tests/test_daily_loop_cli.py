@@ -55,9 +55,8 @@ def test_up_help_all_shows_every_option() -> None:
     (["--nodes", "2", "--disk", "5"], "--nodes and --disk are for --provider vast (--nodes is also for --provider "
                                       "slurm)"),
     (["--disk", "5"], "--disk is for --provider vast only"),
-    (["--connect-timeout", "5"], "it is for runs on --host or --provider vast or slurm; drop it"),
     (["--rdzv-port", "29555"], "it is for runs on --host or --provider vast; drop it"),
-    (["--connect-timeout", "5", "--rdzv-port", "29555"], "they are for runs on --host or --provider vast; drop them"),
+    (["--rdzv-port", "29555", "--no-probe"], "they are for runs on --host or --provider vast; drop them"),
     (["--provider", "slurm", "--host", "login", "--stall-timeout", "5"],
      "--stall-timeout has no effect on a Slurm job (the batch script decides): it is for runs on --host or "
      "--provider vast; drop it"),
@@ -112,7 +111,7 @@ PLANNED = [
     ["--provider", "slurm", "--host", "login1", "--strategy", "dp", "--devices", "cpu,cpu"],
     ["--host", "a@h1", "--host", "h2:2222", "--runtime", "docker", "--image", "img:1", "--registry",
      "reg.example/img:1", "--rdzv-addr", "10.0.0.1", "--rdzv-port", "29555", "--allow-public-rendezvous",
-     "--stall-timeout", "60", "--outputs", "*.csv", "--gpus", "2", "--", "python", "train.py"],
+     "--stall-timeout", "60", "--outputs", "*.csv", "--gpus", "2", "--check-bandwidth", "--", "python", "train.py"],
 ]
 
 

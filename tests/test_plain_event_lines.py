@@ -19,12 +19,6 @@ REPRS = re.compile(r"[\[\]{}]|\b(None|True|False)\b")
     ({"event": "stopping", "nodes": [0, 2], "reason": "a node failed"}, "stopping node(s) 0, 2: a node failed"),
     ({"event": "pulled", "node": 0, "verified": 0, "not_pulled": []}, "node 0: nothing came back (no file to pull)"),
     ({"event": "pulled", "node": 1, "verified": 12}, "node 1: results pulled, 12 file(s) verified"),
-    ({"event": "world_measured", "measured": False, "failed": False, "warning": None, "world_size": None,
-      "processes": None}, "world not measured (no process recorded joining a process group)"),
-    ({"event": "world_measured", "measured": True, "failed": False, "warning": None, "world_size": 4,
-      "processes": 4, "worlds": 1}, "world measured: 4 process(es), world size 4"),
-    ({"event": "world_measured", "measured": True, "failed": True, "world_size": None, "processes": 4,
-      "worlds": 2}, "world measured: 4 process(es), world size not one world"),
 ])
 def test_event_lines_name_values_not_reprs(event: dict[str, Any], line: str) -> None:
     said = describe_event({"time": 1.0, **event})

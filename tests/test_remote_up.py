@@ -436,8 +436,8 @@ def test_doctor_marks_the_host_that_cannot_run_not_ready(bed: Testbed) -> None:
     table = ddpctl(bed, "doctor", "--host", short.spec, "--gpus", "64")
     assert table.returncode == 1
     assert f"{short.spec}: --gpus 64 but the host has" in table.stderr
-    first_row = next(line for line in table.stderr.splitlines() if line.startswith("│"))
-    assert first_row.split("│")[-2].strip() == "no", table.stderr
+    first_row = next(line for line in table.stdout.splitlines() if line.startswith("│"))  # the table: stdout
+    assert first_row.split("│")[-2].strip() == "no", table.stdout
     assert fine.spec in rows
 
 

@@ -36,7 +36,7 @@ def every_field_set() -> RunPlan:
     facts = tuple(HostFacts(label=h.label, python="3.11.7", executable="/usr/bin/python3", cpus=8, home="/home/u",
                             torch="2.3.1+cu121", torch_error="none here", torch_cuda="cu121", driver="550.54",
                             gpu_names=("NVIDIA A10",), disk_free=123456789, ssh_server_addr=h.address,
-                            addrs=(HostAddress("eth1", str(h.address)),), docker=True, version=1) for h in hosts)
+                            addrs=(HostAddress("eth1", str(h.address), 24),), docker=True, version=1) for h in hosts)
     nodes = tuple(dataclasses.replace(n, secret_names=("NOT_SECRET_HERE",)) for n in plan.nodes)
     return dataclasses.replace(plan, nodes=nodes, pull_image=True, unknown=("a thing: shown as x",),
                                node_facts=facts, ship=Shipment("/src/proj", "/trainer", "sha256:" + "ab" * 32,

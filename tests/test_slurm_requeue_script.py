@@ -3,6 +3,8 @@ plan's record of them, the job's own record of its allocations, and the lines dd
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from launcher.errors import SpecError
@@ -11,9 +13,10 @@ from launcher.schedulers.base import JobStatus
 from launcher.schedulers.slurm import requeue
 from launcher.schedulers.slurm.batch_script import SlurmJob, batch_script
 from launcher.schedulers.slurm.requeue import Chain
-from launcher.schedulers.slurm.scheduler import SlurmSubmit
+from launcher.schedulers.slurm.scheduler import SlurmScheduler, SlurmSubmit
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.slurm_request import DEFAULT_MAX_REQUEUES, SlurmRequest, max_requeues_asked
+from launcher.transport.ssh import CommandResult
 
 RUN = "/scratch/u/ddpctl/runs/r1"
 SPEC = RunSpec(run_id="r1", nnodes=2, nproc_per_node=4, python="python3", epochs=2)
@@ -151,3 +154,75 @@ def test_requeues_are_told_once_each() -> None:
         "job 12 requeued (1/3) at the time limit"
     assert watch.requeued_line(JobStatus("12", "RUNNING", restarts=1)) is None
     assert watch.allocation(JobStatus("12", "RUNNING", restarts=1)) == " (allocation 2)"
+
+
+def test_an_allocation_cut_at_its_limit_counts_slurms_own_times() -> None:
+    # The killed batch shell wrote no end: Slurm's StartTime/EndTime of the last allocation count.
+    cut = Chain.parse("0 start 1000 n[1-2]\n0 signal 1040\n")
+    timeout = JobStatus("12", "TIMEOUT", exit_code="0:15", start_time=999.0, end_time=1066.0, cpus=4)
+    assert scheduled_chain.allocation_spans(cut, timeout, None) == ([(999.0, 1066.0)], "requeue/chain and scontrol")
+    # An earlier allocation too, where accounting answers (sacct --duplicates): its records win.
+    two = Chain.parse(CHAIN)
+    assert scheduled_chain.allocation_spans(two, timeout, [(998.0, 1053.0), (1069.0, 1101.0)]) == \
+        ([(998.0, 1053.0), (1069.0, 1101.0)], "sacct")
+    # Without accounting, the job's own record of the allocations that ended by themselves.
+    assert scheduled_chain.allocation_spans(two, timeout, None) == ([(1000, 1052), (1070, 1100)], "requeue/chain")
+    # No record by the job at all (its first line never written): Slurm's times.
+    assert scheduled_chain.allocation_spans(Chain(), timeout, None) == ([(999.0, 1066.0)], "scontrol")
+
+
+def test_a_timeout_after_an_unheeded_signal_names_it_and_the_handler_to_add() -> None:
+    chain = Chain.parse("0 start 1000 n[1-2]\n0 signal 1040\n")
+    status = JobStatus("12", "TIMEOUT", exit_code="0:15", start_time=1000.0, end_time=1066.0, cpus=4)
+    told = scheduled_chain.unheeded_signal(status, chain)
+    assert told.startswith("SIGUSR1 came at ") and "(26 s before the end) and no snapshot followed" in told
+    assert "Add a SIGUSR1 handler" in told and "examples/slurm_requeue.py" in told
+    fields = {"allocations": 1, "requeues": 0, "trained_seconds": 66.0, "queued_seconds": 1.0}
+    line = scheduled_chain.end_line(status, fields, chain, 1, "-")
+    assert line.startswith("job 12 TIMEOUT (exit 0:15) after 1 allocation(s) (0 requeue(s)): 66 s trained, "
+                           "1 s queued; SIGUSR1 came at ")
+    assert "Add a SIGUSR1" not in scheduled_chain.unheeded_signal(status, chain, user_command=False)
+    # Not said when the signal never came, or the script stopped after it (the shell wrote the end).
+    assert scheduled_chain.unheeded_signal(status, Chain.parse("0 start 1000 n1\n")) == ""
+    assert scheduled_chain.unheeded_signal(status, Chain.parse("0 start 1000 n1\n0 signal 1040\n0 end 1050 0\n")) == ""
+
+
+@pytest.mark.parametrize(("source", "warned"), [
+    ("import time\nwhile True:\n    time.sleep(1)\n", True),
+    ("import signal\nsignal.signal(signal.SIGUSR1, lambda *_: None)\n", False),
+    ("from signal import SIGUSR1, signal\nsignal(SIGUSR1, print)\n", False),
+])
+def test_the_dry_run_warns_when_requeue_meets_a_script_with_no_handler_in_sight(
+        tmp_path: Path, source: str, warned: bool) -> None:
+    (tmp_path / "train.py").write_text(source)
+    spec = RunSpec(run_id="r", python="python3", user_command=("python", "train.py"))
+    warning = requeue.handler_warning(spec, SlurmRequest(time="10", max_requeues=1), tmp_path)
+    assert bool(warning) == warned
+    if warned:
+        assert warning.startswith("--requeue: train.py has no SIGUSR1 handler in sight") and \
+            "examples/slurm_requeue.py" in warning
+    assert requeue.handler_warning(spec, SlurmRequest(), tmp_path) == ""  # no --requeue: nothing to say
+
+
+class AccountingAnswer:
+    """A login connection whose only command, sacct, answers as a cluster with accounting (or without) does."""
+
+    def __init__(self, result: CommandResult) -> None:
+        self.result = result
+        self.asked: list[list[str]] = []
+
+    def run(self, argv: list[str], **_: object) -> CommandResult:
+        self.asked.append(argv)
+        return self.result
+
+
+def test_each_allocation_of_a_requeued_job_is_read_from_accounting_where_the_cluster_keeps_it() -> None:
+    scheduler = SlurmScheduler(SlurmRequest(), "login")
+    kept = AccountingAnswer(CommandResult(0, "2026-11-25T15:29:27|2026-11-25T15:30:37\n"
+                                             "2026-11-25T15:31:00|2026-11-25T15:32:01\nUnknown|Unknown\n", ""))
+    spans = scheduler.allocation_spans(kept, "12")  # type: ignore[arg-type]
+    assert kept.asked == [["sacct", "-j", "12", "-X", "-D", "-n", "-P", "-o", "Start,End"]]
+    assert spans is not None and [round(end - start) for start, end in spans] == [70, 61]
+    # No accounting (the test cluster's case): sacct refuses, and the job's own record counts.
+    refused = AccountingAnswer(CommandResult(1, "", "sacct: error: Slurm accounting storage is disabled"))
+    assert scheduler.allocation_spans(refused, "12") is None  # type: ignore[arg-type]

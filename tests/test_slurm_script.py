@@ -6,12 +6,31 @@ from __future__ import annotations
 import pytest
 
 from launcher.errors import SpecError
-from launcher.schedulers.slurm.batch_script import GPUS_PER_NODE, GRES, SlurmJob, batch_script, sbatch_argv
-from launcher.schedulers.slurm.cluster import ClusterFacts, Partition, gpu_count, key_values, preflight_refusal
-from launcher.schedulers.slurm.scheduler import status_from_sacct, status_from_scontrol
+from launcher.schedulers.slurm.batch_script import (
+    GPUS_PER_NODE,
+    GRES,
+    SlurmJob,
+    batch_script,
+    env_file_text,
+    sbatch_argv,
+)
+from launcher.schedulers.slurm.cluster import (
+    ClusterFacts,
+    Partition,
+    default_gpus_note,
+    gpu_count,
+    key_values,
+    preflight_refusal,
+)
+from launcher.schedulers.slurm.scheduler import (
+    SlurmScheduler,
+    SlurmSubmit,
+    launcher_refusal,
+    status_from_sacct,
+    status_from_scontrol,
+)
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.slurm_request import SlurmRequest, time_minutes
-from launcher.spec.torchrun import TORCHRUN_SOURCE
 
 RUN = "/scratch/u/ddpctl/runs/r1"
 SPEC = RunSpec(run_id="r1", nnodes=2, nproc_per_node=4, python="python3", epochs=2)
@@ -58,10 +77,8 @@ export PYTHONUNBUFFERED=1 TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 rdzv_host=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 export DDPCTL_RDZV_ENDPOINT="$rdzv_host:$((20000 + SLURM_JOB_ID % 20000))"
 echo "ddpctl: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, rendezvous at $DDPCTL_RDZV_ENDPOINT"
-# torchrun keeping every attempt's logs (ddpctl's launcher/spec/attempt_logs.py), run by each node
-read -r -d '' DDPCTL_TORCHRUN <<'TORCHRUN' || true
-{TORCHRUN_SOURCE.rstrip()}
-TORCHRUN
+# each node's torchrun, keeping every attempt's logs: ddpctl's launcher/spec/attempt_logs.py as torchrun_attempts.py
+DDPCTL_TORCHRUN=$(cat torchrun_attempts.py)
 export DDPCTL_TORCHRUN
 read -r -d '' node_script <<'NODE' || true
 ws="$PWD/nodes/$SLURM_NODEID"
@@ -91,7 +108,10 @@ def test_a_user_command_runs_in_each_nodes_own_copy_with_quoted_arguments() -> N
     spec = RunSpec(run_id="r2", nnodes=2, nproc_per_node=1, python="/opt/venv/bin/python",
                    user_command=("python", "train.py", "--note", "it's $HOME; rm -rf /"))
     script = batch_script(SlurmJob(spec, SlurmRequest(nodes=2), RUN, gpu_flag=None))
-    assert 'rm -rf "$ws/code" && cp -R code "$ws/code"\nexport DDPCTL_OUTPUT_DIR="$ws/out"\n' in script
+    assert ('rm -rf "$ws/code" && cp -R code "$ws/code"\nexport DDPCTL_OUTPUT_DIR="$ws/out" '
+            'DDPCTL_NODE_RANK="$SLURM_NODEID" DDPCTL_NNODES=2 DDPCTL_JOIN_DIR="$ws/logs/joined"\n') in script
+    # The join hook first on the path: every process records the world it joins (the world size is measured).
+    assert 'export PYTHONPATH="$PWD/hook:$ws/code${PYTHONPATH:+:$PYTHONPATH}"\n' in script
     assert 'cd "$ws/code"\n' in script
     assert ("--log-dir ../logs --redirects 3 --no-python /opt/venv/bin/python train.py --note "
             "'it'\"'\"'s $HOME; rm -rf /' > \"$ws/torchrun.out\"") in script
@@ -161,9 +181,97 @@ def test_scontrol_and_sacct_lines_become_job_states() -> None:
     assert [gpu_count(g) for g in ("gpu:4", "gpu:a100:2(S:0-1)", "(null)", "gpu:2,mps:100")] == [4, 2, 0, 2]
 
 
-def test_launchers_other_than_torchrun_are_refused_before_the_cluster_is_asked() -> None:
-    from launcher.schedulers.slurm.scheduler import SlurmScheduler
-
+def test_a_launcher_slurm_cannot_run_is_refused_before_the_cluster_is_asked() -> None:
     spec = RunSpec(run_id="r", nnodes=2, nproc_per_node=1, launcher="mpirun", user_command=("python", "x.py"))
-    with pytest.raises(SpecError, match="--launcher mpirun: a Slurm job starts torchrun"):
-        SlurmScheduler(SlurmRequest(nodes=2), "login").submit_dryrun(spec, None)
+    with pytest.raises(SpecError, match="--requeue with --launcher mpirun: "):
+        SlurmScheduler(SlurmRequest(nodes=2, time="10", max_requeues=1), "login").submit_dryrun(spec, None)
+
+
+def test_an_mpi_job_runs_mpirun_in_the_allocation_with_its_ranks_as_tasks() -> None:
+    spec = RunSpec(run_id="r10", nnodes=2, nproc_per_node=2, python="python3", launcher="mpirun",
+                   user_command=("python", "mp.py", "--n", "a b"))
+    script = batch_script(SlurmJob(spec, SlurmRequest(nodes=2), RUN, gpu_flag=None))
+    assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=2\n" in script
+    assert "srun --" not in script and "DDPCTL_TORCHRUN" not in script
+    assert ('for k in $(seq 0 1); do mkdir -p "nodes/$k/out" "nodes/$k/logs" && rm -rf "nodes/$k/code" && '
+            'cp -R code "nodes/$k/code"; done\nexport DDPCTL_RUN="$PWD" DDPCTL_NPROC=2 DDPCTL_NNODES=2\n') in script
+    assert ('sh "$PWD/mpirun.sh" nodes/0/logs mpirun -np 4 --map-by ppr:2:node --bind-to none bash -c ') in script
+    assert ("ddpctl-rank python3 -m mpi4py mp.py --n 'a b' > nodes/0/torchrun.out 2>&1 < /dev/null || code=$?\n"
+            'echo "$code" > nodes/0/exit_code.tmp && mv nodes/0/exit_code.tmp nodes/0/exit_code\nexit "$code"\n'
+            ) in script
+
+
+def test_env_values_stay_out_of_the_script_which_sources_them_from_a_file_beside_it() -> None:
+    spec = RunSpec(run_id="r3", nnodes=2, nproc_per_node=1, python="python3", user_command=("python", "t.py"),
+                   extra_env=(("WANDB_API_KEY", "s3cr3t value"), ("X", "1")))
+    script = batch_script(SlurmJob(spec, SlurmRequest(nodes=2), RUN, gpu_flag=None))
+    assert "s3cr3t" not in script
+    assert ("export PYTHONUNBUFFERED=1 TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1\n"
+            "# --env WANDB_API_KEY X: the values from ddpctl.env beside this script (mode 0600, written by ddpctl)\n"
+            ". ./ddpctl.env\n") in script
+    # Sourced by the batch shell before srun: every node's task inherits them (srun exports the environment).
+    assert script.index(". ./ddpctl.env") < script.index("srun --nodes=2")
+    assert env_file_text(spec) == "export WANDB_API_KEY='s3cr3t value'\nexport X=1\n"
+    plain = batch_script(SlurmJob(RunSpec(run_id="r4", python="python3"), SlurmRequest(), RUN, gpu_flag=None))
+    assert "ddpctl.env" not in plain
+
+
+def test_a_requeued_user_command_counts_the_newest_allocations_joins() -> None:
+    spec = RunSpec(run_id="r5", nnodes=1, nproc_per_node=1, python="python3", user_command=("python", "t.py"))
+    script = batch_script(SlurmJob(spec, SlurmRequest(time="1", max_requeues=1), RUN, gpu_flag=None))
+    assert '[ -d "$ws/code" ] || cp -R code "$ws/code"\nrm -rf "$ws/logs/joined"\n' in script
+
+
+def test_the_dry_run_prints_the_sbatch_line_and_the_script_and_says_the_rest_beside_it() -> None:
+    spec = RunSpec(run_id="r6", nnodes=2, nproc_per_node=1, python="python3")
+    job = SlurmJob(spec, SlurmRequest(nodes=2), RUN, gpu_flag=GPUS_PER_NODE)
+    submit = SlurmSubmit(job, batch_script(job), "/scratch/u/ddpctl", "login", ("the partition",), ("look out",))
+    assert submit.describe() == f"# sbatch line: sbatch --parsable {RUN}/job.sbatch\n# {RUN}/job.sbatch:\n" + \
+        submit.script
+    assert submit.notes() == [f"Slurm job on login: 2 node(s) x 1 process(es), run folder {RUN}",
+                              "unknown: the partition", "warning: look out"]
+    assert len(submit.script.splitlines()) < 50  # torchrun's wrapper is a file beside it, not in its text
+
+
+def test_without_a_probe_the_script_still_asks_for_the_gpus() -> None:
+    spec = RunSpec(run_id="r7", nnodes=2, nproc_per_node=4, python="python3")
+    unprobed = SlurmScheduler(SlurmRequest(nodes=2), "login").submit_dryrun(spec, None)
+    assert "#SBATCH --gpus-per-node=4\n" in unprobed.script
+    assert "--gres=gpu:N" in unprobed.unknown[0] and "--cpus-per-task=N" in unprobed.unknown[0]
+
+
+def test_the_default_of_one_process_per_node_is_noted_where_the_nodes_have_more() -> None:
+    spec = RunSpec(run_id="r8", nnodes=2, nproc_per_node=1, python="python3")
+    cpu = Partition("debug", "UP", None, 2, [0, 0], [8, 8])
+    gpu = Partition("gpu", "UP", None, 2, [4, 4], [64, 64])
+    defaulted = SlurmRequest(nodes=2, gpus_given=False)
+    assert default_gpus_note(spec, defaulted, cpu) == (
+        "--gpus not given: 1 process per node on partition debug, which has no GPUs (its nodes have 8 CPUs); give "
+        "--gpus N for N processes (and CPUs) per node")
+    assert default_gpus_note(spec, defaulted, gpu).endswith("nodes have up to 4 GPUs: give --gpus 4 to use them")
+    assert default_gpus_note(spec, SlurmRequest(nodes=2), cpu) == ""  # --gpus 1 given: nothing to say
+    assert default_gpus_note(spec, defaulted, Partition("one", "UP", None, 2, [1, 1], [8, 8])) == ""
+
+
+def test_a_spawn_job_runs_the_script_once_per_node_told_where_it_sits() -> None:
+    spec = RunSpec(run_id="r9", nnodes=2, nproc_per_node=2, python="python3", launcher="spawn",
+                   user_command=("python", "sp.py", "--x", "a b"))
+    script = batch_script(SlurmJob(spec, SlurmRequest(nodes=2), RUN, gpu_flag=None))
+    assert ('export DDPCTL_OUTPUT_DIR="$ws/out" DDPCTL_NODE_RANK="$SLURM_NODEID" DDPCTL_NNODES=2 '
+            'DDPCTL_JOIN_DIR="$ws/logs/joined"\nspawn="$PWD/spawn.sh"\nexport DDPCTL_NPROC_PER_NODE=2\n'
+            'export DDPCTL_MASTER_ADDR="${DDPCTL_RDZV_ENDPOINT%:*}" DDPCTL_MASTER_PORT="${DDPCTL_RDZV_ENDPOINT##*:}"\n'
+            ) in script
+    assert ("""sh "$spawn" ../logs python3 python3 sp.py --x 'a b' > "$ws/torchrun.out" 2>&1 < /dev/null\n""") in script
+    assert "DDPCTL_TORCHRUN\" --nnodes" not in script  # no torchrun on the nodes
+    assert "srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c \"$node_script\"\n" in script
+
+
+@pytest.mark.parametrize(("launcher", "requeued", "named"), [
+    ("mpirun", True, "--requeue with --launcher mpirun: the time limit's signal is passed on to torchrun's workers"),
+    ("spawn", True, "--requeue with --launcher spawn: the time limit's signal is passed on to torchrun's workers"),
+    ("spawn", False, ""), ("mpirun", False, ""), ("torchrun", True, ""),
+])
+def test_each_launcher_runs_on_slurm_or_is_refused_saying_why(launcher: str, requeued: bool, named: str) -> None:
+    spec = RunSpec(run_id="r", python="python3", launcher=launcher, user_command=("python", "t.py"))
+    request = SlurmRequest(time="10", max_requeues=1) if requeued else SlurmRequest()
+    assert launcher_refusal(spec, request).startswith(named)

@@ -183,3 +183,39 @@ def test_host_python_gives_sessions_torch():
             result = conn.run(["python3", "-c", "import sys, torch; print(sys.prefix)"], timeout=120)
         assert result.ok, result.stderr
         assert result.stdout.startswith("/opt/ddpctl-testbed/python-")
+
+
+VARIED_PREFIX = "ddptbvr"
+
+
+def test_a_varied_bed_has_hosts_that_differ_as_real_machines_do():
+    """Interface names, a second interface that is not the route between the hosts, homes, SSH ports and python
+    paths all differ; the hosts still reach each other on the route, and stop() leaves nothing (homes outside
+    /home included)."""
+    tb.cleanup_stale(VARIED_PREFIX)
+    bed = tb.Testbed(VARIED_PREFIX, n_hosts=3, ports=[22, 2222, 2200], host_python=True, varied=True)
+    state = bed.state
+    try:
+        assert [h.iface for h in bed.hosts] == ["eth0", "ens5", "enp1s0"]
+        assert [str(Path(h.home).parent) for h in bed.hosts] == ["/home", "/srv", "/opt"]
+        pythons = []
+        for host in bed.hosts:
+            addrs = subprocess.run([*host.nsenter(), "ip", "-o", "-4", "addr"], capture_output=True,
+                                   text=True).stdout
+            assert f"{host.iface}    inet {host.address}/24" in addrs, addrs
+            assert f"docker0    inet 10.232.{bed.idx}.1/24" in addrs, addrs
+            with connect(bed, host) as conn:
+                found = conn.run(["sh", "-c", "command -v python3 && python3 -c 'import torch' && pwd"],
+                                 timeout=120)
+            assert found.ok, found.stderr
+            python, home = found.stdout.split()
+            assert home == host.home
+            pythons.append(python)
+        assert len(set(pythons)) == 3, pythons
+        probe = ("import socket,sys; s=socket.create_connection((sys.argv[1], int(sys.argv[2])), 5); "
+                 "print(s.recv(7).decode())")
+        h0, h2 = bed.hosts[0], bed.hosts[2]
+        assert h2.run_as_user(["python3", "-c", probe, h0.address, "22"]).stdout.decode().strip() == "SSH-2.0"
+    finally:
+        bed.stop()
+    assert leftovers(state) == []

@@ -21,6 +21,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from trainer import requeue, stack_dumps
+from trainer.comm_share import exposed_comm
 from trainer.data import DataSplits
 from trainer.determinism import capture_rng, restore_rng, seed_rng
 from trainer.distributed import DistContext, device_name
@@ -360,7 +361,7 @@ class Trainer:
     def _finish(self) -> dict[str, Any]:
         devices = self.ctx.gather_objects(device_name(self.ctx.device))
         summary = build_summary(self.records, wall_start=self.wall_start, restarts=self.ctx.restart_count,
-                                extra=self._summary_extra(devices))  # fmt: skip
+                                extra={**self._summary_extra(devices), **exposed_comm(self)})  # fmt: skip
         if self.ctx.is_rank0:
             out = self.config.out_dir
             atomic_write_bytes(out / "final_model.pt", _state_bytes(self.model.state_dict()))

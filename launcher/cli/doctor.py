@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 
 from launcher.errors import DdpctlError, HostError
+from launcher.execute.bandwidth import measure, summary_lines
 from launcher.planning.host_round import ProbeAnswer, probe_all
 from launcher.planning.preflight import REACH_TIMEOUT, HostFacts, Problem, check_requirements, reached_port
 from launcher.planning.rdzv_reservation import listen_request
@@ -21,9 +22,11 @@ if TYPE_CHECKING:
     from launcher.planning.request import UpOptions
 
 
-def run_doctor(options: UpOptions, *, gpus: int, python: str, rdzv_port: int, json_out: bool) -> bool:
+def run_doctor(options: UpOptions, *, gpus: int, python: str, rdzv_port: int, json_out: bool,
+               bandwidth_bytes: int = 0) -> bool:
     """Check each host and the network between them in one probe round trip per host (node 0 listens on the
-    rendezvous port, the others connect to it); print the findings; True when a run could start."""
+    rendezvous port, the others connect to it); print the findings; True when a run could start. With
+    `bandwidth_bytes`, once every check passed, all-reduce bandwidth and latency are measured up to that size."""
     targets = [resolve_target(h, options.ssh_config, options.identity_file) for h in options.hosts]
     with HostSession(targets, options) as session:
         count = len(targets)
@@ -47,6 +50,7 @@ def run_doctor(options: UpOptions, *, gpus: int, python: str, rdzv_port: int, js
                 problems.append(Problem(e.host, e.reason))
             except DdpctlError as e:
                 problems.append(Problem(None, str(e)))
+        measured = _bandwidth(session, facts, python, rdzv_port, bandwidth_bytes, problems) if bandwidth_bytes else None
     general: list[str] = []
     rows_by_host = {r["host"]: r for r in rows}
     for problem in problems:
@@ -57,7 +61,9 @@ def run_doctor(options: UpOptions, *, gpus: int, python: str, rdzv_port: int, js
             general.append(str(problem))
     ok = not general and all(r["ok"] and not r["problems"] for r in rows)
     if json_out:
-        print(json.dumps({"ok": ok, "hosts": rows, "problems": general, "network": network}, indent=2))
+        figures = {"busbw_gbit_s": measured["busbw_gbit_s"], "latency_ms": measured["latency_ms"],
+                   "bandwidth": measured} if measured else {}
+        print(json.dumps({"ok": ok, "hosts": rows, "problems": general, "network": network, **figures}, indent=2))
         return ok
     table = Table(title="ddpctl doctor")
     table.add_column("host", overflow="fold")  # the whole user@host:port, wrapped if it must be
@@ -75,7 +81,25 @@ def run_doctor(options: UpOptions, *, gpus: int, python: str, rdzv_port: int, js
         console.print(text, markup=False)
     if network:
         console.print(network)
+    for line in summary_lines(measured) if measured else []:
+        console.print(line, markup=False)
     return ok
+
+
+def _bandwidth(session: HostSession, facts: list[HostFacts], python: str, port: int, max_bytes: int,
+               problems: list[Problem]) -> dict[str, Any] | None:
+    """The measurement (launcher/execute/bandwidth.py) where the checks passed; else why not, among the problems."""
+    if len(facts) < 2 or len(facts) != len(session.labels):
+        problems.append(Problem(None, "--bandwidth measures between nodes: give two --host or more, each reached"))
+        return None
+    if problems:
+        return None  # named already: a measurement could only fail on them
+    try:
+        return measure([session.conn(i) for i in range(len(facts))], facts, python=python, port=port,
+                       max_bytes=max_bytes)
+    except DdpctlError as e:
+        problems.append(Problem(None, str(e)))
+        return None
 
 
 def _host_rows(outcomes: list[HostOutcome[int, ProbeAnswer]]) -> tuple[list[dict[str, Any]], list[HostFacts]]:

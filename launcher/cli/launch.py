@@ -92,6 +92,8 @@ def where_options(values: dict[str, Any], given: list[str], *, show_progress: bo
                         "with `ddpctl down`")
     if runtime == "docker" and not hosts:
         raise SpecError("--runtime docker needs --host (locally, use `docker compose up`)")
+    if values.get("check_bandwidth") and (not place_named(provider).hosts_per_node or len(hosts) < 2):
+        raise SpecError("--check-bandwidth measures the network between SSH hosts: give two --host or more")
     parse_env(values["env"])
     return UpOptions(
         runs_dir=check_runs_dir(values["runs_dir"]), hosts=hosts, runtime=runtime, show_progress=show_progress,
@@ -102,6 +104,7 @@ def where_options(values: dict[str, Any], given: list[str], *, show_progress: bo
         auto_gpus=values.get("gpus") is None and (bool(hosts) or vast is not None) and slurm is None, slurm=slurm,
         stall_timeout=stall_timeout,
         probe=not values.get("no_probe"), show_output=not values.get("quiet"),
+        check_bandwidth=bool(values.get("check_bandwidth")),
     )  # fmt: skip
 
 

@@ -134,7 +134,8 @@ SLURM_OPTIONS = (
 
 # `up` only: one run's experiment (sweep declares the same names as comma lists or preset-defaulted values).
 RUN_OPTIONS = (
-    opt("gpus", int, None, "Processes per node (default: the node's GPUs, or 2 on CPU).", RUN, optional=True),
+    opt("gpus", int, None, "Processes per node (default: the node's GPUs, or 2 on CPU; 1 with --provider slurm).",
+        RUN, optional=True),
     opt("model", str, "mnist-cnn", "mnist-cnn, mnist-cnn-small (write-up 5) or resnet18.", RUN),
     opt("dataset", str, "synthetic", "synthetic, mnist or cifar10.", RUN),
     opt("data_dir", str, None, "Folder holding the data set files.", RUN, optional=True),
@@ -175,6 +176,8 @@ UP_WHERE_OPTIONS = (
     opt("outputs", list, (), "With `-- CMD` on hosts: bring back only these of the files your script writes in its "
         "working directory (gitignore-style: 'snapshot.pt', '*.csv', 'checkpoints/'); repeat. Its "
         "$DDPCTL_OUTPUT_DIR always comes back.", OUTPUT),
+    opt("check_bandwidth", bool, False, "SSH hosts: before training, measure all-reduce bus bandwidth and latency "
+        "between the nodes (as `ddpctl doctor --bandwidth`) and record them in run.json.", HOSTS),
 )
 
 UP_OUTPUT_OPTIONS = (

@@ -162,10 +162,18 @@ def doctor(host: list[str] = typer.Option(..., "--host", help="Hosts to check; r
            gpus: int = typer.Option(1, "--gpus"), python: str = typer.Option("python3", "--python"),
            rdzv_addr: str | None = typer.Option(None, "--rdzv-addr"), rdzv_port: int = typer.Option(29400),
            identity_file: Path | None = IDENTITY, accept_new_host_keys: bool = ACCEPT,
-           connect_timeout: float = TIMEOUT, json_out: bool = typer.Option(False, "--json")) -> None:
+           connect_timeout: float = TIMEOUT, json_out: bool = typer.Option(False, "--json"),
+           bandwidth: bool = typer.Option(False, "--bandwidth", help="Also measure all-reduce bus bandwidth and "
+                                          "latency between the hosts (gloo on CPU, NCCL on GPUs), up to the "
+                                          "gradient size of --model."),
+           model: str = typer.Option("mnist-cnn", "--model", help="With --bandwidth: the model whose gradient "
+                                     "is the largest message."),
+           dataset: str = typer.Option("mnist", "--dataset", help="With --bandwidth: the data set (its image "
+                                       "shape sizes the model).")) -> None:
     """Check hosts before a run: login, python/torch, GPUs or cores, disk, and reachability of node 0."""
     from launcher.cli.doctor import run_doctor
     from launcher.planning.request import UpOptions
+    from launcher.spec.gradient_size import GRADIENT_BYTES
 
     check_at_least(gpus, 1, "--gpus")
     check_python(python)
@@ -174,7 +182,14 @@ def doctor(host: list[str] = typer.Option(..., "--host", help="Hosts to check; r
     options = UpOptions(hosts=parse_hosts(host), identity_file=identity_file,
                         accept_new_host_keys=accept_new_host_keys, connect_timeout=connect_timeout,
                         rdzv_addr=rdzv_addr)
-    if not run_doctor(options, gpus=gpus, python=python, rdzv_port=rdzv_port, json_out=json_out):
+    if bandwidth and len(host) < 2:
+        raise SpecError("--bandwidth measures the network between hosts: give two --host or more")
+    if (model, dataset) not in GRADIENT_BYTES:
+        models, datasets = sorted({m for m, _ in GRADIENT_BYTES}), sorted({d for _, d in GRADIENT_BYTES})
+        raise SpecError(f"--model {model} --dataset {dataset}: choose a model of {', '.join(models)} and a data "
+                        f"set of {', '.join(datasets)}")
+    if not run_doctor(options, gpus=gpus, python=python, rdzv_port=rdzv_port, json_out=json_out,
+                      bandwidth_bytes=GRADIENT_BYTES[(model, dataset)] if bandwidth else 0):
         raise DdpctlError("some hosts are not ready for a run: see the problems listed above")
 
 

@@ -9,7 +9,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from launcher.errors import DdpctlError, Interrupted, RunStopRequested
-from launcher.execute import interruption
+from launcher.execute import bandwidth, interruption
 from launcher.execute.before_start import nothing_started_if_interrupted
 from launcher.execute.failure_cause import cause_exit_code, report_failure, shown_state, teardown_outcome
 from launcher.execute.hang_watch import RunWatch
@@ -78,6 +78,8 @@ def run_remote_up(plan: RunPlan, options: UpOptions, session: HostSession, recor
     if plan.unknown:
         raise ValueError("a plan with unknown facts cannot run: " + "; ".join(plan.unknown))
     spec = plan.spec
+    if options.check_bandwidth:  # before anything is written: a network that cannot be measured starts nothing
+        record_extra = {**(record_extra or {}), "bandwidth": bandwidth.before_run(session, plan)}
     fields = {
         "provider": "ssh", "runtime": plan.runtime,
         "hosts": [target_to_json(t) for t in session.targets],

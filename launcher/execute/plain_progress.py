@@ -161,9 +161,6 @@ def describe_event(event: dict[str, Any]) -> str | None:
         "stopped": lambda: "stopped" + (f" (exit status {event['exit_code']})" if "exit_code" in event else ""),
         "pulled": lambda: (f"results pulled, {event['verified']} file(s) verified" if event.get("verified")
                            else "nothing came back (no file to pull)"),
-        "world_measured": lambda: (f"world measured: {event.get('processes')} process(es), world size "
-                                   f"{event.get('world_size') or 'not one world'}" if event.get("measured")
-                                   else "world not measured (no process recorded joining a process group)"),
         "pull_failed": lambda: f"pull failed: {event.get('error')}",
         "interrupted": lambda: f"interrupted: {event.get('reason')}",
         "stop_abandoned": lambda: "the stop was abandoned: nodes may still be running",

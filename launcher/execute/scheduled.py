@@ -13,12 +13,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from launcher.errors import DdpctlError, HostError, Interrupted, PlanError
+from launcher.errors import DdpctlError, Interrupted, PlanError
 from launcher.execute import interruption, scheduled_chain, scheduled_end
 from launcher.execute.failure_cause import record_failure
 from launcher.execute.on_hosts import PULLED, TOP_LEVEL_FILES
 from launcher.execute.plain_progress import plain_output, run_progress
 from launcher.execute.pull_record import pull_lock, write_pull_record
+from launcher.execute.scheduled_files import place_job_files
 from launcher.execute.scheduled_output import Rank0Output
 from launcher.execute.scheduled_plan import MAKE_ONE, plan_json
 from launcher.execute.shipment import trainer_source_dir
@@ -66,6 +67,8 @@ def run_scheduled(spec: RunSpec, options: UpOptions, saved_script: str | None = 
             _print_request(request, options)
             return UpResult(None, 0, None, scheduled_plan=plan_json(spec, scheduler.request, scheduler.login,
                                                                      request.to_json()))
+        for warning in request.warnings:  # a dry run says them with the request
+            console.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
         if saved_script is not None and request.script != saved_script:
             raise PlanError("the cluster no longer gives the saved plan's batch script (its partition, workdir or "
                             f"facts changed): {MAKE_ONE}")
@@ -76,8 +79,7 @@ def run_scheduled(spec: RunSpec, options: UpOptions, saved_script: str | None = 
         run_dir = RunDir.create(options.runs_dir, spec, fields)
         write_json_atomic(run_dir.path / REQUEST_FILE, request.to_json())
         with interruption_before_submit(run_dir):
-            ship_code(conn, spec, request, run_dir)
-            write_script(conn, request, run_dir)
+            write_script(conn, request, run_dir, ship_code(conn, spec, request, run_dir))
             interruption.defer_signals()  # a job is never submitted without its id being recorded
             job_id = scheduler.schedule(conn, request)
             run_dir.update_record(slurm={**run_dir.record()["slurm"], "job_id": job_id})
@@ -98,7 +100,7 @@ def run_scheduled(spec: RunSpec, options: UpOptions, saved_script: str | None = 
                                                  lambda: pull_job(conn, run_dir))
             raise Interrupted(outcome.text) from None
         interruption.pull_after_run(run_dir, lambda: pull_job(conn, run_dir))
-        code = finish_job(run_dir, status)
+        code = finish_job(run_dir, status, scheduler.allocation_spans(conn, job_id))
         code = checked_exit_code(run_dir, read_json(run_dir.path / "summary.json"), code)  # the planned world?
         return UpResult(run_dir.path, code, read_json(run_dir.path / "summary.json"))
 
@@ -123,14 +125,18 @@ class interruption_before_submit:
 
 
 def _print_request(request: SlurmSubmit, options: UpOptions) -> None:
+    """The sbatch line and the batch script on stdout (or the request as JSON), the notes beside it on stderr."""
     print(json.dumps(request.to_json(), indent=2) if not options.show_progress else request.describe(), end="")
     if not options.show_progress:
         print()
+    for note in request.notes():
+        console.print(note, markup=False, highlight=False, soft_wrap=True)
 
 
-def ship_code(conn: Connection, spec: RunSpec, request: SlurmSubmit, run_dir: RunDir) -> None:
-    """The trainer (or the user's directory) to a cache in the workdir, sending only what changed, then copied into
-    the run's folder, so every node reads the code the job was submitted with."""
+def ship_code(conn: Connection, spec: RunSpec, request: SlurmSubmit, run_dir: RunDir) -> tuple[str, str]:
+    """The trainer (or the user's directory) to a cache in the workdir, sending only what changed; (the cache, where
+    under the run's code/ it goes): copied there with the job's files, so every node reads the code the job was
+    submitted with."""
     if spec.user_command:
         source, dest = Path.cwd(), ""
         manifest, left_out = outputs.record_shipped(run_dir.path, source)
@@ -139,23 +145,14 @@ def ship_code(conn: Connection, spec: RunSpec, request: SlurmSubmit, run_dir: Ru
         source, dest = trainer_source_dir(), "/trainer"
     cache = f"{request.workdir}/code/{_cache_key(source)}"
     stats = ship_tree(conn, source, cache, python=spec.python)
-    copied = conn.run(["sh", "-c", 'mkdir -p "$1/code$3" && rm -rf "$1/code$3" && cp -R "$2" "$1/code$3"',
-                       "ddpctl-copy", request.remote_dir, cache, dest], timeout=300)
-    if not copied.ok:
-        raise HostError(conn.label, f"could not copy the code into {request.remote_dir}: {copied.stderr.strip()[:200]}")
     run_dir.event("shipped", node=0, **asdict(stats))
+    return cache, dest
 
 
-def write_script(conn: Connection, request: SlurmSubmit, run_dir: RunDir) -> None:
-    """The batch script on the shared file system (a temporary name, then renamed) and in the run directory."""
-    path = request.job.script_path
-    tmp = f"{path}.part"
-    try:
-        with conn.sftp.open(tmp, "wb") as f:
-            f.write(request.script.encode())
-        conn.sftp.posix_rename(tmp, path)
-    except OSError as e:
-        raise HostError(conn.label, f"could not write {path}: {e}") from e
+def write_script(conn: Connection, request: SlurmSubmit, run_dir: RunDir, code: tuple[str, str]) -> None:
+    """The code, the batch script and the files it reads beside it into the run's folder on the shared file system
+    (launcher/execute/scheduled_files.py: one command); the script in the run directory too."""
+    place_job_files(conn, request, *code)
     write_bytes_atomic(run_dir.path / "job.sbatch", request.script.encode())
 
 
@@ -264,8 +261,9 @@ def pull_job(conn: Connection, run_dir: RunDir) -> list[dict[str, Any]]:
     return stats
 
 
-def finish_job(run_dir: RunDir, status: JobStatus) -> int:
-    """Record the end state (one line), the allocation's cost and the failure; the run's exit code."""
+def finish_job(run_dir: RunDir, status: JobStatus, slurm_spans: list[tuple[float, float]] | None = None) -> int:
+    """Record the end state (one line), the allocation's cost and the failure; the run's exit code. `slurm_spans`:
+    each allocation's (start, end) from Slurm's accounting, where the cluster keeps it."""
     queued = _span(status.submit_time, status.start_time)
     ran = _span(status.start_time, status.end_time)
     cost = {"queued_seconds": queued, "run_seconds": ran,
@@ -275,9 +273,11 @@ def finish_job(run_dir: RunDir, status: JobStatus) -> int:
     line, spent = end_line(status, queued, ran, oom), False
     most = scheduled_chain.max_requeues(run_dir)
     if most:  # a chain of allocations: counted over all of them, and the outcome once no requeue was left
-        cost, chain = scheduled_chain.cost(run_dir, status, scheduled_chain.submit_time(run_dir))
-        saved = scheduled_chain.saved_text(run_dir, bool(run_dir.spec().user_command))
-        line, spent = scheduled_chain.end_line(status, cost, chain, most, saved), scheduled_chain.spent(status, chain)
+        cost, chain = scheduled_chain.cost(run_dir, status, scheduled_chain.submit_time(run_dir), slurm_spans)
+        user_command = bool(run_dir.spec().user_command)
+        saved = scheduled_chain.saved_text(run_dir, user_command)
+        line = scheduled_chain.end_line(status, cost, chain, most, saved, user_command)
+        spent = scheduled_chain.spent(status, chain)
     run_dir.update_record(slurm={**run_dir.record()["slurm"], "status": status.to_json(), "end": line, **cost})
     run_dir.event("job_ended", state=status.state, exit_code=status.exit_code, line=line)
     finish_records(run_dir)

@@ -5,12 +5,13 @@ and the outcome when the last allowed requeue was used. The job's own record of 
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
 from launcher.results.rundir import RunDir
 from launcher.schedulers.base import JobStatus
-from launcher.schedulers.slurm.requeue import CHAIN_FILE, EXIT_REQUEUES_SPENT, Chain
+from launcher.schedulers.slurm.requeue import CHAIN_FILE, EXIT_REQUEUES_SPENT, SIGNAL, Chain
 
 PULLED = f"/{CHAIN_FILE}"
 
@@ -64,16 +65,42 @@ class RequeueWatch:
         return f" (allocation {status.restarts + 1})" if status.restarts else ""
 
 
-def cost(run_dir: RunDir, status: JobStatus, submitted: float | None) -> tuple[dict[str, Any], Chain]:
+def cost(run_dir: RunDir, status: JobStatus, submitted: float | None,
+         slurm_spans: list[tuple[float, float]] | None = None) -> tuple[dict[str, Any], Chain]:
     """Time queued and trained over every allocation, and the CPU/GPU-hours they cost (the allocation's CPUs and
-    GPUs from Slurm, times the time in allocations as the job recorded it)."""
+    GPUs from Slurm, times the time in allocations). The time in allocations is Slurm's: every allocation's from
+    accounting (`slurm_spans`, sacct's duplicates) where it answers for all of them, else the job's own record
+    with Slurm's StartTime/EndTime for an allocation cut at its limit, whose killed shell wrote no end."""
     chain = chain_of(run_dir)
-    trained = round(chain.trained_seconds(), 1) if chain.allocations else None
+    spans, source = allocation_spans(chain, status, slurm_spans)
+    trained = round(sum(end - start for start, end in spans), 1) if spans else None
     queued = chain.queued_seconds(submitted)
     hours = (lambda n: round(n * trained / 3600, 4) if n and trained is not None else None)  # noqa: E731
-    return {"allocations": len(chain.allocations), "requeues": chain.requeues, "trained_seconds": trained,
+    return {"allocations": max(len(chain.allocations), len(spans)), "requeues": chain.requeues,
+            "trained_seconds": trained, "trained_from": source,
             "queued_seconds": round(queued, 1) if queued is not None else None, "run_seconds": trained,
             "cpu_hours": hours(status.cpus), "gpu_hours": hours(status.gpus)}, chain
+
+
+def allocation_spans(chain: Chain, status: JobStatus, slurm_spans: list[tuple[float, float]] | None
+                     ) -> tuple[list[tuple[float, float]], str]:
+    """(start, end) of each allocation, and where the times came from."""
+    if slurm_spans and len(slurm_spans) >= len(chain.allocations):
+        return [(s, e) for s, e in slurm_spans if e >= s], "sacct"
+    slurm_last = (status.start_time, status.end_time) if status.start_time and status.end_time else None
+    if not chain.allocations:
+        return ([slurm_last] if slurm_last else []), "scontrol"
+    spans, cut = [], False
+    for index, a in enumerate(chain.allocations):
+        if a.end is not None:
+            spans.append((a.start, a.end))
+        elif index == len(chain.allocations) - 1 and slurm_last is not None:
+            spans.append((min(a.start, slurm_last[0]), slurm_last[1]))  # Slurm ended it: its own end time
+            cut = True
+        else:  # an earlier allocation ended by Slurm with no accounting to ask: as far as the job recorded
+            spans.append((a.start, a.signalled or a.start))
+            cut = True
+    return spans, "requeue/chain and scontrol" if cut else "requeue/chain"
 
 
 def spent(status: JobStatus, chain: Chain) -> bool:
@@ -81,7 +108,8 @@ def spent(status: JobStatus, chain: Chain) -> bool:
     return status.exit_code.split(":")[0] == str(EXIT_REQUEUES_SPENT) and chain.spent
 
 
-def end_line(status: JobStatus, fields: dict[str, Any], chain: Chain, most: int, saved: str) -> str:
+def end_line(status: JobStatus, fields: dict[str, Any], chain: Chain, most: int, saved: str,
+             user_command: bool = True) -> str:
     """One line: `job 12 COMPLETED (exit 0:0) after 3 allocations (2 requeues): 95 s trained, 24 s queued`, or the
     TIMEOUT after the last requeue with what was saved."""
     times = ", ".join(t for t in (
@@ -92,9 +120,33 @@ def end_line(status: JobStatus, fields: dict[str, Any], chain: Chain, most: int,
         return (f"job {status.job_id} TIMEOUT after {fields['requeues']} requeue(s) (--max-requeues {most}): the time "
                 f"limit came again and no requeue was left; saved: {saved}; {times} over {span} (Slurm: "
                 f"{status.state}, exit {status.exit_code})")
+    told = unheeded_signal(status, chain, user_command)
+    if told:
+        return f"job {status.job_id} TIMEOUT (exit {status.exit_code or '?'}) after {span}: {times}; {told}"
     how = {"TIMEOUT": ": hit its time limit", "NODE_FAIL": ": lost a node", "CANCELLED": ": was cancelled",
            "OUT_OF_MEMORY": ": ran out of memory", "PREEMPTED": ": was preempted"}.get(status.state, "")
     return f"job {status.job_id} {status.state}{how} (exit {status.exit_code or '?'}) after {span}: {times}"
+
+
+HANDLER_EXAMPLE = "examples/slurm_requeue.py"
+
+
+def unheeded_signal(status: JobStatus, chain: Chain, user_command: bool = True) -> str:
+    """What to tell when the time limit's signal came and the run did not stop after it (Slurm ended the job at its
+    limit, so the batch shell never wrote the allocation's end): when, and what the script must add."""
+    last = chain.allocations[-1] if chain.allocations else None
+    if status.state != "TIMEOUT" or last is None or last.signalled is None or last.end is not None:
+        return ""
+    before = (f" ({status.end_time - last.signalled:.0f} s before the end)" if status.end_time is not None
+              and status.end_time >= last.signalled else "")
+    at = time.strftime("%H:%M:%S", time.localtime(last.signalled))
+    told = (f"SIG{SIGNAL} came at {at}{before} and no snapshot followed: the run did not save and exit 0 after it, "
+            "so Slurm ended it at the limit and it was not requeued")
+    if not user_command:  # our trainer acts on it: it did not get to its snapshot in time (its logs say where)
+        return told + " (the trainer did not reach its snapshot in time: see the nodes' logs)"
+    return (told + f". Add a SIG{SIGNAL} handler that sets a flag, then "
+            f"save and exit 0 when it is set (as {HANDLER_EXAMPLE} does; docs/guides/slurm.md, 'A script of your "
+            "own')")
 
 
 def saved_text(run_dir: RunDir, user_command: bool) -> str:

@@ -57,7 +57,7 @@ def job_failure(run_dir: RunDir, status: JobStatus, line: str, oom: OomKill | No
             for worker in (report or {}).get("failures") or []:
                 if worker.get("signal") == "SIGKILL" and oom.node in (None, label):
                     worker["oom"] = oom.text
-    ranks = attribute(reports, labels, python=spec.python)
+    ranks = attribute(reports, labels, python=spec.python, launcher=spec.launcher)
     state = named_state(status, oom)
     if state in RANK_STATES and ranks is not None:  # the first failing rank (or agent), as on hosts
         return {**ranks, "slurm_state": state}

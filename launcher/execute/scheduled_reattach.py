@@ -70,8 +70,9 @@ class SlurmRun:
             conn = session.conn(0)
             stats = pull_job(conn, run_dir)
             status = self.scheduler.describe(conn, job_id)
+            spans = self.scheduler.allocation_spans(conn, job_id) if status.finished else None
         if status.finished and "end" not in (run_dir.record().get("slurm") or {}):
-            finish_job(run_dir, status)  # the end state, cost and failure, once, as `up` records them
+            finish_job(run_dir, status, spans)  # the end state, cost and failure, once, as `up` records them
         return stats
 
     def down(self, run_dir: RunDir, options: UpOptions, force: bool) -> str:
@@ -84,8 +85,9 @@ class SlurmRun:
                 cancel_and_wait(self.scheduler, conn, job_id)
             pull_job(conn, run_dir)
             status = self.scheduler.describe(conn, job_id)
+            spans = self.scheduler.allocation_spans(conn, job_id)
         if "end" not in (run_dir.record().get("slurm") or {}):
-            finish_job(run_dir, status)
+            finish_job(run_dir, status, spans)
         did = f"cancelled job {job_id} (it was {was.state.lower()})" if not was.finished else \
             f"job {job_id} had already ended ({was.state})"
         return f"{did}; what it wrote was pulled to {run_dir.path}"

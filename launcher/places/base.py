@@ -31,6 +31,7 @@ class Place(Protocol):
     unused_options: tuple[str, ...]  # launch options that would have no effect here: refused by check_options
     runs_here: bool  # the run's processes are this machine's (its Python, its files written in place)
     allocates_nodes: bool  # the place finds the run's nodes itself (no --host per node)
+    hosts_per_node: bool  # the user names one --host per node (the network between them can be measured)
 
     def check_hosts(self, hosts: tuple[Any, ...]) -> None:
         """Refuse (SpecError, one line) hosts this place does not take (the run's --host options)."""

@@ -31,6 +31,7 @@ class ProvidedPlace:
     unused_options: tuple[str, ...] = ()
     runs_here = False
     allocates_nodes = False
+    hosts_per_node = False
 
     def check_hosts(self, hosts: tuple[Any, ...]) -> None:
         """Refuse hosts this place does not take (SpecError, one line)."""

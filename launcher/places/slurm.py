@@ -28,7 +28,7 @@ SLURM_ONLY = ("partition", "time", "account", "qos", "constraint", "workdir", "s
 # What the scheduler decides on a Slurm cluster (the job's nodes, its rendezvous, how it is followed), and what
 # only a rented machine has.
 NOT_SLURM = ("runtime", "image", "registry", "rdzv_addr", "rdzv_port", "allow_public_rendezvous", "stall_timeout",
-             "outputs", "env")
+             "outputs")
 RENTED_ONLY = tuple(name for name in VAST_ONLY if name != "nodes")  # Slurm reads --nodes too
 
 
@@ -49,6 +49,7 @@ class SlurmPlace:
     unused_options: tuple[str, ...] = NOT_SLURM + RENTED_ONLY
     runs_here = False
     allocates_nodes = True
+    hosts_per_node = False
 
     def check_hosts(self, hosts: tuple[object, ...]) -> None:
         if len(hosts) != 1:
@@ -71,7 +72,8 @@ class SlurmPlace:
             account=values.get("account"), qos=values.get("qos"), constraint=values.get("constraint"),
             workdir=values.get("workdir"), sbatch_options=tuple(values.get("sbatch_option") or ()),
             prelude=tuple(values.get("prelude") or ()),
-            max_requeues=max_requeues_asked(values.get("requeue"), values.get("max_requeues")))}
+            max_requeues=max_requeues_asked(values.get("requeue"), values.get("max_requeues")),
+            gpus_given=values.get("gpus") is not None)}
 
     def sweep_entry(self, options: UpOptions, nnodes: int, sweep_dir: Path) -> UpOptions:
         """One job per entry, with its own nodes."""

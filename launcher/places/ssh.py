@@ -20,6 +20,7 @@ class SshPlace(ProvidedPlace):
     """--provider ssh (the default with --host): one --host per node."""
 
     name = "ssh"
+    hosts_per_node = True
 
     def check_hosts(self, hosts: tuple[object, ...]) -> None:
         if not hosts:

@@ -18,6 +18,7 @@ class HostAddress:
 
     iface: str
     addr: str
+    prefix: int | None = None  # the network's prefix length (24 for 10.79.0.5/24); None where the probe had none
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ class HostFacts:
             torch_error=info.get("torch_error"), torch_cuda=local if local.startswith("cu") else None,
             driver=info.get("driver") or None, gpu_names=tuple(str(n) for n in info.get("gpu_names") or ()),
             disk_free=int(info.get("disk_free") or 0), ssh_server_addr=info.get("ssh_server_addr"),
-            addrs=tuple(HostAddress(str(a["iface"]), str(a["addr"])) for a in info.get("addrs") or ()),
+            addrs=tuple(HostAddress(str(a["iface"]), str(a["addr"]), _prefix(a)) for a in info.get("addrs") or ()),
             docker=bool(info.get("docker")),
         )  # fmt: skip
 
@@ -75,7 +76,7 @@ class HostFacts:
                              f"this ddpctl reads version {FACTS_VERSION}")
         try:
             fields = {**data, "gpu_names": tuple(data.get("gpu_names", ())),
-                      "addrs": tuple(HostAddress(a["iface"], a["addr"]) for a in data.get("addrs", ()))}
+                      "addrs": tuple(HostAddress(a["iface"], a["addr"], _prefix(a)) for a in data.get("addrs", ()))}
             return cls(**fields)
         except (TypeError, KeyError) as e:
             raise ValueError(f"host facts are malformed: {e}") from e
@@ -94,3 +95,9 @@ class HostFacts:
     def slots(self) -> int:
         """Processes this host can run: its GPUs, or its cores on a CPU-only host."""
         return self.gpus or self.cpus
+
+
+def _prefix(addr: dict[str, Any]) -> int | None:
+    """An address's prefix length as the probe (or an older record, without one) gave it."""
+    value = addr.get("prefix")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

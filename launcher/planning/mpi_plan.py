@@ -7,6 +7,7 @@ launcher/execute/mpi_access.py from the files named here.
 
 from __future__ import annotations
 
+import ipaddress
 import shlex
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -48,23 +49,21 @@ def mpi_nodes(spec: RunSpec, nodes: tuple[NodePlan, ...], facts: tuple[HostFacts
     homes = [f.home for f in facts] if facts else [UNKNOWN_HOME] * len(nodes)
     n = str(spec.nproc_per_node)
     ws0 = f"{homes[0]}/{nodes[0].workspace}"
-    ifaces = sorted({node.host.iface for node in nodes if node.host.iface})
     args = ["--hostfile", f"{ws0}/{MPI_DIR}/hostfile", "--bind-to", "none",
             "--mca", "plm_rsh_agent", "ssh", "--mca", "plm_rsh_args", f"-F {ws0}/{MPI_DIR}/ssh_config",
             "--mca", "btl", "tcp,self"]  # fmt: skip
-    if ifaces:  # the interfaces the nodes reach each other on, as for torchrun's rendezvous
-        args += ["--mca", "btl_tcp_if_include", ",".join(ifaces), "--mca", "oob_tcp_if_include", ",".join(ifaces)]
-    # Every rank gets the user's --env (values from mpirun's own environment: never on a command line).
-    for name in ["PYTHONUNBUFFERED", NNODES_ENV, NPROC_ENV, *(k for k, _ in spec.extra_env)]:
-        args += ["-x", name]
+    networks = mpi_networks(nodes, facts)
+    if networks:  # the network the nodes reach each other on, as for torchrun's rendezvous
+        args += ["--mca", "btl_tcp_if_include", networks, "--mca", "oob_tcp_if_include", networks]
     command = mpi_command(spec)
     for node, name, home in zip(nodes, mpi_host_names(nodes), homes, strict=True):
         ws = f"{home}/{node.workspace}"
         if node.index:
             args.append(":")
-        args += ["-np", n, "--host", f"{name}:{n}", "-wdir", f"{ws}/code",
-                 "env", f"{NODE_RANK_ENV}={node.index}", f"DDPCTL_OUTPUT_DIR={ws}/out",
-                 f"{JOIN_DIR_ENV}={ws}/logs/{JOINED_DIR}", f"PYTHONPATH={ws}/hook:{ws}/code", *command]
+        args += ["-np", n, "--host", f"{name}:{n}", "-wdir", f"{ws}/code", *exported_env(spec),
+                 "env", f"{NODE_RANK_ENV}={node.index}", f"{NNODES_ENV}={spec.nnodes}", f"{NPROC_ENV}={n}",
+                 f"DDPCTL_OUTPUT_DIR={ws}/out", f"{JOIN_DIR_ENV}={ws}/logs/{JOINED_DIR}",
+                 f"PYTHONPATH={ws}/hook:{ws}/code", *command]
     first = replace(nodes[0], command=tuple(mpirun_argv("../logs", args)))
     peers = [replace(node, command=("sh", "-c", MPI_PEER_SCRIPT, "ddpctl-mpi-node", str(node.index), n))
              for node in nodes[1:]]
@@ -72,3 +71,38 @@ def mpi_nodes(spec: RunSpec, nodes: tuple[NodePlan, ...], facts: tuple[HostFacts
                                    "output in logs/mpirun/attempt_0/0/")
     return (shown, *(replace(p, display=f"# nothing: node 0's mpirun starts its {n} process(es) over SSH")
                      for p in peers))
+
+
+def exported_env(spec: RunSpec) -> list[str]:
+    """`-x NAME` for each variable every rank gets from mpirun's own environment (the user's --env: values never on
+    a command line). Given in each application context: Open MPI applies a context's -x to that context alone."""
+    return [flag for name in ["PYTHONUNBUFFERED", *(k for k, _ in spec.extra_env)] for flag in ("-x", name)]
+
+
+def mpi_networks(nodes: tuple[NodePlan, ...], facts: tuple[HostFacts, ...]) -> str | None:
+    """What btl_tcp_if_include / oob_tcp_if_include get: the subnets of the addresses the nodes reach each other at
+    (`10.79.0.0/24`), which mean the same on every host. Interface names do not: hosts name them differently
+    (eth0, ens5, enp1s0), and Open MPI 4.1 drops a list holding a name the host lacks, then cannot connect. An
+    address whose prefix the probe did not see counts alone (/32); without addresses, the interface name where
+    every node has the same one, else None (Open MPI's own choice)."""
+    networks: list[str] = []
+    for i, node in enumerate(nodes):
+        network = _network(node.host.address, facts[i] if i < len(facts) else None)
+        if network is None:
+            names = {node.host.iface for node in nodes}
+            return names.pop() if len(names) == 1 and None not in names else None
+        if network not in networks:
+            networks.append(network)
+    return ",".join(networks)
+
+
+def _network(address: str | None, facts: HostFacts | None) -> str | None:
+    """`address`'s IPv4 network as the probe saw it on the host (its prefix), else the address alone."""
+    try:
+        ip = ipaddress.ip_address(address or "")
+    except ValueError:
+        return None
+    if ip.version != 4:
+        return None
+    prefix = next((a.prefix for a in facts.addrs if a.addr == address and a.prefix is not None), 32) if facts else 32
+    return str(ipaddress.ip_network(f"{address}/{prefix}", strict=False))

@@ -45,6 +45,8 @@ class UpOptions:
     provider: str = ""  # "local", "ssh", "vast" or "slurm"; empty: ssh when hosts are given, else local
     vast: VastRequest | None = None  # what to rent, with provider "vast"
     slurm: SlurmRequest | None = None  # what to allocate, with provider "slurm" (hosts: the login node)
+    # Measure the network between the nodes before training and record it (`up --check-bandwidth`).
+    check_bandwidth: bool = False
     # Fields the command layer adds to run.json: the resolved options (`options`) and `from_run` (`up --from`).
     record: dict[str, Any] = field(default_factory=dict)
 

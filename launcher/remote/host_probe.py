@@ -44,7 +44,10 @@ def host_facts() -> "dict[str, Any]":
         for line in out.splitlines():
             f = line.split()
             if len(f) >= 4 and f[2] in ("inet", "inet6"):
-                addrs.append({"iface": f[1], "addr": f[3].split("/")[0]})
+                addr, _, prefix = f[3].partition("/")
+                # The prefix length too: the subnet (10.79.0.0/24) names the nodes' network on every host alike,
+                # whatever the interface is called there (--launcher mpirun's btl_tcp_if_include).
+                addrs.append({"iface": f[1], "addr": addr, "prefix": int(prefix) if prefix.isdigit() else None})
     info["addrs"] = addrs
     info["docker"] = shutil.which("docker") is not None
     return info

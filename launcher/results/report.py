@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import RunDirError
+from launcher.results.network_share import network_section
 from launcher.results.run_figures import Report, Row
 from launcher.spec.presets import ReferenceFigures
 from launcher.spec.user_paths import file_target, kind_of
@@ -24,11 +25,11 @@ def _num(value: float | None, fmt: str) -> str:
 
 
 COLUMNS = ("layout", "strategy", "world", "threads/process", "global batch", "lr", "steps/epoch",
-           "epoch time (s, median)", "training time (s)", "speed-up", "efficiency", "samples/s", "train acc",
-           "val acc", "comparable", "cost (USD)")
+           "epoch time (s, median)", "training time (s)", "speed-up", "efficiency", "exposed comm", "samples/s",
+           "train acc", "val acc", "comparable", "cost (USD)")
 NOT_COMPARABLE = "n/c"
-_LR, _STRATEGY, _THREADS, _COMPARABLE, _COST = (COLUMNS.index(c) for c in
-                                                ("lr", "strategy", "threads/process", "comparable", "cost (USD)"))
+_LR, _STRATEGY, _THREADS, _COMPARABLE, _COST, _EXPOSED = (
+    COLUMNS.index(c) for c in ("lr", "strategy", "threads/process", "comparable", "cost (USD)", "exposed comm"))
 
 
 def row_cells(row: Row) -> list[str]:
@@ -39,7 +40,9 @@ def row_cells(row: Row) -> list[str]:
         _num(row.global_batch, "d"), _num(row.lr, "g"),
         _num(row.steps_per_epoch, "d"), _num(row.epoch_seconds, ".2f"), f"{row.train_seconds:.2f}",
         NOT_COMPARABLE if flagged else f"{row.speedup:.2f}x",
-        NOT_COMPARABLE if flagged else f"{100 * row.efficiency:.0f}%", _num(row.samples_per_s, ".1f"),
+        NOT_COMPARABLE if flagged else f"{100 * row.efficiency:.0f}%",
+        "-" if row.exposed_comm_fraction is None else f"{100 * row.exposed_comm_fraction:.0f}%",
+        _num(row.samples_per_s, ".1f"),
         _pct(row.train_acc), _pct(row.val_acc), f"not comparable: {row.not_comparable}" if flagged else "yes",
         _num(row.cost_usd, ".2f"),
     ]
@@ -47,8 +50,8 @@ def row_cells(row: Row) -> list[str]:
 
 # Short two-line headers so the table fits an 80-column terminal; same order as COLUMNS.
 _TERMINAL_HEADERS = ("layout", "strat-\negy", "world\nsize", "thr-\neads", "global\nbatch", "lr", "steps\n/epoch",
-                     "epoch s\nmedian", "train\ns", "speed-\nup", "effi-\nciency", "samples\n/s", "train\nacc",
-                     "val\nacc", "compa-\nrable", "cost\nUSD")
+                     "epoch s\nmedian", "train\ns", "speed-\nup", "effi-\nciency", "exposed\ncomm", "samples\n/s",
+                     "train\nacc", "val\nacc", "compa-\nrable", "cost\nUSD")
 
 
 def render_terminal(rows: list[Row]) -> Any:
@@ -63,7 +66,8 @@ def render_terminal(rows: list[Row]) -> Any:
     lrs = {c[_LR] for c in cells}
     if len(lrs) == 1:
         drop.add(_LR)
-    for index, says_nothing in ((_STRATEGY, "ddp"), (_THREADS, "-"), (_COMPARABLE, "yes"), (_COST, "-")):
+    for index, says_nothing in ((_STRATEGY, "ddp"), (_THREADS, "-"), (_COMPARABLE, "yes"), (_COST, "-"),
+                                    (_EXPOSED, "-")):
         if all(c[index] == says_nothing for c in cells):
             drop.add(index)
     title = f"Scaling: {_what_ran(rows)}" + (f", lr {lrs.pop()}" if _LR in drop else "")
@@ -242,7 +246,9 @@ def render_markdown(rows: list[Row], reference: ReferenceFigures | None = None,
     lines += ["", f"Speed-up and efficiency are against each strategy's first row (here {rows[0].strategy} "
                   f"{rows[0].layout}, world size {rows[0].world_size}); times are training only (validation "
                   "excluded); efficiency = speed-up "
-                  "/ (world size / smallest world size). Layout = nodes x processes per node.", ""]
+                  "/ (world size / smallest world size). Layout = nodes x processes per node. Exposed comm: "
+                  "the share of a step spent waiting on the gradients' all-reduce that computation did not hide "
+                  "(timed with and without DDP's sync after training; - where nothing was synced).", ""]
     lines += _md_table(list(COLUMNS), [row_cells(r) for r in rows])
     lines += ["", "Runs: " + ", ".join(f"`{r.run_id}` ({r.strategy} {r.layout})" for r in rows) + "."]
     superseded = [f"`{old}`" for r in rows for old in r.superseded]
@@ -256,6 +262,9 @@ def render_markdown(rows: list[Row], reference: ReferenceFigures | None = None,
         lines += [""] + _comparability_section(rows)
     for ref in ([reference] if reference else []) + list(extra_references):
         lines += [""] + _reference_section(rows, ref)
+    network = network_section(rows)
+    if network:
+        lines += [""] + network
     lines += [""] + _accuracy_section(rows)
     if plots:
         lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots]

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import RunDirError
+from launcher.results.network_share import NetworkFigures, network_figures
 from launcher.results.progress import finite_number
 from launcher.results.record import load_run_record
 from launcher.results.rundir import RUN_FILE, primary_node_out, read_json, read_jsonl
@@ -52,6 +53,7 @@ class RunFigures:
     cores: int | None = None
     load_start: float | None = None  # 1-minute load average when the trainer started
     load_end: float | None = None
+    network: NetworkFigures = NetworkFigures()  # exposed communication, bandwidth measured before the run
     # A `-- CMD` run without epoch records: its wall time, and what its own TensorBoard scalars showed.
     wall_seconds: float | None = None
     script_scalars: ScriptScalars | None = None
@@ -105,6 +107,9 @@ class Row:
     threads_per_process: int | None = None
     not_comparable: str = ""
     precision: str = "fp32"  # why speed-up and efficiency are not a result ("" when they are)
+    exposed_comm_fraction: float | None = None  # a step's share spent waiting on the gradients' communication
+    busbw_gbit_s: float | None = None  # up --check-bandwidth's figure for the run's hosts
+    predicted_efficiency: float | None = None  # what that bandwidth allows (launcher/results/network_share.py)
     wall_seconds: float | None = None  # a script run without epoch records: launch to end
     first_step_s: float | None = None  # seconds from the launch to the script's first / last logged scalar
     last_step_s: float | None = None
@@ -211,6 +216,7 @@ def load_run(path: Path) -> RunFigures:
         cores=_int_or_none(summary.get("cores")),
         load_start=_first_load(summary.get("load_start")),
         load_end=_first_load(summary.get("load_end")),
+        network=network_figures(run, summary),
         wall_seconds=wall,
         script_scalars=script_scalars,
     )
@@ -293,6 +299,9 @@ def scaling_table(runs: list[RunFigures]) -> list[Row]:
             threads_per_process=run.threads_per_process,
             not_comparable=_not_comparable(run, base, efficiency),
             precision=run.precision,
+            exposed_comm_fraction=run.network.exposed_comm_fraction,
+            busbw_gbit_s=run.network.busbw_gbit_s,
+            predicted_efficiency=run.network.predicted_efficiency,
             **_script_fields(run),
         ))
     return rows

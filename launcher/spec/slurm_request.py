@@ -31,6 +31,7 @@ class SlurmRequest:
     # --requeue / --max-requeues: a signal before the time limit, a snapshot, the job requeued (schedulers/slurm/
     # requeue.py); max_requeues is how many times at most (0: the job is not requeued).
     max_requeues: int = 0
+    gpus_given: bool = True  # False: --gpus left to its default on Slurm (1 per node), which the dry run notes
 
     @property
     def requeue(self) -> bool:

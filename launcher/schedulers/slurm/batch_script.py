@@ -12,15 +12,33 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from launcher.schedulers.slurm import requeue
+from launcher.schedulers.slurm import mpi_job, requeue
 from launcher.schedulers.slurm.prelude import prelude_lines
 from launcher.spec import strategies
+from launcher.spec.launchers import (
+    HOOK_DIR,
+    JOIN_DIR_ENV,
+    JOINED_DIR,
+    MASTER_ADDR_ENV,
+    MASTER_PORT_ENV,
+    NNODES_ENV,
+    NODE_RANK_ENV,
+    NPROC_ENV,
+)
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.slurm_request import SlurmRequest
-from launcher.spec.torchrun import TORCHRUN_SOURCE, NodeRole, trainer_argv
+from launcher.spec.torchrun import NodeRole, trainer_argv
 from launcher.spec.user_command import node_command
 
 SCRIPT_NAME = "job.sbatch"
+# --env's values: a file of mode 0600 beside the script, written over SFTP and sourced by the batch shell, so every
+# rank gets them (srun passes the batch environment on) while they stay off every command line and out of the
+# script's text, which --dry-run prints and Slurm keeps (`scontrol write batch_script`).
+ENV_FILE = "ddpctl.env"
+# torchrun's wrapper (launcher/spec/attempt_logs.py), a file beside the script: the script stays short enough to read
+# in a dry run, and every node reads the same source from the shared file system.
+TORCHRUN_FILE = "torchrun_attempts.py"
+SPAWN_FILE = "spawn.sh"  # --launcher spawn: launcher/remote/spawn.sh, which runs the script once on each node
 PORT_BASE, PORT_SPAN = 20000, 20000
 # GPU requests as the cluster understands them: cons_tres clusters take --gpus-per-node, others only --gres.
 GPUS_PER_NODE, GRES = "--gpus-per-node", "--gres"
@@ -57,7 +75,9 @@ def sbatch_argv(job: SlurmJob) -> list[str]:
 def sbatch_directives(job: SlurmJob) -> list[str]:
     """The #SBATCH options, in a fixed order."""
     spec, request = job.spec, job.request
-    options = [f"--job-name=ddpctl-{spec.run_id}", f"--nodes={spec.nnodes}", "--ntasks-per-node=1"]
+    # One task per node, which runs torchrun (or a spawn script); an MPI job's tasks are its ranks (mpi_job.py).
+    tasks = spec.nproc_per_node if spec.launcher == "mpirun" else 1
+    options = [f"--job-name=ddpctl-{spec.run_id}", f"--nodes={spec.nnodes}", f"--ntasks-per-node={tasks}"]
     if job.cpus_per_task is not None:
         options.append(f"--cpus-per-task={job.cpus_per_task}")
     if job.gpu_flag == GPUS_PER_NODE:
@@ -71,6 +91,15 @@ def sbatch_directives(job: SlurmJob) -> list[str]:
     options += [f"--chdir={job.remote_dir}", f"--output={job.output_path}", "--open-mode=append"]
     options += requeue.directives(request) if request.requeue else ["--no-requeue"]
     return options + list(request.sbatch_options)
+
+
+def node_launch_line(spec: RunSpec) -> str:
+    """The shell line a node runs for the spec's --launcher: torchrun, or (spawn) the user's script once, its own
+    processes started by itself, its output in logs/spawn/attempt_0/0/ as on hosts (launcher/remote/spawn.sh)."""
+    if spec.launcher == "spawn":  # the script beside the batch script (SPAWN_FILE), as `sh -c` runs it on hosts
+        words = ["../logs", spec.python, *node_command(spec.user_command, spec.python)]
+        return 'sh "$spawn" ' + " ".join(shlex.quote(w) for w in words)
+    return node_torchrun_line(spec)
 
 
 def node_torchrun_line(spec: RunSpec) -> str:
@@ -90,6 +119,18 @@ def node_torchrun_line(spec: RunSpec) -> str:
     return " ".join(words + [shlex.quote(w) for w in rest])
 
 
+def spawn_env_lines(spec: RunSpec) -> list[str]:
+    """What a spawn script is told beyond every node's variables (as on hosts, launcher/planning/plan.py): the
+    processes per node and, on several nodes, the first node's address and the job's port for its process group."""
+    if spec.launcher != "spawn":
+        return []
+    lines = [f'spawn="$PWD/{SPAWN_FILE}"', f"export {NPROC_ENV}={spec.nproc_per_node}"]
+    if spec.nnodes > 1:
+        lines.append(f'export {MASTER_ADDR_ENV}="${{DDPCTL_RDZV_ENDPOINT%:*}}" '
+                     f'{MASTER_PORT_ENV}="${{DDPCTL_RDZV_ENDPOINT##*:}}"')
+    return lines
+
+
 def node_script(spec: RunSpec, requeued: bool = False) -> str:
     """What `srun` runs on each node (bash -c): make the node's workspace, run torchrun in it, keep its status.
     `requeued`: the code is copied once (the script's own checkpoints beside it survive a requeue), the output is
@@ -98,8 +139,12 @@ def node_script(spec: RunSpec, requeued: bool = False) -> str:
     if spec.user_command:  # the script writes beside itself: each node its own copy, as on hosts
         fresh = '[ -d "$ws/code" ] ||' if requeued else 'rm -rf "$ws/code" &&'
         copy = f'{fresh} cp -R code "$ws/code"'
-        lines += [copy, 'export DDPCTL_OUTPUT_DIR="$ws/out"',
-                  'export PYTHONPATH="$ws/code${PYTHONPATH:+:$PYTHONPATH}"', 'cd "$ws/code"']
+        # The join hook (launcher/runtimes/join_hook.py, first on the path) records the world each process joins,
+        # as on hosts: the world size is measured, not planned. A requeued job's newest allocation is what counts.
+        joined = [f'rm -rf "$ws/logs/{JOINED_DIR}"'] if requeued else []
+        lines += [copy, *joined, f'export DDPCTL_OUTPUT_DIR="$ws/out" {NODE_RANK_ENV}="$SLURM_NODEID" '
+                  f'{NNODES_ENV}={spec.nnodes} {JOIN_DIR_ENV}="$ws/logs/{JOINED_DIR}"', *spawn_env_lines(spec),
+                  f'export PYTHONPATH="$PWD/{HOOK_DIR}:$ws/code${{PYTHONPATH:+:$PYTHONPATH}}"', 'cd "$ws/code"']
     else:
         lines += ['export PYTHONPATH="$PWD/code${PYTHONPATH:+:$PYTHONPATH}"', 'cd "$ws"']
     # The exit status is kept beside the output, as on a host, for the failure attribution after the pull.
@@ -108,11 +153,25 @@ def node_script(spec: RunSpec, requeued: bool = False) -> str:
     # processes by parent (proctrack/linuxproc) would take for the step's end while torchrun still writes.
     lines.append("trap : TERM")
     if requeued:
-        lines += requeue.node_run_lines(node_torchrun_line(spec), '"$ws/torchrun.out"')
+        lines += requeue.node_run_lines(node_launch_line(spec), '"$ws/torchrun.out"')
     else:
-        lines += [f'{node_torchrun_line(spec)} > "$ws/torchrun.out" 2>&1 < /dev/null', "code=$?"]
+        lines += [f'{node_launch_line(spec)} > "$ws/torchrun.out" 2>&1 < /dev/null', "code=$?"]
     lines += ['echo "$code" > "$ws/exit_code.tmp" && mv "$ws/exit_code.tmp" "$ws/exit_code"', 'exit "$code"']
     return "\n".join(lines)
+
+
+def env_lines(spec: RunSpec) -> list[str]:
+    """The batch script's lines that export --env's variables: their names only, the values from ENV_FILE."""
+    names = [name for name, _ in spec.extra_env]
+    if not names:
+        return []
+    return [f"# --env {' '.join(names)}: the values from {ENV_FILE} beside this script (mode 0600, written by ddpctl)",
+            f". ./{ENV_FILE}"]
+
+
+def env_file_text(spec: RunSpec) -> str:
+    """ENV_FILE's text: one `export NAME=VALUE` line per --env variable, each value quoted for the shell."""
+    return "".join(f"export {name}={shlex.quote(value)}\n" for name, value in spec.extra_env)
 
 
 def batch_script(job: SlurmJob) -> str:
@@ -127,15 +186,19 @@ def batch_script(job: SlurmJob) -> str:
         *prelude_lines(job.request.prelude),  # a block of its own (launcher/schedulers/slurm/prelude.py)
         "set -e",
         "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env),
+        *env_lines(spec),
         "# The allocation's first node hosts the c10d store, on a port derived from the job id.",
         'rdzv_host=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         f'export DDPCTL_RDZV_ENDPOINT="$rdzv_host:$(({PORT_BASE} + SLURM_JOB_ID % {PORT_SPAN}))"',
         'echo "ddpctl: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, rendezvous at $DDPCTL_RDZV_ENDPOINT"',
         *(requeue.environment_lines(job.request) if requeued else []),
-        "# torchrun keeping every attempt's logs (ddpctl's launcher/spec/attempt_logs.py), run by each node",
-        "read -r -d '' DDPCTL_TORCHRUN <<'TORCHRUN' || true",
-        TORCHRUN_SOURCE.rstrip("\n"),
-        "TORCHRUN",
+    ]
+    if spec.launcher == "mpirun":
+        return "\n".join(lines + mpi_job.run_lines(spec)) + "\n"
+    lines += [
+        "# each node's torchrun, keeping every attempt's logs: ddpctl's launcher/spec/attempt_logs.py as "
+        f"{TORCHRUN_FILE}",
+        f'DDPCTL_TORCHRUN=$(cat {TORCHRUN_FILE})',
         "export DDPCTL_TORCHRUN",
         "read -r -d '' node_script <<'NODE' || true",
         node_script(spec, requeued),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from launcher.errors import DdpctlError, HostError, SpecError
@@ -126,9 +127,13 @@ def probe_login(conn: Connection, python: str, workdir: str | None, prelude: tup
 
 def read_facts(conn: Connection, spec: RunSpec, request: SlurmRequest) -> ClusterFacts:
     """Probe the cluster (read-only) and refuse, in one line each, what cannot run there."""
-    partition = read_partition(conn, request.partition)
-    login = probe_login(conn, spec.python, request.workdir, request.prelude)
-    facts = ClusterFacts(partition=partition, select_type=read_select_type(conn), workdir=str(login["workdir"]),
+    # The login Python's answer (its torch import takes seconds) comes while Slurm's own queries are asked: two
+    # channels of the one SSH connection at once.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ddpctl-login-probe") as pool:
+        asked = pool.submit(probe_login, conn, spec.python, request.workdir, request.prelude)
+        partition, select_type = read_partition(conn, request.partition), read_select_type(conn)
+        login = asked.result()
+    facts = ClusterFacts(partition=partition, select_type=select_type, workdir=str(login["workdir"]),
                          python=str(login.get("python")), torch=login.get("torch"))  # type: ignore[arg-type]
     refusal = preflight_refusal(spec, request, facts, login)
     if refusal:
@@ -161,6 +166,21 @@ def preflight_refusal(spec: RunSpec, request: SlurmRequest, facts: ClusterFacts,
         return (f"{spec.python} on the login node cannot import torch ({login.get('torch_error')}): name a Python "
                 "with torch with --python, or set it up with --prelude (e.g. 'module load pytorch')")
     return ""
+
+
+def default_gpus_note(spec: RunSpec, request: SlurmRequest, part: Partition) -> str:
+    """What --gpus left to its default (1 process per node) means on this partition (empty when --gpus was given,
+    or when 1 is all its nodes have)."""
+    if request.gpus_given or spec.nproc_per_node != 1:
+        return ""
+    if any(part.gpus_per_node):
+        most = max(part.gpus_per_node)
+        return "" if most <= 1 else (f"--gpus not given: 1 process and 1 GPU per node, while partition {part.name}'s "
+                                     f"nodes have up to {most} GPUs: give --gpus {most} to use them")
+    cpus = max(part.cpus_per_node) if part.cpus_per_node else None
+    has = f" (its nodes have {cpus} CPUs)" if cpus else ""
+    return (f"--gpus not given: 1 process per node on partition {part.name}, which has no GPUs{has}; give --gpus N "
+            "for N processes (and CPUs) per node")
 
 
 def _minutes(minutes: float) -> str:

@@ -24,8 +24,10 @@ and to count allocations, time queued and trained."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from launcher.spec.run_spec import RunSpec
+from launcher.spec.script_look import script_of
 from launcher.spec.slurm_request import SlurmRequest, time_minutes
 
 SIGNAL = "USR1"
@@ -57,6 +59,25 @@ def refusal(spec: RunSpec, request: SlurmRequest) -> str:
         return (f"--requeue with --strategy {spec.strategy}: only the ddp strategy stops and resumes mid-epoch on the "
                 "time limit's signal; drop --requeue or use --strategy ddp")
     return ""
+
+
+def handler_warning(spec: RunSpec, request: SlurmRequest, cwd: Path) -> str:
+    """A warning (empty: none) when `--requeue` meets a `-- CMD` script with no SIGUSR1 handler in sight: a plain
+    look at the script's own source for `signal.signal` / `SIGUSR1` (what it imports is not read)."""
+    if not request.requeue or not spec.user_command:
+        return ""
+    path = script_of(spec.user_command, cwd)
+    if path is None or not path.is_file():
+        return ""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    if "SIGUSR1" in text or "signal.signal" in text or "signal(" in text:
+        return ""
+    return (f"--requeue: {path.name} has no SIG{SIGNAL} handler in sight (no signal.signal or SIGUSR1 in it): the "
+            f"time limit's signal will be ignored and the job end in TIMEOUT, not requeued. Add a handler that saves "
+            f"and exits 0 (examples/slurm_requeue.py; docs/guides/slurm.md, 'A script of your own')")
 
 
 def directives(request: SlurmRequest) -> list[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import shlex
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from launcher.errors import DdpctlError, HostError, SpecError
@@ -32,6 +33,7 @@ class SlurmSubmit:
     workdir: str  # the user's workdir on the cluster (absolute): runs/ and code/ live under it
     login: str
     unknown: tuple[str, ...] = ()  # what a dry run could not learn (no probe): such a request never runs
+    warnings: tuple[str, ...] = ()  # what will likely not go as the user expects (the dry run says it)
 
     @property
     def remote_dir(self) -> str:
@@ -42,17 +44,19 @@ class SlurmSubmit:
         return sbatch_argv(self.job)
 
     def describe(self) -> str:
-        head = [f"# Slurm job on {self.login}: {self.job.spec.nnodes} node(s) x {self.job.spec.nproc_per_node} "
+        """What --dry-run prints first: the sbatch line, then the batch script, byte for byte what is submitted."""
+        return f"# sbatch line: {shlex.join(self.argv)}\n# {self.job.script_path}:\n" + self.script
+
+    def notes(self) -> list[str]:
+        """What --dry-run says beside the script (on stderr): the job in one line, what was not probed, warnings."""
+        return [f"Slurm job on {self.login}: {self.job.spec.nnodes} node(s) x {self.job.spec.nproc_per_node} "
                 f"process(es), run folder {self.remote_dir}",
-                f"# sbatch line: {shlex.join(self.argv)}",
-                *(f"# unknown: {u}" for u in self.unknown),
-                f"# {self.job.script_path}:"]
-        return "\n".join(head) + "\n" + self.script
+                *(f"unknown: {u}" for u in self.unknown), *(f"warning: {w}" for w in self.warnings)]
 
     def to_json(self) -> dict[str, Any]:
         return {"scheduler": "slurm", "login": self.login, "remote_dir": self.remote_dir, "workdir": self.workdir,
                 "sbatch": self.argv, "script": self.script, "gpu_flag": self.job.gpu_flag,
-                "cpus_per_task": self.job.cpus_per_task, "unknown": list(self.unknown),
+                "cpus_per_task": self.job.cpus_per_task, "unknown": list(self.unknown), "warnings": list(self.warnings),
                 "partition": self.job.request.partition, "time": self.job.request.time,
                 "requeue": requeue.plan_fields(self.job.request)}
 
@@ -68,27 +72,32 @@ class SlurmScheduler:
 
     def submit_dryrun(self, spec: RunSpec, conn: Connection | None) -> SlurmSubmit:
         """The exact submission (conn None: without asking the cluster, its facts named as unknown)."""
-        if spec.launcher != "torchrun":
-            raise SpecError(f"--launcher {spec.launcher}: a Slurm job starts torchrun on every node (srun); mpirun "
-                            "and spawn are not available with --provider slurm yet: drop --launcher")
+        refused = launcher_refusal(spec, self.request)
+        if refused:
+            raise SpecError(refused)
         refusal = requeue.refusal(spec, self.request)
         if refusal:
             raise SpecError(refusal)
-        if spec.extra_env:
-            raise SpecError("--env is not passed to Slurm jobs yet (its values would be written to the batch script "
-                            "on the shared file system): set them with --prelude 'export NAME=...' if they are not "
-                            "secret, or drop --env")
-        if conn is None:
-            job = SlurmJob(spec, self.request, f"{UNPROBED_WORKDIR}/runs/{spec.run_id}", gpu_flag=None)
-            unknown = ("the partition, its GPUs and MaxTime, the workdir and torch (not probed: --no-probe)",)
-            return SlurmSubmit(job, batch_script(job), UNPROBED_WORKDIR, self.login, unknown)
+        if spec.withheld_env:
+            raise SpecError(f"the values of --env {', '.join(spec.withheld_env)} were not stored (run.json and "
+                            "sweep.json keep names only): give --env NAME=VALUE for each again")
+        warning = requeue.handler_warning(spec, self.request, Path.cwd())
+        warnings = (warning,) if warning else ()
+        if conn is None:  # the GPU request as a cons_tres cluster takes it; the probe decides it for the cluster
+            job = SlurmJob(spec, self.request, f"{UNPROBED_WORKDIR}/runs/{spec.run_id}", gpu_flag=GPUS_PER_NODE)
+            unknown = ("the partition, its GPUs and MaxTime, the workdir and torch (not probed: --no-probe); the GPU "
+                       "request is --gpus-per-node where Slurm runs select/cons_tres, else --gres=gpu:N, and on a "
+                       "CPU-only partition --cpus-per-task=N instead",)
+            return SlurmSubmit(job, batch_script(job), UNPROBED_WORKDIR, self.login, unknown, warnings)
         facts = cluster.read_facts(conn, spec, self.request)
         has_gpus = any(facts.partition.gpus_per_node)
         gpu_flag = (GPUS_PER_NODE if facts.select_type.endswith("cons_tres") else GRES) if has_gpus else None
         request = self.request if self.request.partition else _with_partition(self.request, facts.partition.name)
         job = SlurmJob(spec, request, f"{facts.workdir}/runs/{spec.run_id}", gpu_flag=gpu_flag,
-                       cpus_per_task=None if has_gpus else spec.nproc_per_node)
-        submit = SlurmSubmit(job, batch_script(job), facts.workdir, self.login)
+                       cpus_per_task=None if has_gpus or spec.launcher == "mpirun" else spec.nproc_per_node)
+        default = cluster.default_gpus_note(spec, self.request, facts.partition)
+        submit = SlurmSubmit(job, batch_script(job), facts.workdir, self.login,
+                             warnings=warnings + ((default,) if default else ()))
         _test_only(conn, submit)
         return submit
 
@@ -113,11 +122,35 @@ class SlurmScheduler:
             return status_from_sacct(job_id, acct.stdout.strip().splitlines()[0])
         return JobStatus(job_id, "UNKNOWN", reason=_last_line(result.stderr or acct.stderr))
 
+    def allocation_spans(self, conn: Connection, job_id: str) -> list[tuple[float, float]] | None:
+        """Each allocation's (start, end) of a job, requeued ones included (`sacct --duplicates`), from the
+        cluster's accounting; None where there is none (sacct refuses or answers nothing)."""
+        acct = conn.run(["sacct", "-j", job_id, "-X", "-D", "-n", "-P", "-o", "Start,End"],
+                        timeout=cluster.QUERY_TIMEOUT)
+        if not acct.ok:
+            return None
+        spans = []
+        for line in acct.stdout.splitlines():
+            start, _, end = line.strip().partition("|")
+            began, ended = _clock(start), _clock(end)
+            if began is not None and ended is not None:
+                spans.append((began, ended))
+        return spans or None
+
     def cancel(self, conn: Connection, job_id: str) -> None:
         """scancel: Slurm sends SIGTERM to every task, then SIGKILL after the cluster's KillWait."""
         result = conn.run(["scancel", job_id], timeout=cluster.QUERY_TIMEOUT)
         if not result.ok:
             raise HostError(conn.label, f"scancel {job_id} failed: {_last_line(result.stderr)}")
+
+
+def launcher_refusal(spec: RunSpec, request: SlurmRequest) -> str:
+    """Why the spec's --launcher cannot run as a Slurm job (empty: it can)."""
+    if spec.launcher != "torchrun" and request.requeue:
+        return (f"--requeue with --launcher {spec.launcher}: the time limit's signal is passed on to torchrun's "
+                "workers only; your script's own processes would not get it: drop --requeue, or run the script "
+                "under torchrun")
+    return ""
 
 
 def _with_partition(request: SlurmRequest, partition: str) -> SlurmRequest:

@@ -1,0 +1,50 @@
+"""`--launcher mpirun` as a Slurm job: the batch shell runs Open MPI's mpirun inside the allocation, which starts its
+daemons on the other nodes through srun itself (its Slurm support: plm/ras slurm) and --gpus ranks on every node; the
+job asks for --gpus tasks per node, so each node's slots are its ranks. Built from the spec by pure functions and
+tested as text, like the torchrun job (batch_script.py).
+
+Every node's folder is made by the batch shell (the file system is shared): `nodes/<k>/` with its copy of the code,
+out/ and logs/, as on hosts. Each rank finds its node's folder from its rank (`--map-by ppr:P:node` puts ranks
+kP..kP+P-1 on the allocation's k-th node) and runs there with the join hook first on its path; mpirun's own output
+goes to node 0's logs/mpirun/attempt_0/0/ (launcher/remote/mpirun.sh, beside the batch script as MPIRUN_FILE)."""
+
+from __future__ import annotations
+
+import shlex
+
+from launcher.spec.launchers import HOOK_DIR, JOIN_DIR_ENV, JOINED_DIR, NNODES_ENV, NODE_RANK_ENV
+from launcher.spec.run_spec import RunSpec
+from launcher.spec.torchrun import mpi_command
+
+MPIRUN_FILE = "mpirun.sh"
+
+# Run by every rank (bash -c RANK_SCRIPT ddpctl-rank COMMAND...): its node's folder, variables and code.
+RANK_SCRIPT = ('node=$((OMPI_COMM_WORLD_RANK / DDPCTL_NPROC)); ws="$DDPCTL_RUN/nodes/$node"; '
+               f'export DDPCTL_OUTPUT_DIR="$ws/out" {NODE_RANK_ENV}="$node" {JOIN_DIR_ENV}="$ws/logs/{JOINED_DIR}" '
+               f'PYTHONPATH="$DDPCTL_RUN/{HOOK_DIR}:$ws/code${{PYTHONPATH:+:$PYTHONPATH}}"; '
+               'cd "$ws/code" && exec "$@"')
+
+
+def mpirun_argv(spec: RunSpec) -> list[str]:
+    """mpirun's options and the ranks' command: P ranks on each of the allocation's nodes, no binding (the
+    script's threads use the task's CPUs)."""
+    ranks = spec.nnodes * spec.nproc_per_node
+    return ["mpirun", "-np", str(ranks), "--map-by", f"ppr:{spec.nproc_per_node}:node", "--bind-to", "none",
+            "bash", "-c", RANK_SCRIPT, "ddpctl-rank", *mpi_command(spec)]
+
+
+def run_lines(spec: RunSpec) -> list[str]:
+    """The batch script's lines after the common part: the nodes' folders, then mpirun and its status kept."""
+    last = spec.nnodes - 1
+    return [
+        "# --launcher mpirun: every node's folder here (shared file system), then Open MPI's mpirun, which starts",
+        f"# its daemons on the other nodes through srun and {spec.nproc_per_node} rank(s) on each node.",
+        f'for k in $(seq 0 {last}); do mkdir -p "nodes/$k/out" "nodes/$k/logs" && rm -rf "nodes/$k/code" && '
+        'cp -R code "nodes/$k/code"; done',
+        f'export DDPCTL_RUN="$PWD" DDPCTL_NPROC={spec.nproc_per_node} {NNODES_ENV}={spec.nnodes}',
+        "code=0",
+        f'sh "$PWD/{MPIRUN_FILE}" nodes/0/logs {" ".join(shlex.quote(w) for w in mpirun_argv(spec))} '
+        '> nodes/0/torchrun.out 2>&1 < /dev/null || code=$?',
+        'echo "$code" > nodes/0/exit_code.tmp && mv nodes/0/exit_code.tmp nodes/0/exit_code',
+        'exit "$code"',
+    ]
