@@ -136,11 +136,10 @@ def report_command(
 
 
 def _print_table(rows: Any) -> None:
-    from rich.console import Console
-
+    from launcher.cli.table_output import table_console
     from launcher.results.report import render_terminal
 
-    Console().print(render_terminal(rows))
+    table_console().print(render_terminal(rows))
 
 
 @takes_options(WHERE_OPTIONS, VAST_OPTIONS, SLURM_OPTIONS)
