@@ -156,7 +156,7 @@ def describe_event(event: dict[str, Any]) -> str | None:
         "world_measured": lambda: (f"world measured: {event.get('processes')} process(es), world size "
                                    f"{event.get('world_size') or 'not one world'}" if event.get("measured")
                                    else "world not measured (no process recorded joining a process group)"),
-        "pull_failed": lambda: f"pull failed: {event.get('error')}",
+        "pull_failed": lambda: f"pull failed: {_pull_reason(event.get('error'))}",
         "interrupted": lambda: f"interrupted: {event.get('reason')}",
         "stop_abandoned": lambda: "the stop was abandoned: nodes may still be running",
         "pull_abandoned": lambda: "the pull was abandoned",
@@ -170,6 +170,14 @@ def describe_event(event: dict[str, Any]) -> str | None:
     details = ", ".join(f"{k} {v}" for k, v in sorted(event.items()) if k not in ("event", "time", "node")
                         and isinstance(v, (str, int, float)) and len(str(v)) <= 80)
     return where + kind.replace("_", " ") + (f" ({details})" if details else "")
+
+
+def _pull_reason(error: object) -> str:
+    """A pull's error in words: paramiko's "Server connection dropped: " says nothing after its colon."""
+    text = " ".join(str(error or "").split()).removesuffix(":")
+    if text == "Server connection dropped":
+        return "the SSH connection dropped (the host's sshd ended or the network failed)"
+    return text or "no reason given"
 
 
 def _listed(values: object) -> str:

@@ -52,3 +52,4 @@ def test_a_key_changed_on_node_1_stops_node_0_and_names_both(bed: Testbed, tmp_p
             for pid in [int(entry.split()[0]) for entry in running_processes(host).splitlines()]:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)  # nothing left behind, whatever failed above
+
