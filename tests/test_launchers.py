@@ -103,19 +103,22 @@ def test_a_spawn_script_under_torchrun_is_refused_naming_the_line_and_the_launch
 
 @pytest.mark.integration
 @SCRIPT_PORT
-def test_chosen_torchrun_with_a_spawn_script_warns_before_and_after_with_the_measured_world(tmp_path: Path) -> None:
+def test_chosen_torchrun_with_a_spawn_script_warns_before_and_fails_after_with_the_measured_world(
+        tmp_path: Path) -> None:
     """The issue's `--gpus 1` case, with torchrun chosen outright: a warning first, then the world that ran (2
-    processes, not the planned 1) in a warning with the measured numbers; never a silent "world size 1"."""
+    processes, more than the planned 1) fails the run in one line naming both worlds and `--launcher spawn`."""
     project = write_scripts(tmp_path / "project")
     result = ddpctl(project, "up", "--launcher", "torchrun", "--gpus", "1", "--runs-dir", "runs",
                     "--", "python", "spawn_localhost.py")
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 1, result.stderr
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
-    assert len(warnings) == 2, result.stderr
+    assert len(warnings) == 1, result.stderr
     assert "starts its own processes" in warnings[0] and "--launcher spawn" in warnings[0]
-    assert "has 2 processes, not the planned 1" in warnings[1]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: the world that ran has 2 processes, more than the planned 1"), last
+    assert "`--launcher spawn`" in last
     summary = json.loads((only_run(project / "runs") / "summary.json").read_text())
-    assert summary["world_size"] == 2 and summary["processes"] == 2
+    assert summary["world_size"] == 2 and summary["processes"] == 2 and summary["world_failed"] is True
 
 
 @pytest.mark.integration

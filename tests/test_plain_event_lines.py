@@ -19,6 +19,11 @@ REPRS = re.compile(r"[\[\]{}]|\b(None|True|False)\b")
     ({"event": "stopping", "nodes": [0, 2], "reason": "a node failed"}, "stopping node(s) 0, 2: a node failed"),
     ({"event": "pulled", "node": 0, "verified": 0, "not_pulled": []}, "node 0: nothing came back (no file to pull)"),
     ({"event": "pulled", "node": 1, "verified": 12}, "node 1: results pulled, 12 file(s) verified"),
+    ({"event": "pull_failed", "node": 1, "error": "Server connection dropped: "},
+     "node 1: pull failed: the SSH connection dropped (the host's sshd ended or the network failed)"),
+    ({"event": "pull_failed", "node": 0, "error": ""}, "node 0: pull failed: no reason given"),
+    ({"event": "pull_failed", "node": 0, "error": "u@h: timed out\n  after 60 s"},
+     "node 0: pull failed: u@h: timed out after 60 s"),
 ])
 def test_event_lines_name_values_not_reprs(event: dict[str, Any], line: str) -> None:
     said = describe_event({"time": 1.0, **event})

@@ -76,11 +76,14 @@ def _joined(ranks: int, world: int, nodes: int) -> MeasuredWorlds:
     return MeasuredWorlds(tuple(JoinRecord("torch", r, world, r % nodes, "h", 0, None) for r in range(ranks)))
 
 
-def test_a_script_world_smaller_than_planned_fails_and_a_larger_one_warns() -> None:
+def test_a_script_world_smaller_or_larger_than_planned_fails() -> None:
     _, warning, failed = world_verdict(_joined(2, 2, 2), planned_nodes=2, planned_world=4)
     assert failed and warning is not None and "fewer than the planned 4" in warning
     _, warning, failed = world_verdict(_joined(4, 4, 2), planned_nodes=2, planned_world=2)
-    assert not failed and warning is not None and "--launcher spawn" in warning  # a script that spawns its own
+    assert failed and warning is not None  # a script that spawns its own: never a success in another world
+    assert "has 4 processes, more than the planned 2" in warning and "`--launcher spawn`" in warning
+    _, warning, failed = world_verdict(_joined(3, 3, 1), planned_nodes=1, planned_world=1)  # one node, odd size
+    assert failed and warning is not None and "has 3 processes, more than the planned 1" in warning
     assert world_verdict(_joined(2, 2, 2), planned_nodes=2, planned_world=2)[1:] == (None, False)
 
 

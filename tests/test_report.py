@@ -290,3 +290,25 @@ def test_a_script_run_whose_world_nobody_measured_is_left_out_not_given_the_plan
     assert f"warning: run {run_dir.path}: its world size was not measured" in err and "left out" in err
     report = json.loads((tmp_path / "both" / "report.json").read_text())
     assert [row["world_size"] for row in report["rows"]] == [1]  # ws1 alone; no row at the planned size 2
+
+
+def test_the_whole_table_goes_into_a_pipe_not_80_columns_of_it(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ddpctl report ... | less` (stdout not a terminal, COLUMNS=80 as a pipe's reader may have): every column
+    whole, none cut to an ellipsis, although the table is wider than 80 columns."""
+    write_run(tmp_path, "ws1", 1, cost=0.5)
+    write_run(tmp_path, "ws2", 2)
+    for name in ("summary.json", "run.json"):  # another lr and strategy: the table shows both columns
+        path = tmp_path / "ws2" / name
+        data = json.loads(path.read_text())
+        (data["spec"] if name == "run.json" else data)["lr"] = 0.02
+        if name == "run.json":
+            data["spec"]["strategy"] = "local-sgd"
+        path.write_text(json.dumps(data))
+    monkeypatch.setenv("COLUMNS", "80")
+    cli.main(["report", str(tmp_path / "ws1"), str(tmp_path / "ws2"), "--out", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.startswith(("1x1", "1x2"))]
+    assert rows[0][:5] == ["1x1", "ddp", "1", "32", "0.01"] and rows[0][-1] == "0.50"
+    assert rows[1][:5] == ["1x2", "local-sgd", "2", "64", "0.02"]
+    assert "…" not in out and max(len(line) for line in out.splitlines()) > 80

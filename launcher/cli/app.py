@@ -34,7 +34,7 @@ from launcher.cli.options import (
     declared_options,
     takes_options,
 )
-from launcher.cli.plan_option import save_plan_if_asked, up_saved_plan
+from launcher.cli.plan_option import check_saved_files_not_shipped, save_plan_if_asked, up_saved_plan
 from launcher.errors import DdpctlError, Interrupted, SpecError
 from launcher.execute.plain_progress import output_style, unstamped
 from launcher.results.progress import console, summary_table
@@ -119,6 +119,7 @@ def up(
     catch_stop_signals()  # SIGTERM and SIGHUP (the terminal closing) stop the run as Ctrl-C does, with an outcome
     with output_style(values["progress"]):  # plain time-stamped lines where stderr is not a terminal
         result = run_up(spec, replace(where, record=record))
+        check_saved_files_not_shipped(values, result)
         if values["save_config"] is not None:
             save_config(values["save_config"], values, declared)
         save_plan_if_asked(values, result)

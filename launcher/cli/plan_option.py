@@ -79,6 +79,27 @@ def up_scheduled_plan(path: Path, saved: dict[str, Any], values: dict[str, Any])
     return run_scheduled(spec, options, saved_script=script)
 
 
+def check_saved_files_not_shipped(values: dict[str, Any], result: UpResult) -> None:
+    """Refuse (before either is written) a --save-plan or --save-config file inside the folder the plan ships: it
+    would change the files whose digest the plan records, and `up --plan` would refuse them for ever."""
+    ship = result.plan.ship if result.plan is not None else None
+    if ship is None:
+        return
+    from launcher.transport.sync import ignore_spec  # paramiko: only a plan that ships gets here
+
+    source = Path(ship.source)
+    for option in ("save_plan", "save_config"):
+        if values.get(option) is None:
+            continue
+        target = Path(values[option]).resolve()
+        if not target.is_relative_to(source) or ignore_spec(source).match_file(str(target.relative_to(source))):
+            continue
+        raise SpecError(f"{flag_of(option)} {values[option]}: it is inside {source}, the folder this run ships to "
+                        "its hosts, so writing it would change the files the plan records (`up --plan` would then "
+                        f"refuse them): write it outside, e.g. {flag_of(option)} ../{target.name}, or add "
+                        f"{target.relative_to(source)} to {source / '.ddpctlignore'}")
+
+
 def save_plan_if_asked(values: dict[str, Any], result: UpResult) -> None:
     """--save-plan: the plan the dry run printed, written to the file (refused without --dry-run)."""
     if values["save_plan"] is not None and result.scheduled_plan is not None:

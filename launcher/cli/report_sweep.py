@@ -133,11 +133,10 @@ def report_command(
 
 
 def _print_table(rows: Any) -> None:
-    from rich.console import Console
-
+    from launcher.cli.table_output import table_console
     from launcher.results.report import render_terminal, script_lines
 
-    Console().print(render_terminal(rows))
+    table_console().print(render_terminal(rows))
     for line in script_lines(rows):  # a script's row: what its time measured, what it logged
         typer.echo(line)
 

@@ -7,10 +7,10 @@ import sys
 from typing import TYPE_CHECKING
 
 import typer
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from launcher.cli.table_output import table_console
 from launcher.providers.vast.apikey import save_api_key, vast_client
 from launcher.providers.vast.errors import ApiKeyMissing
 
@@ -69,7 +69,7 @@ def offers(
         typer.echo(json.dumps([{**_offer_json(o, disk), **({"excluded": why} if explain else {})}
                                for o, why in explained], indent=2))
         return
-    console = Console()
+    console = table_console()  # the whole table into a pipe, not 80 columns of it
     if not found:
         console.print("no offers match; relax --gpu-name/--max-price/--min-reliability")
         return

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.errors import DdpctlError
+from launcher.errors import DdpctlError, HostsFailed
 from launcher.execute.plain_progress import plain_output, stamp
 from launcher.results.rundir import RunDir
 
@@ -215,6 +215,30 @@ def pull_after_run(run_dir: RunDir, pull: Callable[[], Any]) -> None:
         from launcher.errors import Interrupted
 
         raise Interrupted(text) from None
+    except HostsFailed as e:  # the nodes have ended: the training's outcome is known, only the copy is missing
+        text = f"{_how_it_ended(run_dir)}, but the pull did not: {_pull_reasons(e)}; `ddpctl pull {run_dir.run_id}` " \
+               f"fetches what the nodes wrote into {run_dir.path} once the host answers again"
+        _record(run_dir, Outcome(text, stopped=True, pulled=False))
+        raise DdpctlError(text) from None
+
+
+def _how_it_ended(run_dir: RunDir) -> str:
+    """What the `finished` event says of the nodes' exit statuses, as the first half of the pull's outcome."""
+    finished = [e for e in run_dir.events() if e.get("event") == "finished"]
+    codes = finished[-1].get("exit_codes") if finished else None
+    if isinstance(codes, list) and codes and all(code == 0 for code in codes):
+        return "the training finished on every node (exit status 0)"
+    if isinstance(codes, list) and codes:
+        return f"the run ended on every node (exit statuses {', '.join(str(c) for c in codes)})"
+    return "the run ended on every node"
+
+
+def _pull_reasons(error: HostsFailed) -> str:
+    """The failing hosts' lines of a HostsFailed, on one line; a reason left empty (paramiko's "Server connection
+    dropped: ") said in words."""
+    lines = [" ".join(line.split()) for line in str(error).splitlines()[1:]] or [" ".join(str(error).split())]
+    return "; ".join(line.replace("Server connection dropped:", "the SSH connection dropped (the host's sshd "
+                                  "ended or the network failed)").rstrip(": ") for line in lines)[:600]
 
 
 def _not_stopped(run_dir: RunDir) -> list[str]:

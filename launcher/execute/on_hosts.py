@@ -229,7 +229,9 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
                 run_dir.event("host_key_refused", node=index, error=refusal)
                 raise DdpctlError(f"{refusal}; ddpctl no longer talks to node {index}, so the run goes on there "
                                   f"unseen: check the host, then `ddpctl status {run_dir.run_id}`, "
-                                  f"`ddpctl down {run_dir.run_id}`")
+                                  f"`ddpctl down {run_dir.run_id}`; "
+                                  + others_stopped(session, run_dir, [i for i in range(len(labels))
+                                                                       if i not in key_changes]))
             stopped_outside = outside_stop(  # `ddpctl down`; a deleted workspace, its node stopped by its marks
                 run_dir, states, labels, lambda gone: [o.value if o.error is None else o.error
                                                        for o in stop_nodes(session, facts, gone)])
@@ -275,6 +277,19 @@ def follow(session: HostSession, run_dir: RunDir, show_progress: bool = True,
     codes = [s.exit_code if s and s.exit_code is not None else 1 for s in states]
     run_dir.event("finished", exit_codes=codes)
     return cause_exit_code(cause, codes)
+
+
+def others_stopped(session: HostSession, run_dir: RunDir, reachable: list[int]) -> str:
+    """Stop the nodes ddpctl still talks to when it must leave one (its host key changed): what was done, in words
+    (a healthy node left training for a run that has lost its watcher is a node nobody stops)."""
+    if not reachable:
+        return "no other node runs"
+    errors = stop_nodes_of(session, run_dir, reachable)
+    stopped = [session.label_of(i) for i in reachable if i not in errors]
+    said = [f"stopped the other node(s) ({', '.join(stopped)}); `ddpctl pull {run_dir.run_id}` fetches what they "
+            "wrote"] if stopped else []
+    said += [f"could not stop node {i} ({session.label_of(i)}: {why}): it may still run" for i, why in errors.items()]
+    return "; ".join(said)
 
 
 def pull_run(session: HostSession, run_dir: RunDir) -> list[dict[str, Any]]:

@@ -161,7 +161,7 @@ def describe_event(event: dict[str, Any]) -> str | None:
         "stopped": lambda: "stopped" + (f" (exit status {event['exit_code']})" if "exit_code" in event else ""),
         "pulled": lambda: (f"results pulled, {event['verified']} file(s) verified" if event.get("verified")
                            else "nothing came back (no file to pull)"),
-        "pull_failed": lambda: f"pull failed: {event.get('error')}",
+        "pull_failed": lambda: f"pull failed: {_pull_reason(event.get('error'))}",
         "interrupted": lambda: f"interrupted: {event.get('reason')}",
         "stop_abandoned": lambda: "the stop was abandoned: nodes may still be running",
         "pull_abandoned": lambda: "the pull was abandoned",
@@ -176,6 +176,14 @@ def describe_event(event: dict[str, Any]) -> str | None:
                         and isinstance(v, (str, int, float)) and len(str(v)) <= 80
                         and v not in ("", "None"))  # Slurm says "None" for no reason: nothing to tell
     return where + kind.replace("_", " ") + (f" ({details})" if details else "")
+
+
+def _pull_reason(error: object) -> str:
+    """A pull's error in words: paramiko's "Server connection dropped: " says nothing after its colon."""
+    text = " ".join(str(error or "").split()).removesuffix(":")
+    if text == "Server connection dropped":
+        return "the SSH connection dropped (the host's sshd ended or the network failed)"
+    return text or "no reason given"
 
 
 def _listed(values: object) -> str:

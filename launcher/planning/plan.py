@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -139,23 +140,32 @@ class RunPlan:
             raise PlanError(f"it was made by a newer ddpctl ({data.get('ddpctl')}, plan version "
                             f"{data['plan_version']}; this one, {launcher.__version__}, reads up to {PLAN_VERSION}): "
                             "make it again with this ddpctl's `up --dry-run --save-plan`")
+        if data["plan_version"] < PLAN_VERSION:
+            raise PlanError(f"it was made by an older ddpctl (plan version {data['plan_version']}; this one reads "
+                            f"version {PLAN_VERSION}): make it again with this ddpctl's `up --dry-run --save-plan`")
         try:
             ship = data["ship"]
             plan = cls(
                 spec=RunSpec.from_json(_typed(data, "spec", dict)),
-                nodes=tuple(_node_from_json(n) for n in _typed(data, "nodes", list)),
+                nodes=tuple(_node_from_json(n, f"nodes[{i}].") for i, n in enumerate(_typed(data, "nodes", list))),
                 runtime=_typed(data, "runtime", str), image=data["image"], pull_image=_typed(data, "pull_image", bool),
                 unknown=tuple(_typed(data, "unknown", list)),
                 node_facts=tuple(HostFacts.from_json(f) for f in _typed(data, "node_facts", list)),
                 rdzv_addr=data["rdzv_addr"],
-                ship=None if ship is None else Shipment(ship["source"], ship["dest"], ship["digest"], ship["image_id"]),
+                ship=None if ship is None else Shipment(_typed(ship, "source", str, "ship."),
+                                                        _typed(ship, "dest", str, "ship."),
+                                                        _typed(ship, "digest", str, "ship."), ship["image_id"]),
             )  # fmt: skip
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise PlanError(f"it is malformed ({type(e).__name__}: {e})") from None
+        except KeyError as e:
+            raise PlanError(f"it is malformed: its field {e.args[0]!r} is missing") from None
+        except (TypeError, ValueError, AttributeError) as e:
+            raise PlanError(f"it is malformed: {_spec_field_problem(data.get('spec')) or e}") from None
         except SpecError as e:
             raise PlanError(f"its spec is not valid: {e}") from None
-        if plan.to_json() != {**data, "ddpctl": launcher.__version__}:
-            raise PlanError("it is malformed: it does not read back as written (a field of the wrong type or shape)")
+        difference = _spec_field_problem(data["spec"]) or _difference({**data, "ddpctl": launcher.__version__},
+                                                                       plan.to_json())
+        if difference:
+            raise PlanError(f"it is malformed: {difference}")
         return plan
 
     def describe(self) -> str:
@@ -218,20 +228,61 @@ class NodeRuntime(Protocol):
         ...
 
 
-def _typed(data: dict[str, Any], key: str, kind: type) -> Any:
+def _difference(given: Any, written: Any, where: str = "") -> str | None:
+    """The first field where a plan file's JSON is not what ddpctl writes (`written`), named by its
+    path (`nodes[0].gpus`) with what it holds and what was expected; None when they agree."""
+    if isinstance(given, dict) and isinstance(written, dict):
+        for key in given:
+            if key not in written:
+                return f"it has a field {where}{key} that ddpctl does not write (remove it, or make the plan again)"
+        for key in written:
+            if key not in given:
+                return f"its field {where}{key} is missing"
+            found = _difference(given[key], written[key], f"{where}{key}.")
+            if found:
+                return found
+        return None
+    if isinstance(given, list) and isinstance(written, list) and len(given) == len(written):
+        for i, (a, b) in enumerate(zip(given, written, strict=True)):
+            found = _difference(a, b, f"{where[:-1]}[{i}].")
+            if found:
+                return found
+        return None
+    if given != written or type(given) is not type(written):
+        field = where[:-1] or "the plan"
+        return (f"its field {field} is {json.dumps(given)[:60]} ({type(given).__name__}), where ddpctl writes "
+                f"{type(written).__name__} values such as {json.dumps(written)[:60]}")
+    return None
+
+
+def _spec_field_problem(spec: Any) -> str | None:
+    """The first field of a plan's spec whose JSON type is not the one its declaration says (str, int, ...)."""
+    kinds: dict[str, tuple[type, ...]] = {"str": (str,), "int": (int,), "float": (float, int), "bool": (bool,)}
+    for name, declared in RunSpec.__dataclass_fields__.items():
+        kind = kinds.get(str(declared.type).removesuffix(" | None"))
+        value = spec.get(name) if isinstance(spec, dict) else None
+        if kind and value is not None and (type(value) not in kind or kind[0] is int and type(value) is bool):
+            return (f"its field spec.{name} is {json.dumps(value)[:60]} ({type(value).__name__}), where ddpctl "
+                    f"writes {kind[0].__name__}")
+    return None
+
+
+def _typed(data: dict[str, Any], key: str, kind: type, where: str = "") -> Any:
     value = data[key]
     if not isinstance(value, kind):
-        raise TypeError(f"{key} is {type(value).__name__}, not {kind.__name__}")
+        raise TypeError(f"its field {where}{key} is {type(value).__name__}, where ddpctl writes {kind.__name__}")
     return value
 
 
-def _node_from_json(data: dict[str, Any]) -> NodePlan:
-    host = NodeHost(_typed(data, "host", str), data["address"], data["iface"], _typed(data, "gpus", bool))
-    env = _typed(data, "env", dict)
-    return NodePlan(index=_typed(data, "index", int), host=host, runtime=_typed(data, "runtime", str),
-                    workspace=_typed(data, "workspace", str), command=tuple(_typed(data, "command", list)),
-                    env=tuple(env.items()), cwd=_typed(data, "cwd", str),
-                    secret_names=tuple(_typed(data, "secret_names", list)), display=_typed(data, "display", str))
+def _node_from_json(data: dict[str, Any], where: str) -> NodePlan:
+    def typed(key: str, kind: type) -> Any:
+        return _typed(data, key, kind, where)
+
+    host = NodeHost(typed("host", str), data["address"], data["iface"], typed("gpus", bool))
+    return NodePlan(index=typed("index", int), host=host, runtime=typed("runtime", str),
+                    workspace=typed("workspace", str), command=tuple(typed("command", list)),
+                    env=tuple(typed("env", dict).items()), cwd=typed("cwd", str),
+                    secret_names=tuple(typed("secret_names", list)), display=typed("display", str))
 
 
 def plan_local(spec: RunSpec, run_dir: str, cwd: str) -> RunPlan:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import math
+import os
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -166,7 +167,7 @@ def disk_shortfall(spec: RunSpec, free: int, where: str) -> str:
     held = min(int(_trainer_option(spec, "--keep-snapshots", 3)), math.ceil(spec.epochs / spec.save_every))
     return (f"needs {_mib(planned_disk_bytes(spec))} free in {where} for {held} snapshot(s) of "
             f"{_mib(snapshot_bytes(spec))} and logs, but {_mib(free)} is free: free some space there, keep fewer "
-            "snapshots (--keep-snapshots) or save less often (--save-every)")
+            "snapshots (`--trainer-arg=--keep-snapshots=1`) or save less often (--save-every)")
 
 
 def check_local_disk(spec: RunSpec, run_path: Path) -> None:
@@ -175,9 +176,15 @@ def check_local_disk(spec: RunSpec, run_path: Path) -> None:
     while not where.is_dir() and where.parent != where:
         where = where.parent
     try:
-        free = shutil.disk_usage(where).free
+        free, on_disk = shutil.disk_usage(where).free, os.statvfs(where)
     except OSError:
         return
+    if on_disk.f_blocks == 0:  # proc, sysfs, cgroup: no room is no shortage of space
+        raise DdpctlError(f"--runs-dir {run_path.parent}: {where} is a kernel file system (as /proc and /sys are), "
+                          "not a disk: pass --runs-dir on a disk, e.g. --runs-dir runs")
+    if on_disk.f_flag & os.ST_RDONLY:
+        raise DdpctlError(f"--runs-dir {run_path.parent}: {where} is on a read-only file system: pass --runs-dir "
+                          "on a writable disk, e.g. --runs-dir runs")
     if free < planned_disk_bytes(spec):
         raise DdpctlError(f"--runs-dir {run_path.parent}: this run {disk_shortfall(spec, free, str(where))}, or "
                           "pass --runs-dir on a disk with room")

@@ -47,7 +47,35 @@ def parse_host(text: str) -> HostSpec:
     port = int(m["port"]) if m["port"] else None
     if port is not None and not 1 <= port <= 65535:
         raise SpecError(f"--host {text!r}: port {port} is out of range 1-65535")
+    problem = host_name_problem(m["host"])
+    if problem:
+        raise SpecError(f"--host {text!r}: {problem}; give it as [user@]host[:port] or an ssh config alias")
     return HostSpec(text=text, hostname=m["host"].strip("[]"), user=m["user"], port=port)
+
+
+def host_name_problem(name: str) -> str | None:
+    """What makes `name` neither a host name (RFC 1123 labels; `_` allowed, as ssh config aliases use it), an IPv4
+    address nor a bracketed IPv6 address, in a few words; None when it is one. One place for every host a user
+    names, so that `..` or `10.0.0.300` is named here, not as a resolver's codec error later."""
+    if name.startswith("["):
+        return None if _is_ipv6(name.strip("[]")) else f"{name} is not an IPv6 address"
+    if re.fullmatch(r"[0-9.]+", name) and re.search(r"[0-9]", name):
+        try:
+            ipaddress.IPv4Address(name)
+        except ValueError:
+            return f"{name} is not an IPv4 address (four numbers 0-255, e.g. 10.0.0.2)"
+        return None
+    labels = name[:-1].split(".") if name.endswith(".") and len(name) > 1 else name.split(".")
+    if len(name) > 253:
+        return f"the host name is {len(name)} characters long, more than DNS allows (253)"
+    for label in labels:
+        if not label:
+            return f"{name} has an empty part between dots"
+        if len(label) > 63:
+            return f"{name}: its part {label[:20]}... is longer than 63 characters"
+        if label.startswith("-") or label.endswith("-"):
+            return f"{name}: its part {label} starts or ends with '-'"
+    return None
 
 
 def _bare_ipv6_hint(text: str) -> str | None:

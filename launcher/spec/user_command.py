@@ -7,6 +7,7 @@ import os
 import re
 
 from launcher.errors import SpecError
+from launcher.spec.command_wrappers import inner_commands
 from launcher.spec.launchers import MPI_INSTEAD
 
 # The options that only reach our trainer's argv (spec/torchrun.py: trainer_argv and strategy_argv, and the
@@ -35,38 +36,74 @@ def _is_python(word: str) -> bool:
     return re.fullmatch(r"python[0-9.]*", os.path.basename(word)) is not None
 
 
-def launcher_in(command: tuple[str, ...]) -> str | None:
-    """The launcher `command` starts (as the user would name it), or None when it starts none."""
+# Python's own options that take a value (`-X dev`, `-W ignore`): the word after them is not the script.
+PYTHON_OPTIONS_WITH_VALUE = "XWQ"
+
+
+def _python_module(args: tuple[str, ...]) -> str | None:
+    """The module `python ARGS` runs with -m (python's own options looked through, `-um mod` and `-mmod` too), or
+    None when it runs a script, `-c` code or stdin."""
+    i = 0
+    while i < len(args):
+        word = args[i]
+        if word == "--check-hash-based-pycs":
+            i += 2
+            continue
+        if not word.startswith("-") or word in ("-", "--"):
+            return None  # the script (or stdin): what follows is its own arguments
+        for j, letter in enumerate(word[1:], start=1):
+            rest = word[j + 1:]
+            if letter == "m":
+                return rest or (args[i + 1] if i + 1 < len(args) else "")
+            if letter == "c":
+                return None
+            if letter in PYTHON_OPTIONS_WITH_VALUE:
+                i += 0 if rest else 1
+                break
+        i += 1
+    return None
+
+
+def _launcher_of(command: tuple[str, ...]) -> str | None:
+    """The launcher `command` itself starts (as the user would name it), wrappers not looked through."""
     if not command:
         return None
     program = os.path.basename(command[0])
     if program in LAUNCHER_PROGRAMS or program in MPI_PROGRAMS:
         return " ".join([program, *command[1:2]]) if program == "accelerate" else program
     if _is_python(program):
-        for i, word in enumerate(command[1:], start=1):
-            if word == "-m":
-                module: str | None = command[i + 1] if i + 1 < len(command) else ""
-            else:
-                module = word[2:] if word.startswith("-m") else None
-            if module is None:
-                if not word.startswith("-"):
-                    return None  # the script: what follows is its own arguments
-                continue
-            if module in LAUNCHER_MODULES or module.split(".")[0] in ("accelerate", "deepspeed"):
-                return f"{program} -m {module}"
-            return None
+        module = _python_module(command[1:])
+        if module is not None and (module in LAUNCHER_MODULES or module.split(".")[0] in ("accelerate", "deepspeed")):
+            return f"{program} -m {module}"
     return None
 
 
+def found_launcher(command: tuple[str, ...]) -> tuple[str, str] | None:
+    """The launcher `command` starts, directly or through wrappers (`env`, `nice`, `sh -c '...'`), as the pair
+    (its name, how the user's command reaches it: `env torchrun`, `sh -c 'torchrun`), or None when it starts none."""
+    for how, inner in inner_commands(command):
+        launcher = _launcher_of(inner)
+        if launcher is not None:
+            return launcher, how + launcher
+    return None
+
+
+def launcher_in(command: tuple[str, ...]) -> str | None:
+    """The launcher `command` starts (as the user would name it, with its wrappers), or None when it starts none."""
+    found = found_launcher(command)
+    return None if found is None else found[1]
+
+
 def check_user_command(command: tuple[str, ...], trainer_flags: list[str]) -> None:
-    """Refuse a `-- CMD` that starts another launcher, and our trainer's options given with it (`trainer_flags`:
-    the command-line spelling of those the user gave)."""
-    launcher = launcher_in(command)
-    if launcher in MPI_PROGRAMS:
-        raise SpecError(f"`-- {launcher} ...` would start a whole MPI job inside each of ddpctl's workers: "
-                        f"{MPI_INSTEAD}")
-    if launcher is not None:
-        raise SpecError(f"`-- {launcher} ...` would start a second launcher inside ddpctl's torchrun: {INSTEAD}")
+    """Refuse a `-- CMD` that starts another launcher (also wrapped: `env torchrun`, `sh -c 'torchrun ...'`), and
+    our trainer's options given with it (`trainer_flags`: the command-line spelling of those the user gave)."""
+    found = found_launcher(command)
+    if found is not None:
+        launcher, reached = found
+        shown = f"`-- {reached} ...'`" if "'" in reached else f"`-- {reached} ...`"
+        if launcher in MPI_PROGRAMS:
+            raise SpecError(f"{shown} would start a whole MPI job inside each of ddpctl's workers: {MPI_INSTEAD}")
+        raise SpecError(f"{shown} would start a second launcher inside ddpctl's torchrun: {INSTEAD}")
     if trainer_flags:
         names = ", ".join(trainer_flags)
         it = "it is" if len(trainer_flags) == 1 else "they are"

@@ -52,7 +52,8 @@ def read_ssh_config(path: Path) -> paramiko.SSHConfig:
     """The ssh config at `path` (nothing there: an empty one); a device, FIFO, directory or an unbounded file
     there is refused in one line (SpecError) before paramiko reads it."""
     try:
-        data = read_user_file(path, "the ssh config", SSH_CONFIG_MAX_BYTES, "give an ssh config file (--ssh-config)")
+        data = read_user_file(path, "the ssh config", SSH_CONFIG_MAX_BYTES,
+                              "make it a file of ssh_config(5) lines, or move it away")
     except (FileNotFoundError, NotADirectoryError):
         return paramiko.SSHConfig()
     return RawProxyCommandConfig.from_text(data.decode(errors="replace"))
