@@ -25,7 +25,8 @@ OTHER_PROGRAMS = {
     "--signal": "sbatch/scancel", "--env-file": "docker run", "--standalone": "torchrun", "--log-dir": "torchrun",
     "--redirects": "torchrun", "--local-addr": "torchrun", "--nproc": "torchrun's --nproc-per-node, mistyped",
     "--mem": "sbatch", "--gpus-per-node": "sbatch", "--ntasks-per-node": "srun", "--kill-on-bad-exit": "srun",
-    "--user": "docker run", "--help": "every command's own (click adds it)",
+    "--user": "docker run", "--help": "every command's own (click adds it)", "--cpus-per-task": "sbatch",
+    "--gres": "sbatch", "--logdir": "tensorboard", "--no-same-owner": "tar",
 }
 # An option typed after `=` is a value (`--trainer-arg=--keep-snapshots=1`: the trainer's, passed through).
 OPTION_IN_SPAN = re.compile(r"(?<![\w=-])(--[a-z][a-z0-9-]*)")
