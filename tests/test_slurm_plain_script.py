@@ -109,9 +109,13 @@ def test_a_plain_script_gets_env_a_measured_world_and_a_timeout_that_names_the_s
     assert chained["end"].startswith(f"job {chain_job} COMPLETED (exit 0:0) after {chained['allocations']} "), chained
     assert chained["allocations"] >= 2 and chained["requeues"] == chained["allocations"] - 1
     assert chained["trained_seconds"] > 0 and chained["cpu_hours"] > 0
-    finished = [line for line in stdout_of(chain_run).splitlines() if f"finished at step {STEPS}" in line]
-    assert len(finished) == 2, stdout_of(chain_run)
-    steps = json.loads(finished[0].split("allocations' steps ")[1])
+    finished = [json.loads(line.split("allocations' steps ")[1]) for line in stdout_of(chain_run).splitlines()
+                if f"finished at step {STEPS}" in line]
+    # The last allocation's lines (both ranks) hold every allocation's steps. A signal that came as the script
+    # finished requeues it once more (the batch shell cannot tell a finished script from one that stopped for the
+    # signal): that allocation resumes at the end and trains nothing, which loses and repeats no step.
+    steps = max(finished, key=len)
+    assert finished.count(steps) == 2, stdout_of(chain_run)
     # Every allocation went on from where the one before stopped: no step lost or done twice.
     assert len(steps) == chained["allocations"] and steps[0][0] == 0 and steps[-1][1] == STEPS
     assert all(before[1] == after[0] for before, after in zip(steps, steps[1:], strict=False))
