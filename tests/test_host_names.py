@@ -51,3 +51,21 @@ def test_a_dry_run_without_probing_refuses_it_too(tmp_path: Path) -> None:
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("error: --host '..@..': .. has an empty part between dots"), line
     assert "idna" not in result.stderr and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(("given", "said"), [
+    ("10.0.0.300", "error: --rdzv-addr: 10.0.0.300 is not an IPv4 address"),
+    ("node..0", "error: --rdzv-addr: node..0"),
+])
+def test_a_rendezvous_address_is_checked_as_hosts_are(tmp_path: Path, given: str, said: str) -> None:
+    result = ddpctl_in_process("up", "--dry-run", "--no-probe", "--host", "a@h1", "--host", "h2", "--rdzv-addr", given,
+                               cwd=tmp_path)
+    assert result.returncode == 1 and result.stderr.startswith(said), result.stderr
+    assert not (tmp_path / "runs").exists()  # refused before anything was written
+
+
+def test_a_rendezvous_address_that_is_one_is_planned(tmp_path: Path) -> None:
+    result = ddpctl_in_process("up", "--dry-run", "--no-probe", "--host", "a@h1", "--host", "h2", "--rdzv-addr",
+                               "10.0.0.3", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "--rdzv-endpoint 10.0.0.3:" in result.stdout

@@ -24,7 +24,7 @@ from launcher.places.slurm import NOT_SLURM as NOT_SLURM
 from launcher.places.slurm import SLURM_ONLY as SLURM_ONLY
 from launcher.places.vast import VAST_ONLY as VAST_ONLY
 from launcher.planning.request import UpOptions
-from launcher.spec.hosts import HostSpec, parse_hosts
+from launcher.spec.hosts import HostSpec, host_name_problem, parse_hosts
 from launcher.spec.launchers import check_script
 from launcher.spec.run_spec import DEFAULT_RDZV_PORT, RunSpec, check_port, new_run_id
 from launcher.spec.script_look import look
@@ -95,6 +95,9 @@ def where_options(values: dict[str, Any], given: list[str], *, show_progress: bo
     if values.get("check_bandwidth") and (not place_named(provider).hosts_per_node or len(hosts) < 2):
         raise SpecError("--check-bandwidth measures the network between SSH hosts: give two --host or more")
     parse_env(values["env"])
+    rdzv_problem = values["rdzv_addr"] and host_name_problem(values["rdzv_addr"])
+    if rdzv_problem:
+        raise SpecError(f"--rdzv-addr: {rdzv_problem}; give node 0's address as the other nodes reach it")
     return UpOptions(
         runs_dir=check_runs_dir(values["runs_dir"]), hosts=hosts, runtime=runtime, show_progress=show_progress,
         dry_run=dry_run, detach=bool(values.get("detach")), allow_public_rendezvous=values["allow_public_rendezvous"],
