@@ -197,8 +197,10 @@ def test_a_detached_local_run_outlives_the_terminal_it_was_started_from_and_fini
         os.killpg(shell.pid, signal.SIGKILL)
         shell.wait()
         assert status_row(runs)["state"] in ("running", "finished")
-        row = wait_for("the detached run to finish", lambda: (r := status_row(runs))["state"] != "running" and r,
-                       timeout=300, every=1.0)
+        # Its torchrun gone and its summary written, the run reads "finished" a moment before its follower records
+        # the exit status: wait for that too.
+        row = wait_for("the detached run to finish", lambda: (r := status_row(runs))["state"] != "running"
+                       and r["exit_code"] is not None and r, timeout=300, every=1.0)
         assert row["state"] == "finished" and row["exit_code"] == 0 and row["epoch"] == 20
         summary = json.loads((run / "summary.json").read_text())
         assert summary["epochs"] == 20 and summary["world_size"] == 2

@@ -17,7 +17,6 @@ from launcher.execute.local_checks import FirstStepWatch, check_cpu_processes, c
 from launcher.execute.local_state import run_mark
 from launcher.execute.outside_stops import DOWN_EVENT
 from launcher.execute.plain_progress import run_progress
-from launcher.execute.stacks import stall_verdict
 from launcher.execute.stall_watch import StallWatch
 from launcher.planning.mpi_check import check_local_mpi
 from launcher.planning.plan import RunPlan, plan_local
@@ -157,7 +156,7 @@ def run_local(plan: RunPlan, run_dir: RunDir, show_progress: bool = True, show_o
         first_step = FirstStepWatch(out_path)
         node_watch = RunWatch.for_run([node.host.label], run_dir)  # hangs, low disk, the first rank failure
         stall = StallWatch(run_dir, FreshestProgress(1), stall_timeout,  # --stall-timeout, as on hosts
-                           lambda: stall_verdict(run_dir, None, [str(run_dir.path)]))
+                           lambda: _local_stall_verdict(run_dir))
         with run_progress([node.host.label], enabled=show_progress) as progress:
             live = LiveOutput(run_dir, progress, show_output)  # rank 0's output, a script's progress, restarts
             while proc.poll() is None:
@@ -207,3 +206,11 @@ def _stop(proc: subprocess.Popen[bytes], run_dir: RunDir) -> None:
     SIGKILL after a grace period. The pid is still torchrun's: it is not reaped until proc.wait."""
     stop_processes(proc.pid, workspace_path(str(run_dir.path)), STOP_GRACE_SECONDS)
     proc.wait(timeout=10.0)
+
+
+def _local_stall_verdict(run_dir: RunDir) -> str:
+    """Where every rank of a stalled local run is (its stacks, taken here); imported only then: the stacks' module
+    brings SSH's (paramiko), which a local run does not need (tests/test_launcher_alone.py)."""
+    from launcher.execute.stacks import stall_verdict
+
+    return stall_verdict(run_dir, None, [str(run_dir.path)])
