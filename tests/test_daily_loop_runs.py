@@ -24,6 +24,7 @@ SMALL = ["--synthetic-train-size", "512", "--synthetic-test-size", "128"]
 # multigpu_torchrun.py of the PyTorch DDP tutorial, on CPU (gloo), with a small data set; `--tensorboard DIR`:
 # rank 0 logs its loss per step with SummaryWriter, as many scripts do.
 TUTORIAL_SCRIPT = textwrap.dedent('''
+    import gc
     import os
     import sys
 
@@ -95,6 +96,8 @@ TUTORIAL_SCRIPT = textwrap.dedent('''
         if writer is not None:
             writer.close()
             print(f"last loss {trainer.last_loss!r}")
+        del trainer, model
+        gc.collect()  # torch 2.13, gloo: a DDP model alive as the interpreter ends aborts it (SIGABRT)
         destroy_process_group()
 
 
