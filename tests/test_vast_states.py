@@ -158,7 +158,11 @@ def test_status_tells_a_machine_exited_unknown_or_offline_and_writes_the_cost_as
         standin, tmp_path, monkeypatch, state, told):
     rented = _provision(standin, nodes=2)
     run_dir = _rented_run_dir(standin, tmp_path, rented)
-    before = json.loads((run_dir.path / "run.json").read_text())["cost_usd"]
+    record = json.loads((run_dir.path / "run.json").read_text())
+    before = record["cost_usd"]
+    for inst in record["instances"]:  # rented an hour ago: the cost as of now must differ from the one saved then,
+        inst["created_at"] -= 3600  # however few milliseconds this test takes
+    run_dir.update_record(instances=record["instances"])
     machine = rented[1].offer.machine_id
     if state == "exited":
         standin.faults.exited_machines.add(machine)
@@ -167,13 +171,15 @@ def test_status_tells_a_machine_exited_unknown_or_offline_and_writes_the_cost_as
     else:
         standin.lifecycle.switches.offline_machines.add(machine)
     monkeypatch.setattr(rented_run, "vast_client", lambda: _client(standin))
-    rows = rented_run.RentedRun().status_rows(run_dir, None)  # type: ignore[arg-type]  # no SSH: the API says
-    by_node = {row["node"]: row["state"] for row in rows}
-    assert by_node[0] == "machine rented"
-    assert by_node[1].startswith(f"machine {state} ({told}); it may bill until `ddpctl down run-states`")
-    record = json.loads((run_dir.path / "run.json").read_text())
-    assert record["cost_usd"] > before and record["instances"][1]["api_state"] == state  # refreshed, saved
-    teardown(_client(standin), [r.instance_id for r in rented], poll_interval=0.05)
+    try:
+        rows = rented_run.RentedRun().status_rows(run_dir, None)  # type: ignore[arg-type]  # no SSH: the API says
+        by_node = {row["node"]: row["state"] for row in rows}
+        assert by_node[0] == "machine rented"
+        assert by_node[1].startswith(f"machine {state} ({told}); it may bill until `ddpctl down run-states`")
+        record = json.loads((run_dir.path / "run.json").read_text())
+        assert record["cost_usd"] > before and record["instances"][1]["api_state"] == state  # refreshed, saved
+    finally:
+        teardown(_client(standin), [r.instance_id for r in rented], poll_interval=0.05)
 
 
 def test_a_machine_that_comes_back_exited_after_a_start_is_told_at_once(standin, tmp_path):
