@@ -202,7 +202,7 @@ print(f"rank {world.Get_rank()} of {world.Get_size()} on node {os.environ['DDPCT
 '''
 
 
-def test_an_mpi_script_runs_under_mpirun_inside_the_allocation_as_one_world(
+def test_an_mpi_script_runs_under_srun_pmix_inside_the_allocation_as_one_world(
         slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     (tmp_path / "mpi_sum.py").write_text(MPI_SCRIPT)
     up = slurm(slurm_cluster, "up", "--nodes", "2", "--gpus", "2", "--launcher", "mpirun", "--time", "5",
@@ -211,9 +211,12 @@ def test_an_mpi_script_runs_under_mpirun_inside_the_allocation_as_one_world(
     run = next((tmp_path / "runs").iterdir())
     record = json.loads((run / "run.json").read_text())["slurm"]
     assert record["end"].startswith(f"job {record['job_id']} COMPLETED (exit 0:0)")
-    # Open MPI's mpirun in the batch shell started 2 ranks on each node (its daemons through srun): one world of 4.
+    # The cluster's Slurm has its pmix plugin and Open MPI is a PMIx client (Debian's, built against the same libpmix):
+    # srun --mpi=pmix started 2 ranks on each node, one world of 4.
+    said = (run / f"slurm-{record['job_id']}.out").read_text()
+    assert "ddpctl: the MPI ranks are started by srun --mpi=pmix (DDPCTL_SLURM_MPI=pmix)\n" in said, said
     output = (run / "nodes" / "0" / "logs" / "mpirun" / "attempt_0" / "0" / "stdout.log").read_text()
-    # mpirun forwards the ranks' output in chunks, which may interleave mid-line: each rank's line is found whole.
+    # srun forwards the ranks' output in chunks, which may interleave mid-line: each rank's line is found whole.
     said = sorted(re.findall(r"rank \d of 4 on node \d: sum 4, X=1", output))
     assert said == [f"rank {r} of 4 on node {r // 2}: sum 4, X=1" for r in range(4)], output
     summary = json.loads((run / "summary.json").read_text())
@@ -227,10 +230,14 @@ if world.Get_rank() == 3:
     raise RuntimeError("rank 3 gives up")
 world.barrier()
 ''')
-    up = slurm(slurm_cluster, "up", "--nodes", "2", "--gpus", "2", "--launcher", "mpirun", "--time", "5", "--",
-               "python", "fails.py", cwd=tmp_path)
+    # Open MPI's own mpirun in the batch shell, as asked (its daemons started through srun).
+    up = slurm(slurm_cluster, "up", "--nodes", "2", "--gpus", "2", "--launcher", "mpirun", "--time", "5",
+               "--env", "DDPCTL_SLURM_MPI=mpirun", "--", "python", "fails.py", cwd=tmp_path)
     assert up.returncode == 1 and "error: training failed: mpirun on node 0 (" in up.stderr, up.stderr
     run = next((tmp_path / "runs").iterdir())
+    said = (run / f"slurm-{json.loads((run / 'run.json').read_text())['slurm']['job_id']}.out").read_text()
+    assert "ddpctl: the MPI ranks are started by Open MPI's mpirun (DDPCTL_SLURM_MPI=mpirun)\n" in said, said
     failure = json.loads((run / "run.json").read_text())["failure"]
     assert failure["slurm_state"] == "FAILED" and failure["summary"].startswith("mpirun on node 0 (")
+    assert failure["summary"].endswith("exited with 1: RuntimeError: rank 3 gives up"), failure["summary"]
     assert "RuntimeError: rank 3 gives up" in failure["explain"]  # the rank's traceback, as mpirun passed it on
