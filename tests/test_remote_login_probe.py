@@ -1,5 +1,6 @@
 """The Slurm login node's probe (launcher/remote/login_probe.py) run here against temporary folders standing in
-for the login node's file system; what probe_login sends is the module's text."""
+for the login node's file system; what probe_login sends is the module's text, with tree_sync's (the code cache's
+listing comes back in the same answer)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.remote import login_probe, source_of
+from launcher.remote import login_probe, tree_sync
+from launcher.remote.program import program
 from launcher.schedulers.slurm import cluster
 from launcher.transport.ssh import CommandResult
 
@@ -27,7 +29,9 @@ def test_what_probe_login_sends_is_the_modules_text() -> None:
             return CommandResult(0, '{"workdir": "/w"}\n', "")
 
     assert cluster.probe_login(Recorder(), "python3", None) == {"workdir": "/w"}  # type: ignore[arg-type]
-    assert sent == [["python3", "-c", source_of(login_probe), cluster.DEFAULT_WORKDIR]]
+    assert cluster.probe_login(Recorder(), "python3", "/w", code_cache="code/ab12") == {"workdir": "/w"}  # type: ignore[arg-type]
+    text = program(login_probe, tree_sync)
+    assert sent == [["python3", "-c", text, cluster.DEFAULT_WORKDIR], ["python3", "-c", text, "/w", "code/ab12"]]
 
 
 def test_a_workdir_from_variables_and_home_is_made_and_measured(tmp_path: Path,
@@ -70,4 +74,16 @@ def test_the_probe_run_as_the_launcher_runs_it_answers_one_json_line(tmp_path: P
 
     answer = cluster.probe_login(ThisMachine(), sys.executable, str(tmp_path / "w"))  # type: ignore[arg-type]
     assert answer["workdir"] == str(tmp_path / "w") and answer["writable"] is True
-    assert answer["torch"] == importlib.metadata.version("torch")
+    assert answer["torch"] == importlib.metadata.version("torch") and "manifest" not in answer
+    # The code cache listed in the same answer, as shipping lists it (a cache not there yet: exists False).
+    (tmp_path / "w" / "code" / "k1").mkdir(parents=True)
+    (tmp_path / "w" / "code" / "k1" / "train.py").write_text("print(1)\n")
+    listed = cluster.probe_login(ThisMachine(), sys.executable, str(tmp_path / "w"), code_cache="code/k1")  # type: ignore[arg-type]
+    assert listed["manifest"] == tree_sync.manifest(str(tmp_path / "w" / "code" / "k1"))
+    fresh = cluster.probe_login(ThisMachine(), sys.executable, str(tmp_path / "w"), code_cache="code/k2")  # type: ignore[arg-type]
+    assert fresh["manifest"] == {"exists": False, "entries": []}
+
+
+def test_a_cache_path_that_leaves_the_workdir_is_not_listed(tmp_path: Path) -> None:
+    assert "error" in login_probe.cache_listing(str(tmp_path), "../elsewhere")
+    assert "error" in login_probe.cache_listing(str(tmp_path), "/etc")

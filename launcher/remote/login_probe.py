@@ -1,7 +1,10 @@
 """Runs on a Slurm login node under the run's --python (standard library only; sent as this file's text,
 launcher/schedulers/slurm/cluster.py): the workdir expanded there ($SCRATCH, ~), whether it is writable, its free
 space, and whether torch is installed for that interpreter (the one the nodes will run, on the same shared file
-system), as one JSON object on stdout. Its one argument is the workdir as the user gave it."""
+system), as one JSON object on stdout. Its arguments: the workdir as the user gave it, then (optional) the code
+cache to list, relative to the workdir (`code/<key>`): its tree_sync manifest comes back as `manifest`, so that
+shipping the code needs no round trip of its own to compare. Sent with tree_sync as one program
+(launcher/remote/program.py)."""
 
 import importlib.metadata
 import importlib.util
@@ -10,7 +13,10 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from typing import Any
+
+LIST_SECONDS = 20  # past this the cache is not listed here; shipping lists it itself
 
 
 def login_facts(workdir_arg: str) -> "dict[str, Any]":
@@ -36,5 +42,28 @@ def login_facts(workdir_arg: str) -> "dict[str, Any]":
     return out
 
 
-if __name__ == "__main__":  # `python -c SOURCE WORKDIR` on the login node
-    print(json.dumps(login_facts(sys.argv[1])))
+def cache_listing(workdir: str, cache: str) -> "dict[str, Any]":
+    """tree_sync's manifest of workdir/cache, or {"error": why} where it cannot be made (shipping lists it again)."""
+    from launcher.remote import tree_sync  # sent beside this module (program.py); here, the package's own
+
+    if cache.startswith("/") or ".." in cache.split("/"):
+        return {"error": f"not a path inside the workdir: {cache!r}"}
+    try:
+        return tree_sync.manifest(os.path.join(workdir, cache), time.monotonic() + LIST_SECONDS)
+    except SystemExit as refused:  # not a folder: shipping lists it again and says so
+        return {"error": str(refused)}
+    except (OSError, ValueError) as e:
+        return {"error": str(e)}
+
+
+def main(argv: "list[str]") -> int:
+    """`python -c PROGRAM WORKDIR [CACHE]` on the login node: the facts as one JSON object."""
+    facts = login_facts(argv[0])
+    if len(argv) > 1 and facts.get("writable"):
+        facts["manifest"] = cache_listing(str(facts["workdir"]), argv[1])
+    print(json.dumps(facts))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
