@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import SpecError
+from launcher.execute import scheduled_end
+from launcher.results.rundir import RunDir
+from launcher.schedulers.base import JobStatus
 from launcher.schedulers.slurm import mpi_job
 from launcher.schedulers.slurm.batch_script import (
     GPUS_PER_NODE,
@@ -312,3 +315,24 @@ def test_each_launcher_runs_on_slurm_or_is_refused_saying_why(launcher: str, req
     spec = RunSpec(run_id="r", python="python3", launcher=launcher, user_command=("python", "t.py"))
     request = SlurmRequest(time="10", max_requeues=1) if requeued else SlurmRequest()
     assert launcher_refusal(spec, request).startswith(named)
+
+
+@pytest.mark.parametrize(("said", "named"), [
+    ("ddpctl: the MPI ranks are started by srun --mpi=pmix (DDPCTL_SLURM_MPI=pmix)\n", "srun --mpi=pmix"),
+    ("ddpctl: the MPI ranks are started by Open MPI's mpirun (DDPCTL_SLURM_MPI=mpirun)\n", "mpirun"),
+])
+def test_a_failed_mpi_job_names_what_started_its_ranks_and_the_exception(tmp_path: Path, said: str,
+                                                                          named: str) -> None:
+    spec = RunSpec(run_id="m1", nnodes=2, nproc_per_node=2, python="python3", launcher="mpirun",
+                   user_command=("python", "fails.py"))
+    run_dir = RunDir.create(tmp_path / "runs", spec, {"provider": "slurm"})
+    node = run_dir.path / "nodes" / "0"
+    node.mkdir(parents=True)
+    # What launcher/remote/mpirun.sh leaves in node 0's torchrun.out: the last traceback, to its exception.
+    (node / "torchrun.out").write_text('Traceback (most recent call last):\n  File "fails.py", line 4, in <module>\n'
+                                       '    raise RuntimeError("rank 3 gives up")\nRuntimeError: rank 3 gives up\n')
+    (node / "exit_code").write_text("1\n")
+    (run_dir.path / "slurm-12.out").write_text(f"ddpctl: job 12 on n[1-2], rendezvous at n1:20012\n{said}")
+    failed = JobStatus("12", "FAILED", exit_code="1:0", nodes="n[1-2]")
+    failure = scheduled_end.job_failure(run_dir, failed, "job 12 FAILED (exit 1:0)", None)
+    assert failure["summary"] == f"{named} on node 0 (n1) exited with 1: RuntimeError: rank 3 gives up", failure

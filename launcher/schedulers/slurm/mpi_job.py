@@ -23,7 +23,7 @@ from launcher.spec.torchrun import mpi_command
 
 MPIRUN_FILE = "mpirun.sh"
 STARTER_ENV = "DDPCTL_SLURM_MPI"  # pmix | mpirun: how the ranks start; unset, the job chooses (module docstring)
-STARTERS = ("pmix", "mpirun")
+SRUN_PMIX_SAID = "ddpctl: the MPI ranks are started by srun --mpi=pmix"  # in the job's output; read back at its end
 
 # Run by every rank (bash -c RANK_SCRIPT ddpctl-rank COMMAND...): its node's folder, variables and code.
 RANK_SCRIPT = ('node=$((${OMPI_COMM_WORLD_RANK:-$SLURM_PROCID} / DDPCTL_NPROC)); ws="$DDPCTL_RUN/nodes/$node"; '
@@ -56,7 +56,7 @@ def starter_lines() -> list[str]:
         f"  if srun --mpi=list 2>&1 | grep -qw pmix && {{ {ompi5} || {client}; }}; then {STARTER_ENV}=pmix; fi",
         "fi",
         f'case "${STARTER_ENV}" in',
-        f"  pmix) echo \"ddpctl: the MPI ranks are started by srun --mpi=pmix ({STARTER_ENV}=pmix)\" ;;",
+        f"  pmix) echo \"{SRUN_PMIX_SAID} ({STARTER_ENV}=pmix)\" ;;",
         f"  mpirun) echo \"ddpctl: the MPI ranks are started by Open MPI's mpirun ({STARTER_ENV}=mpirun)\" ;;",
         f'  *) echo "ddpctl: {STARTER_ENV}=${STARTER_ENV}: give pmix or mpirun" >&2; exit 2 ;;',
         "esac",
