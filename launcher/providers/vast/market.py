@@ -24,7 +24,7 @@ def find_offers(client: VastClient, spec: RunSpec, req: VastRequest, num_gpus: i
     them (searched page after page)."""
     needs = MachineNeeds.for_run(spec.model, req.expected_hours)
     flt = OfferFilter(gpu_name=req.gpu_name, num_gpus=num_gpus, max_price=req.max_price,
-                      min_reliability=req.min_reliability, disk_gb=req.disk,
+                      min_reliability=req.min_reliability, disk_gb=req.disk, interruptible=req.interruptible,
                       needs=image_needs.applied_to(needs) if image_needs else needs)
     try:
         found = search_cluster_offers(client, flt, req.nodes) if req.nodes > 1 else search_offers(client, flt)
