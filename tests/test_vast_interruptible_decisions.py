@@ -155,3 +155,12 @@ def test_bad_interruptible_options_are_one_line_before_anything_is_rented(args, 
     refused = ddpctl_in_process("up", "--runs-dir", str(tmp_path / "runs"), *args)
     assert refused.returncode == code and said in refused.stderr and len(refused.stderr.splitlines()) == 1, refused
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_destroyed_sets_host_keys_are_forgotten_so_its_address_can_be_rented_again(tmp_path) -> None:
+    from launcher.providers.vast.interruptible_provider import forget_host_keys
+
+    known = tmp_path / "known_hosts"
+    known.write_text("[10.0.0.2]:40022 ssh-ed25519 A1\n10.0.0.3 ssh-ed25519 A2\n[10.0.0.4]:22022 ssh-ed25519 A3\n")
+    forget_host_keys(known, {"[10.0.0.2]:40022", "10.0.0.3"})
+    assert known.read_text() == "[10.0.0.4]:22022 ssh-ed25519 A3\n" and known.stat().st_mode & 0o777 == 0o600

@@ -6,7 +6,9 @@ launcher/places/vast_chain.py."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher.errors import SpecError
@@ -18,6 +20,7 @@ from launcher.providers.vast.registry_login import registry_login
 from launcher.providers.vast.sshkey import ensure_vast_ssh_key
 from launcher.providers.vast.teardown import teardown
 from launcher.transport.hostsession import HostSession
+from launcher.transport.known_hosts import host_key_name
 from launcher.transport.ssh import SSHTarget
 
 if TYPE_CHECKING:
@@ -25,6 +28,18 @@ if TYPE_CHECKING:
     from launcher.providers.base import AcquiredHosts, ExecutorCalls
     from launcher.providers.vast.models import Offer
     from launcher.spec.run_spec import RunSpec
+
+
+def forget_host_keys(path: Path, names: set[str]) -> None:
+    """Drop the lines of a run's known_hosts file that name one of `names` (rewritten whole, mode 0600)."""
+    if not names or not path.is_file():
+        return
+    kept = [line for line in path.read_text().splitlines(keepends=True) if line.split(" ", 1)[0] not in names]
+    temp = path.with_name(f".{path.name}.new")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write("".join(kept))
+    os.replace(temp, path)
 
 
 class InterruptibleVastProvider(VastProvider):
@@ -74,6 +89,11 @@ class InterruptibleVastProvider(VastProvider):
             if inst.get("overlay_name"):
                 inst["overlay_deleted"] = inst.pop("overlay_name")
         ledger.save()
+        # A destroyed machine's address and port may be rented again into the next set (a survivor's machine is
+        # free again), by a new container with a new host key: its old key must not refuse it.
+        forget_host_keys(ledger.run_dir.path / "known_hosts",
+                         {host_key_name(str(i["ssh_host"]), int(i["ssh_port"])) for i in gone
+                          if i.get("ssh_host") and i.get("ssh_port") and i.get("state") == "destroyed"})
         failed = [r.instance_id for r in results if not r.destroyed]
         if failed:
             from launcher.errors import DdpctlError
