@@ -111,6 +111,13 @@ def test_an_outbid_node_is_replaced_and_every_rank_resumes_from_the_pulled_snaps
     assert summary["cost_usd"] == pytest.approx(record["cost_usd"])
     assert "interruption 1:" in stderr and "bidding $" in stderr
     ddpctl.outputs += [stdout, stderr]
+    # one run in `status` and in the report, with its interruption
+    status = ddpctl("status", run.name, "--runs-dir", str(ddpctl.runs))
+    assert status.returncode == 0 and f"interruption 1: node 0 (vast:{node0['instance_id']}" in status.stdout
+    report = ddpctl("report", str(run), "--out", str(tmp_path / "report"))
+    assert report.returncode == 0, report.stderr
+    told = (tmp_path / "report" / "report.md").read_text()
+    assert "## Interruptions" in told and f"`{run.name}` interruption 1: node 0" in told
     ddpctl.assert_key_nowhere()
 
 

@@ -4,6 +4,7 @@ lost machine, what an interruption cost, which snapshot a new set resumes from, 
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 
 import pytest
@@ -164,3 +165,22 @@ def test_a_destroyed_sets_host_keys_are_forgotten_so_its_address_can_be_rented_a
     known.write_text("[10.0.0.2]:40022 ssh-ed25519 A1\n10.0.0.3 ssh-ed25519 A2\n[10.0.0.4]:22022 ssh-ed25519 A3\n")
     forget_host_keys(known, {"[10.0.0.2]:40022", "10.0.0.3"})
     assert known.read_text() == "[10.0.0.4]:22022 ssh-ed25519 A3\n" and known.stat().st_mode & 0o777 == 0o600
+
+
+def test_the_summary_table_and_status_line_tell_the_interruptions() -> None:
+    from rich.console import Console
+
+    from launcher.results.interruptions import interruption_line
+    from launcher.results.progress import summary_table
+
+    console = Console(width=200, record=True)
+    console.print(summary_table({"epochs": 4, "interruptions": 1, "interruptions_cost_usd": 0.00099}, "run x"))
+    assert re.search(r"interruptions\s+│ 1 \(they cost \$0\.0010\)", console.export_text())
+    entry = {"index": 1, "lost_text": "node 0 (vast:5001, machine 401): stopped by the market",
+             "seconds_to_training": 24.65, "resumed_from": "after epoch 1 (snapshot-epoch-000001.pt)",
+             "cost_usd": 0.000986, "gap_usd": 0.00089, "redone_usd": 0.000097}
+    assert interruption_line(entry) == (
+        "interruption 1: node 0 (vast:5001, machine 401): stopped by the market; training again 24.6 s after the loss "
+        "was seen, resumed after epoch 1 (snapshot-epoch-000001.pt); it cost $0.0010 ($0.0009 while nothing "
+        "trained, $0.0001 of work redone)")
+    assert "not seen training again" in interruption_line({"index": 2, "lost_text": "x"})
