@@ -44,3 +44,28 @@ def test_a_bid_machine_is_rented_at_its_bid_then_outbid_and_seen_lost() -> None:
         assert [o.id for o in search_offers(client, OfferFilter(interruptible=True, disk_gb=16))] == [2]
         client.destroy_instance(rented.instance_id)
         assert standin.validation_failures() == []
+
+
+def test_the_dry_run_prices_the_bid_and_max_cost_is_checked_at_it(tmp_path) -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    offers = [make_offer(k, 400 + k, dph_base=0.10 + 0.01 * k, cluster_id=9) for k in range(1, 5)]
+    repo = str(Path(__file__).resolve().parent.parent)
+    with VastStandIn(api_key="k", offers=offers) as standin:
+        env = {**os.environ, "VAST_API_KEY": "k", "DDPCTL_VAST_URL": standin.url, "HOME": str(tmp_path),
+               "PYTHONPATH": repo}
+        argv = [sys.executable, "-m", "launcher", "up", "--provider", "vast", "--image", "docker.io/x/y:1",
+                "--nodes", "2", "--gpus", "1", "--interruptible", "--dry-run", "--runs-dir", str(tmp_path / "runs")]
+        shown = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=repo, timeout=120)
+        assert shown.returncode == 0, shown.stderr
+        assert ("bidding $0.0550/hour on offer 1 (its min_bid $0.0440/hour); $0.0600/hour on offer 2 (its min_bid "
+                "$0.0480/hour) (min_bid +25%)") in shown.stderr
+        assert "$0.1283/hour with 32 GB disk each" in shown.stderr  # 0.055 + 0.060 + 2 x 32 GB of storage
+        # $0.11 pays for an hour at min_bid ($0.1053), not at the bid: refused, in one line, nothing rented
+        refused = subprocess.run([*argv, "--max-cost", "0.11", "--expected-hours", "1"], capture_output=True,
+                                 text=True, env=env, cwd=repo, timeout=120)
+        assert refused.returncode == 1 and "2 machine(s) at $0.1283/hour" in refused.stderr
+        assert [r for r in standin.requests if r["method"] == "PUT"] == []

@@ -184,3 +184,12 @@ def test_the_summary_table_and_status_line_tell_the_interruptions() -> None:
         "was seen, resumed after epoch 1 (snapshot-epoch-000001.pt); it cost $0.0010 ($0.0009 while nothing "
         "trained, $0.0001 of work redone)")
     assert "not seen training again" in interruption_line({"index": 2, "lost_text": "x"})
+
+
+def test_a_bid_offer_is_priced_at_the_bid_for_the_dry_run_and_the_budget() -> None:
+    from launcher.providers.vast.interruptible_provider import at_bid
+
+    offer = Offer.from_json({"id": 1, "machine_id": 401, "dph_total": 0.044 + 0.0033, "storage_total_cost": 0.0033,
+                             "storage_cost": 0.15, "min_bid": 0.044})
+    priced = at_bid(offer, bid_for(offer, None))
+    assert priced.hourly_price(16) == pytest.approx(0.055 + 0.15 * 16 / 720)  # the bid, and the disk asked for

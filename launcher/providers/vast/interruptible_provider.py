@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launcher.errors import SpecError
+from launcher.providers.vast.budget import check_fits
 from launcher.providers.vast.interruptible import bid_for, bid_line, biddable, lost_nodes
 from launcher.providers.vast.ledger import live, say
 from launcher.providers.vast.market import first_machines
@@ -28,6 +29,11 @@ if TYPE_CHECKING:
     from launcher.providers.base import AcquiredHosts, ExecutorCalls
     from launcher.providers.vast.models import Offer
     from launcher.spec.run_spec import RunSpec
+
+
+def at_bid(offer: Offer, bid: float) -> Offer:
+    """The offer priced at `bid` instead of its min_bid (what a bid search's dph_total holds)."""
+    return replace(offer, dph_total=offer.dph_total - (offer.min_bid or 0.0) + bid)
 
 
 def forget_host_keys(path: Path, names: set[str]) -> None:
@@ -55,9 +61,13 @@ class InterruptibleVastProvider(VastProvider):
         self.label = ""  # the current set's label (the run id, then RUN-r1, RUN-r2, ... for replacements)
 
     def _offers(self, spec: RunSpec) -> tuple[RunSpec, list[Offer]]:
+        """The bid offers, priced at what is bid on each (the search priced them at min_bid): the dry run and
+        --max-cost's worst case then count the bid; the bid is told before anything is rented."""
         spec, offers = super()._offers(spec)
-        offers = biddable(offers, self.req.bid)
-        say(bid_line(first_machines(offers, self.req.nodes), self.req.bid))
+        offers = [at_bid(o, bid_for(o, self.req.bid)) for o in biddable(offers, self.req.bid)]
+        picked = first_machines(offers, self.req.nodes)
+        say(bid_line(picked, self.req.bid))
+        check_fits(picked, self.req)
         return spec, offers
 
     def acquire(self, spec: RunSpec, options: UpOptions) -> AcquiredHosts:

@@ -38,7 +38,8 @@ def find_offers(client: VastClient, spec: RunSpec, req: VastRequest, num_gpus: i
             raise OfferError(f"--max-cost ${req.max_cost:g} does not cover the bandwidth alone: pulling the image "
                              f"(~{IMAGE_PULL_GB:g} GB) and moving {DATA_GB:g} GB of data on {len(picked)} machine(s) "
                              f"costs about ${reserve:.4f} at their hosts' $/GB; raise --max-cost")
-        check_fits(picked, req)
+        if not req.interruptible:  # priced at min_bid here: checked at the bid (interruptible_provider.py)
+            check_fits(picked, req)
     return offers
 
 
