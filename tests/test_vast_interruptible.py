@@ -80,6 +80,7 @@ def test_an_outbid_node_is_replaced_and_every_rank_resumes_from_the_pulled_snaps
             proc.kill()
             proc.communicate()
     assert proc.returncode == 0, stderr
+    assert "left running" not in stderr and "reattach" not in stderr  # the outbid machine is replaced, not left
     out = json.loads(stdout)
     summary = out["summary"]
     assert summary["interruptions"] == 1 and summary["epochs"] == 4 and summary["world_size"] == 2

@@ -127,7 +127,7 @@ class LossWatch:
             if lost:
                 self.lost, self.detected_at = lost, now
                 said = "; ".join(f"node {n} (vast:{v['instance_id']}): {v['reason']}" for n, v in sorted(lost.items()))
-                raise RunStopRequested(f"lost {said}", NODE_LOST)
+                raise RunStopRequested(f"lost {said}", NODE_LOST, tuple(sorted(lost)))
         return f"{text} interruptible"
 
 
