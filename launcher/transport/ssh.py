@@ -28,6 +28,7 @@ from launcher.transport.known_hosts import ACCEPT_FLAG, KnownHosts, KnownKey, fi
 from launcher.transport.paramiko_loader import config_lookup, paramiko
 from launcher.transport.proxy_command import ProxyCommandSocket, expand_proxy_command, read_ssh_config
 from launcher.transport.ssh_keys import KeyLoad, check_identity_file
+from launcher.transport.tcp_connect import abort, connect_tcp
 
 DEFAULT_CONNECT_TIMEOUT = 15.0
 KEEPALIVE_S = 15
@@ -219,7 +220,7 @@ class Connection:
     def close(self) -> None:
         """Close the connection; a connect under way in another thread is cut short, not waited out (Ctrl-C)."""
         if self._lock.locked() and self._opening is not None:
-            self._opening.close()
+            abort(self._opening)
         with self._lock:
             self._close_locked()
 
@@ -307,7 +308,7 @@ class Connection:
                 raise HostError(self.label, f"jump host {jump_target.label} cannot reach {self._where()}: "
                                             f"{e}") from e
         try:
-            return socket.create_connection((t.hostname, t.port), timeout=self.connect_timeout)
+            return connect_tcp(t.hostname, t.port, self.connect_timeout, lambda sock: setattr(self, "_opening", sock))
         except TimeoutError as e:
             raise HostError(self.label, f"host unreachable within {self.connect_timeout:g} s "
                                         f"({self._where()})") from e
