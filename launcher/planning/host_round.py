@@ -22,7 +22,7 @@ from launcher.transport.parallel import HostOutcome, run_on_hosts
 
 # What the hosts run: PROBE_PROGRAM, the modules' own text (no second copy), sent on standard input
 # (program.on_stdin), with the request as its argument.
-PROBE_PROGRAM = program(probe_round, daemon, host_probe, rdzv_port, tree_sync)
+PROBE_PROGRAM = program(probe_round, daemon, host_probe, rdzv_port, tree_sync, end_with_client=True)
 PROBE_TIMEOUT = 90.0  # seconds: nvidia-smi, a Docker engine's answer, node 0's reservation lock (30 s at most)
 
 

@@ -18,7 +18,8 @@ from pathlib import Path
 import pathspec
 
 from launcher.errors import DdpctlError, HostError
-from launcher.remote import source_of, tree_sync
+from launcher.remote import tree_sync
+from launcher.remote.program import program
 from launcher.transport.digest import file_sha256
 from launcher.transport.ssh import Connection
 
@@ -33,7 +34,7 @@ CHUNK = 1 << 16
 NAME_MAX = 255  # bytes in one file name (ext4, xfs, btrfs, tmpfs)
 
 # Runs on the host as `PYTHON -c SCRIPT OP ROOT`; OP manifest prints JSON, mkdirs/prune read a JSON list on stdin.
-REMOTE_SCRIPT = source_of(tree_sync)
+REMOTE_SCRIPT = program(tree_sync, end_with_client=True)  # a listing ends when ddpctl is gone
 
 
 @dataclass(frozen=True)
