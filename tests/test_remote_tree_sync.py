@@ -44,6 +44,9 @@ class InProcessHost:
             sys.stdin = sys_stdin
         return CommandResult(0, out.getvalue(), "")
 
+    def run(self, argv: list[str], *, stdin: bytes = b"", timeout: float = 0) -> CommandResult:
+        return self.check(argv, "", stdin=stdin, timeout=timeout)
+
     def put(self, local: str, remote: str) -> None:
         shutil.copyfile(local, remote)
 
