@@ -25,19 +25,28 @@ def workspace(tmp_path: Path, exit_code: str | None = None) -> Path:
     return path
 
 
-def test_a_supervisor_found_gone_is_noted_and_named_as_the_cause(tmp_path: Path) -> None:
+def test_a_supervisor_gone_with_nothing_left_running_is_not_noted(tmp_path: Path) -> None:
+    """Gone, and nothing of the node runs: nothing to tell apart from a node that ended unrecorded (the stop's 143
+    stands, as before); the note is for a torchrun left running without its supervisor."""
     path = workspace(tmp_path)
     node_stop.stop(str(path), "1", "1")
-    gone = json.loads((path / node_stop.SUPERVISOR_GONE).read_text())
-    assert gone["left_running"] == 0 and gone["time"] > 0
+    assert not (path / node_stop.SUPERVISOR_GONE).exists()
     assert (path / "exit_code").read_text() == "143\n"
+
+
+def test_a_noted_supervisor_is_named_as_the_cause(tmp_path: Path) -> None:
+    """The note as a stop writes it (tests/faults/test_supervisor_killed.py makes a real one), read by the node's
+    report and named as the cause, not the SIGTERM that stop sent."""
+    path = workspace(tmp_path, exit_code="143")
+    (path / node_stop.SUPERVISOR_GONE).write_text(json.dumps({"time": 1000.0, "left_running": 2}))
     report = attribution.node_report(str(path))
-    assert report["supervisor_gone"] == gone
-    record = attribute([{"exit_code": 0, "failures": []}, report], ["a@h0", "b@h1"], stopped=[1], stop_time=1.0)
+    assert report["supervisor_gone"] == {"time": 1000.0, "left_running": 2}
+    record = attribute([{"exit_code": 0, "failures": []}, report], ["a@h0", "b@h1"], stopped=[1], stop_time=999.0)
     assert record is not None and record["node"] == 1
     assert record["summary"] == ("the supervisor of node 1 (b@h1), ddpctl's process that runs torchrun there and "
-                                 "records how it ends, was ended from outside (killed?) before torchrun ended; nothing "
-                                 "of the node was left running")
+                                 "records how it ends, was ended from outside (killed?) before torchrun ended; "
+                                 "torchrun and its workers, left running without it, were stopped by ddpctl "
+                                 "(2 process(es))")
 
 
 def test_a_node_that_recorded_its_exit_is_not_noted(tmp_path: Path) -> None:

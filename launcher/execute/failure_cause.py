@@ -145,9 +145,8 @@ def _describe_cause(node: int, label: str, report: dict[str, Any] | None, python
     gone = report.get("supervisor_gone")
     if isinstance(gone, dict):
         record.update(exit_code=code, time=gone.get("time"))  # torchrun's own tail: only the stop's SIGTERM
-        left = gone.get("left_running")
-        after = (f"torchrun and its workers, left running without it, were stopped by ddpctl ({left} process(es))"
-                 if left else "nothing of the node was left running")
+        after = (f"torchrun and its workers, left running without it, were stopped by ddpctl "
+                 f"({gone.get('left_running')} process(es))")
         record["summary"] = (f"the supervisor of {where}, ddpctl's process that runs torchrun there and records how "
                              f"it ends, was ended from outside (killed?) before torchrun ended; {after}")
     elif failures:

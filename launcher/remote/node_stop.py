@@ -11,8 +11,8 @@ What is signalled is the node's own, never another process that now has a record
 Each is held by its start time (and a pidfd where the system has them) until it is signalled; SIGTERM is followed by
 SIGCONT, so a stopped process ends at once rather than after the grace. Nothing is signalled once the node recorded
 its exit status. A supervisor found gone with no exit status recorded (ended from outside: it records one whatever
-its command does) is noted in SUPERVISOR_GONE, with how many of the node's processes it left running, so that the
-report names it rather than the SIGTERM this stop sends torchrun."""
+its command does) while the node's processes still run is noted in SUPERVISOR_GONE, with how many it left running,
+so that the report names it rather than the SIGTERM this stop sends the torchrun it left behind."""
 
 import contextlib
 import json
@@ -63,7 +63,7 @@ def stop(workspace: str, grace: str, fallback: str) -> "dict[str, object]":
         pid, _read(os.path.join(path, "pid_start")), node_start.NODE_MARKER.encode()))
     gone = pid is not None and (proctree.start_time(pid) is None or not proctree.alive(pid))  # a zombie: gone too
     signalled = stop_processes(pid if ours else None, path, seconds)
-    if files and gone and not os.path.exists(os.path.join(path, "exit_code")):
+    if files and gone and signalled and not os.path.exists(os.path.join(path, "exit_code")):
         with contextlib.suppress(OSError), open(os.path.join(path, SUPERVISOR_GONE), "w") as f:
             json.dump({"time": time.time(), "left_running": len(signalled)}, f)
     if files and (ours or signalled) and not os.path.exists(os.path.join(path, "exit_code")):
