@@ -34,7 +34,7 @@ print("wrote big.bin")
 """
 # Seconds `up` may take, once sshd is gone, to say how the run ended: the pull's connection is gone at once (its
 # sshd killed), and nothing should wait on it.
-BOUND = 60
+BOUND = 20
 
 
 @pytest.fixture(scope="module")
