@@ -4,15 +4,19 @@ space, and whether torch is installed for that interpreter (the one the nodes wi
 system), as one JSON object on stdout. Its arguments: the workdir as the user gave it, then (optional) the code
 cache to list, relative to the workdir (`code/<key>`): its tree_sync manifest comes back as `manifest`, so that
 shipping the code needs no round trip of its own to compare. Sent with tree_sync as one program
-(launcher/remote/program.py)."""
+(launcher/remote/program.py).
+
+It writes nothing: `up --dry-run` is read-only, and the run itself makes the workdir when it places the job's files.
+Whether the workdir can be made is asked of the deepest folder on its path that exists. Variables the login node
+does not set are named (`unset`): expanded, they would stay literal folder names."""
 
 import importlib.metadata
 import importlib.util
 import json
 import os
+import re
 import shutil
 import sys
-import tempfile
 import time
 from typing import Any
 
@@ -20,17 +24,15 @@ LIST_SECONDS = 20  # past this the cache is not listed here; shipping lists it i
 
 
 def login_facts(workdir_arg: str) -> "dict[str, Any]":
-    """home, workdir (absolute), python; writable and free, or why not; torch's version, or torch_error."""
+    """home, workdir (absolute), python; unset (the variables it names that are not set); writable and free, or
+    why not; torch's version, or torch_error."""
     workdir = os.path.abspath(os.path.expanduser(os.path.expandvars(workdir_arg)))
     out: dict[str, Any] = {"home": os.path.expanduser("~"), "workdir": workdir, "python": sys.executable}
-    try:
-        os.makedirs(workdir, exist_ok=True)
-        tempfile.TemporaryFile(dir=workdir).close()
-        out["writable"] = True
-        out["free"] = shutil.disk_usage(workdir).free
-    except OSError as e:
-        out["writable"] = False
-        out["why"] = e.strerror or str(e)
+    named = re.findall(r"\$(?:\{(\w+)\}|(\w+))", workdir_arg)
+    unset = sorted({braced or bare for braced, bare in named} - set(os.environ))
+    if unset:
+        out["unset"] = unset
+    out.update(_can_make(workdir))
     # Found, not imported: importing torch takes seconds on a busy login node, and the nodes import it anyway.
     if importlib.util.find_spec("torch") is None:
         out["torch_error"] = "No module named 'torch'"
@@ -40,6 +42,21 @@ def login_facts(workdir_arg: str) -> "dict[str, Any]":
         except importlib.metadata.PackageNotFoundError:
             out["torch"] = "unknown version"
     return out
+
+
+def _can_make(workdir: str) -> "dict[str, Any]":
+    """writable and free (of the file system it is on), or writable False and why: asked of the workdir, or of the
+    deepest folder above it that exists, where the run would make it."""
+    existing = workdir
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        return {"writable": False, "why": f"{existing} is not a folder"}
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return {"writable": False, "why": f"{existing}: Permission denied"}
+    if os.statvfs(existing).f_flag & os.ST_RDONLY:
+        return {"writable": False, "why": f"{existing}: Read-only file system"}
+    return {"writable": True, "free": shutil.disk_usage(existing).free}
 
 
 def cache_listing(workdir: str, cache: str) -> "dict[str, Any]":

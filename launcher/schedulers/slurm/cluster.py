@@ -150,6 +150,11 @@ def read_facts(conn: Connection, spec: RunSpec, request: SlurmRequest, code_cach
 
 def preflight_refusal(spec: RunSpec, request: SlurmRequest, facts: ClusterFacts, login: dict[str, object]) -> str:
     """Why the job cannot run as asked (empty: it can). Pure, from what the cluster reported."""
+    unset = login.get("unset")
+    if isinstance(unset, list) and unset:
+        names = ", ".join(f"${name}" for name in unset)
+        return (f"--workdir {request.workdir}: {names} {'is' if len(unset) == 1 else 'are'} not set on the login "
+                "node: give the folder's path, or name variables set there (e.g. $HOME, $SCRATCH)")
     part = facts.partition
     if part.state != "UP":
         return f"partition {part.name} is {part.state}: pick another with --partition (`sinfo` lists them)"

@@ -24,6 +24,16 @@ from launcher.transport.ssh import Connection
 UNPROBED_WORKDIR = "$HOME/.ddpctl/slurm"
 
 
+def unprobed_workdir(workdir: str | None) -> str:
+    """The --workdir as the login node will read it, shown without asking it: `~` is its $HOME, a relative path is
+    under it (the SSH session starts there), variables stay to be expanded there."""
+    if workdir is None:
+        return UNPROBED_WORKDIR
+    if workdir == "~" or workdir.startswith("~/"):
+        return "$HOME" + workdir[1:]
+    return workdir if workdir.startswith(("/", "$", "~")) else f"$HOME/{workdir}"
+
+
 @dataclass(frozen=True)
 class SlurmSubmit:
     """What is submitted: the batch script (its text is the file written to the cluster) and the sbatch line."""
@@ -87,11 +97,12 @@ class SlurmScheduler:
         warning = requeue.handler_warning(spec, self.request, Path.cwd())
         warnings = (warning,) if warning else ()
         if conn is None:  # the GPU request as a cons_tres cluster takes it; the probe decides it for the cluster
-            job = SlurmJob(spec, self.request, f"{UNPROBED_WORKDIR}/runs/{spec.run_id}", gpu_flag=GPUS_PER_NODE)
+            workdir = unprobed_workdir(self.request.workdir)
+            job = SlurmJob(spec, self.request, f"{workdir}/runs/{spec.run_id}", gpu_flag=GPUS_PER_NODE)
             unknown = ("the partition, its GPUs and MaxTime, the workdir and torch (not probed: --no-probe); the GPU "
                        "request is --gpus-per-node where Slurm runs select/cons_tres, else --gres=gpu:N, and on a "
                        "CPU-only partition --cpus-per-task=N instead",)
-            return SlurmSubmit(job, batch_script(job), UNPROBED_WORKDIR, self.login, unknown, warnings)
+            return SlurmSubmit(job, batch_script(job), workdir, self.login, unknown, warnings)
         facts = cluster.read_facts(conn, spec, self.request, code_cache)
         has_gpus = any(facts.partition.gpus_per_node)
         gpu_flag = (GPUS_PER_NODE if facts.select_type.endswith("cons_tres") else GRES) if has_gpus else None
