@@ -14,8 +14,9 @@ first, then the Slurm cluster, then its module.
 The longest first: a long group or test handed out late (test_slurm_*, with the cluster's minute-long time limits,
 one test after another on one worker; test_remote_docker's image shipping) is what the whole run waits for at its
 end. The Slurm cluster's tests are handed out first, then the e2e tier, then the integration tier, then the unit
-tier, whose short tests fill the workers' gaps at the end; within a tier the groups and tests known to be long come
-first (KNOWN_SECONDS, longest first), and the collection order is kept among the rest. pytest-xdist 3.6 and later
+tier, whose short tests fill the workers' gaps at the end; within a tier a test others wait for comes first
+(FIRST_IN_TIER), then the groups and tests known to be long (KNOWN_SECONDS, longest first), and the collection order
+is kept among the rest. pytest-xdist 3.6 and later
 would hand the groups out by their number of tests instead (its --loadscope-reorder, on by default: a group of 45
 quick tests before the Slurm cluster's, a 2-minute single test after every group), so this plugin turns that off.
 """
@@ -72,6 +73,12 @@ def group_of(item: pytest.Item) -> str | None:
     return None
 
 
+# Tests whose work others wait for, handed out first in their tier: the offline base-image build is the suite's base
+# image on a fresh machine, which the Docker tests' fixture waits for rather than building it again
+# (tests/docker_fixtures.py); started after a Docker test, it would build a second one.
+FIRST_IN_TIER = ("tests/test_base_image_offline.py",)
+
+
 def known_seconds(scope: str) -> int:
     """KNOWN_SECONDS of a group's name, or of an ungrouped test's node id (any parameters) or file, else 0."""
     for key in (scope, scope.split("[")[0], scope.split("::")[0]):
@@ -90,7 +97,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not config.pluginmanager.hasplugin("xdist"):
         return
     scopes: list[str] = []
-    first: dict[str, tuple[int, int]] = {}
+    first: dict[str, tuple[int, int, int]] = {}
     for item in items:
         group = group_of(item)
         if group is not None:
@@ -98,7 +105,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         marked = item.get_closest_marker("xdist_group")
         scope = str(marked.kwargs.get("name", marked.args[0] if marked.args else "")) if marked else item.nodeid
         rank = _FIRST["slurm_cluster"] if group == "slurm_cluster" else _FIRST[tier_of(item)]
-        key = (rank, -known_seconds(scope))
+        key = (rank, 0 if scope.split("::")[0] in FIRST_IN_TIER else 1, -known_seconds(scope))
         first[scope] = min(key, first.get(scope, key))
         scopes.append(scope)
     order = sorted(range(len(items)), key=lambda i: first[scopes[i]])  # stable: collection order within a rank
