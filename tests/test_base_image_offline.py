@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.docker_fixtures import OFFLINE_BUILD_LOCK, REPO, requires_docker
+from tests.docker_fixtures import REPO, base_image_tag, offline_build_lock, requires_docker
 from tests.network_isolation import REFUSING_PROXY, environment_before_isolation
 
 pytestmark = [requires_docker, pytest.mark.docker,
@@ -52,9 +52,9 @@ def run_script(args: list[str], env: dict[str, str], timeout: float) -> subproce
 @pytest.mark.timeout(1800)
 def test_setup_is_not_cut_off_and_the_base_image_builds_from_what_it_downloaded(tmp_path: Path) -> None:
     # Where the suite's own base image is not built yet (a fresh machine, as in CI), the build below is that image,
-    # and the Docker tests' fixture waits for it (OFFLINE_BUILD_LOCK) instead of building it a second time.
-    suite_tag = subprocess.run(["bash", SCRIPT, "--tag"], capture_output=True, text=True, check=True).stdout.strip()
-    with open(OFFLINE_BUILD_LOCK, "a") as lock:
+    # and the Docker tests' fixture waits for it (offline_build_lock) instead of building it a second time.
+    suite_tag = base_image_tag()
+    with open(offline_build_lock(suite_tag), "a") as lock:
         if subprocess.run(["docker", "image", "inspect", suite_tag], capture_output=True).returncode != 0:
             fcntl.flock(lock, fcntl.LOCK_EX)
         try:
