@@ -8,6 +8,7 @@
 # versions it installs, so a second run finds the image and returns at once.
 #
 #   bash infra/base_image.sh --wheels-only    # only download the wheels it needs into its wheel cache
+#   bash infra/base_image.sh --tag            # only print the tag it builds (built or not)
 #
 # The wheels come from a cache folder (DDPCTL_CACHE_DIR, default ~/.cache/ddpctl, then base-wheels/<key>/) that
 # `infra/setup.sh --test` fills with --wheels-only: set-up downloads, before the test suite cuts itself off from
@@ -21,10 +22,12 @@
 # from pip's own configuration, e.g. a local wheel folder): the public index's plain torch is the CUDA build.
 set -euo pipefail
 wheels_only=false
+tag_only=false
 case "${1:-}" in
   "") ;;
   --wheels-only) wheels_only=true ;;
-  *) echo "unknown option '$1'; usage: bash infra/base_image.sh [--wheels-only]" >&2; exit 2 ;;
+  --tag) tag_only=true ;;
+  *) echo "unknown option '$1'; usage: bash infra/base_image.sh [--wheels-only | --tag]" >&2; exit 2 ;;
 esac
 script=$(realpath "$0")
 repo=$(dirname "$(dirname "$script")")
@@ -85,6 +88,10 @@ fi
 
 hash=$( { cat "$script"; echo "$TORCH_VERSION $NUMPY_SPEC $TRAINER_SPEC $SUITE $PACKAGES"; } | sha256sum | cut -c1-12)
 tag="$REPO:cpu-$hash"
+if $tag_only; then
+  echo "$tag"
+  exit 0
+fi
 
 if docker image inspect "$tag" >/dev/null 2>&1; then
   log "$tag already built"

@@ -3,7 +3,9 @@
 Each host is a network namespace joined to the bed's bridge by a veth pair, running its own OpenSSH sshd
 (own config, own host key, its own address and port) and having its own login user (own home = own workspace;
 all namespaces share one file system and hostname). The launcher in the root namespace reaches hosts at their
-bridge address; hosts reach each other over the bridge.
+bridge address; hosts reach each other over the bridge. By default the hosts differ as real machines do (their
+interface's name, a docker0 that leads nowhere, the home's parent, python3's path: infra/testbed_variety.py), so
+that every multi-node test meets what a user with different machines meets; `varied=False` makes them identical.
 
 Several beds may run at once (different engineers' test runs): a bed claims a free index `idx` (directory
 /tmp/ddpctl-testbed/bed-<idx>), uses subnet 10.231.<idx>.0/24 and names every resource `<prefix><idx>...`.
@@ -57,7 +59,7 @@ from launcher.planning.rdzv_reservation import RESERVATION_DIR
 
 STATE_ROOT = Path(os.environ.get("DDPCTL_TESTBED_ROOT", "/tmp/ddpctl-testbed"))
 SUBNET_FMT = "10.231.{idx}"
-HOST_IFACE = "eth0"  # the interface name inside every host's namespace
+HOST_IFACE = "eth0"  # the interface name inside every host's namespace of an identical (varied=False) bed
 _PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{0,7}$")  # short: interface names are limited to 15 characters
 
 # What beds this process started, for a test session's end-of-run check (tests/session_leaks.py). With
@@ -90,9 +92,11 @@ class Testbed:
     __test__ = False
 
     def __init__(self, name_prefix: str = "ddptb", n_hosts: int = 2, ports: Sequence[int] | None = None,
-                 *, persistent: bool = False, host_python: bool = False, varied: bool = False) -> None:
+                 *, persistent: bool = False, host_python: bool = False, varied: bool = True) -> None:
         """`host_python`: hosts' SSH sessions get this machine's Python (with torch) first on PATH, and one
-        thread per torch process. `varied`: hosts differ as real machines do (infra/testbed_variety.py)."""
+        thread per torch process. `varied` (the default): hosts differ as real machines do (interface names, a
+        docker0 that leads nowhere, homes, python3 paths; infra/testbed_variety.py); `varied=False` gives identical
+        hosts (interface eth0, homes under /home), for a test that needs them and says why."""
         if not _PREFIX_RE.match(name_prefix):
             raise ValueError(f"name_prefix {name_prefix!r}: use 1-8 lower-case letters or digits, first a letter")
         if os.geteuid() != 0:

@@ -16,8 +16,9 @@ def main(argv: list[str] | None = None) -> int:
     start.add_argument("--ports", default="", help="comma-separated port per host (default 22 for all)")
     start.add_argument("--prefix", default="ddptb")
     start.add_argument("--host-python", action="store_true", help="give hosts this machine's python3 + torch")
-    start.add_argument("--varied", action="store_true",
-                       help="hosts differ as real machines do: interface names, a docker0, homes, python paths")
+    start.add_argument("--identical", action="store_true",
+                       help="identical hosts (eth0, homes under /home); by default they differ as real machines do: "
+                            "interface names, a docker0, homes, python paths")
     sub.add_parser("list", help="list beds")
     stop = sub.add_parser("stop", help="stop beds started by hand (and stale ones)")
     stop.add_argument("--bed", type=int, help="only this bed index")
@@ -27,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "start":
         ports = [int(p) for p in args.ports.split(",")] if args.ports else None
         bed = testbed.Testbed(args.prefix, n_hosts=args.hosts, ports=ports, persistent=True,
-                              host_python=args.host_python, varied=args.varied)
+                              host_python=args.host_python, varied=not args.identical)
         print(f"test bed {bed.idx} (bridge {bed.state.bridge}, {bed.state.bridge_address}/24)")
         for host in bed.hosts:
             print(f"  {host.spec}  netns={host.netns} iface={host.iface} home={host.home}")

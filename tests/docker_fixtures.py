@@ -28,9 +28,26 @@ requires_docker = pytest.mark.skipif(not docker_available(),
                                      reason="no Docker engine answers here: start one with `bash infra/dockerd.sh`")
 
 
+def base_image_tag() -> str:
+    """The tag infra/base_image.sh builds (the base image's repository and content hash), built or not."""
+    return subprocess.run(["bash", str(REPO / "infra" / "base_image.sh"), "--tag"], capture_output=True, text=True,
+                          check=True, timeout=60).stdout.strip()
+
+
+def offline_build_lock(tag: str) -> str:
+    """tests/test_base_image_offline.py builds the suite's base image itself where it is not built yet (a fresh
+    machine, as in CI): it holds this lock of the image's tag, exclusively, from its start until that build is done.
+    The fixture waits for it (at once where nobody holds it), then finds the image instead of building it a second
+    time (about 1.5 minutes of both cores); where the test started later than the fixture, the test builds an image
+    of its own instead."""
+    return f"/tmp/ddpctl-base-offline-build-{tag.replace('/', '_').replace(':', '_')}.lock"
+
+
 @pytest.fixture(scope="session")
 def base_image() -> str:
     """The offline CPU base (Debian, python3, CPU torch, numpy), built once per content hash."""
+    with open(offline_build_lock(base_image_tag()), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_SH)
     done = subprocess.run(["bash", str(REPO / "infra" / "base_image.sh")], capture_output=True, text=True,
                           timeout=900)
     if done.returncode != 0:

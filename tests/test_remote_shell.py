@@ -20,6 +20,7 @@ from launcher.planning import mpi_check
 from launcher.providers.vast import watchdog_state
 from launcher.remote import shell_text
 from launcher.runtimes import docker, docker_hosts
+from launcher.schedulers.slurm import mpi_job
 from launcher.spec import launchers
 
 if sys.version_info >= (3, 11):
@@ -40,6 +41,7 @@ SENT = {  # file -> the text the launcher puts on the hosts' command lines
     "rank0_output.sh": scheduled_output.RANK0_OUTPUT_SCRIPT,
     "slurm_progress.sh": scheduled.PROGRESS_SCRIPT,
     "slurm_nodes.sh": scheduled_reattach.NODES_SCRIPT,
+    "mpi_network.sh": mpi_job.NETWORK_SCRIPT,
 }
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from infra.testbed import Testbed, TestHost, cleanup_stale
-from tests.testbed_fixtures import REPO, TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, run_ddpctl
+from tests.testbed_fixtures import REPO, TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, connect, run_ddpctl
 
 pytestmark = pytest.mark.skipif(TESTBED_UNAVAILABLE, reason=TESTBED_SKIP_REASON)
 
@@ -103,6 +103,51 @@ def test_a_rank_on_the_second_node_told_to_fail_fails_the_run(bed: Testbed, proj
     assert code == 1, stderr
     assert run is not None and "rank 3: failing as FAIL_RANK asks" in (
         mpirun_output(run) + (run / "nodes" / "0" / "logs" / "mpirun" / "attempt_0" / "0" / "stderr.log").read_text())
+
+
+def path_without_ip(bed: Testbed, host: TestHost, path: str) -> str:
+    """`path` with each folder that holds `ip` replaced by a folder of links to everything else in it: the host's
+    sessions then have no `ip`, as Vast's images and the PyTorch base image have none (the file system is shared,
+    so the program itself stays)."""
+    folders = []
+    for n, folder in enumerate(path.split(":")):
+        if not os.path.exists(os.path.join(folder, "ip")):
+            folders.append(folder)
+            continue
+        links = bed.dir / f"{host.name}-without-ip-{n}"
+        links.mkdir(mode=0o755, exist_ok=True)
+        for entry in os.scandir(folder):
+            if entry.name != "ip" and not (links / entry.name).exists():
+                (links / entry.name).symlink_to(entry.path)
+        folders.append(str(links))
+    return ":".join(folders)
+
+
+def test_hosts_without_ip_give_mpirun_the_network_between_them_not_an_address_each(bed: Testbed, project: Path,
+                                                                                  tmp_path: Path) -> None:
+    """The probe reads each address's prefix from the kernel where `ip` is missing; before, it listed no address
+    there and mpirun's interfaces fell back to a /32 per node."""
+    saved = [host.ssh_environment() for host in bed.hosts]
+    try:
+        for host, env in zip(bed.hosts, saved, strict=True):
+            host.set_ssh_environment({**env, "PATH": path_without_ip(bed, host, env["PATH"])})
+            with connect(bed, host) as conn:
+                found = conn.run(["sh", "-c", "command -v ip || echo none; command -v python3 mpirun"])
+            assert found.stdout.splitlines()[0] == "none", found.stdout
+        code, stderr, run = up(bed, project, tmp_path / "runs", "--launcher", "mpirun", "--gpus", "2",
+                               "--env", "FAIL_RANK=none", "--", "python3", "env_report.py")
+    finally:
+        for host, env in zip(bed.hosts, saved, strict=True):
+            host.set_ssh_environment(env)
+    assert code == 0, stderr
+    assert run is not None
+    plan = json.loads((run / "plan.json").read_text())
+    for host, facts in zip(bed.hosts, plan["node_facts"], strict=True):
+        assert {"iface": host.iface, "addr": host.address, "prefix": 24} in facts["addrs"], facts["addrs"]
+    command = plan["nodes"][0]["command"]
+    subnet = f"{bed.hosts[0].address.rsplit('.', 1)[0]}.0/24"
+    assert command[command.index("btl_tcp_if_include") + 1] == subnet
+    assert all(f"rank {r} done" in mpirun_output(run) for r in range(4)), mpirun_output(run)
 
 
 TC = "/usr/sbin/tc"

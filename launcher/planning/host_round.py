@@ -15,14 +15,15 @@ from typing import Any
 from launcher.errors import HostError
 from launcher.planning.clock_offset import ClockOffset
 from launcher.planning.facts import HostFacts
-from launcher.remote import daemon, host_probe, probe_round, rdzv_port, tree_sync
+from launcher.remote import daemon, host_probe, interface_addresses, probe_round, rdzv_port, tree_sync
 from launcher.remote.program import ahead_of_input, on_stdin, program
 from launcher.transport.connection import HostConnection
 from launcher.transport.parallel import HostOutcome, run_on_hosts
 
 # What the hosts run: PROBE_PROGRAM, the modules' own text (no second copy), sent on standard input
 # (program.on_stdin), with the request as its argument.
-PROBE_PROGRAM = program(probe_round, daemon, host_probe, rdzv_port, tree_sync, end_with_client=True)
+PROBE_PROGRAM = program(probe_round, daemon, interface_addresses, host_probe, rdzv_port, tree_sync,
+                        end_with_client=True)
 PROBE_TIMEOUT = 90.0  # seconds: nvidia-smi, a Docker engine's answer, node 0's reservation lock (30 s at most)
 
 

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from typing import Any
 
+from launcher.remote import interface_addresses
+
 
 def host_facts() -> "dict[str, Any]":
     """Python, cores, home, torch (or why not), GPUs and driver, free disk for the runs, addresses, docker."""
@@ -38,19 +40,30 @@ def host_facts() -> "dict[str, Any]":
     info["disk_free"] = shutil.disk_usage(runs).free
     conn = os.environ.get("SSH_CONNECTION", "").split()
     info["ssh_server_addr"] = conn[2] if len(conn) >= 3 else None
-    addrs = []
-    with contextlib.suppress(Exception):
-        out = subprocess.run(["ip", "-o", "addr", "show"], capture_output=True, text=True, timeout=10).stdout
-        for line in out.splitlines():
-            f = line.split()
-            if len(f) >= 4 and f[2] in ("inet", "inet6"):
-                addr, _, prefix = f[3].partition("/")
-                # The prefix length too: the subnet (10.79.0.0/24) names the nodes' network on every host alike,
-                # whatever the interface is called there (--launcher mpirun's btl_tcp_if_include).
-                addrs.append({"iface": f[1], "addr": addr, "prefix": int(prefix) if prefix.isdigit() else None})
-    info["addrs"] = addrs
+    info["addrs"] = addresses()
     info["docker"] = shutil.which("docker") is not None
     return info
+
+
+def addresses() -> "list[dict]":
+    """Every interface address as {iface, addr, prefix}: from `ip -o addr show`, or where a host has no `ip` (Vast's
+    images, the PyTorch base image) or it fails, from the kernel itself (interface_addresses.py). The prefix length
+    too: the subnet (10.79.0.0/24) names the nodes' network on every host alike, whatever the interface is called
+    there (--launcher mpirun's btl_tcp_if_include)."""
+    if shutil.which("ip"):
+        with contextlib.suppress(Exception):
+            out = subprocess.run(["ip", "-o", "addr", "show"], capture_output=True, text=True, timeout=10).stdout
+            found = []
+            for line in out.splitlines():
+                f = line.split()
+                if len(f) >= 4 and f[2] in ("inet", "inet6"):
+                    addr, _, prefix = f[3].partition("/")
+                    found.append({"iface": f[1], "addr": addr, "prefix": int(prefix) if prefix.isdigit() else None})
+            if found:
+                return found
+    with contextlib.suppress(Exception):
+        return interface_addresses.addresses_with_prefixes()
+    return []
 
 
 def own_address(ssh_server_addr: "str | None", addrs: "list[dict]") -> "str | None":

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import shlex
 
+from launcher.remote import shell_text
 from launcher.spec.launchers import HOOK_DIR, JOIN_DIR_ENV, JOINED_DIR, NNODES_ENV, NODE_RANK_ENV
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.torchrun import mpi_command
@@ -38,6 +39,27 @@ def mpirun_argv(spec: RunSpec) -> list[str]:
     ranks = spec.nnodes * spec.nproc_per_node
     return ["mpirun", "-np", str(ranks), "--map-by", f"ppr:{spec.nproc_per_node}:node", "--bind-to", "none",
             "bash", "-c", RANK_SCRIPT, "ddpctl-rank", *mpi_command(spec)]
+
+
+# Prints the network between the nodes (launcher/remote/mpi_network.sh), run by the batch shell on the first node.
+NETWORK_SCRIPT = shell_text("mpi_network.sh")
+
+
+def network_lines() -> list[str]:
+    """Open MPI's TCP (its daemons' and the ranks') on the network between the nodes, named by its subnet: never a
+    docker0 or other bridge with the same address on every node, where a rank reaches one of its own node's instead
+    of its peer and the job hangs to its time limit. Through OMPI_MCA_* (srun passes them on to mpirun's daemons),
+    only where the user set none; Open MPI's own choice where the first node finds no such network."""
+    return [
+        "# Open MPI's TCP on the network between the nodes only (not a docker0 alike on every node)",
+        f'mpi_net=$(sh -c {shlex.quote(NETWORK_SCRIPT)} ddpctl-mpi-network '
+        '$(scontrol show hostnames "$SLURM_JOB_NODELIST"))',
+        'if [ -n "$mpi_net" ]; then',
+        '  export OMPI_MCA_btl_tcp_if_include="${OMPI_MCA_btl_tcp_if_include:-$mpi_net}" '
+        'OMPI_MCA_oob_tcp_if_include="${OMPI_MCA_oob_tcp_if_include:-$mpi_net}"',
+        "fi",
+    ]
+
 
 
 def srun_argv(spec: RunSpec) -> list[str]:
@@ -79,6 +101,7 @@ def run_lines(spec: RunSpec) -> list[str]:
         f'for k in $(seq 0 {last}); do mkdir -p "nodes/$k/out" "nodes/$k/logs" && rm -rf "nodes/$k/code" && '
         'cp -R code "nodes/$k/code"; done',
         f'export DDPCTL_RUN="$PWD" DDPCTL_NPROC={spec.nproc_per_node} {NNODES_ENV}={spec.nnodes}',
+        *network_lines(),
         *starter_lines(),
         "code=0",
         f'if [ "${STARTER_ENV}" = pmix ]; then',
