@@ -163,7 +163,8 @@ def interruption_cost(instances: list[dict[str, Any]], snapshot_at: float | None
     the loss) and on the gap (everything billing from the loss until training again)."""
     redone = spent_between(instances, snapshot_at, lost_at) if snapshot_at is not None else 0.0
     gap = spent_between(instances, lost_at, training_at)
-    return {"redone_usd": round(redone, 6), "gap_usd": round(gap, 6), "cost_usd": round(redone + gap, 6)}
+    redone, gap = round(redone, 6), round(gap, 6)  # the total is the sum of the parts as written, to the last digit
+    return {"redone_usd": redone, "gap_usd": gap, "cost_usd": round(redone + gap, 6)}
 
 
 def tell_interruption(entry: dict[str, Any]) -> None:
