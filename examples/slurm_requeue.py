@@ -2,12 +2,14 @@
 ("A script of your own"). Run it with `ddpctl up --provider slurm ... --requeue -- python slurm_requeue.py`.
 
 Slurm signals the job (SIGUSR1) a while before its limit. The handler only sets a flag; every few steps the ranks
-agree (an all-reduce of the flag) so that all stop after the same step, save a checkpoint and exit 0. The job is
-then requeued and this script runs again from its start in the next allocation: it loads the checkpoint and goes
-on. Without the handler the signal is ignored and the job ends at its limit (TIMEOUT), not requeued.
+agree (an all-reduce of the flag) so that all stop after the same step, save a checkpoint, create the requeue mark
+(the file DDPCTL_REQUEUE_MARK names: "I stopped for the signal, run me again") and exit 0. The job is then requeued
+and this script runs again from its start in the next allocation: it loads the checkpoint and goes on. A script
+that finished its steps leaves no mark, even when the signal came as it finished, and is not run again. Without the
+handler the signal is ignored and the job ends at its limit (TIMEOUT), not requeued.
 
-Standard torchrun environment only (RANK, WORLD_SIZE, ...); DDPCTL_OUTPUT_DIR and DDPCTL_REQUEUE_FLAG are read when
-ddpctl sets them, with plain fallbacks otherwise.
+Standard torchrun environment only (RANK, WORLD_SIZE, ...); DDPCTL_OUTPUT_DIR, DDPCTL_REQUEUE_FLAG and
+DDPCTL_REQUEUE_MARK are read when ddpctl sets them, with plain fallbacks otherwise.
 """
 
 import json
@@ -73,6 +75,8 @@ def main():
         state = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "done": done}
         torch.save(state, path + ".tmp")
         os.replace(path + ".tmp", path)  # whole or not at all
+    if step < args.steps and os.environ.get("DDPCTL_REQUEUE_MARK"):  # stopped for the signal: "run me again"
+        open(os.environ["DDPCTL_REQUEUE_MARK"], "a").close()  # every rank: one file, created by whoever comes first
     print(f"rank {rank}: {'finished' if step >= args.steps else 'stopped for a requeue'} at step {step}; "
           f"allocations' steps {json.dumps(done)}", flush=True)
     dist.barrier()  # no rank leaves while another still uses the group (gloo aborts a process left talking)

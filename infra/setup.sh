@@ -8,7 +8,8 @@
 # mmdebstrap and Debian's archive keyring (the offline base image, also on Ubuntu) and the wheels that image gets
 # (infra/base_image.sh --wheels-only),
 # docker-registry (a local registry for `ddpctl image push` tests), slurmctld, slurmd, slurm-client and munge (a
-# real Slurm cluster in the test bed: infra/slurm_cluster.py), shellcheck (the shell scripts of launcher/remote/).
+# real Slurm cluster in the test bed: infra/slurm_cluster.py), shellcheck (the shell scripts of launcher/remote/),
+# libfaketime (a test host whose clock is skewed: tests/faults/test_clock_skew.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,7 +40,7 @@ apt_install() {
 if $with_tests; then
   missing=()
   for pkg in openssh-server openssh-client iproute2 iptables procps docker.io docker-compose mmdebstrap debian-archive-keyring \
-             docker-registry slurmctld slurmd slurm-client munge openmpi-bin libopenmpi-dev shellcheck; do
+             docker-registry slurmctld slurmd slurm-client munge openmpi-bin libopenmpi-dev shellcheck libfaketime; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
   done
   if [ ${#missing[@]} -gt 0 ]; then

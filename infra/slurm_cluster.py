@@ -11,7 +11,9 @@ kind), task/cgroup enforces `--mem` (ConstrainRAMSpace), each node in a memory c
 the cluster's CgroupMountpoint in its mount namespace; else task/none. Preemption: preempt/partition_prio, a job
 in partition `low` is cancelled (PREEMPTED) when one in `high` needs its nodes. Accounting: no slurmdbd;
 finished jobs stay in `scontrol show job` for MinJobAge and are written to jobcomp/filetxt (`sacct` answers
-nothing here; ddpctl falls back to scontrol).
+nothing here; ddpctl falls back to scontrol). MPI: Debian's Slurm has the pmix plugin (`srun --mpi=list`: pmix,
+pmix_v4) and Debian's Open MPI is built against the same PMIx (libpmix2); each node gets its own TmpFS (`tmp-%n`),
+where the pmix plugin makes each step's folder, which two nodes sharing /tmp would both claim.
 Short chains of requeued jobs (`--requeue`): a requeued job waits AuthInfo's cred_expire before it may start again
 (120 s by default, 10 s here), and the scheduler looks at eligible jobs every 2 s (sched_interval, bf_interval;
 60 s and 30 s by default); OverTimeLimit stays 0, so a job ends at its limit (Slurm checks limits every 30 s).
@@ -157,6 +159,9 @@ class SlurmCluster:
     def _start(self) -> None:
         for sub in ("state", "munge", "logs", "cgroup/memory"):
             (self.dir / sub).mkdir(mode=0o755, parents=True)
+        for node in self.nodes:  # each node's own temporary folder (TmpFS), as every cluster node has its /tmp
+            (self.dir / f"tmp-{node.name}").mkdir()
+            os.chmod(self.dir / f"tmp-{node.name}", 0o1777)
         hosts_lines = ["127.0.0.1 localhost"] + [f"{h.address} {h.name}" for h in [self.login, *self.nodes]]
         (self.dir / "hosts").write_text("\n".join(hosts_lines) + "\n")
         key = self.dir / "munge" / "munge.key"
@@ -238,6 +243,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU_Memory
 DefMemPerCPU={NODE_MEMORY_MB // self.cpus}
 MpiDefault=none
+TmpFS={d}/tmp-%n
 ReturnToService=2
 MinJobAge=3600
 SlurmdTimeout=10

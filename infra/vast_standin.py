@@ -19,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from infra import vast_market
+from infra import vast_bids, vast_market
 from infra.vast_contract import example, find_operation, validate_request
 from infra.vast_hosts import BannerHost, install_key
 from infra.vast_lifecycle import Lifecycle, PlainText
@@ -38,6 +38,8 @@ def make_offer(offer_id: int, machine_id: int, **fields: Any) -> dict[str, Any]:
                  rented=False, external=False, public_ipaddr="127.0.0.1",
                  inet_up_cost=0.0, inet_down_cost=0.0)  # free bandwidth unless a test prices it (vast_market)
     offer.update(fields)
+    if "min_bid" not in fields:  # the documented example's min_bid fits no price here: a share of dph_base
+        offer["min_bid"] = round(float(offer["dph_base"]) * vast_bids.MIN_BID_SHARE, 4)
     return offer
 
 
@@ -93,6 +95,7 @@ class VastStandIn:
         self.overlay_subnet = overlay_subnet
         self.faults = Faults()
         self.market = vast_market.Market()  # market behaviours (infra/vast_market.py)
+        self.bids = vast_bids.Bids()  # interruptible instances and the market that outbids them (infra/vast_bids.py)
         self.lifecycle = Lifecycle()  # start delays, pull failures, rate limits, stop/start, scoped keys
         self.bind = bind
         self.requests: list[dict[str, Any]] = []  # every request: method, path, query, body, problems, status, at
@@ -218,6 +221,7 @@ class VastStandIn:
         for offer in self.offers.values():
             priced = dict(offer, storage_total_cost=offer["storage_cost"] * storage / 720)
             priced["dph_total"] = priced["dph_base"] + priced["storage_total_cost"]
+            priced = vast_bids.priced(self.bids, priced, q)
             if all(_matches(priced, k, v) for k, v in filters.items()):
                 matches.append(priced)
         for col, direction in reversed(q.get("order", [])):
@@ -234,6 +238,9 @@ class VastStandIn:
         if gone or offer is None or offer["rented"]:
             status = gone or 404
             return status, example(f"create_instance.put.{status}", ask_id=offer_id)
+        refusal = vast_bids.refused(self.bids, offer, req)
+        if refusal is not None:
+            return refusal
         iid = next(self._ids)
         offer["rented"] = True  # the whole machine's GPUs are ours now
         inst = Instance(iid, offer, req, time.monotonic(), unlisted_reads=self.faults.list_lag_reads)
@@ -407,6 +414,7 @@ class VastStandIn:
             start_date=time.time() - age, uptime_mins=age / 60, ssh_user=inst.user,
         )
         self.lifecycle.dress(obj, inst.id)
+        vast_bids.dress(self.bids, inst, obj)
         return obj
 
     def _add_key(self, inst: Instance, key: str) -> None:

@@ -52,6 +52,7 @@ class RunStopRequested(DdpctlError):
     """Raised by a provider's `watch` hook (e.g. --max-cost) or by `follow` (--stall-timeout): every node is stopped
     and pulled, then it propagates. `reason` names the trigger in events and teardown records."""
 
-    def __init__(self, message: str, reason: str) -> None:
+    def __init__(self, message: str, reason: str, lost_nodes: tuple[int, ...] = ()) -> None:
         super().__init__(message)
         self.reason = reason
+        self.lost_nodes = lost_nodes  # nodes whose machine is gone (outbid): not stopped, nothing to stop there

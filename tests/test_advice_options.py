@@ -26,7 +26,7 @@ OTHER_PROGRAMS = {
     "--redirects": "torchrun", "--local-addr": "torchrun", "--nproc": "torchrun's --nproc-per-node, mistyped",
     "--mem": "sbatch", "--gpus-per-node": "sbatch", "--ntasks-per-node": "srun", "--kill-on-bad-exit": "srun",
     "--user": "docker run", "--help": "every command's own (click adds it)", "--cpus-per-task": "sbatch",
-    "--gres": "sbatch", "--logdir": "tensorboard", "--no-same-owner": "tar",
+    "--gres": "sbatch", "--logdir": "tensorboard", "--no-same-owner": "tar", "--mpi": "srun",
 }
 # An option typed after `=` is a value (`--trainer-arg=--keep-snapshots=1`: the trainer's, passed through).
 OPTION_IN_SPAN = re.compile(r"(?<![\w=-])(--[a-z][a-z0-9-]*)")

@@ -24,7 +24,7 @@ from launcher.planning.host_round import PROBE_PROGRAM
 from launcher.planning.preflight import probe_host
 from launcher.planning.rdzv_reservation import RELEASE_PROGRAM
 from launcher.providers.vast.autostop import WATCHDOG
-from launcher.remote import daemon, host_probe, node_start, probe_round, rdzv_port, source_of, tree_sync
+from launcher.remote import client_watch, daemon, host_probe, node_start, probe_round, rdzv_port, source_of, tree_sync
 from launcher.transport.ssh import CommandResult
 from launcher.transport.sync import read_listing
 
@@ -108,8 +108,8 @@ class ThisMachine:
 
 
 def test_the_probe_sent_to_the_hosts_is_the_modules_text() -> None:
-    assert sources_of(PROBE_PROGRAM) == {m.__name__: source_of(m) for m in (daemon, host_probe, rdzv_port,
-                                                                            tree_sync, probe_round)}
+    assert sources_of(PROBE_PROGRAM) == {m.__name__: source_of(m) for m in (client_watch, daemon, host_probe,
+                                                                            rdzv_port, tree_sync, probe_round)}
     assert sources_of(RELEASE_PROGRAM) == {m.__name__: source_of(m) for m in (daemon, rdzv_port)}
 
 

@@ -112,6 +112,15 @@ def test_the_mpirun_node_runs_mpirun_into_the_log_layout(tmp_path: Path) -> None
     failing.chmod(0o755)
     failed = sh(launchers.MPIRUN_SCRIPT, "ddpctl-mpirun", str(tmp_path / "logs"), str(failing), "-np", "1")
     assert failed.returncode == 3 and failed.stderr == "bad\n"  # how it ended, for the failure line
+    # A rank's traceback, then more of the launcher's own lines than a tail holds (srun's): the traceback is told.
+    noisy = tmp_path / "noisy-srun"
+    notes = "".join(f"srun: error: task {k}: Killed\n" for k in range(30))
+    noisy.write_text(f"#!/bin/sh\ncat >&2 <<'EOF'\nTraceback (most recent call last):\n  File \"x.py\", line 1\n"
+                     f"    boom()\nRuntimeError: rank 3 gives up\n--------\n{notes}EOF\nexit 1\n")
+    noisy.chmod(0o755)
+    told = sh(launchers.MPIRUN_SCRIPT, "ddpctl-mpirun", str(tmp_path / "logs"), str(noisy))
+    assert told.returncode == 1 and told.stderr == ('Traceback (most recent call last):\n  File "x.py", line 1\n'
+                                                    "    boom()\nRuntimeError: rank 3 gives up\n")
     peer = sh(launchers.MPI_PEER_SCRIPT, "ddpctl-mpi-node", "1", "4")
     assert peer.stdout == "node 1: its 4 process(es) are started by node 0's mpirun over SSH\n"
 

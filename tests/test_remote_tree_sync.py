@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.remote import source_of, tree_sync
+from launcher.remote import tree_sync
+from launcher.remote.program import program
 from launcher.transport import sync
 from launcher.transport.ssh import CommandResult
 
@@ -32,7 +33,8 @@ class InProcessHost:
 
     def check(self, argv: list[str], what: str, *, stdin: bytes = b"", timeout: float = 0) -> CommandResult:
         self.commands.append(argv)
-        assert argv[:3] == ["py", "-c", source_of(tree_sync)]  # the module's text, nothing else
+        # the module's own text (with the watch that ends it with its client), nothing else
+        assert argv[:3] == ["py", "-c", program(tree_sync, end_with_client=True)]
         out, sys_stdin = io.StringIO(), sys.stdin
         sys.stdin = io.StringIO(stdin.decode())
         try:
@@ -41,6 +43,9 @@ class InProcessHost:
         finally:
             sys.stdin = sys_stdin
         return CommandResult(0, out.getvalue(), "")
+
+    def run(self, argv: list[str], *, stdin: bytes = b"", timeout: float = 0) -> CommandResult:
+        return self.check(argv, "", stdin=stdin, timeout=timeout)
 
     def put(self, local: str, remote: str) -> None:
         shutil.copyfile(local, remote)

@@ -3,7 +3,8 @@ file of mode 0600 (never in the script's text nor the dry run), the world size i
 script that ignores the time limit's signal ends in a TIMEOUT that names the signal and the handler to add, and the
 time trained counts the allocation Slurm cut at its limit. The repository's example handler
 (examples/slurm_requeue.py) runs through a requeue chain to the end, beside it (the cluster's nodes have a CPU
-each to spare for a second 2-node job)."""
+each to spare for a second 2-node job), and a script whose time limit's signal lands just as it finishes is not
+requeued (it ends 0 without the requeue mark: finished)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,20 @@ while True:
     time.sleep(1)
 '''
 
+# Done, then the time limit's signal as Slurm sends it (to the batch shell alone, which passes it on) right as it
+# ends: a handler that sets a flag, as many scripts have, and an exit 0 with no requeue mark once it came.
+RACER = '''import os, signal, subprocess, time
+came = []
+signal.signal(signal.SIGUSR1, lambda *_: came.append(time.time()))
+print("work done", flush=True)
+subprocess.run(["scancel", "--batch", "--signal=USR1", os.environ["SLURM_JOB_ID"]], check=True)
+deadline = time.monotonic() + 60
+while not came and time.monotonic() < deadline:
+    time.sleep(0.1)
+print(f"signalled: {bool(came)}", flush=True)
+signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+'''
+
 
 def slurm(cluster: SlurmCluster, *args: str, cwd: Path, timeout: float = 420) -> subprocess.CompletedProcess[str]:
     return run_ddpctl(cluster.bed, *args[:1], "--provider", "slurm", "--host", cluster.login.spec, *args[1:], cwd=cwd,
@@ -47,9 +62,10 @@ def stdout_of(run: Path) -> str:
 @pytest.mark.timeout(1200)  # the plain job (about 2 minutes), then the rest of the example's chain (up to 10)
 def test_a_plain_script_gets_env_a_measured_world_and_a_timeout_that_names_the_signal_and_the_fix(
         slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
-    chain_dir, plain_dir = tmp_path / "example", tmp_path / "plain"
-    chain_dir.mkdir()
-    plain_dir.mkdir()
+    chain_dir, plain_dir, racer_dir = tmp_path / "example", tmp_path / "plain", tmp_path / "racer"
+    for folder in (chain_dir, plain_dir, racer_dir):
+        folder.mkdir()
+    (racer_dir / "racer.py").write_text(RACER)
     shutil.copy(REPO / "examples" / "slurm_requeue.py", chain_dir)
     (plain_dir / "plain.py").write_text(PLAIN)
     # The example handler: 60 s of steps at least, more than the first allocation of a two-minute limit trains
@@ -58,6 +74,9 @@ def test_a_plain_script_gets_env_a_measured_world_and_a_timeout_that_names_the_s
     detached = slurm(slurm_cluster, "up", "--nodes", "2", "--gpus", "1", "--time", "2", "--max-requeues", "5",
                      "--detach", "--", "python", "slurm_requeue.py", "--steps", str(STEPS), cwd=chain_dir)
     assert detached.returncode == 0, detached.stderr
+    racing = slurm(slurm_cluster, "up", "--nodes", "1", "--gpus", "1", "--time", "5", "--max-requeues", "1",
+                   "--detach", "--", "python", "racer.py", cwd=racer_dir)
+    assert racing.returncode == 0, racing.stderr
 
     args = ("--nodes", "2", "--gpus", "1", "--requeue", "--max-requeues", "1", "--time", "0:01:00", "--env", "X=1",
             "--env", f"TOKEN={SECRET}", "--", "python", "plain.py")
@@ -111,15 +130,29 @@ def test_a_plain_script_gets_env_a_measured_world_and_a_timeout_that_names_the_s
     assert chained["trained_seconds"] > 0 and chained["cpu_hours"] > 0
     finished = [json.loads(line.split("allocations' steps ")[1]) for line in stdout_of(chain_run).splitlines()
                 if f"finished at step {STEPS}" in line]
-    # The last allocation's lines (both ranks) hold every allocation's steps. A signal that came as the script
-    # finished requeues it once more (the batch shell cannot tell a finished script from one that stopped for the
-    # signal): that allocation resumes at the end and trains nothing, which loses and repeats no step.
-    steps = max(finished, key=len)
-    assert finished.count(steps) == 2, stdout_of(chain_run)
-    # Every allocation went on from where the one before stopped: no step lost or done twice.
+    # Both ranks of the last allocation, once: a finished script is not run again.
+    assert len(finished) == 2 and finished[0] == finished[1], stdout_of(chain_run)
+    steps = finished[0]
+    # Every allocation went on from where the one before stopped and trained: no step lost or done twice.
     assert len(steps) == chained["allocations"] and steps[0][0] == 0 and steps[-1][1] == STEPS
     assert all(before[1] == after[0] for before, after in zip(steps, steps[1:], strict=False))
+    assert all(first < last for first, last in steps), steps
 
+    # The signal that landed as the racer finished: one allocation, completed, not requeued, and told.
+    racer_run = next((racer_dir / "runs").iterdir())
+    racer_job = json.loads((racer_run / "run.json").read_text())["slurm"]["job_id"]
+    deadline = time.monotonic() + 300
+    while "JobState=COMPLETED" not in (shown := slurm_cluster.slurm("scontrol", "show", "job", racer_job).stdout):
+        assert "JobState=FAILED" not in shown and time.monotonic() < deadline, shown
+        time.sleep(2)
+    assert "Restarts=0" in shown, shown  # never requeued
+    assert run_ddpctl(slurm_cluster.bed, "pull", str(racer_run), cwd=tmp_path).returncode == 0
+    raced = json.loads((racer_run / "run.json").read_text())["slurm"]
+    assert raced["end"].startswith(f"job {racer_job} COMPLETED (exit 0:0) after 1 allocation(s) (0 requeue(s))")
+    assert "SIGUSR1 came at " in raced["end"] and "taken as finished" in raced["end"], raced["end"]
+    assert stdout_of(racer_run).splitlines() == ["work done", "signalled: True"]
+    events = [line.split()[1] for line in (racer_run / "requeue" / "chain").read_text().splitlines()]
+    assert events == ["start", "signal", "end", "finished"], events
 
 SPAWNS = '''import os
 import torch
@@ -169,7 +202,7 @@ print(f"rank {world.Get_rank()} of {world.Get_size()} on node {os.environ['DDPCT
 '''
 
 
-def test_an_mpi_script_runs_under_mpirun_inside_the_allocation_as_one_world(
+def test_an_mpi_script_runs_under_srun_pmix_inside_the_allocation_as_one_world(
         slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     (tmp_path / "mpi_sum.py").write_text(MPI_SCRIPT)
     up = slurm(slurm_cluster, "up", "--nodes", "2", "--gpus", "2", "--launcher", "mpirun", "--time", "5",
@@ -178,9 +211,12 @@ def test_an_mpi_script_runs_under_mpirun_inside_the_allocation_as_one_world(
     run = next((tmp_path / "runs").iterdir())
     record = json.loads((run / "run.json").read_text())["slurm"]
     assert record["end"].startswith(f"job {record['job_id']} COMPLETED (exit 0:0)")
-    # Open MPI's mpirun in the batch shell started 2 ranks on each node (its daemons through srun): one world of 4.
+    # The cluster's Slurm has its pmix plugin and Open MPI is a PMIx client (Debian's, built against the same libpmix):
+    # srun --mpi=pmix started 2 ranks on each node, one world of 4.
+    said = (run / f"slurm-{record['job_id']}.out").read_text()
+    assert "ddpctl: the MPI ranks are started by srun --mpi=pmix (DDPCTL_SLURM_MPI=pmix)\n" in said, said
     output = (run / "nodes" / "0" / "logs" / "mpirun" / "attempt_0" / "0" / "stdout.log").read_text()
-    # mpirun forwards the ranks' output in chunks, which may interleave mid-line: each rank's line is found whole.
+    # srun forwards the ranks' output in chunks, which may interleave mid-line: each rank's line is found whole.
     said = sorted(re.findall(r"rank \d of 4 on node \d: sum 4, X=1", output))
     assert said == [f"rank {r} of 4 on node {r // 2}: sum 4, X=1" for r in range(4)], output
     summary = json.loads((run / "summary.json").read_text())
@@ -194,10 +230,14 @@ if world.Get_rank() == 3:
     raise RuntimeError("rank 3 gives up")
 world.barrier()
 ''')
-    up = slurm(slurm_cluster, "up", "--nodes", "2", "--gpus", "2", "--launcher", "mpirun", "--time", "5", "--",
-               "python", "fails.py", cwd=tmp_path)
+    # Open MPI's own mpirun in the batch shell, as asked (its daemons started through srun).
+    up = slurm(slurm_cluster, "up", "--nodes", "2", "--gpus", "2", "--launcher", "mpirun", "--time", "5",
+               "--env", "DDPCTL_SLURM_MPI=mpirun", "--", "python", "fails.py", cwd=tmp_path)
     assert up.returncode == 1 and "error: training failed: mpirun on node 0 (" in up.stderr, up.stderr
     run = next((tmp_path / "runs").iterdir())
+    said = (run / f"slurm-{json.loads((run / 'run.json').read_text())['slurm']['job_id']}.out").read_text()
+    assert "ddpctl: the MPI ranks are started by Open MPI's mpirun (DDPCTL_SLURM_MPI=mpirun)\n" in said, said
     failure = json.loads((run / "run.json").read_text())["failure"]
     assert failure["slurm_state"] == "FAILED" and failure["summary"].startswith("mpirun on node 0 (")
+    assert failure["summary"].endswith("exited with 1: RuntimeError: rank 3 gives up"), failure["summary"]
     assert "RuntimeError: rank 3 gives up" in failure["explain"]  # the rank's traceback, as mpirun passed it on

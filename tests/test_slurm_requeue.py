@@ -43,6 +43,7 @@ state["flag"] = os.path.exists(os.environ["DDPCTL_REQUEUE_FLAG"])
 with open(path + ".tmp", "w") as f:
     json.dump(state, f)
 os.replace(path + ".tmp", path)
+open(os.environ["DDPCTL_REQUEUE_MARK"], "a").close()  # stopped for the signal: requeue me
 print("saved", state, flush=True)
 signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 '''

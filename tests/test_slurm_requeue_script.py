@@ -3,6 +3,7 @@ plan's record of them, the job's own record of its allocations, and the lines dd
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -44,19 +45,78 @@ def test_the_batch_shell_passes_the_signal_on_and_requeues_itself_at_most_n_time
     text = script(time="1", max_requeues=3)
     # What the nodes' commands are told, and the allocation's first record.
     assert ('export DDPCTL_REQUEUE_SIGNAL=USR1 DDPCTL_REQUEUE_NOTICE=30 DDPCTL_MAX_REQUEUES=3 '
-            'DDPCTL_REQUEUE_FLAG="$PWD/requeue/signalled"\n'
+            'DDPCTL_REQUEUE_FLAG="$PWD/requeue/signalled" DDPCTL_REQUEUE_MARK="$PWD/requeue/resume"\n'
             'export DDPCTL_REQUEUE_COUNT="${SLURM_RESTART_COUNT:-0}"\n'
-            'mkdir -p requeue && rm -f "$DDPCTL_REQUEUE_FLAG"\n'
+            'mkdir -p requeue && rm -f "$DDPCTL_REQUEUE_FLAG" "$DDPCTL_REQUEUE_MARK"\n'
             'echo "$DDPCTL_REQUEUE_COUNT start $(date +%s) $SLURM_JOB_NODELIST" >> requeue/chain\n') in text
     # srun runs in the background so that the trap runs at once; the trap flags and passes the signal to srun.
     assert "trap on_signal USR1\nsrun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c \"$node_script\" &\n"\
         "srun_pid=$!\n" in text
     assert 'date +%s > "$DDPCTL_REQUEUE_FLAG"' in text and 'kill -USR1 "$srun_pid"' in text
-    # Requeued only when the signal came, srun ended 0 and the trainer wrote no summary (training not done).
-    assert ('if [ -f "$DDPCTL_REQUEUE_FLAG" ] && [ "$status" = 0 ] && ! ls nodes/*/out/summary.json >/dev/null '
-            '2>&1; then\n  if [ "$DDPCTL_REQUEUE_COUNT" -lt 3 ]; then\n') in text
+    # Decided once srun ended, from how it ended: requeued only when every node ended 0 and the mark was left.
+    assert ('status=0; wait_for "$srun_pid" || status=$?\ntrap \'\' USR1  ') in text
+    assert ('if [ "$status" = 0 ] && [ -f "$DDPCTL_REQUEUE_MARK" ]; then\n'
+            '  if [ "$DDPCTL_REQUEUE_COUNT" -lt 3 ]; then\n') in text
+    assert "summary.json" not in text
     assert '    scontrol requeue "$SLURM_JOB_ID" && exit 0\n' in text
-    assert "  exit 75\nfi\nexit \"$status\"\n" in text
+    assert "  exit 75\nfi\n" in text and text.endswith('not requeued"\nfi\nexit "$status"\n')
+
+
+# The batch shell's own lines after its set-up, run by bash in a folder standing in for the run's: `srun` is a
+# command of the test's (the step: what it does, how it ends) and `scontrol` records the requeue it is asked for.
+def run_batch_lines(tmp_path: Path, step: str, count: int = 0) -> tuple[int, str, str]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "scontrol").write_text('#!/bin/sh\necho "$@" >> "$PWD/scontrol.calls"\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    request = SlurmRequest(time="1", max_requeues=2)
+    lines = [line for line in requeue.environment_lines(request) if not line.startswith("#")]
+    text = "\n".join([*lines, *requeue.batch_run_lines(step, request)]) + "\n"
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "12", "SLURM_RESTART_COUNT": str(count),
+           "SLURM_JOB_NODELIST": "n1"}
+    done = subprocess.run(["bash", "-c", text], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
+    calls = tmp_path / "scontrol.calls"
+    return done.returncode, (tmp_path / "requeue" / "chain").read_text(), calls.read_text() if calls.exists() else ""
+
+
+# The signal comes while the step runs (the batch shell's trap), then the step ends as each case says. `$PPID` of
+# the step, run in the background, is the batch shell; the step waits until the trap passed the signal on.
+SIGNALLED = "bash -c 'trap \"touch passed\" USR1; kill -USR1 $PPID; while [ ! -e passed ]; do sleep 0.05; done; {}'"
+
+
+@pytest.mark.integration  # bash runs the lines
+@pytest.mark.parametrize(("step", "requeued", "code", "last_event"), [
+    # Stopped for the signal, saved, said so: requeued.
+    (SIGNALLED.format('touch \"$DDPCTL_REQUEUE_MARK\"; exit 0'), True, 0, "requeue"),
+    # The race: the signal lands as the step finishes; it ends 0 with no mark: finished, not run again.
+    (SIGNALLED.format("exit 0"), False, 0, "finished"),
+    # A node failed: its status is passed on, mark or not.
+    (SIGNALLED.format('touch \"$DDPCTL_REQUEUE_MARK\"; exit 3'), False, 3, "end"),
+    # No signal, no mark: a plain end.
+    ("true", False, 0, "end"),
+])
+def test_the_requeue_is_decided_from_how_the_step_ended(tmp_path: Path, step: str, requeued: bool, code: int,
+                                                        last_event: str) -> None:
+    returncode, chain, calls = run_batch_lines(tmp_path, step)
+    assert returncode == code, chain
+    assert (calls == "requeue 12\n") is requeued and (calls == "") is not requeued
+    assert chain.splitlines()[-1].split()[1] == last_event, chain
+    parsed = Chain.parse(chain).allocations[-1]
+    assert (parsed.requeued, parsed.finished) == (requeued, last_event == "finished")
+
+
+@pytest.mark.integration
+def test_a_mark_left_by_an_earlier_allocation_does_not_requeue_the_next(tmp_path: Path) -> None:
+    (tmp_path / "requeue").mkdir()
+    (tmp_path / "requeue" / "resume").touch()
+    (tmp_path / "requeue" / "signalled").touch()
+    assert run_batch_lines(tmp_path, "true", count=1)[2] == ""
+
+
+@pytest.mark.integration
+def test_the_mark_with_no_requeue_left_ends_as_spent(tmp_path: Path) -> None:
+    returncode, chain, calls = run_batch_lines(tmp_path, SIGNALLED.format('touch \"$DDPCTL_REQUEUE_MARK\"'), count=2)
+    assert (returncode, calls, chain.splitlines()[-1].split()[:2]) == (75, "", ["2", "spent"])
 
 
 def test_each_node_ignores_the_signal_in_torchrun_and_passes_it_to_the_workers() -> None:
@@ -67,11 +127,11 @@ def test_each_node_ignores_the_signal_in_torchrun_and_passes_it_to_the_workers()
     assert ' ) >> "$ws/torchrun.out" 2>&1 < /dev/null &\nrunner=$!\ncode=0; wait_for "$runner" || code=$?\n' in node
 
 
-def test_a_requeued_users_script_keeps_its_copy_and_is_requeued_without_a_summary_check() -> None:
+def test_a_requeued_users_script_keeps_its_copy_and_is_requeued_by_the_trainers_rule() -> None:
     spec = RunSpec(run_id="r2", nnodes=1, nproc_per_node=1, python="python3", user_command=("python", "loop.py"))
     text = script(spec, time="1", max_requeues=2)
     assert '[ -d "$ws/code" ] || cp -R code "$ws/code"\n' in text and 'rm -rf "$ws/code"' not in text
-    assert 'if [ -f "$DDPCTL_REQUEUE_FLAG" ] && [ "$status" = 0 ]; then\n' in text
+    assert 'if [ "$status" = 0 ] && [ -f "$DDPCTL_REQUEUE_MARK" ]; then\n' in text
 
 
 @pytest.mark.parametrize(("kwargs", "named"), [
@@ -187,20 +247,33 @@ def test_a_timeout_after_an_unheeded_signal_names_it_and_the_handler_to_add() ->
     assert scheduled_chain.unheeded_signal(status, Chain.parse("0 start 1000 n1\n0 signal 1040\n0 end 1050 0\n")) == ""
 
 
+def test_a_signal_as_the_command_finished_is_told_with_how_to_ask_for_a_requeue() -> None:
+    chain = Chain.parse("0 start 1000 n1\n0 signal 1040\n0 end 1041 0\n0 finished 1041\n")
+    done = JobStatus("12", "COMPLETED", exit_code="0:0", cpus=2)
+    fields = {"allocations": 1, "requeues": 0, "trained_seconds": 41.0, "queued_seconds": 1.0}
+    line = scheduled_chain.end_line(done, fields, chain, 1, "-")
+    assert line.startswith("job 12 COMPLETED (exit 0:0) after 1 allocation(s) (0 requeue(s)): 41 s trained, 1 s "
+                           "queued; SIGUSR1 came at ")
+    assert "taken as finished" in line and "$DDPCTL_REQUEUE_MARK" in line and "examples/slurm_requeue.py" in line
+    # A plain completion (no signal) says nothing of it.
+    assert "SIGUSR1" not in scheduled_chain.end_line(done, fields, Chain.parse("0 start 1000 n1\n0 end 1041 0\n"), 1,
+                                                     "-")
+
+
 @pytest.mark.parametrize(("source", "warned"), [
-    ("import time\nwhile True:\n    time.sleep(1)\n", True),
-    ("import signal\nsignal.signal(signal.SIGUSR1, lambda *_: None)\n", False),
-    ("from signal import SIGUSR1, signal\nsignal(SIGUSR1, print)\n", False),
+    ("import time\nwhile True:\n    time.sleep(1)\n", "has no SIGUSR1 handler in sight"),
+    ("import signal\nsignal.signal(signal.SIGUSR1, lambda *_: None)\n", "never names DDPCTL_REQUEUE_MARK"),
+    ("from signal import SIGUSR1, signal\nsignal(SIGUSR1, print)\n", "never names DDPCTL_REQUEUE_MARK"),
+    ("import os, signal\nsignal.signal(signal.SIGUSR1, print)\nopen(os.environ['DDPCTL_REQUEUE_MARK'], 'a')\n", ""),
 ])
-def test_the_dry_run_warns_when_requeue_meets_a_script_with_no_handler_in_sight(
-        tmp_path: Path, source: str, warned: bool) -> None:
+def test_the_dry_run_warns_when_requeue_meets_a_script_with_no_handler_or_mark_in_sight(
+        tmp_path: Path, source: str, warned: str) -> None:
     (tmp_path / "train.py").write_text(source)
     spec = RunSpec(run_id="r", python="python3", user_command=("python", "train.py"))
     warning = requeue.handler_warning(spec, SlurmRequest(time="10", max_requeues=1), tmp_path)
-    assert bool(warning) == warned
+    assert (warned in warning) if warned else warning == ""
     if warned:
-        assert warning.startswith("--requeue: train.py has no SIGUSR1 handler in sight") and \
-            "examples/slurm_requeue.py" in warning
+        assert warning.startswith("--requeue: train.py ") and "examples/slurm_requeue.py" in warning
     assert requeue.handler_warning(spec, SlurmRequest(), tmp_path) == ""  # no --requeue: nothing to say
 
 

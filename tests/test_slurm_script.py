@@ -3,9 +3,16 @@ preflight refusals drawn from what a cluster reports, and the job states read fr
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
 import pytest
 
 from launcher.errors import SpecError
+from launcher.execute import scheduled_end
+from launcher.results.rundir import RunDir
+from launcher.schedulers.base import JobStatus
+from launcher.schedulers.slurm import mpi_job
 from launcher.schedulers.slurm.batch_script import (
     GPUS_PER_NODE,
     GRES,
@@ -187,18 +194,51 @@ def test_a_launcher_slurm_cannot_run_is_refused_before_the_cluster_is_asked() ->
         SlurmScheduler(SlurmRequest(nodes=2, time="10", max_requeues=1), "login").submit_dryrun(spec, None)
 
 
-def test_an_mpi_job_runs_mpirun_in_the_allocation_with_its_ranks_as_tasks() -> None:
+def test_an_mpi_job_starts_its_ranks_by_srun_pmix_or_mpirun_in_the_allocation_with_its_ranks_as_tasks() -> None:
     spec = RunSpec(run_id="r10", nnodes=2, nproc_per_node=2, python="python3", launcher="mpirun",
                    user_command=("python", "mp.py", "--n", "a b"))
     script = batch_script(SlurmJob(spec, SlurmRequest(nodes=2), RUN, gpu_flag=None))
     assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=2\n" in script
-    assert "srun --" not in script and "DDPCTL_TORCHRUN" not in script
+    assert "DDPCTL_TORCHRUN" not in script
     assert ('for k in $(seq 0 1); do mkdir -p "nodes/$k/out" "nodes/$k/logs" && rm -rf "nodes/$k/code" && '
             'cp -R code "nodes/$k/code"; done\nexport DDPCTL_RUN="$PWD" DDPCTL_NPROC=2 DDPCTL_NNODES=2\n') in script
-    assert ('sh "$PWD/mpirun.sh" nodes/0/logs mpirun -np 4 --map-by ppr:2:node --bind-to none bash -c ') in script
-    assert ("ddpctl-rank python3 -m mpi4py mp.py --n 'a b' > nodes/0/torchrun.out 2>&1 < /dev/null || code=$?\n"
-            'echo "$code" > nodes/0/exit_code.tmp && mv nodes/0/exit_code.tmp nodes/0/exit_code\nexit "$code"\n'
+    # Chosen in the job, after the prelude: srun --mpi=pmix where both sides speak PMIx, else mpirun.
+    assert 'if [ -z "${DDPCTL_SLURM_MPI:-}" ]; then\n' in script
+    assert ('if [ "$DDPCTL_SLURM_MPI" = pmix ]; then\n  sh "$PWD/mpirun.sh" nodes/0/logs srun --mpi=pmix --nodes=2 '
+            '--ntasks-per-node=2 --kill-on-bad-exit=1 bash -c ') in script
+    assert ('\nelse\n  sh "$PWD/mpirun.sh" nodes/0/logs mpirun -np 4 --map-by ppr:2:node --bind-to none bash -c '
             ) in script
+    assert script.count("ddpctl-rank python3 -m mpi4py mp.py --n 'a b' > nodes/0/torchrun.out 2>&1 < /dev/null || "
+                        "code=$?\n") == 2
+    assert script.endswith('fi\necho "$code" > nodes/0/exit_code.tmp && mv nodes/0/exit_code.tmp nodes/0/exit_code\n'
+                           'exit "$code"\n')
+
+
+@pytest.mark.integration  # bash runs the lines, with stand-ins for srun and ompi_info on PATH
+@pytest.mark.parametrize(("srun_lists", "ompi_info", "given", "chosen"), [
+    ("pmix\nspecific pmix plugin versions available: pmix_v4", "MCA pmix: ext3x (MCA v2.1.0)", "", "pmix"),
+    ("pmix", "MCA pmix: pmix3x (MCA v2.1.0)", "", "pmix"),
+    ("pmix", "Open MPI v5.0.3", "", "pmix"),  # 5 and later: PMIx always
+    ("pmix", "MCA pmix: isolated (MCA v2.1.0)", "", "mpirun"),  # Open MPI without a PMIx client
+    ("none\npmi2", "MCA pmix: ext3x (MCA v2.1.0)", "", "mpirun"),  # Slurm without its pmix plugin
+    ("pmix", "MCA pmix: ext3x (MCA v2.1.0)", "mpirun", "mpirun"),  # the user's choice wins
+    ("none", "", "pmix", "pmix"),
+])
+def test_how_the_mpi_ranks_start_is_chosen_in_the_job(tmp_path: Path, srun_lists: str, ompi_info: str, given: str,
+                                                      chosen: str) -> None:
+    (tmp_path / "srun").write_text(f"#!/bin/sh\nprintf '%s\\n' 'MPI plugin types are...' '{srun_lists}' >&2\n")
+    (tmp_path / "ompi_info").write_text(f"#!/bin/sh\necho '{ompi_info}'\n")
+    for tool in ("srun", "ompi_info"):
+        (tmp_path / tool).chmod(0o755)
+    lines = [*mpi_job.starter_lines(), 'echo "chosen $DDPCTL_SLURM_MPI"']
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", **({"DDPCTL_SLURM_MPI": given} if given else {})}
+    done = subprocess.run(["bash", "-ec", "\n".join(lines)], env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and done.stdout.splitlines()[-1] == f"chosen {chosen}", done.stdout + done.stderr
+    said = "srun --mpi=pmix" if chosen == "pmix" else "Open MPI's mpirun"
+    assert done.stdout.splitlines()[0] == f"ddpctl: the MPI ranks are started by {said} (DDPCTL_SLURM_MPI={chosen})"
+    wrong = subprocess.run(["bash", "-ec", "\n".join(lines)], env={**env, "DDPCTL_SLURM_MPI": "openmpi"},
+                           capture_output=True, text=True, timeout=30)
+    assert wrong.returncode == 2 and wrong.stderr == "ddpctl: DDPCTL_SLURM_MPI=openmpi: give pmix or mpirun\n"
 
 
 def test_env_values_stay_out_of_the_script_which_sources_them_from_a_file_beside_it() -> None:
@@ -275,3 +315,24 @@ def test_each_launcher_runs_on_slurm_or_is_refused_saying_why(launcher: str, req
     spec = RunSpec(run_id="r", python="python3", launcher=launcher, user_command=("python", "t.py"))
     request = SlurmRequest(time="10", max_requeues=1) if requeued else SlurmRequest()
     assert launcher_refusal(spec, request).startswith(named)
+
+
+@pytest.mark.parametrize(("said", "named"), [
+    ("ddpctl: the MPI ranks are started by srun --mpi=pmix (DDPCTL_SLURM_MPI=pmix)\n", "srun --mpi=pmix"),
+    ("ddpctl: the MPI ranks are started by Open MPI's mpirun (DDPCTL_SLURM_MPI=mpirun)\n", "mpirun"),
+])
+def test_a_failed_mpi_job_names_what_started_its_ranks_and_the_exception(tmp_path: Path, said: str,
+                                                                          named: str) -> None:
+    spec = RunSpec(run_id="m1", nnodes=2, nproc_per_node=2, python="python3", launcher="mpirun",
+                   user_command=("python", "fails.py"))
+    run_dir = RunDir.create(tmp_path / "runs", spec, {"provider": "slurm"})
+    node = run_dir.path / "nodes" / "0"
+    node.mkdir(parents=True)
+    # What launcher/remote/mpirun.sh leaves in node 0's torchrun.out: the last traceback, to its exception.
+    (node / "torchrun.out").write_text('Traceback (most recent call last):\n  File "fails.py", line 4, in <module>\n'
+                                       '    raise RuntimeError("rank 3 gives up")\nRuntimeError: rank 3 gives up\n')
+    (node / "exit_code").write_text("1\n")
+    (run_dir.path / "slurm-12.out").write_text(f"ddpctl: job 12 on n[1-2], rendezvous at n1:20012\n{said}")
+    failed = JobStatus("12", "FAILED", exit_code="1:0", nodes="n[1-2]")
+    failure = scheduled_end.job_failure(run_dir, failed, "job 12 FAILED (exit 1:0)", None)
+    assert failure["summary"] == f"{named} on node 0 (n1) exited with 1: RuntimeError: rank 3 gives up", failure

@@ -47,6 +47,15 @@ def test_a_signal_that_came_before_the_process_listened_is_read_from_the_flag(
     assert stop is not None and stop.asked
 
 
+def test_a_stop_asks_for_the_requeue_by_the_jobs_mark(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(requeue.MARK_ENV, str(tmp_path / "resume"))
+    requeue.ask_for_requeue()
+    requeue.ask_for_requeue()  # every rank asks: one file
+    assert (tmp_path / "resume").is_file()
+    monkeypatch.delenv(requeue.MARK_ENV)
+    requeue.ask_for_requeue()  # not in a requeued job: nothing to say, nowhere to say it
+
+
 def test_a_bad_signal_name_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(requeue.SIGNAL_ENV, "NOPE")
     with pytest.raises(ValueError, match="is not a signal name"):

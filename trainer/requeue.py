@@ -7,6 +7,8 @@ Armed only where the job says so, through the environment the batch script sets:
 - DDPCTL_REQUEUE_SIGNAL: the signal's name (USR1); unset, the trainer leaves every signal as it was.
 - DDPCTL_REQUEUE_FLAG: a file the batch script creates when the signal came (before passing it on): a rank that
   started after the signal (torch's import takes seconds) still learns of it when it arms.
+- DDPCTL_REQUEUE_MARK: a file every rank creates once its part of the snapshot is saved: the job is requeued only
+  when it exists (a run that finished as the signal came leaves none, and is not run again).
 
 The ranks agree every STOP_CHECK_STEPS steps (one all-reduce of one integer), and at every epoch's end."""
 
@@ -18,7 +20,7 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-SIGNAL_ENV, FLAG_ENV = "DDPCTL_REQUEUE_SIGNAL", "DDPCTL_REQUEUE_FLAG"
+SIGNAL_ENV, FLAG_ENV, MARK_ENV = "DDPCTL_REQUEUE_SIGNAL", "DDPCTL_REQUEUE_FLAG", "DDPCTL_REQUEUE_MARK"
 STOP_CHECK_STEPS = 10
 STRATEGIES = ("ddp",)  # the strategies that stop and resume mid-epoch (the others' own loops do not)
 
@@ -78,6 +80,14 @@ def disarm() -> None:
         signum = getattr(signal, f"SIG{_current.signal_name.removeprefix('SIG')}", None)
         if isinstance(signum, signal.Signals):
             signal.signal(signum, signal.SIG_IGN)
+
+
+def ask_for_requeue() -> None:
+    """Say that this process stopped for the signal, its snapshot saved: the job is to run again (the mark file
+    of the job's environment; nothing without one)."""
+    mark = os.environ.get(MARK_ENV)
+    if mark:
+        Path(mark).touch()
 
 
 def current() -> StopRequest | None:

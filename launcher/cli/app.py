@@ -231,6 +231,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         refuse_empty_command(sys.argv[1:] if argv is None else argv)
         status = app(args=argv, standalone_mode=False)  # click returns an Exit's code instead of raising it
+        if status == INTERRUPTED_STATUS:  # typer turns a KeyboardInterrupt into Exit(130), silently: say it
+            from launcher.execute.interruption import last_cause
+
+            say(f"error: interrupted by {last_cause()}")
         if isinstance(status, int) and status:
             exit_with(status)
         finish_output()

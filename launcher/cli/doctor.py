@@ -1,5 +1,5 @@
-"""`ddpctl doctor`: the preflight checks (login, python/torch, GPUs or cores, disk, rendezvous reachability)
-as a table or JSON, one row per host."""
+"""`ddpctl doctor`: the preflight checks (login, python/torch, GPUs or cores, disk, clock offset, rendezvous
+reachability) as a table or JSON, one row per host."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from rich.table import Table
 
 from launcher.errors import DdpctlError, HostError
 from launcher.execute.bandwidth import measure, summary_lines
+from launcher.planning.clock_offset import SKEW_LIMIT, ClockSkew, widest_skew
 from launcher.planning.host_round import ProbeAnswer, probe_all
 from launcher.planning.preflight import REACH_TIMEOUT, HostFacts, Problem, check_requirements, reached_port
 from launcher.planning.rdzv_reservation import listen_request
@@ -39,6 +40,9 @@ def run_doctor(options: UpOptions, *, gpus: int, python: str, rdzv_port: int, js
                              connect_timeout=REACH_TIMEOUT, timeout=options.connect_timeout + 90)
         rows, facts = _host_rows(outcomes)
         problems = check_requirements(facts, gpus, runs_host_torch=True) if len(facts) == len(rows) else []
+        skew = widest_skew(session.labels, [o.value.clock if o.value else None for o in outcomes])
+        if skew is not None and skew.matters:
+            problems.append(Problem(None, skew.problem()))
         network: str | None = None
         if listen is not None and len(facts) == len(rows):
             node0 = outcomes[0].value
@@ -63,16 +67,25 @@ def run_doctor(options: UpOptions, *, gpus: int, python: str, rdzv_port: int, js
     if json_out:
         figures = {"busbw_gbit_s": measured["busbw_gbit_s"], "latency_ms": measured["latency_ms"],
                    "bandwidth": measured} if measured else {}
-        print(json.dumps({"ok": ok, "hosts": rows, "problems": general, "network": network, **figures}, indent=2))
+        print(json.dumps({"ok": ok, "hosts": rows, "problems": general, "network": network,
+                          "clock_skew": _skew_json(skew), **figures}, indent=2))
         return ok
+    _print_findings(rows, outcomes, general, network, skew, measured)
+    return ok
+
+
+def _print_findings(rows: list[dict[str, Any]], outcomes: list[HostOutcome[int, ProbeAnswer]], general: list[str],
+                    network: str | None, skew: ClockSkew | None, measured: dict[str, Any] | None) -> None:
+    """The plain output: the hosts' table (stdout), then each problem and what was measured (stderr)."""
     table = Table(title="ddpctl doctor")
     table.add_column("host", overflow="fold")  # the whole user@host:port, wrapped if it must be
-    for column in ("python", "torch", "GPUs", "cores", "free disk", "address", "ready"):
+    for column in ("python", "torch", "GPUs", "cores", "free disk", "address", "clock", "ready"):
         table.add_column(column)
-    for row in rows:
+    for row, outcome in zip(rows, outcomes, strict=True):
+        clock = outcome.value.clock if outcome.value is not None else None
         table.add_row(row["host"], str(row.get("python", "-")), str(row.get("torch", "-")), str(row.get("gpus", "-")),
                       str(row.get("cpus", "-")), f"{row.get('disk_free_gb', '-')} GB", str(row.get("address", "-")),
-                      "no" if row["problems"] else "yes")
+                      clock.shown if clock else "unknown", "no" if row["problems"] else "yes")
     listing.print(table)
     for row in rows:
         for text in row["problems"]:
@@ -81,9 +94,11 @@ def run_doctor(options: UpOptions, *, gpus: int, python: str, rdzv_port: int, js
         console.print(text, markup=False)
     if network:
         console.print(network)
+    if skew is not None and not skew.matters:
+        console.print(f"clocks: {skew.ahead} is {skew.seconds:.2g} s ahead of {skew.behind} (± {skew.margin:.2g} s), "
+                      f"within the {SKEW_LIMIT:g} s torchrun's rendezvous tolerates", markup=False)
     for line in summary_lines(measured) if measured else []:
         console.print(line, markup=False)
-    return ok
 
 
 def _bandwidth(session: HostSession, facts: list[HostFacts], python: str, port: int, max_bytes: int,
@@ -114,9 +129,18 @@ def _host_rows(outcomes: list[HostOutcome[int, ProbeAnswer]]) -> tuple[list[dict
             found = outcome.value.facts
             facts.append(found)
             row.update(python=found.python, torch=found.torch, gpus=found.gpus, cpus=found.cpus,
-                       disk_free_gb=round(found.disk_free / 2**30, 1), address=found.address)
+                       disk_free_gb=round(found.disk_free / 2**30, 1), address=found.address,
+                       clock=outcome.value.clock.to_json() if outcome.value.clock else None)
         rows.append(row)
     return rows, facts
+
+
+def _skew_json(skew: ClockSkew | None) -> dict[str, Any] | None:
+    """The widest skew between two hosts' clocks, and whether it matters (None: fewer than two measured)."""
+    if skew is None:
+        return None
+    return {"ahead": skew.ahead, "behind": skew.behind, "seconds": round(skew.seconds, 4),
+            "uncertainty_s": round(skew.margin, 4), "limit_s": SKEW_LIMIT, "matters": skew.matters}
 
 
 def _short(error: BaseException | None) -> str:

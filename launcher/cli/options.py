@@ -113,6 +113,10 @@ VAST_OPTIONS = (
         "(~/.docker/config.json) or $DDPCTL_REGISTRY_LOGIN (USER:TOKEN).", VAST),
     opt("autostop", float, None, "Vast.ai, --detach: stop (not destroy) the machines this many minutes after "
         "training ended with no pull (default 30; 0: never).", VAST, optional=True),
+    opt("interruptible", bool, False, "Vast.ai: rent interruptible (bid) machines; an outbid or lost machine is "
+        "replaced and every rank resumes from the newest pulled snapshot.", VAST),
+    opt("bid", float, None, "Vast.ai, --interruptible: bid in $/hour per machine (default: each offer's min_bid "
+        "+25%).", VAST, optional=True),
 )
 
 # `up --provider slurm --host LOGIN`: the allocation asked of the cluster (launcher/spec/slurm_request.py).

@@ -12,6 +12,7 @@ from rich.table import Table
 from launcher.errors import DdpctlError, SpecError
 from launcher.execute.pull_record import incomplete_pull_line
 from launcher.places.registry import PLACES, place_of_record
+from launcher.results.interruptions import interruption_line
 from launcher.results.progress import console, listing
 from launcher.results.run_records import restarts_told
 from launcher.results.rundir import RunDir, find_run
@@ -61,7 +62,7 @@ def status(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, json_out: bool 
     rows = place_of_record(run_dir.typed_record()).status_rows(run_dir, _options(runs_dir, identity_file, False,
                                                                                connect_timeout))
     record = run_dir.record()  # after the rows: asking a rented run's API brings its instances and cost up to date
-    extra = {k: record[k] for k in ("instances", "cost_usd", "failure") if k in record}
+    extra = {k: record[k] for k in ("instances", "cost_usd", "failure", "interruptions") if k in record}
     told = restarts_told(run_dir)  # each restart: its attempt, the nodes that restarted, what caused it
     if json_out:
         print(json.dumps({"run": run_dir.run_id, "path": str(run_dir.path), "nodes": rows, **extra,
@@ -86,6 +87,8 @@ def status(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, json_out: bool 
     for entry in told:
         cause = entry["cause"]["summary"] if entry.get("cause") else "cause not recorded"
         listing.print(f"restart {entry['attempt']}: {cause}", markup=False, highlight=False, soft_wrap=True)
+    for lost in record.get("interruptions") or []:  # --interruptible: each machine lost, and what it took
+        listing.print(interruption_line(lost), markup=False, highlight=False, soft_wrap=True)
     if isinstance(record.get("failure"), dict) and record["failure"].get("summary"):  # what `up` named as the cause
         listing.print(f"failure: {record['failure']['summary']}", markup=False, highlight=False)
     for held in PLACES.values():

@@ -81,6 +81,8 @@ def _own_failure(report: dict[str, Any] | None, stop_time: float | None) -> bool
     """Whether a node failed by itself: a worker failure or a non-zero exit not caused by ddpctl's stop."""
     if report is None:
         return False
+    if report.get("supervisor_gone"):  # ended from outside: never by ddpctl's stop, which leaves its status
+        return True
     failures = report.get("failures") or []
     if failures and (failures[0]["signal"] != "SIGTERM" or _raised(failures[0])):
         when = failures[0].get("time")
@@ -140,7 +142,14 @@ def _describe_cause(node: int, label: str, report: dict[str, Any] | None, python
         return record
     failures = report.get("failures") or []
     code = report.get("exit_code")
-    if failures:
+    gone = report.get("supervisor_gone")
+    if isinstance(gone, dict):
+        record.update(exit_code=code, time=gone.get("time"))  # torchrun's own tail: only the stop's SIGTERM
+        after = (f"torchrun and its workers, left running without it, were stopped by ddpctl "
+                 f"({gone.get('left_running')} process(es))")
+        record["summary"] = (f"the supervisor of {where}, ddpctl's process that runs torchrun there and records how "
+                             f"it ends, was ended from outside (killed?) before torchrun ended; {after}")
+    elif failures:
         worker = failures[0]
         how = _how(worker["exitcode"], worker["signal"], worker.get("oom"))
         record.update(rank=worker["rank"], local_rank=worker["local_rank"], exit_code=worker["exitcode"],

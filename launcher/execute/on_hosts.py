@@ -123,8 +123,10 @@ def run_remote_up(plan: RunPlan, options: UpOptions, session: HostSession, recor
                 raise
             if requested is not None:
                 run_dir.event("stop_requested", reason=str(stop))
-            outcome = interruption.stop_and_pull(run_dir, lambda: stop_all(session, run_dir), lambda: pull_run(
-                session, run_dir), cause=str(requested) if requested else None)
+            lost = requested.lost_nodes if requested is not None else ()
+            outcome = interruption.stop_and_pull(run_dir, lambda: _stop_all_but(session, run_dir, lost),
+                                                 lambda: pull_run(session, run_dir),
+                                                 cause=str(requested) if requested else None)
             if requested is not None:
                 done = outcome.stopped and outcome.pulled
                 stopped = f"every node was stopped and what it wrote pulled to {run_dir.path}"
@@ -347,3 +349,11 @@ def reattach(run_dir: RunDir, options: UpOptions) -> HostSession:
         raise DdpctlError(f"run {run_dir.run_id} ran locally: it has no hosts to reach")
     return HostSession(targets, options, settings=record.get("ssh", {}))
 
+
+def _stop_all_but(session: HostSession, run_dir: RunDir, lost: tuple[int, ...]) -> None:
+    """Stop every node but those whose machine is gone (an outbid Vast machine): there is nothing to stop there,
+    and naming them "left running" would send the user to reattach to a machine that the run replaces."""
+    if not lost:
+        stop_all(session, run_dir)
+        return
+    stop_nodes_of(session, run_dir, [i for i in range(len(run_dir.record()["nodes"])) if i not in lost])

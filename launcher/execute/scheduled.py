@@ -11,27 +11,22 @@ import json
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launcher.errors import DdpctlError, Interrupted, PlanError
-from launcher.execute import interruption, scheduled_chain, scheduled_end
-from launcher.execute.failure_cause import record_failure
-from launcher.execute.on_hosts import PULLED, TOP_LEVEL_FILES
+from launcher.execute import interruption, scheduled_chain
 from launcher.execute.plain_progress import plain_output, run_progress
 from launcher.execute.pull_record import pull_lock, write_pull_record
 from launcher.execute.scheduled_files import place_job_files
 from launcher.execute.scheduled_output import Rank0Output
 from launcher.execute.scheduled_plan import MAKE_ONE, plan_json
 from launcher.execute.shipment import trainer_source_dir
-from launcher.execute.shipping import _cache_key
+from launcher.execute.shipping import _cache_key, probed_listing
 from launcher.planning.request import UpOptions, UpResult
 from launcher.remote import shell_text
-from launcher.results.planned_world import checked_exit_code
 from launcher.results.progress import console
-from launcher.results.run_records import finish_records
 from launcher.results.rundir import RunDir, primary_node_out, read_json, write_bytes_atomic, write_json_atomic
 from launcher.schedulers.base import PENDING, RUNNING, JobStatus
-from launcher.schedulers.slurm.job_output import OomKill
 from launcher.schedulers.slurm.scheduler import SlurmScheduler, SlurmSubmit
 from launcher.spec.run_spec import RunSpec
 from launcher.transport import outputs
@@ -40,6 +35,12 @@ from launcher.transport.pull import pull_tree
 from launcher.transport.ssh import Connection
 from launcher.transport.sync import ship_tree
 
+if TYPE_CHECKING:
+    from launcher.schedulers.slurm.job_output import OomKill
+
+# What is needed only once the job is submitted (its end, its pull, its failure) is imported there, not on the way
+# to sbatch: the time from the command to the job's first step is the time ddpctl is measured by
+# (bench/bench_slurm.py).
 POLL_SECONDS = 2.0
 REQUEST_FILE = "plan.json"  # as on hosts: what was carried out, as `up --dry-run --json` prints it
 # The progress records of every node in one answer: `NODE <k>` then its progress.json.
@@ -62,7 +63,8 @@ def run_scheduled(spec: RunSpec, options: UpOptions, saved_script: str | None = 
                                                                  unprobed.to_json()))
     with HostSession.open(options) as session:
         conn = session.conn(0)
-        request = scheduler.submit_dryrun(spec, conn)  # refusals (one line) come before anything is written
+        # Refusals (one line) come before anything is written; the probe lists the code cache for shipping too.
+        request = scheduler.submit_dryrun(spec, conn, f"code/{_cache_key(code_source(spec))}")
         if options.dry_run:
             _print_request(request, options)
             return UpResult(None, 0, None, scheduled_plan=plan_json(spec, scheduler.request, scheduler.login,
@@ -100,6 +102,8 @@ def run_scheduled(spec: RunSpec, options: UpOptions, saved_script: str | None = 
                                                  lambda: pull_job(conn, run_dir))
             raise Interrupted(outcome.text) from None
         interruption.pull_after_run(run_dir, lambda: pull_job(conn, run_dir))
+        from launcher.results.planned_world import checked_exit_code
+
         code = finish_job(run_dir, status, scheduler.allocation_spans(conn, job_id))
         code = checked_exit_code(run_dir, read_json(run_dir.path / "summary.json"), code)  # the planned world?
         return UpResult(run_dir.path, code, read_json(run_dir.path / "summary.json"))
@@ -133,18 +137,25 @@ def _print_request(request: SlurmSubmit, options: UpOptions) -> None:
         console.print(note, markup=False, highlight=False, soft_wrap=True)
 
 
+def code_source(spec: RunSpec) -> Path:
+    """What is shipped: the user's directory for a `-- CMD` run, else the trainer."""
+    return Path.cwd() if spec.user_command else trainer_source_dir()
+
+
 def ship_code(conn: Connection, spec: RunSpec, request: SlurmSubmit, run_dir: RunDir) -> tuple[str, str]:
-    """The trainer (or the user's directory) to a cache in the workdir, sending only what changed; (the cache, where
-    under the run's code/ it goes): copied there with the job's files, so every node reads the code the job was
-    submitted with."""
+    """The trainer (or the user's directory) to a cache in the workdir, sending only what changed (compared with
+    the probe's listing of the cache); (the cache, where under the run's code/ it goes): copied there with the
+    job's files, so every node reads the code the job was submitted with."""
+    source = code_source(spec)
     if spec.user_command:
-        source, dest = Path.cwd(), ""
+        dest = ""
         manifest, left_out = outputs.record_shipped(run_dir.path, source)
         console.print(outputs.shipping_note(source, manifest, left_out), markup=False, highlight=False, soft_wrap=True)
     else:
-        source, dest = trainer_source_dir(), "/trainer"
+        dest = "/trainer"
     cache = f"{request.workdir}/code/{_cache_key(source)}"
-    stats = ship_tree(conn, source, cache, python=spec.python)
+    listed = probed_listing(conn.label, cache, request.code_listing)
+    stats = ship_tree(conn, source, cache, python=spec.python, listed=listed)
     run_dir.event("shipped", node=0, **asdict(stats))
     return cache, dest
 
@@ -234,6 +245,8 @@ def cancel_and_wait(scheduler: SlurmScheduler, conn: Connection, job_id: str, ti
 def pull_job(conn: Connection, run_dir: RunDir) -> list[dict[str, Any]]:
     """Every node's folder (out/, logs/, torchrun.out, exit_code) into nodes/<k>/ and the job's own output to
     the top, each file verified; then rank 0's node's records to the top, as after a host run."""
+    from launcher.execute.on_hosts import PULLED, TOP_LEVEL_FILES
+
     spec, record = run_dir.spec(), run_dir.record()
     remote_dir = record["slurm"]["remote_dir"]
     shipped, patterns = outputs.load_shipped(run_dir.path), outputs.recorded_outputs(record)
@@ -264,6 +277,10 @@ def pull_job(conn: Connection, run_dir: RunDir) -> list[dict[str, Any]]:
 def finish_job(run_dir: RunDir, status: JobStatus, slurm_spans: list[tuple[float, float]] | None = None) -> int:
     """Record the end state (one line), the allocation's cost and the failure; the run's exit code. `slurm_spans`:
     each allocation's (start, end) from Slurm's accounting, where the cluster keeps it."""
+    from launcher.execute import scheduled_end
+    from launcher.execute.failure_cause import record_failure
+    from launcher.results.run_records import finish_records
+
     queued = _span(status.submit_time, status.start_time)
     ran = _span(status.start_time, status.end_time)
     cost = {"queued_seconds": queued, "run_seconds": ran,
@@ -294,6 +311,8 @@ def finish_job(run_dir: RunDir, status: JobStatus, slurm_spans: list[tuple[float
 
 def end_line(status: JobStatus, queued: float | None, ran: float | None, oom: OomKill | None = None) -> str:
     """`job 12 COMPLETED (exit 0:0) after 41 s running, 2 s queued` and the like, one line per end state."""
+    from launcher.execute import scheduled_end
+
     times = ", ".join(t for t in (f"{ran:.0f} s running" if ran is not None else "",
                                   f"{queued:.0f} s queued" if queued is not None else "") if t)
     state = scheduled_end.named_state(status, oom)

@@ -123,12 +123,28 @@ def end_line(status: JobStatus, fields: dict[str, Any], chain: Chain, most: int,
     told = unheeded_signal(status, chain, user_command)
     if told:
         return f"job {status.job_id} TIMEOUT (exit {status.exit_code or '?'}) after {span}: {times}; {told}"
+    finished = finished_at_signal(status, chain)
+    if finished:
+        return f"job {status.job_id} {status.state} (exit {status.exit_code or '?'}) after {span}: {times}; {finished}"
     how = {"TIMEOUT": ": hit its time limit", "NODE_FAIL": ": lost a node", "CANCELLED": ": was cancelled",
            "OUT_OF_MEMORY": ": ran out of memory", "PREEMPTED": ": was preempted"}.get(status.state, "")
     return f"job {status.job_id} {status.state}{how} (exit {status.exit_code or '?'}) after {span}: {times}"
 
 
 HANDLER_EXAMPLE = "examples/slurm_requeue.py"
+MARK_ADVICE = "create the file $DDPCTL_REQUEUE_MARK names"
+
+
+def finished_at_signal(status: JobStatus, chain: Chain) -> str:
+    """What to tell when the signal came and every node then ended 0 with no requeue mark: taken as finished (a
+    script that saved to resume, but did not say so, learns here how to)."""
+    last = chain.allocations[-1] if chain.allocations else None
+    if status.state != "COMPLETED" or last is None or not last.finished or last.signalled is None:
+        return ""
+    at = time.strftime("%H:%M:%S", time.localtime(last.signalled))
+    return (f"SIG{SIGNAL} came at {at} and the command then ended 0 without asking for a requeue, so it was taken "
+            f"as finished (a command that stopped for the signal to resume later must {MARK_ADVICE} before it "
+            f"exits 0, as {HANDLER_EXAMPLE} does)")
 
 
 def unheeded_signal(status: JobStatus, chain: Chain, user_command: bool = True) -> str:
@@ -145,8 +161,8 @@ def unheeded_signal(status: JobStatus, chain: Chain, user_command: bool = True) 
     if not user_command:  # our trainer acts on it: it did not get to its snapshot in time (its logs say where)
         return told + " (the trainer did not reach its snapshot in time: see the nodes' logs)"
     return (told + f". Add a SIG{SIGNAL} handler that sets a flag, then "
-            f"save and exit 0 when it is set (as {HANDLER_EXAMPLE} does; docs/guides/slurm.md, 'A script of your "
-            "own')")
+            f"save, {MARK_ADVICE} and exit 0 when it is set (as {HANDLER_EXAMPLE} does; docs/guides/slurm.md, 'A "
+            "script of your own')")
 
 
 def saved_text(run_dir: RunDir, user_command: bool) -> str:

@@ -13,6 +13,7 @@ from launcher.remote import attribution
 from launcher.results.rundir import RunDir
 from launcher.schedulers.base import JobStatus
 from launcher.schedulers.slurm.job_output import OomKill, expand_hostlist, oom_kills
+from launcher.schedulers.slurm.mpi_job import SRUN_PMIX_SAID
 
 # States in which a rank may have failed by itself: the first failing rank is the cause.
 RANK_STATES = ("FAILED", "OUT_OF_MEMORY")
@@ -46,6 +47,14 @@ def node_labels(status: JobStatus, nodes: int) -> list[str]:
     return [hosts[k] if k < len(hosts) else f"node {k}" for k in range(nodes)]
 
 
+def _ranks_by_srun(run_path: Path, job_id: str) -> bool:
+    """Whether the job's output says srun --mpi=pmix, not mpirun, started an MPI job's ranks."""
+    try:
+        return SRUN_PMIX_SAID in job_output_path(run_path, job_id).read_text(errors="replace")
+    except OSError:
+        return False
+
+
 def job_failure(run_dir: RunDir, status: JobStatus, line: str, oom: OomKill | None) -> dict[str, Any]:
     """The failure record of a job that did not complete (run.json's `failure`, what `status` shows)."""
     spec = run_dir.spec()
@@ -58,6 +67,8 @@ def job_failure(run_dir: RunDir, status: JobStatus, line: str, oom: OomKill | No
                 if worker.get("signal") == "SIGKILL" and oom.node in (None, label):
                     worker["oom"] = oom.text
     ranks = attribute(reports, labels, python=spec.python, launcher=spec.launcher)
+    if ranks is not None and spec.launcher == "mpirun" and _ranks_by_srun(run_dir.path, status.job_id):
+        ranks["summary"] = str(ranks.get("summary", "")).replace("mpirun on ", "srun --mpi=pmix on ", 1)
     state = named_state(status, oom)
     if state in RANK_STATES and ranks is not None:  # the first failing rank (or agent), as on hosts
         return {**ranks, "slurm_state": state}

@@ -35,7 +35,7 @@ class StacksTaken:
 
 
 def stacks_program() -> str:
-    return program(rank_stacks, proctree)
+    return program(rank_stacks, proctree, end_with_client=True)
 
 
 def node_stacks(conn: HostConnection, workspace: str, python: str = "python3") -> dict[str, Any]:

@@ -60,6 +60,12 @@ def run_on_provider(provider: HostProvider, spec: RunSpec, options: UpOptions, s
         provider.close()
 
 
+def run_acquired(acquired: AcquiredHosts, saved: RunPlan | None = None) -> UpResult:
+    """Probe, plan and run on the hosts a provider acquired: what run_on_provider does between acquire and release
+    (launcher/places/vast_chain.py runs an interruptible run's sets of machines so, one after the other)."""
+    return _run_on_hosts(acquired, saved)
+
+
 def _run_on_hosts(acquired: AcquiredHosts, saved: RunPlan | None) -> UpResult:
     """Probe the hosts (each also lists its code cache for what the run ships, in the same round trip), plan,
     then run the plan (launcher/execute/on_hosts.py)."""

@@ -15,12 +15,15 @@ if TYPE_CHECKING:
 
     from launcher.execute.recorded import RecordedRun
     from launcher.places.option_words import Flags
-    from launcher.planning.request import UpOptions
+    from launcher.planning.plan import RunPlan
+    from launcher.planning.request import UpOptions, UpResult
     from launcher.providers.base import HostProvider
+    from launcher.spec.run_spec import RunSpec
 
 # The options only --provider vast reads.
 VAST_ONLY = ("nodes", "gpu_name", "max_price", "min_reliability", "disk", "down", "max_cost", "max_cost_reserve",
-             "ready_timeout", "expected_hours")
+             "ready_timeout", "expected_hours",
+             "interruptible", "bid")
 
 
 class VastPlace(ProvidedPlace):
@@ -50,12 +53,27 @@ class VastPlace(ProvidedPlace):
         options.update(nodes=values.get("nodes", 1), max_cost_reserve_s=values["max_cost_reserve"],
                        autostop_minutes=values.get("autostop"))
         options["expected_hours"] = values.get("expected_hours")
+        options.update(interruptible=bool(values.get("interruptible")), bid=values.get("bid"))
         for name, value in options.items():
             if isinstance(value, float) and not math.isfinite(value):
                 raise SpecError(f"--{name.replace('_', '-').removesuffix('-s')} {value}: give a finite number")
         from launcher.spec.vast_request import VastRequest
 
         return {"vast": VastRequest(**options)}
+
+    def up(self, spec: RunSpec, options: UpOptions) -> UpResult:
+        if options.vast is not None and options.vast.interruptible:  # launcher/places/vast_chain.py
+            from launcher.places.vast_chain import run_interruptible
+
+            return run_interruptible(spec, options)
+        return super().up(spec, options)
+
+    def run_saved(self, plan: RunPlan, options: UpOptions) -> UpResult:
+        if options.vast is not None and options.vast.interruptible:
+            from launcher.places.vast_chain import run_interruptible
+
+            return run_interruptible(plan.spec, options, saved=plan)
+        return super().run_saved(plan, options)
 
     def sweep_entry(self, options: UpOptions, nnodes: int, sweep_dir: Path) -> UpOptions:
         """An entry's machines; one --max-cost for the whole sweep: it gets what the earlier entries left."""

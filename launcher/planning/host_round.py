@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from launcher.errors import HostError
+from launcher.planning.clock_offset import ClockOffset
 from launcher.planning.facts import HostFacts
 from launcher.remote import daemon, host_probe, probe_round, rdzv_port, tree_sync
 from launcher.remote.program import ahead_of_input, on_stdin, program
@@ -20,7 +22,7 @@ from launcher.transport.parallel import HostOutcome, run_on_hosts
 
 # What the hosts run: PROBE_PROGRAM, the modules' own text (no second copy), sent on standard input
 # (program.on_stdin), with the request as its argument.
-PROBE_PROGRAM = program(probe_round, daemon, host_probe, rdzv_port, tree_sync)
+PROBE_PROGRAM = program(probe_round, daemon, host_probe, rdzv_port, tree_sync, end_with_client=True)
 PROBE_TIMEOUT = 90.0  # seconds: nvidia-smi, a Docker engine's answer, node 0's reservation lock (30 s at most)
 
 
@@ -37,7 +39,8 @@ class CheckResult:
 class ProbeAnswer:
     """One host's answer: its facts, each check's result (in the order asked), what came of `connect`
     (`ok` or `failed: WHY`) and `listen` (`listening PORT` or why not) with the address listened on, and the
-    `manifest` asked for (launcher/remote/tree_sync.py's JSON data, read by launcher/transport/sync.py)."""
+    `manifest` asked for (launcher/remote/tree_sync.py's JSON data, read by launcher/transport/sync.py); the host's
+    `clock` offset, measured by this round trip (None: the answer had no clock stamps)."""
 
     facts: HostFacts
     checks: tuple[CheckResult, ...] = ()
@@ -45,6 +48,7 @@ class ProbeAnswer:
     listen: str | None = None
     addr: str | None = None
     manifest: Any = None
+    clock: ClockOffset | None = None
 
 
 def run_probe(conn: HostConnection, python: str, label: str, *, checks: Sequence[Sequence[str]] = (),
@@ -63,7 +67,9 @@ def run_probe(conn: HostConnection, python: str, label: str, *, checks: Sequence
     else:
         loader, first = ahead_of_input(PROBE_PROGRAM)
         stdin = (part() for part in (lambda: first, lambda: json.dumps(later()).encode() + b"\n"))
+    sent = time.time()  # wall clock, as the host stamps its own: the two are compared
     result = conn.run([python, *loader, json.dumps(request)], timeout=timeout, stdin=stdin)
+    received = time.time()
     if result.exit_code != 0:
         raise HostError(label, f"{python} failed ({(result.stderr or result.stdout).strip()[-200:]}); "
                         "install python3 there or pass --python PATH")
@@ -71,9 +77,17 @@ def run_probe(conn: HostConnection, python: str, label: str, *, checks: Sequence
         data = json.loads(result.stdout.strip().splitlines()[-1])
         found = tuple(CheckResult(int(c["code"]), str(c["stdout"]), str(c["stderr"])) for c in data["checks"])
         return ProbeAnswer(HostFacts.from_probe(label, data["facts"]), found, _text(data.get("connect")),
-                           _text(data.get("listen")), _text(data.get("addr")), data.get("manifest"))
+                           _text(data.get("listen")), _text(data.get("addr")), data.get("manifest"),
+                           _clock(data.get("clock"), sent, received))
     except (ValueError, IndexError, KeyError, TypeError, AttributeError, RecursionError) as e:
         raise HostError(label, f"unexpected preflight answer: {result.stdout[:200]!r}") from e
+
+
+def _clock(stamps: Any, sent: float, received: float) -> ClockOffset | None:
+    """The host's clock offset from its two stamps, or None where the answer has none (two numbers)."""
+    if not isinstance(stamps, list) or len(stamps) != 2 or not all(isinstance(s, (int, float)) for s in stamps):
+        return None
+    return ClockOffset.measured(sent, float(stamps[0]), float(stamps[1]), received)
 
 
 def _text(value: Any) -> str | None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from launcher.errors import DdpctlError, SpecError
+from launcher.planning.clock_offset import widest_skew
 from launcher.planning.facts import HostFacts
 from launcher.planning.host_round import probe_all
 from launcher.planning.mpi_check import mpi_check_argv, mpi_problems
@@ -134,6 +135,9 @@ def _judged(spec: RunSpec, options: UpOptions, choose_runtime: RuntimeChoice, ch
     if spec.launcher == "mpirun":
         problems += mpi_problems(session.labels, [a.checks[runtime_count].stdout for a in answers])
     problems += strategy_problems(spec, procs, facts)
+    skew = widest_skew(session.labels, [a.clock for a in answers])
+    if skew is not None and skew.matters:
+        problems.append(Problem(None, skew.problem()))
     if problems:
         raise DdpctlError("preflight failed:\n" + "\n".join(f"  {p}" for p in problems))
     probe = HostProbe(facts, runtime, spec.rdzv_port, engine_gpus, session.targets[0].hostname,

@@ -238,6 +238,11 @@ def node_report(workspace: str, exit_code: int | None = None) -> "dict[str, Any]
         report["exit_time"] = _mtime(os.path.join(workspace, "exit_code"))
     except (OSError, ValueError):
         pass
+    try:  # the supervisor ended from outside before torchrun did (launcher/remote/node_stop.py)
+        with open(os.path.join(workspace, "supervisor_gone")) as f:
+            report["supervisor_gone"] = json.load(f)
+    except (OSError, ValueError):
+        pass
     torchrun_out = _read_tail(os.path.join(workspace, "torchrun.out"))
     failures = parse_failures(torchrun_out)
     report["failures"] = failures

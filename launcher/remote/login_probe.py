@@ -1,30 +1,38 @@
 """Runs on a Slurm login node under the run's --python (standard library only; sent as this file's text,
 launcher/schedulers/slurm/cluster.py): the workdir expanded there ($SCRATCH, ~), whether it is writable, its free
 space, and whether torch is installed for that interpreter (the one the nodes will run, on the same shared file
-system), as one JSON object on stdout. Its one argument is the workdir as the user gave it."""
+system), as one JSON object on stdout. Its arguments: the workdir as the user gave it, then (optional) the code
+cache to list, relative to the workdir (`code/<key>`): its tree_sync manifest comes back as `manifest`, so that
+shipping the code needs no round trip of its own to compare. Sent with tree_sync as one program
+(launcher/remote/program.py).
+
+It writes nothing: `up --dry-run` is read-only, and the run itself makes the workdir when it places the job's files.
+Whether the workdir can be made is asked of the deepest folder on its path that exists. Variables the login node
+does not set are named (`unset`): expanded, they would stay literal folder names."""
 
 import importlib.metadata
 import importlib.util
 import json
 import os
+import re
 import shutil
 import sys
-import tempfile
+import time
 from typing import Any
+
+LIST_SECONDS = 20  # past this the cache is not listed here; shipping lists it itself
 
 
 def login_facts(workdir_arg: str) -> "dict[str, Any]":
-    """home, workdir (absolute), python; writable and free, or why not; torch's version, or torch_error."""
+    """home, workdir (absolute), python; unset (the variables it names that are not set); writable and free, or
+    why not; torch's version, or torch_error."""
     workdir = os.path.abspath(os.path.expanduser(os.path.expandvars(workdir_arg)))
     out: dict[str, Any] = {"home": os.path.expanduser("~"), "workdir": workdir, "python": sys.executable}
-    try:
-        os.makedirs(workdir, exist_ok=True)
-        tempfile.TemporaryFile(dir=workdir).close()
-        out["writable"] = True
-        out["free"] = shutil.disk_usage(workdir).free
-    except OSError as e:
-        out["writable"] = False
-        out["why"] = e.strerror or str(e)
+    named = re.findall(r"\$(?:\{(\w+)\}|(\w+))", workdir_arg)
+    unset = sorted({braced or bare for braced, bare in named} - set(os.environ))
+    if unset:
+        out["unset"] = unset
+    out.update(_can_make(workdir))
     # Found, not imported: importing torch takes seconds on a busy login node, and the nodes import it anyway.
     if importlib.util.find_spec("torch") is None:
         out["torch_error"] = "No module named 'torch'"
@@ -36,5 +44,43 @@ def login_facts(workdir_arg: str) -> "dict[str, Any]":
     return out
 
 
-if __name__ == "__main__":  # `python -c SOURCE WORKDIR` on the login node
-    print(json.dumps(login_facts(sys.argv[1])))
+def _can_make(workdir: str) -> "dict[str, Any]":
+    """writable and free (of the file system it is on), or writable False and why: asked of the workdir, or of the
+    deepest folder above it that exists, where the run would make it."""
+    existing = workdir
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        return {"writable": False, "why": f"{existing} is not a folder"}
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return {"writable": False, "why": f"{existing}: Permission denied"}
+    if os.statvfs(existing).f_flag & os.ST_RDONLY:
+        return {"writable": False, "why": f"{existing}: Read-only file system"}
+    return {"writable": True, "free": shutil.disk_usage(existing).free}
+
+
+def cache_listing(workdir: str, cache: str) -> "dict[str, Any]":
+    """tree_sync's manifest of workdir/cache, or {"error": why} where it cannot be made (shipping lists it again)."""
+    from launcher.remote import tree_sync  # sent beside this module (program.py); here, the package's own
+
+    if cache.startswith("/") or ".." in cache.split("/"):
+        return {"error": f"not a path inside the workdir: {cache!r}"}
+    try:
+        return tree_sync.manifest(os.path.join(workdir, cache), time.monotonic() + LIST_SECONDS)
+    except SystemExit as refused:  # not a folder: shipping lists it again and says so
+        return {"error": str(refused)}
+    except (OSError, ValueError) as e:
+        return {"error": str(e)}
+
+
+def main(argv: "list[str]") -> int:
+    """`python -c PROGRAM WORKDIR [CACHE]` on the login node: the facts as one JSON object."""
+    facts = login_facts(argv[0])
+    if len(argv) > 1 and facts.get("writable"):
+        facts["manifest"] = cache_listing(str(facts["workdir"]), argv[1])
+    print(json.dumps(facts))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

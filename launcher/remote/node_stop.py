@@ -10,9 +10,12 @@ What is signalled is the node's own, never another process that now has a record
   its workspace (and so its pid file) was deleted.
 Each is held by its start time (and a pidfd where the system has them) until it is signalled; SIGTERM is followed by
 SIGCONT, so a stopped process ends at once rather than after the grace. Nothing is signalled once the node recorded
-its exit status."""
+its exit status. A supervisor found gone with no exit status recorded (ended from outside: it records one whatever
+its command does) while the node's processes still run is noted in SUPERVISOR_GONE, with how many it left running,
+so that the report names it rather than the SIGTERM this stop sends the torchrun it left behind."""
 
 import contextlib
+import json
 import os
 import signal
 import time
@@ -20,6 +23,7 @@ import time
 from launcher.remote import node_start, proctree
 
 KILL_WAIT_SECONDS = 5.0
+SUPERVISOR_GONE = "supervisor_gone"  # {"time", "left_running"}: read by attribution.node_report
 
 
 def workspace_path(workspace: str) -> str:
@@ -57,7 +61,11 @@ def stop(workspace: str, grace: str, fallback: str) -> "dict[str, object]":
     # what is left of the group is ours. A pid that names another process now is left alone.
     ours = pid is not None and (proctree.start_time(pid) is None or proctree.is_node_process(
         pid, _read(os.path.join(path, "pid_start")), node_start.NODE_MARKER.encode()))
+    gone = pid is not None and (proctree.start_time(pid) is None or not proctree.alive(pid))  # a zombie: gone too
     signalled = stop_processes(pid if ours else None, path, seconds)
+    if files and gone and signalled and not os.path.exists(os.path.join(path, "exit_code")):
+        with contextlib.suppress(OSError), open(os.path.join(path, SUPERVISOR_GONE), "w") as f:
+            json.dump({"time": time.time(), "left_running": len(signalled)}, f)
     if files and (ours or signalled) and not os.path.exists(os.path.join(path, "exit_code")):
         with contextlib.suppress(OSError), open(os.path.join(path, "exit_code"), "w") as f:
             f.write("143\n")

@@ -13,7 +13,9 @@ then, as the launcher asks:
   (launcher/remote/tree_sync.py), so that a relaunch whose code is there already makes no round trip for it.
 
 The request is one JSON argument (no secrets: addresses, ports, a run id, check commands); the answer is one
-JSON line. The program never fails on what it finds: the launcher judges the answer."""
+JSON line. Its `clock` is the host's wall clock when the program started and when it answered: with the
+launcher's own clock around the round trip, the host's clock offset (launcher/planning/clock_offset.py). The
+program never fails on what it finds: the launcher judges the answer."""
 
 import contextlib
 import ipaddress
@@ -82,14 +84,20 @@ def connect_as_told(line: bytes) -> "str | None":
     return connect_to(told) if isinstance(told, dict) else None
 
 
+def answered(answer: "dict") -> str:
+    """The answer's JSON line, its clock stamped with the time it leaves."""
+    answer["clock"] = [*answer["clock"][:1], time.time()]
+    return json.dumps(answer)
+
+
 def main(argv: "list[str]") -> int:
     """argv: one JSON object, {"checks": [ARGV...], "connect": {addr, port, timeout} or "later", "listen": {addr, own,
     hostname, port, expect, seconds, any_free, allow_public, run_id, dir, ttl, workspace}, "manifest": ROOT}
-    (each optional). Prints {"facts", "checks", "connect", "listen", "addr", "manifest"}: `listen` is `listening
-    PORT`, `public ADDR` (a public address is never listened on unless allowed) or rdzv_port's one-line refusal;
-    `manifest` is listing(ROOT)."""
+    (each optional). Prints {"clock", "facts", "checks", "connect", "listen", "addr", "manifest"}: `listen` is
+    `listening PORT`, `public ADDR` (a public address is never listened on unless allowed) or rdzv_port's one-line
+    refusal; `manifest` is listing(ROOT)."""
+    answer: dict = {"clock": [time.time()]}
     request = json.loads(argv[0]) if argv else {}
-    answer: dict = {}
     connect = request.get("connect")
     if isinstance(connect, dict):  # first: node 0 listens for a few seconds only
         answer["connect"] = connect_to(connect)
@@ -101,17 +109,17 @@ def main(argv: "list[str]") -> int:
         answer["connect"] = connect_as_told(sys.stdin.buffer.readline())
     listen = request.get("listen")
     if not listen:
-        print(json.dumps(answer))
+        print(answered(answer))
         return 0
     answer["addr"] = addr = listen_address(listen, facts)
     if is_public(addr) and not listen.get("allow_public"):
         answer["listen"] = f"public {addr}"
-        print(json.dumps(answer))
+        print(answered(answer))
         return 0
     run_id = str(listen.get("run_id") or "")
     if run_id and os.getppid() == 1:  # orphaned: the launcher that asked left (interrupted); reserve nothing
         answer["listen"] = "bind-failed: the launcher that asked for the port is gone"
-        print(json.dumps(answer))
+        print(answered(answer))
         return 0
     try:
         sock = rdzv_port.reserve(addr, int(listen["port"]), any_free=bool(listen.get("any_free")),
@@ -119,9 +127,9 @@ def main(argv: "list[str]") -> int:
                                  ttl=float(listen["ttl"]), workspace=str(listen.get("workspace") or ""))
     except rdzv_port.Refusal as refusal:
         answer["listen"] = str(refusal)
-        print(json.dumps(answer))
+        print(answered(answer))
         return 0
     answer["listen"] = f"listening {sock.getsockname()[1]}"
-    daemon.detach(json.dumps(answer))  # the SSH channel closes; this goes on in the background
+    daemon.detach(answered(answer))  # the SSH channel closes; this goes on in the background
     rdzv_port.accept(sock, int(listen["expect"]), float(listen["seconds"]))
     return 0

@@ -9,7 +9,7 @@ import hashlib
 import zlib
 from types import ModuleType
 
-from launcher.remote import source_of
+from launcher.remote import client_watch, source_of
 
 # What the host runs after the sources: every module defined in the order given (a module after those it
 # imports), under a `launcher.remote` package made for them, then the main one's main(sys.argv[1:]). Compiling
@@ -74,17 +74,22 @@ for (_name, _), _code in zip(_SOURCES, _compiled()):
     _parent, _, _leaf = _name.rpartition(".")
     setattr(_package(_parent), _leaf, _module)
     exec(_code, _module.__dict__)
+if _WATCH:
+    sys.modules["launcher.remote.client_watch"].end_with_client()
 sys.exit(sys.modules[_MAIN].main(sys.argv[1:]))
 """
 
 
-def program(main: ModuleType, *needs: ModuleType, keep: bool = False) -> str:
+def program(main: ModuleType, *needs: ModuleType, keep: bool = False, end_with_client: bool = False) -> str:
     """The text of `python -c` that runs `main.main(argv)` on a host, with the modules it imports (`needs`, each
     after those it imports itself) defined from their own source first; with `keep`, their compilation is kept on
-    the host (see _LOADER)."""
-    sources = [(m.__name__, source_of(m)) for m in (*needs, main)]
+    the host (see _LOADER); with `end_with_client`, the program ends when the SSH client that started it is gone
+    (launcher/remote/client_watch.py: never for a program whose process must outlive it, as a node's supervisor)."""
+    watch = (client_watch,) if end_with_client and client_watch not in needs else ()
+    sources = [(m.__name__, source_of(m)) for m in (*watch, *needs, main)]
     key = hashlib.sha256(repr(sources).encode()).hexdigest()[:32]
-    return f"_SOURCES = {sources!r}\n_MAIN = {main.__name__!r}\n_KEY = {key!r}\n_KEEP = {keep!r}\n" + _LOADER
+    return (f"_SOURCES = {sources!r}\n_MAIN = {main.__name__!r}\n_KEY = {key!r}\n_KEEP = {keep!r}\n"
+            f"_WATCH = {end_with_client!r}\n" + _LOADER)
 
 
 # The command line of a program sent on standard input: read it all, decompress, run it as the main module. The

@@ -247,6 +247,9 @@ def summary_table(summary: Mapping[str, Any], title: str) -> Table:
         rows.append(("cost split", ", ".join(f"{part} ${finite_number(summary['cost_split'].get(key)) or 0:.4f}"
                                              for part, key in (("GPU", "gpu_usd"), ("storage", "storage_usd"),
                                                                ("bandwidth", "bandwidth_usd")))))
+    if finite_number(summary.get("interruptions")):  # --interruptible: machines lost and replaced, one run still
+        rows.append(("interruptions", f"{summary['interruptions']} (they cost "
+                                      f"${finite_number(summary.get('interruptions_cost_usd')) or 0:.4f})"))
     for name, value in rows:  # a script's own summary.json may hold anything: shown short, never a traceback
         table.add_row(name, "-" if value is None else str(value)[:80])
     return table

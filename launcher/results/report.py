@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import RunDirError
+from launcher.results.interruptions import interruption_line
 from launcher.results.network_share import network_section
 from launcher.results.run_figures import Report, Row
 from launcher.spec.presets import ReferenceFigures
@@ -255,6 +256,9 @@ def render_markdown(rows: list[Row], reference: ReferenceFigures | None = None,
     if superseded:
         lines += ["", "Older runs of a layout already in the table were left out (the newest is shown): "
                   + ", ".join(superseded) + "."]
+    interrupted = [f"- `{r.run_id}` {interruption_line(entry)}" for r in rows for entry in r.interruptions]
+    if interrupted:  # one run each, over the sets of machines the market left it (--interruptible)
+        lines += ["", "## Interruptions", ""] + interrupted
     scripts = script_lines(rows)
     if scripts:
         lines += ["", "## Scripts without epoch records", ""] + [f"- {line}" for line in scripts]

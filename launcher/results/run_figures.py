@@ -57,6 +57,7 @@ class RunFigures:
     # A `-- CMD` run without epoch records: its wall time, and what its own TensorBoard scalars showed.
     wall_seconds: float | None = None
     script_scalars: ScriptScalars | None = None
+    interruptions: tuple[dict[str, Any], ...] = ()  # --interruptible: machines lost and replaced (run.json)
 
     def timed_seconds(self) -> float | None:
         """The seconds its speed-up is measured on: training (the epochs' sum) when epochs were recorded; for a
@@ -113,6 +114,7 @@ class Row:
     wall_seconds: float | None = None  # a script run without epoch records: launch to end
     first_step_s: float | None = None  # seconds from the launch to the script's first / last logged scalar
     last_step_s: float | None = None
+    interruptions: tuple[dict[str, Any], ...] = ()  # --interruptible: what each lost machine took and cost
     script_scalars: tuple[tuple[str, float], ...] = ()  # each TensorBoard tag's last value
 
     @property
@@ -208,6 +210,7 @@ def load_run(path: Path) -> RunFigures:
         epochs_planned=last.get("epochs") or summary.get("epochs") or trainer_spec.get("epochs"),
         records=records,
         cost_usd=_cost(run, summary),
+        interruptions=tuple(i for i in run.get("interruptions") or [] if isinstance(i, dict)),
         started=float(started),
         strategy=str(summary.get("strategy") or spec.get("strategy") or "ddp"),
         precision=str(summary.get("precision") or spec.get("precision") or "fp32"),
@@ -302,6 +305,7 @@ def scaling_table(runs: list[RunFigures]) -> list[Row]:
             exposed_comm_fraction=run.network.exposed_comm_fraction,
             busbw_gbit_s=run.network.busbw_gbit_s,
             predicted_efficiency=run.network.predicted_efficiency,
+            interruptions=run.interruptions,
             **_script_fields(run),
         ))
     return rows

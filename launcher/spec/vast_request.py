@@ -24,6 +24,8 @@ class VastRequest:
     expected_hours: float | None = None  # how long the run takes: an offer's contract must outlast it
     registry_login: bool = False  # send image_login (see registry_login.py) for a private image
     autostop_minutes: float | None = None  # detached runs: stop the machines this long after training ends
+    interruptible: bool = False  # rent bid (interruptible) machines; an outbid one is replaced and the run resumed
+    bid: float | None = None  # $/hour per machine for --interruptible (None: each offer's min_bid with a margin)
 
     def __post_init__(self) -> None:
         if self.nodes < 1:
@@ -34,5 +36,10 @@ class VastRequest:
             raise SpecError(f"--expected-hours must be a positive number of hours, not {self.expected_hours}")
         if self.autostop_minutes is not None and self.autostop_minutes < 0:
             raise SpecError(f"--autostop must be minutes >= 0 (0: off), not {self.autostop_minutes}")
+        if self.bid is not None and not self.interruptible:
+            raise SpecError(f"--bid {self.bid:g} is the price of an interruptible machine: add --interruptible, or "
+                            "drop --bid to rent on demand")
+        if self.bid is not None and not 0.001 <= self.bid <= 128.0:  # Vast's documented bounds of `price`
+            raise SpecError(f"--bid must be $/hour per machine between 0.001 and 128, not {self.bid:g}")
         if self.ready_timeout <= 0:
             raise SpecError(f"--ready-timeout must be positive, not {self.ready_timeout}")

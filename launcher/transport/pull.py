@@ -29,6 +29,7 @@ import pathspec
 
 from launcher.errors import HostError
 from launcher.transport.digest import file_sha256
+from launcher.transport.prefetch_threads import quiet_prefetch_failures
 from launcher.transport.ssh import Connection
 from launcher.transport.sync import CHUNK, PART_MARK, RemoteEntry, part_name, remote_manifest
 
@@ -164,6 +165,7 @@ def _fetch_verified(conn: Connection, remote_dir: str, dest: Path, entry: Remote
             except OSError as e:
                 _remote_failure(conn, entry.path, e)
             with src:
+                quiet_prefetch_failures()  # its read-ahead thread's failure is this copy's, said once, here
                 src.prefetch(entry.size)
                 while True:
                     try:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import getpass
 import os
 import re
-import select
 import shlex
 import socket
 import threading
@@ -24,10 +23,12 @@ from typing import Any
 
 from launcher.errors import AuthenticationFailed, DdpctlError, HostError
 from launcher.spec.hosts import HostSpec, parse_host
+from launcher.transport.channel_output import CommandTimedOut, read_until_exit
 from launcher.transport.known_hosts import ACCEPT_FLAG, KnownHosts, KnownKey, fingerprint, host_key_name
 from launcher.transport.paramiko_loader import config_lookup, paramiko
 from launcher.transport.proxy_command import ProxyCommandSocket, expand_proxy_command, read_ssh_config
 from launcher.transport.ssh_keys import KeyLoad, check_identity_file
+from launcher.transport.tcp_connect import abort, connect_tcp
 
 DEFAULT_CONNECT_TIMEOUT = 15.0
 KEEPALIVE_S = 15
@@ -189,7 +190,9 @@ class Connection:
     def run(self, argv: Sequence[str], *, timeout: float | None = None, stdin: bytes | Iterable[bytes] | None = None,
             env: Mapping[str, str] | None = None, cwd: str | None = None) -> CommandResult:
         """Run argv on the host (quoted by command_line) and wait for it; HostError after `timeout` seconds."""
-        return self._exec(command_line(argv, env=env, cwd=cwd), timeout, stdin, shlex.join(argv))
+        # A program sent as an argument (`python3 -c SOURCE`) is shown as `...`: its text says nothing in a line.
+        shown = " ".join("..." if "\n" in word else shlex.quote(word) for word in argv)
+        return self._exec(command_line(argv, env=env, cwd=cwd), timeout, stdin, shown)
 
     def run_shell(self, script: str, *, timeout: float | None = None, stdin: bytes | None = None) -> CommandResult:
         """Run a shell script verbatim. ONLY for fixed scripts written in our code: never interpolate input."""
@@ -217,7 +220,7 @@ class Connection:
     def close(self) -> None:
         """Close the connection; a connect under way in another thread is cut short, not waited out (Ctrl-C)."""
         if self._lock.locked() and self._opening is not None:
-            self._opening.close()
+            abort(self._opening)
         with self._lock:
             self._close_locked()
 
@@ -236,7 +239,6 @@ class Connection:
     def _exec(self, line: str, timeout: float | None, stdin: bytes | Iterable[bytes] | None,
               shown: str) -> CommandResult:
         chan = self._session()
-        out, err = bytearray(), bytearray()
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             chan.exec_command(line)
@@ -245,20 +247,8 @@ class Connection:
             for part in [stdin] if isinstance(stdin, bytes) else stdin or ():  # parts: each sent when it comes
                 chan.sendall(part)
             chan.shutdown_write()  # EOF on the remote stdin, so a command reading it does not wait for us
-            while True:
-                if chan.recv_ready():
-                    out += chan.recv(65536)
-                elif chan.recv_stderr_ready():
-                    err += chan.recv_stderr(65536)
-                elif chan.exit_status_ready() and chan.eof_received:
-                    break
-                else:
-                    wait = 0.2 if deadline is None else min(0.2, deadline - time.monotonic())
-                    if wait <= 0:
-                        raise HostError(self.label, f"`{_short(shown)}` did not finish within {timeout:g} s")
-                    select.select([chan], [], [], wait)
-            code = chan.recv_exit_status()
-        except TimeoutError as e:
+            code, out, err = read_until_exit(chan, deadline)
+        except (TimeoutError, CommandTimedOut) as e:
             raise HostError(self.label, f"`{_short(shown)}` did not finish within {timeout:g} s") from e
         except (paramiko.SSHException, EOFError, OSError) as e:
             raise HostError(self.label, f"connection lost while running `{_short(shown)}`: {e}") from e
@@ -318,7 +308,7 @@ class Connection:
                 raise HostError(self.label, f"jump host {jump_target.label} cannot reach {self._where()}: "
                                             f"{e}") from e
         try:
-            return socket.create_connection((t.hostname, t.port), timeout=self.connect_timeout)
+            return connect_tcp(t.hostname, t.port, self.connect_timeout, lambda sock: setattr(self, "_opening", sock))
         except TimeoutError as e:
             raise HostError(self.label, f"host unreachable within {self.connect_timeout:g} s "
                                         f"({self._where()})") from e

@@ -18,7 +18,10 @@ from pathlib import Path
 import pathspec
 
 from launcher.errors import DdpctlError, HostError
-from launcher.remote import source_of, tree_sync
+from launcher.remote import tree_sync
+from launcher.remote.client_watch import GONE_STATUS
+from launcher.remote.program import program
+from launcher.transport.channel_output import CONNECTION_DROPPED
 from launcher.transport.digest import file_sha256
 from launcher.transport.ssh import Connection
 
@@ -33,7 +36,7 @@ CHUNK = 1 << 16
 NAME_MAX = 255  # bytes in one file name (ext4, xfs, btrfs, tmpfs)
 
 # Runs on the host as `PYTHON -c SCRIPT OP ROOT`; OP manifest prints JSON, mkdirs/prune read a JSON list on stdin.
-REMOTE_SCRIPT = source_of(tree_sync)
+REMOTE_SCRIPT = program(tree_sync, end_with_client=True)  # a listing ends when ddpctl is gone
 
 
 @dataclass(frozen=True)
@@ -113,7 +116,12 @@ Listing = tuple[bool, list[RemoteEntry]]
 
 def remote_manifest(conn: Connection, remote_dir: str, python: str = "python3") -> Listing:
     """(exists, entries) of remote_dir, computed on the host by `python`; HostError on a malformed answer."""
-    result = conn.check([python, "-c", REMOTE_SCRIPT, "manifest", remote_dir], f"listing {remote_dir}", timeout=600)
+    result = conn.run([python, "-c", REMOTE_SCRIPT, "manifest", remote_dir], timeout=600)
+    if result.exit_code == GONE_STATUS:  # the program saw its SSH session end under it: the connection went
+        raise HostError(conn.label, f"listing {remote_dir}: {CONNECTION_DROPPED}")
+    if not result.ok:
+        tail = (result.stderr.strip() or result.stdout.strip()).splitlines()[-1:] or ["no output"]
+        raise HostError(conn.label, f"listing {remote_dir} failed (exit {result.exit_code}): {tail[0]}")
     try:
         data = json.loads(result.stdout)
     except (ValueError, RecursionError) as e:

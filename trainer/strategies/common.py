@@ -19,7 +19,7 @@ from trainer.determinism import seed_rng
 from trainer.distributed import DistContext
 from trainer.errors import DataError
 from trainer.models import build_model
-from trainer.requeue import StoppedForRequeue
+from trainer.requeue import StoppedForRequeue, ask_for_requeue
 from trainer.strategies.options import StrategyOptions, node_cores
 from trainer.trainer import TrainConfig, Trainer
 
@@ -81,6 +81,7 @@ def train_in_process(ctx: DistContext, config: TrainConfig, data_dir: Path, make
     try:
         make_trainer(config, ctx, data, model).train()
     except StoppedForRequeue as stop:  # every rank stopped at the same step, its snapshot saved: a clean end
+        ask_for_requeue()
         if ctx.is_rank0:
             print(f"trainer: {stop}", file=sys.stderr, flush=True)
     failure.discard()  # a clean end: no note to keep

@@ -187,6 +187,7 @@ class Ledger:
         if kind == "vast.instance_created":
             self.instances.append({"instance_id": iid, "node": event.get("node"), "offer_id": event.get("offer_id"),
                                    "machine_id": event.get("machine_id"), "dph": event.get("dph"),
+                                   **({"bid": event["bid"]} if event.get("bid") is not None else {}),
                                    "inet_down_cost": event.get("inet_down_cost"),
                                    "inet_up_cost": event.get("inet_up_cost"),
                                    "storage_dph": event.get("storage_dph"),

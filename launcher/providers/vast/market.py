@@ -24,7 +24,7 @@ def find_offers(client: VastClient, spec: RunSpec, req: VastRequest, num_gpus: i
     them (searched page after page)."""
     needs = MachineNeeds.for_run(spec.model, req.expected_hours)
     flt = OfferFilter(gpu_name=req.gpu_name, num_gpus=num_gpus, max_price=req.max_price,
-                      min_reliability=req.min_reliability, disk_gb=req.disk,
+                      min_reliability=req.min_reliability, disk_gb=req.disk, interruptible=req.interruptible,
                       needs=image_needs.applied_to(needs) if image_needs else needs)
     try:
         found = search_cluster_offers(client, flt, req.nodes) if req.nodes > 1 else search_offers(client, flt)
@@ -38,7 +38,8 @@ def find_offers(client: VastClient, spec: RunSpec, req: VastRequest, num_gpus: i
             raise OfferError(f"--max-cost ${req.max_cost:g} does not cover the bandwidth alone: pulling the image "
                              f"(~{IMAGE_PULL_GB:g} GB) and moving {DATA_GB:g} GB of data on {len(picked)} machine(s) "
                              f"costs about ${reserve:.4f} at their hosts' $/GB; raise --max-cost")
-        check_fits(picked, req)
+        if not req.interruptible:  # priced at min_bid here: checked at the bid (interruptible_provider.py)
+            check_fits(picked, req)
     return offers
 
 

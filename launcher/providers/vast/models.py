@@ -68,6 +68,7 @@ class Offer:
     inet_down_cost: float = 0.0  # $/GB received by the machine (the image pull, data shipped to it)
     end_date: float | None = None  # unix time the host's contract for this offer ends
     duration: float | None = None  # seconds the offer can still be rented for
+    min_bid: float | None = None  # $/hour the lowest bid an interruptible rental of this machine must beat
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> Offer:
@@ -97,6 +98,7 @@ class Offer:
             inet_down_cost=_num(obj.get("inet_down_cost")),
             end_date=_num(obj["end_date"]) if obj.get("end_date") is not None else None,
             duration=_num(obj["duration"]) if obj.get("duration") is not None else None,
+            min_bid=_num(obj["min_bid"]) if obj.get("min_bid") is not None else None,
         )
 
     def contract_left_s(self, now: float) -> float | None:

@@ -15,6 +15,8 @@ from launcher.providers.vast.models import Offer
 # The search `type`: the spec's enum says "ondemand" but its own request example, vast-cli and every user
 # send "on-demand", which the live service accepts; we send what is known to work.
 OFFER_TYPE = "on-demand"
+# Interruptible offers: the OpenAPI enum's "bid" ("uses minimum bid price"), as vast-cli's `--interruptible` sends.
+BID_TYPE = "bid"
 
 
 class OfferError(DdpctlError):
@@ -36,6 +38,7 @@ class OfferFilter:
     limit: int = 64
     needs: MachineNeeds | None = None  # what the image and the run need of the machine (None: nothing)
     cluster_only: bool = False  # only offers in a physical cluster (multi-node: overlay networks live there)
+    interruptible: bool = False  # search `type: "bid"`: offers priced at their min_bid
 
     def __post_init__(self) -> None:
         if self.num_gpus is not None and self.num_gpus < 1:
@@ -67,7 +70,7 @@ def build_query(flt: OfferFilter) -> dict[str, Any]:
         "direct_port_count": {"gte": flt.min_direct_ports},
         "inet_down": {"gte": flt.min_inet_down_mbps},
         "disk_space": {"gte": flt.disk_gb},
-        "type": OFFER_TYPE,
+        "type": BID_TYPE if flt.interruptible else OFFER_TYPE,
         # the schema wants exactly two [field, direction] pairs (minItems = maxItems = 2 on `order`)
         "order": [["dph_total", "asc"], ["id", "asc"]],
         "limit": flt.limit,

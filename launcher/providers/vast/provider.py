@@ -89,6 +89,7 @@ class VastProvider:
         self._session: HostSession | None = None
         self._ledger: Ledger | None = None
         self.image_needs: ImageNeeds | None = None  # read from the image once, before the offers are searched
+        self.bid_for: Callable[[Offer], float] | None = None  # interruptible: the bid on each offer (interruptible.py)
 
     def _offers(self, spec: RunSpec) -> tuple[RunSpec, list[Offer]]:
         req = self.req
@@ -121,7 +122,7 @@ class VastProvider:
                                                                   if self.image_needs else None}})
         ledger = self._ledger = Ledger(run_dir)
         rented = _provision(client, offers, spec, options, req, ledger, public_key, login,  # cleans up after itself
-                             self.calls.stop_cause)
+                             self.calls.stop_cause, bid_for=self.bid_for)
         try:  # from here on, whatever goes wrong destroys what this `up` rented (or says why it cannot)
             _report_rented(ledger, rented)
             targets = [SSHTarget(label=f"vast:{r.instance_id}", hostname=r.ssh_host, port=r.ssh_port,
@@ -175,16 +176,16 @@ def _dry_run(spec: RunSpec, offers: list[Offer], req: VastRequest, auto_gpus: bo
 
 
 def _provision(client: VastClient, offers: list[Offer], spec: RunSpec, options: UpOptions, req: VastRequest,
-               ledger: Ledger, public_key: str, login: str | None, stop_cause: Callable[[], str]
-               ) -> list[RentedInstance]:
+               ledger: Ledger, public_key: str, login: str | None, stop_cause: Callable[[], str],
+               label: str | None = None, bid_for: Callable[[Offer], float] | None = None) -> list[RentedInstance]:
     run_dir = ledger.run_dir
     run_dir.event("vast.provisioning", nodes=req.nodes, image=options.image, candidates=[o.id for o in offers[:20]])
     say(f"renting {req.nodes} Vast.ai machine(s) for run {spec.run_id} (image {options.image})")
     try:
         rented = provision(client, offers, nodes=req.nodes, image=str(options.image), disk=req.disk,
-                           label=spec.run_id, ssh_public_key=public_key, ready_timeout=req.ready_timeout,
+                           label=label or spec.run_id, ssh_public_key=public_key, ready_timeout=req.ready_timeout,
                            poll_interval=req.poll_interval, on_event=ledger.on_provision_event,
-                           image_login=login)
+                           image_login=login, bid_for=bid_for)
     except BaseException as exc:
         # provision destroyed what it created (each destruction is in events.jsonl and run.json)
         left = [i["instance_id"] for i in live(ledger.instances)]

@@ -92,6 +92,7 @@ def provision(
     image_login: str | None = None,
     max_machine_failures: int = MAX_MACHINE_FAILURES,
     transient_grace: float = TRANSIENT_GRACE_S,
+    bid_for: Callable[[Offer], float] | None = None,
 ) -> list[RentedInstance]:
     """Rent `nodes` instances from `offers` (tried cheapest first, see offers.choose_offers) running `image`.
 
@@ -100,7 +101,8 @@ def provision(
     again). `label` must be unique to this call (e.g. the run id): it tags the instances, and each poll
     round is one list request filtered by it (Vast limits requests per endpoint). An image that cannot be pulled
     fails the whole call after the first machine (see start_failures.py); at most `max_machine_failures`
-    machines are replaced. `image_login` (docker login arguments) is sent for a private registry and never
+    machines are replaced. `bid_for`: rent interruptible instances, bidding this $/hour on each offer.
+    `image_login` (docker login arguments) is sent for a private registry and never
     logged. On any failure or interrupt every instance this call created is destroyed (verified) before the
     exception propagates.
     """
@@ -122,6 +124,7 @@ def provision(
                            public_key=ssh_public_key, env=env or {}, created=created, emit=emit, clock=clock,
                            sleep=sleep, poll_interval=poll_interval, network=overlay, image_login=image_login,
                            transient_grace=transient_grace)
+        starter.bid_for = bid_for
         pending = [starter.start_next(node) for node in range(nodes)]
         ready: dict[int, RentedInstance] = {}
         failures = 0
@@ -176,6 +179,7 @@ class _Starter:
         self.sleep, self.poll_interval = sleep, poll_interval
         self.disk, self.public_key, self.created, self.emit, self.clock = disk, public_key, created, emit, clock
         self.used_machines: set[int] = set()
+        self.bid_for: Callable[[Offer], float] | None = None  # interruptible: the `price` bid on each offer
         self.attached: set[int] = set()
         # `env` in vast-cli's object form (what Vast's guides document and the live service honours for `-n`;
         # the OpenAPI file's string form is accepted too): docker options as keys with "1", variables as
@@ -201,8 +205,10 @@ class _Starter:
             # recorded (run.json, by the ledger) before the request goes out: a lost answer may still have rented
             self.emit({"event": "vast.create_sending", "node": node, "offer_id": offer.id,
                        "machine_id": offer.machine_id, "label": self.label})
+            bid = self.bid_for(offer) if self.bid_for is not None else None
+            request = self.request if bid is None else {**self.request, "price": bid}
             try:
-                iid = self.client.create_instance(offer.id, self.request)
+                iid = self.client.create_instance(offer.id, request)
             except VastNotFound as exc:  # 404/410: rented by someone else since the search
                 self.emit({"event": "vast.offer_gone", "offer_id": offer.id, "status": exc.status})
                 continue
@@ -214,7 +220,9 @@ class _Starter:
             self.created.append(iid)
             self.emit({"event": "vast.instance_created", "node": node, "instance_id": iid,
                        "offer_id": offer.id, "machine_id": offer.machine_id,
-                       "dph": offer.hourly_price(self.disk), "inet_down_cost": offer.inet_down_cost,
+                       "dph": offer.hourly_price(self.disk) if bid is None
+                       else bid + offer.storage_cost * self.disk / HOURS_PER_MONTH, "bid": bid,
+                       "inet_down_cost": offer.inet_down_cost,
                        "inet_up_cost": offer.inet_up_cost,
                        "storage_dph": offer.storage_cost * self.disk / HOURS_PER_MONTH})
             return _Pending(node, offer, iid, created_at, self.clock())

@@ -205,5 +205,5 @@ def batch_script(job: SlurmJob) -> str:
         "NODE",
     ]
     srun = f'srun --nodes={spec.nnodes} --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c "$node_script"'
-    lines += requeue.batch_run_lines(srun, job.request, trainer=not spec.user_command) if requeued else [srun]
+    lines += requeue.batch_run_lines(srun, job.request) if requeued else [srun]
     return "\n".join(lines) + "\n"

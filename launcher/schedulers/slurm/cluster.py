@@ -11,15 +11,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from launcher.errors import DdpctlError, HostError, SpecError
-from launcher.remote import login_probe, source_of
+from launcher.remote import login_probe, tree_sync
+from launcher.remote.program import program
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.slurm_request import SlurmRequest, time_minutes
 from launcher.transport.ssh import Connection
 
 DEFAULT_WORKDIR = "~/.ddpctl/slurm"
 QUERY_TIMEOUT = 60
-# Run by the login node's --python (launcher/remote/login_probe.py): the workdir there, and torch for it.
-LOGIN_PROBE = source_of(login_probe)
+# Run by the login node's --python (launcher/remote/login_probe.py): the workdir there, torch for it, and the code
+# cache's listing (tree_sync's, shipping's comparison) in the same round trip.
+LOGIN_PROBE = program(login_probe, tree_sync)
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class ClusterFacts:
     workdir: str  # absolute, on the login node
     python: str
     torch: str | None
+    code_listing: object = None  # the code cache's manifest (tree_sync's JSON data), where it was asked for
 
 
 def key_values(line: str) -> dict[str, str]:
@@ -109,9 +112,10 @@ def read_select_type(conn: Connection) -> str:
     return "unknown"
 
 
-def probe_login(conn: Connection, python: str, workdir: str | None, prelude: tuple[str, ...] = ()) -> dict[str, object]:
+def probe_login(conn: Connection, python: str, workdir: str | None, prelude: tuple[str, ...] = (),
+                code_cache: str | None = None) -> dict[str, object]:
     """The login node's answer to LOGIN_PROBE (run by `python`, after the --prelude lines as the job runs them)."""
-    argv = [python, "-c", LOGIN_PROBE, workdir or DEFAULT_WORKDIR]
+    argv = [python, "-c", LOGIN_PROBE, workdir or DEFAULT_WORKDIR, *([code_cache] if code_cache else [])]
     if prelude:  # the user's own shell lines, run as the batch script runs them; our values stay arguments
         argv = ["bash", "-c", "\n".join(prelude) + '\nexec "$@"', "ddpctl-probe", *argv]
     result = conn.run(argv, timeout=QUERY_TIMEOUT)
@@ -125,16 +129,19 @@ def probe_login(conn: Connection, python: str, workdir: str | None, prelude: tup
     return dict(answer)
 
 
-def read_facts(conn: Connection, spec: RunSpec, request: SlurmRequest) -> ClusterFacts:
-    """Probe the cluster (read-only) and refuse, in one line each, what cannot run there."""
-    # The login Python's answer (its torch import takes seconds) comes while Slurm's own queries are asked: two
-    # channels of the one SSH connection at once.
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ddpctl-login-probe") as pool:
-        asked = pool.submit(probe_login, conn, spec.python, request.workdir, request.prelude)
-        partition, select_type = read_partition(conn, request.partition), read_select_type(conn)
-        login = asked.result()
+def read_facts(conn: Connection, spec: RunSpec, request: SlurmRequest, code_cache: str | None = None) -> ClusterFacts:
+    """Probe the cluster (read-only) and refuse, in one line each, what cannot run there. `code_cache`: the code
+    cache under the workdir (`code/<key>`) the login probe lists too, for shipping to compare against."""
+    # Three channels of the one SSH connection at once: the login Python's answer, the partition (scontrol, then
+    # sinfo), Slurm's configuration; each a round trip that need not wait for another's.
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="ddpctl-login-probe") as pool:
+        asked = pool.submit(probe_login, conn, spec.python, request.workdir, request.prelude, code_cache)
+        select = pool.submit(read_select_type, conn)
+        partition = read_partition(conn, request.partition)
+        login, select_type = asked.result(), select.result()
     facts = ClusterFacts(partition=partition, select_type=select_type, workdir=str(login["workdir"]),
-                         python=str(login.get("python")), torch=login.get("torch"))  # type: ignore[arg-type]
+                         python=str(login.get("python")), torch=login.get("torch"),  # type: ignore[arg-type]
+                         code_listing=login.get("manifest"))
     refusal = preflight_refusal(spec, request, facts, login)
     if refusal:
         raise SpecError(refusal)
@@ -143,6 +150,11 @@ def read_facts(conn: Connection, spec: RunSpec, request: SlurmRequest) -> Cluste
 
 def preflight_refusal(spec: RunSpec, request: SlurmRequest, facts: ClusterFacts, login: dict[str, object]) -> str:
     """Why the job cannot run as asked (empty: it can). Pure, from what the cluster reported."""
+    unset = login.get("unset")
+    if isinstance(unset, list) and unset:
+        names = ", ".join(f"${name}" for name in unset)
+        return (f"--workdir {request.workdir}: {names} {'is' if len(unset) == 1 else 'are'} not set on the login "
+                "node: give the folder's path, or name variables set there (e.g. $HOME, $SCRATCH)")
     part = facts.partition
     if part.state != "UP":
         return f"partition {part.name} is {part.state}: pick another with --partition (`sinfo` lists them)"

@@ -1,12 +1,17 @@
-"""`--launcher mpirun` as a Slurm job: the batch shell runs Open MPI's mpirun inside the allocation, which starts its
-daemons on the other nodes through srun itself (its Slurm support: plm/ras slurm) and --gpus ranks on every node; the
-job asks for --gpus tasks per node, so each node's slots are its ranks. Built from the spec by pure functions and
-tested as text, like the torchrun job (batch_script.py).
+"""`--launcher mpirun` as a Slurm job, its ranks started one of two ways, chosen in the job (after the prelude, which
+may load the cluster's MPI module): `srun --mpi=pmix` where Slurm has its pmix plugin (`srun --mpi=list`) and Open
+MPI can be a PMIx client (4.x built with a PMIx component, `ompi_info`; 5 and later always), so Slurm starts, tracks
+and signals every rank itself; else Open MPI's mpirun inside the allocation, which starts its daemons on the other
+nodes through srun (its Slurm support: plm/ras slurm). `DDPCTL_SLURM_MPI=pmix|mpirun` (e.g. `--env`) decides
+instead. Either way --gpus ranks on every node: the job asks for --gpus tasks per node, so each node's slots are its
+ranks. Built from the spec by pure functions and tested as text, like the torchrun job (batch_script.py).
 
 Every node's folder is made by the batch shell (the file system is shared): `nodes/<k>/` with its copy of the code,
-out/ and logs/, as on hosts. Each rank finds its node's folder from its rank (`--map-by ppr:P:node` puts ranks
-kP..kP+P-1 on the allocation's k-th node) and runs there with the join hook first on its path; mpirun's own output
-goes to node 0's logs/mpirun/attempt_0/0/ (launcher/remote/mpirun.sh, beside the batch script as MPIRUN_FILE)."""
+out/ and logs/, as on hosts. Each rank finds its node's folder from its rank (`--map-by ppr:P:node`, as srun's block
+distribution of P tasks per node, puts ranks kP..kP+P-1 on the allocation's k-th node; mpirun tells it as
+OMPI_COMM_WORLD_RANK, srun as SLURM_PROCID) and runs there with the join hook first on its path; mpirun's own output
+goes to node 0's logs/mpirun/attempt_0/0/ (launcher/remote/mpirun.sh, beside the batch script as MPIRUN_FILE), and
+srun's there too."""
 
 from __future__ import annotations
 
@@ -17,9 +22,11 @@ from launcher.spec.run_spec import RunSpec
 from launcher.spec.torchrun import mpi_command
 
 MPIRUN_FILE = "mpirun.sh"
+STARTER_ENV = "DDPCTL_SLURM_MPI"  # pmix | mpirun: how the ranks start; unset, the job chooses (module docstring)
+SRUN_PMIX_SAID = "ddpctl: the MPI ranks are started by srun --mpi=pmix"  # in the job's output; read back at its end
 
 # Run by every rank (bash -c RANK_SCRIPT ddpctl-rank COMMAND...): its node's folder, variables and code.
-RANK_SCRIPT = ('node=$((OMPI_COMM_WORLD_RANK / DDPCTL_NPROC)); ws="$DDPCTL_RUN/nodes/$node"; '
+RANK_SCRIPT = ('node=$((${OMPI_COMM_WORLD_RANK:-$SLURM_PROCID} / DDPCTL_NPROC)); ws="$DDPCTL_RUN/nodes/$node"; '
                f'export DDPCTL_OUTPUT_DIR="$ws/out" {NODE_RANK_ENV}="$node" {JOIN_DIR_ENV}="$ws/logs/{JOINED_DIR}" '
                f'PYTHONPATH="$DDPCTL_RUN/{HOOK_DIR}:$ws/code${{PYTHONPATH:+:$PYTHONPATH}}"; '
                'cd "$ws/code" && exec "$@"')
@@ -33,18 +40,52 @@ def mpirun_argv(spec: RunSpec) -> list[str]:
             "bash", "-c", RANK_SCRIPT, "ddpctl-rank", *mpi_command(spec)]
 
 
-def run_lines(spec: RunSpec) -> list[str]:
-    """The batch script's lines after the common part: the nodes' folders, then mpirun and its status kept."""
-    last = spec.nnodes - 1
+def srun_argv(spec: RunSpec) -> list[str]:
+    """srun starting every rank itself, Open MPI's ranks wiring up through Slurm's PMIx server."""
+    return ["srun", "--mpi=pmix", f"--nodes={spec.nnodes}", f"--ntasks-per-node={spec.nproc_per_node}",
+            "--kill-on-bad-exit=1", "bash", "-c", RANK_SCRIPT, "ddpctl-rank", *mpi_command(spec)]
+
+
+def starter_lines() -> list[str]:
+    """The choice of how the ranks start (STARTER_ENV, chosen here unless given), said in the job's output."""
+    ompi5 = "ompi_info --version 2>/dev/null | grep -Eq 'v([5-9]|[1-9][0-9])\\.'"
+    client = "ompi_info 2>/dev/null | grep -Eq 'MCA pmix: (ext|pmix)[0-9]'"
     return [
-        "# --launcher mpirun: every node's folder here (shared file system), then Open MPI's mpirun, which starts",
-        f"# its daemons on the other nodes through srun and {spec.nproc_per_node} rank(s) on each node.",
+        f'if [ -z "${{{STARTER_ENV}:-}}" ]; then',
+        f"  {STARTER_ENV}=mpirun",
+        f"  if srun --mpi=list 2>&1 | grep -qw pmix && {{ {ompi5} || {client}; }}; then {STARTER_ENV}=pmix; fi",
+        "fi",
+        f'case "${STARTER_ENV}" in',
+        f"  pmix) echo \"{SRUN_PMIX_SAID} ({STARTER_ENV}=pmix)\" ;;",
+        f"  mpirun) echo \"ddpctl: the MPI ranks are started by Open MPI's mpirun ({STARTER_ENV}=mpirun)\" ;;",
+        f'  *) echo "ddpctl: {STARTER_ENV}=${STARTER_ENV}: give pmix or mpirun" >&2; exit 2 ;;',
+        "esac",
+    ]
+
+
+def run_lines(spec: RunSpec) -> list[str]:
+    """The batch script's lines after the common part: the nodes' folders, how the ranks start, then srun or
+    mpirun and its status kept."""
+    last = spec.nnodes - 1
+    ranks = " ".join(shlex.quote(w) for w in srun_argv(spec))
+    mpirun = " ".join(shlex.quote(w) for w in mpirun_argv(spec))
+    run = f'sh "$PWD/{MPIRUN_FILE}" nodes/0/logs'
+    output = "> nodes/0/torchrun.out 2>&1 < /dev/null || code=$?"
+    return [
+        "# --launcher mpirun: every node's folder here (shared file system); the ranks, "
+        f"{spec.nproc_per_node} on each node, started by",
+        "# srun --mpi=pmix where Slurm and Open MPI both speak PMIx, else by Open MPI's mpirun (its daemons through "
+        "srun).",
         f'for k in $(seq 0 {last}); do mkdir -p "nodes/$k/out" "nodes/$k/logs" && rm -rf "nodes/$k/code" && '
         'cp -R code "nodes/$k/code"; done',
         f'export DDPCTL_RUN="$PWD" DDPCTL_NPROC={spec.nproc_per_node} {NNODES_ENV}={spec.nnodes}',
+        *starter_lines(),
         "code=0",
-        f'sh "$PWD/{MPIRUN_FILE}" nodes/0/logs {" ".join(shlex.quote(w) for w in mpirun_argv(spec))} '
-        '> nodes/0/torchrun.out 2>&1 < /dev/null || code=$?',
+        f'if [ "${STARTER_ENV}" = pmix ]; then',
+        f"  {run} {ranks} {output}",
+        "else",
+        f"  {run} {mpirun} {output}",
+        "fi",
         'echo "$code" > nodes/0/exit_code.tmp && mv nodes/0/exit_code.tmp nodes/0/exit_code',
         'exit "$code"',
     ]

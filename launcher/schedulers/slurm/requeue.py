@@ -11,15 +11,21 @@ How the signal travels, and why this way (docs/guides/slurm.md, "Training past t
   ignored (its default action would end torchrun, leaving its workers behind); the workers inherit that, and our
   trainer (trainer/requeue.py) or the user's script installs its own handler. A worker may get it twice (directly
   from Slurm where proctrack finds it, and from its node's shell): a handler only sets a flag.
-- The workers finish their step, save, and exit 0; torchrun ends 0 (a non-zero status would make it restart
-  the workers, and srun's --kill-on-bad-exit end the other nodes mid-save). The batch shell then requeues the job
-  when the signal came, every node ended 0 and (for our trainer) no summary.json says training is done.
+- The workers finish their step, save, create the requeue mark (DDPCTL_REQUEUE_MARK, requeue/resume) and exit 0;
+  torchrun ends 0 (a non-zero status would make it restart the workers, and srun's --kill-on-bad-exit end the
+  other nodes mid-save).
+- The decision is made after srun ends, from how the step ended, never in the trap: requeue when every node ended
+  0 and the mark exists (the script said "I saved because of the signal: run me again"). A signal that lands as a
+  script finishes (its work done, exiting 0, no mark) requeues nothing: the script finished. Every rank that
+  stopped creates the mark (one file; on the shared file system the batch shell's own node then sees its own
+  rank's creation, whatever the other nodes' attribute caches say).
 
 The job appends its own record to requeue/chain in the run's folder, one line per event, `COUNT EVENT UNIXTIME
 [DETAIL]` (COUNT: requeues before this allocation, Slurm's SLURM_RESTART_COUNT): start (DETAIL: its nodes),
 signal, end (DETAIL: srun's status), requeue, norequeue (scontrol requeue failed), spent (the last allowed requeue
-was used). After spent or norequeue the job ends with EXIT_REQUEUES_SPENT. ddpctl reads it to follow the chain
-and to count allocations, time queued and trained."""
+was used), finished (the signal came and the step ended 0 with no mark: taken as finished). After spent or
+norequeue the job ends with EXIT_REQUEUES_SPENT. ddpctl reads it to follow the chain and to count allocations,
+time queued and trained."""
 
 from __future__ import annotations
 
@@ -36,6 +42,10 @@ EXIT_REQUEUES_SPENT = 75  # sysexits' EX_TEMPFAIL: stopped for want of time, its
 CHAIN_FILE = "requeue/chain"
 TRAINER_STRATEGIES = ("ddp",)  # as trainer/requeue.py's STRATEGIES
 FLAG_FILE = "requeue/signalled"
+# What a script creates (any rank, any number of times) to say it saved because of the signal and wants the next
+# allocation: without it, a step that ended 0 finished, whenever the signal came.
+MARK_FILE = "requeue/resume"
+MARK_ENV = "DDPCTL_REQUEUE_MARK"  # as trainer/requeue.py's MARK_ENV
 
 
 def notice_seconds(request: SlurmRequest) -> int:
@@ -74,10 +84,16 @@ def handler_warning(spec: RunSpec, request: SlurmRequest, cwd: Path) -> str:
     except OSError:
         return ""
     if "SIGUSR1" in text or "signal.signal" in text or "signal(" in text:
-        return ""
+        if MARK_ENV in text:
+            return ""
+        return (f"--requeue: {path.name} handles a signal but never names {MARK_ENV}: after the time limit's signal, "
+                f"a command that ends 0 without creating that file is taken as finished and not requeued. Create it "
+                f"when you stop to resume later (examples/slurm_requeue.py; docs/guides/slurm.md, 'A script of your "
+                "own')")
     return (f"--requeue: {path.name} has no SIG{SIGNAL} handler in sight (no signal.signal or SIGUSR1 in it): the "
-            f"time limit's signal will be ignored and the job end in TIMEOUT, not requeued. Add a handler that saves "
-            f"and exits 0 (examples/slurm_requeue.py; docs/guides/slurm.md, 'A script of your own')")
+            f"time limit's signal will be ignored and the job end in TIMEOUT, not requeued. Add a handler that saves, "
+            f"creates the file ${MARK_ENV} names and exits 0 (examples/slurm_requeue.py; docs/guides/slurm.md, 'A "
+            "script of your own')")
 
 
 def directives(request: SlurmRequest) -> list[str]:
@@ -92,19 +108,20 @@ def environment_lines(request: SlurmRequest) -> list[str]:
         "passed on to every node's command, which saves and stops;",
         f"# the job then requeues itself (at most {request.max_requeues} times) and the next allocation resumes.",
         f'export DDPCTL_REQUEUE_SIGNAL={SIGNAL} DDPCTL_REQUEUE_NOTICE={notice_seconds(request)} '
-        f'DDPCTL_MAX_REQUEUES={request.max_requeues} DDPCTL_REQUEUE_FLAG="$PWD/{FLAG_FILE}"',
+        f'DDPCTL_MAX_REQUEUES={request.max_requeues} DDPCTL_REQUEUE_FLAG="$PWD/{FLAG_FILE}" '
+        f'DDPCTL_REQUEUE_MARK="$PWD/{MARK_FILE}"',
         'export DDPCTL_REQUEUE_COUNT="${SLURM_RESTART_COUNT:-0}"',
-        'mkdir -p requeue && rm -f "$DDPCTL_REQUEUE_FLAG"',
+        'mkdir -p requeue && rm -f "$DDPCTL_REQUEUE_FLAG" "$DDPCTL_REQUEUE_MARK"',
         f'echo "$DDPCTL_REQUEUE_COUNT start $(date +%s) $SLURM_JOB_NODELIST" >> {CHAIN_FILE}',
         # wait is cut short by a trapped signal: wait again until the child is gone, then once more for its status.
         'wait_for() { while kill -0 "$1" 2>/dev/null; do wait "$1"; done; wait "$1"; }',
     ]
 
 
-def batch_run_lines(srun_line: str, request: SlurmRequest, trainer: bool) -> list[str]:
-    """srun in the background (the trap runs while it works), then requeue, stop or pass srun's status on."""
+def batch_run_lines(srun_line: str, request: SlurmRequest) -> list[str]:
+    """srun in the background (the trap only records the signal and passes it on, so it runs at once); once srun
+    ends, requeue when it ended 0 and the script left the mark, else pass its status on."""
     n = request.max_requeues
-    done = " && ! ls nodes/*/out/summary.json >/dev/null 2>&1" if trainer else ""
     return [
         f'on_signal() {{ date +%s > "$DDPCTL_REQUEUE_FLAG"; echo "$DDPCTL_REQUEUE_COUNT signal $(date +%s)" >> '
         f'{CHAIN_FILE}; echo "ddpctl: SIG{SIGNAL}: the time limit is near; passed on to every node"; '
@@ -113,8 +130,9 @@ def batch_run_lines(srun_line: str, request: SlurmRequest, trainer: bool) -> lis
         f"{srun_line} &",
         "srun_pid=$!",
         'status=0; wait_for "$srun_pid" || status=$?',
+        f"trap '' {SIGNAL}  # from here on the step's end decides, whatever comes",
         f'echo "$DDPCTL_REQUEUE_COUNT end $(date +%s) $status" >> {CHAIN_FILE}',
-        f'if [ -f "$DDPCTL_REQUEUE_FLAG" ] && [ "$status" = 0 ]{done}; then',
+        'if [ "$status" = 0 ] && [ -f "$DDPCTL_REQUEUE_MARK" ]; then',
         f'  if [ "$DDPCTL_REQUEUE_COUNT" -lt {n} ]; then',
         f'    echo "$DDPCTL_REQUEUE_COUNT requeue $(date +%s)" >> {CHAIN_FILE}',
         f'    echo "ddpctl: requeued ($((DDPCTL_REQUEUE_COUNT + 1))/{n}) at the time limit"',
@@ -126,6 +144,10 @@ def batch_run_lines(srun_line: str, request: SlurmRequest, trainer: bool) -> lis
         f'    echo "ddpctl: the time limit came after {n} requeue(s) (--max-requeues {n}): stopped, snapshot saved"',
         "  fi",
         f"  exit {EXIT_REQUEUES_SPENT}",
+        "fi",
+        'if [ "$status" = 0 ] && [ -f "$DDPCTL_REQUEUE_FLAG" ]; then',
+        f'  echo "$DDPCTL_REQUEUE_COUNT finished $(date +%s)" >> {CHAIN_FILE}',
+        f'  echo "ddpctl: SIG{SIGNAL} came, and every node ended 0 without the requeue mark: finished, not requeued"',
         "fi",
         'exit "$status"',
     ]
@@ -155,6 +177,7 @@ class Allocation:
     signalled: float | None = None
     requeued: bool = False
     spent: bool = False
+    finished: bool = False  # signalled, ended 0 with no requeue mark: taken as finished
 
 
 @dataclass
@@ -189,6 +212,8 @@ class Chain:
                 current.requeued = event == "requeue"
             elif event == "spent":
                 current.spent = True
+            elif event == "finished":
+                current.finished = True
         return chain
 
     @property

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shlex
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,16 @@ from launcher.transport.ssh import Connection
 UNPROBED_WORKDIR = "$HOME/.ddpctl/slurm"
 
 
+def unprobed_workdir(workdir: str | None) -> str:
+    """The --workdir as the login node will read it, shown without asking it: `~` is its $HOME, a relative path is
+    under it (the SSH session starts there), variables stay to be expanded there."""
+    if workdir is None:
+        return UNPROBED_WORKDIR
+    if workdir == "~" or workdir.startswith("~/"):
+        return "$HOME" + workdir[1:]
+    return workdir if workdir.startswith(("/", "$", "~")) else f"$HOME/{workdir}"
+
+
 @dataclass(frozen=True)
 class SlurmSubmit:
     """What is submitted: the batch script (its text is the file written to the cluster) and the sbatch line."""
@@ -34,6 +44,8 @@ class SlurmSubmit:
     login: str
     unknown: tuple[str, ...] = ()  # what a dry run could not learn (no probe): such a request never runs
     warnings: tuple[str, ...] = ()  # what will likely not go as the user expects (the dry run says it)
+    # The code cache's listing from the probe (tree_sync's JSON data), for shipping; not part of the request.
+    code_listing: object = field(default=None, compare=False, repr=False)
 
     @property
     def remote_dir(self) -> str:
@@ -70,8 +82,9 @@ class SlurmScheduler:
         self.request = request
         self.login = login
 
-    def submit_dryrun(self, spec: RunSpec, conn: Connection | None) -> SlurmSubmit:
-        """The exact submission (conn None: without asking the cluster, its facts named as unknown)."""
+    def submit_dryrun(self, spec: RunSpec, conn: Connection | None, code_cache: str | None = None) -> SlurmSubmit:
+        """The exact submission (conn None: without asking the cluster, its facts named as unknown). `code_cache`:
+        the code cache under the workdir that the probe lists too (launcher/schedulers/slurm/cluster.py)."""
         refused = launcher_refusal(spec, self.request)
         if refused:
             raise SpecError(refused)
@@ -84,12 +97,13 @@ class SlurmScheduler:
         warning = requeue.handler_warning(spec, self.request, Path.cwd())
         warnings = (warning,) if warning else ()
         if conn is None:  # the GPU request as a cons_tres cluster takes it; the probe decides it for the cluster
-            job = SlurmJob(spec, self.request, f"{UNPROBED_WORKDIR}/runs/{spec.run_id}", gpu_flag=GPUS_PER_NODE)
+            workdir = unprobed_workdir(self.request.workdir)
+            job = SlurmJob(spec, self.request, f"{workdir}/runs/{spec.run_id}", gpu_flag=GPUS_PER_NODE)
             unknown = ("the partition, its GPUs and MaxTime, the workdir and torch (not probed: --no-probe); the GPU "
                        "request is --gpus-per-node where Slurm runs select/cons_tres, else --gres=gpu:N, and on a "
                        "CPU-only partition --cpus-per-task=N instead",)
-            return SlurmSubmit(job, batch_script(job), UNPROBED_WORKDIR, self.login, unknown, warnings)
-        facts = cluster.read_facts(conn, spec, self.request)
+            return SlurmSubmit(job, batch_script(job), workdir, self.login, unknown, warnings)
+        facts = cluster.read_facts(conn, spec, self.request, code_cache)
         has_gpus = any(facts.partition.gpus_per_node)
         gpu_flag = (GPUS_PER_NODE if facts.select_type.endswith("cons_tres") else GRES) if has_gpus else None
         request = self.request if self.request.partition else _with_partition(self.request, facts.partition.name)
@@ -97,7 +111,7 @@ class SlurmScheduler:
                        cpus_per_task=None if has_gpus or spec.launcher == "mpirun" else spec.nproc_per_node)
         default = cluster.default_gpus_note(spec, self.request, facts.partition)
         submit = SlurmSubmit(job, batch_script(job), facts.workdir, self.login,
-                             warnings=warnings + ((default,) if default else ()))
+                             warnings=warnings + ((default,) if default else ()), code_listing=facts.code_listing)
         _test_only(conn, submit)
         return submit
 
