@@ -14,15 +14,9 @@ import typer
 from launcher.cli.config import check_values, read_config
 from launcher.cli.options import LaunchOption, flag_of
 from launcher.errors import SpecError
-
-# Each place names its options (launcher/places/); these stay importable from here, where tests read them.
-from launcher.places.local import NOT_LOCAL as NOT_LOCAL
 from launcher.places.option_words import it as _it
 from launcher.places.option_words import listed as _listed
 from launcher.places.registry import PLACES, chosen_name, place_named
-from launcher.places.slurm import NOT_SLURM as NOT_SLURM
-from launcher.places.slurm import SLURM_ONLY as SLURM_ONLY
-from launcher.places.vast import VAST_ONLY as VAST_ONLY
 from launcher.planning.request import UpOptions
 from launcher.spec.hosts import HostSpec, host_name_problem, parse_hosts
 from launcher.spec.launchers import check_script

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,7 @@ WITH_PLAN = ("plan", "runs_dir", "json_out", "quiet", "progress", "identity_file
 def up_saved_plan(values: dict[str, Any], given: list[str], command: list[str] | None) -> UpResult:
     """Load the plan (refused in one line when it cannot be used) and run it as it is."""
     from launcher.execute.interruption import catch_stop_signals
-    from launcher.execute.scheduled_plan import is_scheduled_plan, load_json
-    from launcher.places.registry import run_saved_plan
+    from launcher.places.registry import run_saved_file, run_saved_plan
     from launcher.planning.plan_file import is_local, load_plan
 
     extra = [flag_of(name) for name in given if name not in WITH_PLAN] + (["-- CMD"] if command else [])
@@ -34,9 +34,15 @@ def up_saved_plan(values: dict[str, Any], given: list[str], command: list[str] |
     if values["stall_timeout"] < 0 or not math.isfinite(values["stall_timeout"]):
         raise SpecError(f"--stall-timeout {values['stall_timeout']:g}: give seconds >= 0 (0 turns it off)")
     path = Path(values["plan"])
-    saved = load_json(path)
-    if is_scheduled_plan(saved):  # a Slurm job's plan: its batch script, submitted as saved
-        return up_scheduled_plan(path, saved, values)
+    common = UpOptions(
+        runs_dir=Path(values["runs_dir"]), show_progress=not values["json_out"], show_output=not values["quiet"],
+        detach=bool(values.get("detach")), identity_file=values["identity_file"],
+        accept_new_host_keys=values["accept_new_host_keys"], connect_timeout=values["connect_timeout"],
+        record={"options": {}, "from_plan": str(path.resolve())},
+    )  # fmt: skip
+    own = run_saved_file(path, common)  # a place's own kind of plan (a Slurm job's: its batch script)
+    if own is not None:
+        return own
     plan = load_plan(path)
     if is_local(plan) and "runs_dir" in given:
         planned = Path(plan.nodes[0].workspace).parent
@@ -48,35 +54,11 @@ def up_saved_plan(values: dict[str, Any], given: list[str], command: list[str] |
         raise SpecError(f"--plan {path}: its run {plan.spec.run_id} has run already ({runs_dir / plan.spec.run_id}): "
                         "a plan runs once; make a new one with `ddpctl up --dry-run --save-plan FILE`")
     outputs = [str(p) for p in values.get("outputs") or []]
-    options = UpOptions(
-        runs_dir=Path(values["runs_dir"]), show_progress=not values["json_out"], show_output=not values["quiet"],
-        detach=bool(values.get("detach")), identity_file=values["identity_file"],
-        accept_new_host_keys=values["accept_new_host_keys"], connect_timeout=values["connect_timeout"],
-        allow_public_rendezvous=values["allow_public_rendezvous"], stall_timeout=values["stall_timeout"],
-        record={"options": {"outputs": outputs} if outputs else {}, "from_plan": str(path.resolve())},
-    )  # fmt: skip
+    options = replace(common, allow_public_rendezvous=values["allow_public_rendezvous"],
+                      stall_timeout=values["stall_timeout"],
+                      record={**common.record, "options": {"outputs": outputs} if outputs else {}})
     catch_stop_signals()  # SIGTERM and SIGHUP stop the run as Ctrl-C does, with an outcome
     return run_saved_plan(plan, options)
-
-
-def up_scheduled_plan(path: Path, saved: dict[str, Any], values: dict[str, Any]) -> UpResult:
-    """`up --plan FILE` of a Slurm plan: the login node asked again, the same batch script submitted."""
-    from launcher.execute.scheduled import run_scheduled
-    from launcher.execute.scheduled_plan import read_scheduled_plan
-    from launcher.spec.hosts import parse_hosts
-
-    spec, request, login, script = read_scheduled_plan(path, saved)
-    runs_dir = Path(values["runs_dir"])
-    if (runs_dir / spec.run_id).exists():
-        raise SpecError(f"--plan {path}: its run {spec.run_id} has run already ({runs_dir / spec.run_id}): "
-                        "a plan runs once; make a new one with `ddpctl up --dry-run --save-plan FILE`")
-    options = UpOptions(
-        runs_dir=runs_dir, hosts=tuple(parse_hosts([login])), provider="slurm", slurm=request,
-        show_progress=not values["json_out"], show_output=not values["quiet"], detach=bool(values.get("detach")),
-        identity_file=values["identity_file"], accept_new_host_keys=values["accept_new_host_keys"],
-        connect_timeout=values["connect_timeout"], record={"options": {}, "from_plan": str(path.resolve())},
-    )  # fmt: skip
-    return run_scheduled(spec, options, saved_script=script)
 
 
 def check_saved_files_not_shipped(values: dict[str, Any], result: UpResult) -> None:

@@ -59,6 +59,11 @@ class Place(Protocol):
         """`up --plan FILE`: run exactly the saved plan here."""
         ...
 
+    def run_saved_file(self, path: Path, options: UpOptions) -> UpResult | None:
+        """`up --plan FILE` when FILE holds this place's own kind of plan (`options`: how to connect and follow);
+        None when it does not (a plan of hosts is run_saved's)."""
+        ...
+
     def host_provider(self, options: UpOptions) -> HostProvider:
         """What acquires and releases the run's machines here (SpecError where a scheduler does it itself)."""
         ...

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 from launcher.errors import SpecError
 from launcher.places.on_provider import ProvidedPlace
 from launcher.places.option_words import it, listed, they_are
-from launcher.places.slurm import NOT_SLURM
 
 if TYPE_CHECKING:
     from launcher.execute.recorded import RecordedRun
@@ -28,6 +27,11 @@ class LocalPlace(ProvidedPlace):
     unused_options: tuple[str, ...] = NOT_LOCAL
     runs_here = True
 
+    def __init__(self, slurm_unused: tuple[str, ...] = ()) -> None:
+        """`slurm_unused`: the options a Slurm job has no use for (the registry lends them): where it takes every
+        option refused here, the refusal names it too."""
+        self.slurm_unused = slurm_unused
+
     def check_hosts(self, hosts: tuple[object, ...]) -> None:
         if hosts:
             raise SpecError(f"--host is for --provider ssh, not {self.name}")
@@ -37,7 +41,7 @@ class LocalPlace(ProvidedPlace):
             flag for flag in given if flag in ("--image", "--registry")]
         if not_local:
             # Where Slurm takes every one of them too, it is named as well.
-            also_slurm = " or slurm" if not set(not_local) & flags(NOT_SLURM) else ""
+            also_slurm = " or slurm" if not set(not_local) & flags(self.slurm_unused) else ""
             raise SpecError(f"{listed(not_local, 'has', 'have')} no effect on a run on this machine: "
                             f"{they_are(not_local)} for runs on --host or --provider vast{also_slurm}; drop "
                             f"{it(not_local)}")

@@ -62,6 +62,9 @@ class ProvidedPlace:
 
         return run_on_provider(self.host_provider(options), plan.spec, options, saved=plan)
 
+    def run_saved_file(self, path: Path, options: UpOptions) -> UpResult | None:
+        return None  # a plan of hosts: launcher/planning/plan_file.py reads it, run_saved runs it
+
     def status_rows(self, run_dir: RunDir, options: UpOptions) -> list[dict[str, Any]]:
         return self.recorded().status_rows(run_dir, options)
 

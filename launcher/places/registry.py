@@ -13,13 +13,18 @@ from launcher.places.ssh import SshPlace
 from launcher.places.vast import VastPlace
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from launcher.places.base import Place
     from launcher.planning.plan import RunPlan
     from launcher.planning.request import UpOptions, UpResult
     from launcher.results.record import RunRecord
     from launcher.spec.run_spec import RunSpec
 
-PLACES: dict[str, Place] = {place.name: place for place in (LocalPlace(), SshPlace(), VastPlace(), SlurmPlace())}
+# The places meet here only: what one place must know of another's options is lent by this table.
+_SLURM = SlurmPlace(rented_options=VastPlace.own_options)
+PLACES: dict[str, Place] = {place.name: place for place in (LocalPlace(slurm_unused=_SLURM.unused_options), SshPlace(),
+                                                              VastPlace(), _SLURM)}
 
 
 def place_named(name: str) -> Place:
@@ -53,6 +58,16 @@ def place_of_record(record: RunRecord | Mapping[str, Any]) -> Place:
 def run_up(spec: RunSpec, options: UpOptions) -> UpResult:
     """Run one experiment to its end (or plan it, with dry_run) where the options say; where its results are."""
     return place_of(options).up(spec, options)
+
+
+def run_saved_file(path: Path, options: UpOptions) -> UpResult | None:
+    """`up --plan FILE` where FILE is a place's own kind of saved plan (a Slurm job's batch script), run by that
+    place; None for a plan of hosts (launcher/planning/plan_file.py reads those)."""
+    for place in PLACES.values():
+        result = place.run_saved_file(path, options)
+        if result is not None:
+            return result
+    return None
 
 
 def run_saved_plan(plan: RunPlan, options: UpOptions) -> UpResult:

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.errors import DdpctlError, SpecError
 from launcher.places.option_words import it, listed, they_are
-from launcher.places.vast import VAST_ONLY
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -29,7 +28,6 @@ SLURM_ONLY = ("partition", "time", "account", "qos", "constraint", "workdir", "s
 # only a rented machine has.
 NOT_SLURM = ("runtime", "image", "registry", "rdzv_addr", "rdzv_port", "allow_public_rendezvous", "stall_timeout",
              "outputs")
-RENTED_ONLY = tuple(name for name in VAST_ONLY if name != "nodes")  # Slurm reads --nodes too
 
 
 def _job() -> SlurmRun:
@@ -46,10 +44,15 @@ class SlurmPlace:
     own_options: tuple[str, ...] = SLURM_ONLY
     own_options_hint = "add --provider slurm --host LOGIN_NODE"
     also_takes: tuple[str, ...] = ("nodes",)
-    unused_options: tuple[str, ...] = NOT_SLURM + RENTED_ONLY
     runs_here = False
     allocates_nodes = True
     hosts_per_node = False
+
+    def __init__(self, rented_options: tuple[str, ...] = ()) -> None:
+        """`rented_options`: the options of a place that rents machines (the registry lends them); those Slurm does
+        not read itself (--nodes it does) have no effect on a job."""
+        self.rented_only = tuple(name for name in rented_options if name not in self.also_takes)
+        self.unused_options: tuple[str, ...] = NOT_SLURM + self.rented_only
 
     def check_hosts(self, hosts: tuple[object, ...]) -> None:
         if len(hosts) != 1:
@@ -59,7 +62,8 @@ class SlurmPlace:
     def check_options(self, runtime: str, given: list[str], flags: Flags) -> None:
         not_here = [flag for flag in given if flag in flags(self.unused_options)]
         if not_here:
-            places = "--provider vast" if set(not_here) <= flags(VAST_ONLY) else "runs on --host or --provider vast"
+            places = ("--provider vast" if set(not_here) <= flags(self.rented_only)
+                      else "runs on --host or --provider vast")
             raise SpecError(f"{listed(not_here, 'has', 'have')} no effect on a Slurm job (the batch script "
                             f"decides): {they_are(not_here)} for {places}; drop {it(not_here)}")
 
@@ -90,6 +94,24 @@ class SlurmPlace:
 
     def run_saved(self, plan: RunPlan, options: UpOptions) -> UpResult:
         raise SpecError("a Slurm job's saved plan is its batch script: run it with `ddpctl up --plan FILE`")
+
+    def run_saved_file(self, path: Path, options: UpOptions) -> UpResult | None:
+        """A Slurm job's saved plan: the login node asked again, the same batch script submitted."""
+        from launcher.execute.scheduled_plan import is_scheduled_plan, load_json
+
+        saved = load_json(path)
+        if not is_scheduled_plan(saved):
+            return None
+        from launcher.execute.scheduled import run_scheduled
+        from launcher.execute.scheduled_plan import read_scheduled_plan
+        from launcher.spec.hosts import parse_hosts
+
+        spec, request, login, script = read_scheduled_plan(path, saved)
+        if (options.runs_dir / spec.run_id).exists():
+            raise SpecError(f"--plan {path}: its run {spec.run_id} has run already ({options.runs_dir / spec.run_id}): "
+                            "a plan runs once; make a new one with `ddpctl up --dry-run --save-plan FILE`")
+        options = replace(options, hosts=tuple(parse_hosts([login])), provider=self.name, slurm=request)
+        return run_scheduled(spec, options, saved_script=script)
 
     def host_provider(self, options: UpOptions) -> HostProvider:
         raise SpecError("on a Slurm cluster the scheduler finds the nodes itself")
