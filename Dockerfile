@@ -9,7 +9,7 @@
 # Which hosts can run it (NVIDIA's CUDA minor-version compatibility: a 12.x build runs on any 12.x driver when it
 # carries SASS for the GPU): driver >= 525.60.13 (Vast.ai offers: cuda_max_good >= 12.0) and a compute capability
 # in the list; ddpctl rents only such machines, reading these labels from the image it is given
-# (launcher/providers/vast/image_labels.py). Tests and CI build on an offline CPU base instead:
+# (launcher/places/vast/image_labels.py). Tests and CI build on an offline CPU base instead:
 #   docker build --build-arg BASE_IMAGE=$(bash infra/base_image.sh) -t ddpctl:test .
 ARG BASE_IMAGE=pytorch/pytorch:2.11.0-cuda12.8-cudnn9-runtime
 FROM ${BASE_IMAGE}

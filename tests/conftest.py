@@ -3,7 +3,7 @@ caught (tests/interruption_fixtures.py); the end-of-session check that
 fails the suite when a mount, namespace, container or process it made is left behind (tests/session_leaks.py).
 
 No test may wait on the real internet: `up --provider vast` reads its image's labels from the image's registry
-(launcher/providers/vast/registry_api.py), and the tests' images name Docker Hub. HTTPS here goes to a proxy
+(launcher/places/vast/registry_api.py), and the tests' images name Docker Hub. HTTPS here goes to a proxy
 that refuses at once, so that read falls back in milliseconds on any machine, with or without a route out; the
 registry tests use their own stand-in over plain HTTP on 127.0.0.1, which no proxy touches. The suite's own
 set-up is not cut off by it: what the tests install comes before (`infra/setup.sh --test` downloads the Docker

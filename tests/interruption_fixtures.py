@@ -1,4 +1,5 @@
-"""A run directory for tests that send real signals to this process: launcher/execute/interruption.py's handlers
+"""A run directory for tests that send real signals to this process: launcher/execute/following/interruption.py's
+handlers
 are installed around it (signal handlers can only be set in the main thread, so those modules skip elsewhere)."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.execute import interruption
+from launcher.execute.following import interruption
 from launcher.results.rundir import RunDir
 from launcher.spec.run_spec import RunSpec
 

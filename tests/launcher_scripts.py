@@ -9,7 +9,7 @@
   local weights, averaged on rank 0.
 Each training script trains a small linear model for real and prints `rank R/W step S loss L` and `rank R done`.
 Each frees its DDP model before it tears the process group down, as scripts must on torch 2.13 with gloo (else
-torch aborts some of them as they exit, launcher/execute/failure_hints.py's exit_abort_hint).
+torch aborts some of them as they exit, launcher/execute/failures/hints.py's exit_abort_hint).
 """
 
 from __future__ import annotations

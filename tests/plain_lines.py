@@ -1,5 +1,5 @@
 """What `up` and `sweep` write where their output is not a terminal: lines with a time stamp in front
-(launcher/execute/plain_progress.py). Tests that look for a line's start read it without the stamp."""
+(launcher/execute/following/plain_progress.py). Tests that look for a line's start read it without the stamp."""
 
 from __future__ import annotations
 

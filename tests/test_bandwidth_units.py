@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.execute import bandwidth as launcher_bw
+from launcher.execute.hosts import bandwidth as launcher_bw
 from launcher.planning.facts import HostAddress, HostFacts
 from launcher.results.report import render_markdown, row_cells
 from launcher.results.run_figures import load_run, scaling_table

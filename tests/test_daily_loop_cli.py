@@ -150,6 +150,6 @@ def test_the_dry_runs_and_vast_cover_every_option_a_config_keeps() -> None:
 ])
 def test_a_plain_log_says_what_started_and_keeps_internal_records_and_reprs_out(event: dict[str, Any],
                                                                                line: str | None) -> None:
-    from launcher.execute.plain_progress import describe_event
+    from launcher.execute.following.plain_progress import describe_event
 
     assert describe_event(event) == line

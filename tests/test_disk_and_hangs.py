@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from launcher.execute.hang_watch import HangRule, RunWatch
+from launcher.execute.following.hang_watch import HangRule, RunWatch
 from launcher.planning.facts import HostFacts
 from launcher.planning.preflight import (
     LOG_ALLOWANCE,

@@ -1,4 +1,4 @@
-"""The image's needs read from the image at run time (launcher/providers/vast/image_labels.py): from the local
+"""The image's needs read from the image at run time (launcher/places/vast/image_labels.py): from the local
 Docker engine, from a registry over real HTTP (infra/registry_standin.py: manifest list -> manifest -> config blob
 behind a Bearer challenge; no real registry can be reached from here), else the constants with a note saying why.
 Ends with `up --provider vast --dry-run` and `offers --explain --image` on an image that only the registry knows."""
@@ -15,9 +15,9 @@ import pytest
 
 from infra.registry_standin import RegistryStandIn
 from infra.vast_standin import VastStandIn, make_offer
-from launcher.providers.vast.image_labels import needs_from_config, read_image_needs
-from launcher.providers.vast.image_needs import CUDA_MIN, CUDA_MIN_DRIVER, IMAGE_CUDA, TORCH_ARCHES
-from launcher.providers.vast.registry_api import ImageRef
+from launcher.places.vast.image_labels import needs_from_config, read_image_needs
+from launcher.places.vast.image_needs import CUDA_MIN, CUDA_MIN_DRIVER, IMAGE_CUDA, TORCH_ARCHES
+from launcher.places.vast.registry_api import ImageRef
 from tests.docker_fixtures import base_image, requires_docker, test_image  # noqa: F401
 from tests.test_vast_up import KEY, Launcher
 
@@ -138,7 +138,7 @@ def test_an_unreachable_registry_falls_back_at_once() -> None:
 def test_a_registry_that_never_answers_is_given_up_on_within_the_timeout() -> None:
     import time
 
-    from launcher.providers.vast.registry_api import RegistryError, read_image_config
+    from launcher.places.vast.registry_api import RegistryError, read_image_config
 
     with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts connections (backlog), never answers
         started = time.monotonic()

@@ -1,4 +1,5 @@
-"""launcher/execute/before_start.py without hosts: an interruption before torchrun starts is one line saying that
+"""launcher/execute/following/before_start.py without hosts: an interruption before torchrun starts is one line saying
+that
 nothing was started; a run directory `up` made is removed, a provider's is kept with the interruption recorded;
 Vast's line after destroying its machines starts with that line. End to end: tests/faults/test_fault_matrix.py."""
 
@@ -11,7 +12,7 @@ from typing import Any, cast
 import pytest
 
 from launcher.errors import HostsFailed, Interrupted
-from launcher.execute.before_start import nothing_started_if_interrupted
+from launcher.execute.following.before_start import nothing_started_if_interrupted
 from launcher.results.rundir import RunDir
 from tests.interruption_fixtures import NOT_MAIN_THREAD  # and its run_dir fixture, through tests/conftest.py
 
@@ -29,7 +30,7 @@ def test_a_run_directory_up_made_is_removed_and_the_line_says_so(run_dir: RunDir
 
 
 def test_a_providers_run_directory_is_kept_with_the_interruption_recorded(run_dir: RunDir) -> None:
-    from launcher.providers.vast.provider import not_pulled_after_stop
+    from launcher.places.vast.provider import not_pulled_after_stop
 
     with pytest.raises(Interrupted) as caught, nothing_started_if_interrupted(
             "probing the hosts", run_dir, keep_run_dir=True, kept_because="it records the rented machines"):
@@ -54,8 +55,8 @@ def test_vast_keeps_the_line_and_adds_what_it_destroyed(run_dir: RunDir) -> None
     """After an interruption before start, Vast destroys what it rented: its line says nothing ran, not "what the
     nodes wrote is in ..." (the ledger here holds no instance: the API is not called)."""
     from launcher.execute.up import executor_calls
-    from launcher.providers.vast.ledger import Ledger
-    from launcher.providers.vast.provider import _after_failure
+    from launcher.places.vast.ledger import Ledger
+    from launcher.places.vast.provider import _after_failure
 
     with pytest.raises(Interrupted) as before, nothing_started_if_interrupted(
             "shipping the code to the hosts", run_dir, keep_run_dir=True, kept_because="it records rented machines"):

@@ -15,7 +15,7 @@ import launcher
 
 CHECKOUT = Path(launcher.__file__).resolve().parent.parent
 # The modules an `up` on SSH hosts imports before its first connection.
-UP_PATH = ("launcher.cli.app", "launcher.execute.up", "launcher.providers.ssh_hosts", "launcher.execute.on_hosts")
+UP_PATH = ("launcher.cli.app", "launcher.execute.up", "launcher.places.ssh.hosts", "launcher.execute.hosts.run")
 
 
 def fresh_python(code: str) -> str:

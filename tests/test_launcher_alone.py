@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import launcher
-from launcher.execute.local import visible_device_count
+from launcher.execute.this_machine.run import visible_device_count
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -166,7 +166,7 @@ LOCAL_PATH_IMPORTS = """
 import sys
 sys.modules["paramiko"] = None  # as on a GPU box with torch but no SSH library: importing it raises ImportError
 sys.modules["docker"] = None
-import launcher.execute.up, launcher.execute.local, launcher.execute.local_outputs, launcher.cli.app
+import launcher.execute.up, launcher.execute.this_machine.run, launcher.execute.this_machine.outputs, launcher.cli.app
 print("ok")
 """
 

@@ -264,7 +264,7 @@ class _Session:
 
 
 def test_node_0s_ssh_files_pin_the_verified_host_key_and_trust_nothing_new(tmp_path: Path) -> None:
-    from launcher.execute.mpi_access import MpiAccess
+    from launcher.execute.hosts.mpi_access import MpiAccess
     from launcher.planning.plan import NodeHost, NodePlan, RunPlan
 
     spec = RunSpec(run_id="mpi-1", nnodes=2, nproc_per_node=2, user_command=("python3", "x.py"), launcher="mpirun")

@@ -1,4 +1,5 @@
-"""A local run checks what a host run's preflight checks (launcher/execute/local_checks.py): the rendezvous address
+"""A local run checks what a host run's preflight checks (launcher/execute/this_machine/checks.py): the rendezvous
+address
 resolves and a port can be bound, before anything is written; a run with no first step shows torchrun's last line."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import SpecError
-from launcher.execute.local_checks import FirstStepWatch, check_local_rendezvous, last_line
+from launcher.execute.this_machine.checks import FirstStepWatch, check_local_rendezvous, last_line
 
 REPO = Path(__file__).resolve().parent.parent
 SMALL = ["--epochs", "1", "--gpus", "1", "--synthetic-train-size", "256", "--synthetic-test-size", "64"]

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import RunStopRequested
-from launcher.execute.local_state import local_state, local_status_rows
-from launcher.execute.outside_stops import DOWN_EVENT
-from launcher.execute.stall_watch import StallWatch, stall_line
+from launcher.execute.following.outside_stops import DOWN_EVENT
+from launcher.execute.following.stall_watch import StallWatch, stall_line
+from launcher.execute.this_machine.state import local_state, local_status_rows
 from launcher.remote.proctree import start_time
 from launcher.results.progress import FreshestProgress
 from launcher.results.rundir import RunDir

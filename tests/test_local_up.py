@@ -360,7 +360,7 @@ class LocalSession:
 @pytest.mark.parametrize("follow", [False, True])
 def test_logs_of_a_host_without_output_yet_say_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                   capsys: pytest.CaptureFixture[str], follow: bool) -> None:
-    import launcher.execute.on_hosts
+    import launcher.execute.hosts.run
     from launcher.cli.app import main
     from launcher.results.rundir import RunDir
     from launcher.spec.run_spec import RunSpec
@@ -371,8 +371,8 @@ def test_logs_of_a_host_without_output_yet_say_so(tmp_path: Path, monkeypatch: p
     (workspaces[1] / "exit_code").write_text("1\n")  # node 1 ended before torchrun wrote a line
     run_dir = RunDir.create(tmp_path / "runs", RunSpec(run_id="r2", nnodes=2),
                             {"hosts": [{"label": "a"}, {"label": "b"}], "provider": "ssh"})
-    monkeypatch.setattr(launcher.execute.on_hosts, "reattach", lambda run_dir, options: LocalSession())
-    monkeypatch.setattr(launcher.execute.on_hosts, "node_workspaces", lambda run_dir: [str(w) for w in workspaces])
+    monkeypatch.setattr(launcher.execute.hosts.run, "reattach", lambda run_dir, options: LocalSession())
+    monkeypatch.setattr(launcher.execute.hosts.run, "node_workspaces", lambda run_dir: [str(w) for w in workspaces])
     main(["logs", str(run_dir.path), "--node", "1", *(["-f"] if follow else [])])  # no SystemExit: status 0
     out, err = capsys.readouterr()
     assert out == ""

@@ -1,4 +1,5 @@
-"""What `up` says about a node that stops answering (launcher/execute/lost_contact.py), from node states alone: the
+"""What `up` says about a node that stops answering (launcher/execute/following/lost_contact.py), from node states
+alone: the
 line when it goes silent (what every other node does, by its own poll), the line when it answers again (its
 recorded exit and when), and the end once it is silent past the limit: the nodes that can only wait for it are
 stopped, a run that still moves is left to go on. The test bed runs the same with a cut link
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 
 from launcher.errors import DdpctlError
-from launcher.execute.lost_contact import ContactWatch, GiveUp, Movement, clock, end_following
+from launcher.execute.following.lost_contact import ContactWatch, GiveUp, Movement, clock, end_following
 from launcher.execute.pull_record import write_pull_record
 from launcher.results.rundir import RunDir
 from launcher.runtimes.native import NodeState

@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-from launcher.execute.failure_cause import report_failure
-from launcher.execute.hang_watch import RunWatch
-from launcher.execute.node_stops import stop_and_report
-from launcher.execute.on_hosts import poll_states
+from launcher.execute.failures.cause import report_failure
+from launcher.execute.following.hang_watch import RunWatch
+from launcher.execute.hosts.node_stops import stop_and_report
+from launcher.execute.hosts.run import poll_states
 from launcher.remote import attribution, node_report, node_start, node_state, node_stop, proctree, source_of
 from launcher.remote.program import STDIN_LOADER
 from launcher.results.rundir import RunDir

@@ -18,8 +18,8 @@ import pytest
 
 from infra.testbed import Testbed
 from launcher.errors import SpecError
-from launcher.execute.local_machine import LocalMachine
-from launcher.execute.recorded import LocalRun
+from launcher.execute.day2.recorded import LocalRun
+from launcher.places.local.machine import LocalMachine
 from launcher.places.on_provider import ProvidedPlace
 from launcher.places.registry import PLACES, place_named, place_of_record, run_up
 from launcher.planning.request import UpOptions

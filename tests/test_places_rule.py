@@ -17,14 +17,14 @@ from launcher.spec.hosts import parse_hosts
 
 LAUNCHER = Path(__file__).resolve().parent.parent / "launcher"
 # The places' folders: the adapters, and the code of the places that have a folder of their own.
-PLACES_FOLDERS = ("places", "providers/vast", "schedulers/slurm")
-VAST_OR_SLURM = ("launcher.providers.vast", "launcher.schedulers.slurm")
+PLACES_FOLDERS = ("places", "places/vast", "places/slurm")
+VAST_OR_SLURM = ("launcher.places.vast", "launcher.places.slurm")
 # The Slurm executor's and the rented run's modules (launcher/execute/scheduled*.py, rented_run.py) still live in
 # execute/ beside the others, and `ddpctl vast` (offers, the ledger) is Vast.ai's own command.
 IMPORTING_VAST_OR_SLURM = {
-    "cli/vast.py", "execute/rented_run.py", "execute/scheduled.py",
-    "execute/scheduled_chain.py", "execute/scheduled_end.py", "execute/scheduled_files.py",
-    "execute/scheduled_output.py", "execute/scheduled_reattach.py",
+    "places/vast/commands.py", "places/vast/rented_run.py", "places/slurm/up.py",
+    "places/slurm/requeue_chain.py", "places/slurm/job_end.py", "places/slurm/job_files.py",
+    "places/slurm/rank0_output.py", "places/slurm/recorded_job.py",
 }
 
 
@@ -83,8 +83,8 @@ def test_few_modules_outside_the_places_import_vast_or_slurm() -> None:
     assert found == IMPORTING_VAST_OR_SLURM
     assert len(found) == 8
     assert imports_vast_or_slurm(ast.parse("def f():\n    from launcher.providers import vast\n"))
-    assert imports_vast_or_slurm(ast.parse("import launcher.schedulers.slurm.scheduler\n"))
-    assert not imports_vast_or_slurm(ast.parse("from launcher.providers.ssh_hosts import SshHosts\n"))
+    assert imports_vast_or_slurm(ast.parse("import launcher.places.slurm.scheduler\n"))
+    assert not imports_vast_or_slurm(ast.parse("from launcher.places.ssh.hosts import SshHosts\n"))
 
 
 def test_each_places_own_options_are_refused_elsewhere_with_its_hint() -> None:

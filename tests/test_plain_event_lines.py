@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from launcher.execute.plain_progress import describe_event
+from launcher.execute.following.plain_progress import describe_event
 
 REPRS = re.compile(r"[\[\]{}]|\b(None|True|False)\b")
 

@@ -10,7 +10,7 @@ import paramiko
 import pytest
 
 from launcher.errors import DdpctlError
-from launcher.execute.interruption import pull_after_run, recorded_outcome
+from launcher.execute.following.interruption import pull_after_run, recorded_outcome
 from launcher.results.rundir import RunDir
 from launcher.spec.run_spec import RunSpec
 from launcher.transport.parallel import raise_for_errors, run_on_hosts

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from launcher.errors import HostError
-from launcher.execute.failure_cause import attribute, final_line
+from launcher.execute.failures.cause import attribute, final_line
 from launcher.planning import rdzv_reservation
 from launcher.planning.host_round import probe_all
 from launcher.planning.preflight import reached_port

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.execute.node_stops import node_workspaces
+from launcher.execute.hosts.node_stops import node_workspaces
 from launcher.results.record import RecordError
 from launcher.results.rundir import RunDir
 from launcher.spec.run_spec import RunSpec

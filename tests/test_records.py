@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from launcher.cli import app as cli
-from launcher.providers.vast.ledger import Ledger
+from launcher.places.vast.ledger import Ledger
 from launcher.results.record import RECORD_VERSION, RecordError, RunRecord, load_run_record
 from launcher.results.rundir import RunDir
 from launcher.spec.run_spec import RunSpec

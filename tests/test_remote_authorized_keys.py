@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from launcher.execute import mpi_access
+from launcher.execute.hosts import mpi_access
 from launcher.planning.plan import NodeHost, NodePlan, RunPlan
 from launcher.remote import authorized_keys, source_of
 from launcher.spec.run_spec import RunSpec

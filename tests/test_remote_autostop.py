@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from launcher.providers.vast import autostop, overlay, watchdog_state
+from launcher.places.vast import autostop, overlay, watchdog_state
 from launcher.remote import autostop_watchdog, daemon, interface_addresses, shell_text, source_of
 
 SECRET = "vck-0123456789abcdef"

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from launcher.places.slurm import cluster
 from launcher.remote import login_probe, tree_sync
 from launcher.remote.program import program
-from launcher.schedulers.slurm import cluster
 from launcher.transport.ssh import CommandResult
 
 
@@ -71,7 +71,7 @@ def test_variables_the_login_node_does_not_set_are_named_and_nothing_is_made(
 
 
 def test_the_unset_variables_are_one_line_of_the_preflight(tmp_path: Path) -> None:
-    from launcher.schedulers.slurm.cluster import ClusterFacts, Partition, preflight_refusal
+    from launcher.places.slurm.cluster import ClusterFacts, Partition, preflight_refusal
     from launcher.spec.run_spec import RunSpec
     from launcher.spec.slurm_request import SlurmRequest
 

@@ -19,11 +19,11 @@ import pytest
 
 import launcher.remote
 from launcher.errors import HostError
-from launcher.execute.shipping import probed_listing
+from launcher.execute.ship.to_hosts import probed_listing
+from launcher.places.vast.autostop import WATCHDOG
 from launcher.planning.host_round import PROBE_PROGRAM
 from launcher.planning.preflight import probe_host
 from launcher.planning.rdzv_reservation import RELEASE_PROGRAM
-from launcher.providers.vast.autostop import WATCHDOG
 from launcher.remote import (
     client_watch,
     daemon,

@@ -15,12 +15,11 @@ from types import SimpleNamespace
 import pytest
 
 import launcher.remote
-from launcher.execute import scheduled, scheduled_output, scheduled_reattach
+from launcher.places.slurm import mpi_job, rank0_output, recorded_job, up
+from launcher.places.vast import watchdog_state
 from launcher.planning import mpi_check
-from launcher.providers.vast import watchdog_state
 from launcher.remote import shell_text
 from launcher.runtimes import docker, docker_hosts
-from launcher.schedulers.slurm import mpi_job
 from launcher.spec import launchers
 
 if sys.version_info >= (3, 11):
@@ -38,9 +37,9 @@ SENT = {  # file -> the text the launcher puts on the hosts' command lines
     "mpi_peer.sh": launchers.MPI_PEER_SCRIPT,
     "mpi_check.sh": mpi_check.MPI_CHECK_SCRIPT,
     "autostop_state.sh": watchdog_state.STATE_SCRIPT,
-    "rank0_output.sh": scheduled_output.RANK0_OUTPUT_SCRIPT,
-    "slurm_progress.sh": scheduled.PROGRESS_SCRIPT,
-    "slurm_nodes.sh": scheduled_reattach.NODES_SCRIPT,
+    "rank0_output.sh": rank0_output.RANK0_OUTPUT_SCRIPT,
+    "slurm_progress.sh": up.PROGRESS_SCRIPT,
+    "slurm_nodes.sh": recorded_job.NODES_SCRIPT,
     "mpi_network.sh": mpi_job.NETWORK_SCRIPT,
 }
 
@@ -162,7 +161,7 @@ def test_rank0_output_reads_the_newest_attempt_of_the_node_that_writes_progress(
         path.write_text(text)
 
     def read(node: int, offset: int, attempt: str, most: int = 65536) -> str:
-        done = sh(scheduled_output.RANK0_OUTPUT_SCRIPT, "ddpctl-rank0", str(tmp_path), "2", "0", str(node), "0",
+        done = sh(rank0_output.RANK0_OUTPUT_SCRIPT, "ddpctl-rank0", str(tmp_path), "2", "0", str(node), "0",
                   str(offset), attempt, str(most))
         assert done.returncode == 0 and done.stderr == "", done.stderr
         return done.stdout
@@ -191,12 +190,12 @@ def test_the_slurm_followers_read_each_nodes_progress_exit_and_newest_attempt(tm
     (tmp_path / "nodes" / "0" / "out" / "progress.json").write_text('{"epoch": 2}')
     (tmp_path / "nodes" / "1").mkdir(parents=True)
     (tmp_path / "nodes" / "1" / "exit_code").write_text("1\n")
-    done = sh(scheduled_reattach.NODES_SCRIPT, "ddpctl-nodes", str(tmp_path), "3")
+    done = sh(recorded_job.NODES_SCRIPT, "ddpctl-nodes", str(tmp_path), "3")
     assert done.returncode == 0 and done.stderr == "", done.stderr
     assert done.stdout == 'NODE 0|| 0 10 2 9\n{"epoch": 2}\nNODE 1|1|\n\nNODE 2||\n\n'
     here = SimpleNamespace(run=lambda argv, timeout: SimpleNamespace(stdout=sh(*argv[2:]).stdout))
-    assert scheduled_reattach.node_states(here, str(tmp_path), 3) == [  # type: ignore[arg-type]
+    assert recorded_job.node_states(here, str(tmp_path), 3) == [  # type: ignore[arg-type]
         (None, {"epoch": 2}, 10), (1, {}, None), (None, {}, None)]  # attempt 10 is the newest: numbers, not text
-    done = sh(scheduled.PROGRESS_SCRIPT, "ddpctl-progress", str(tmp_path))
+    done = sh(up.PROGRESS_SCRIPT, "ddpctl-progress", str(tmp_path))
     assert done.returncode == 0 and done.stderr == "", done.stderr
     assert done.stdout == f'NODE {tmp_path}/nodes/0/out/progress.json\n{{"epoch": 2}}\n'

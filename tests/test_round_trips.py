@@ -22,7 +22,8 @@ import pytest
 
 from infra.testbed import Testbed
 from launcher.cli.doctor import run_doctor
-from launcher.execute import interruption, on_hosts
+from launcher.execute.following import interruption
+from launcher.execute.hosts import run as on_hosts
 from launcher.places.registry import run_up
 from launcher.planning.rdzv_reservation import RESERVATION_DIR
 from launcher.planning.request import UpOptions

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.execute.shipment import check_unchanged
+from launcher.execute.ship.contents import check_unchanged
 from launcher.planning.plan import RunPlan
 from tests.cli_in_process import ddpctl_in_process
 

@@ -6,7 +6,7 @@ working directory every `save_every` epochs by each node's local rank 0, "Resumi
 Epoch N" when one is there. It lives in a subfolder and reads a data file beside it. The hosts' logins have
 `python3` on PATH and no `python`, so `-- python ...` runs only because `python` means the node's interpreter.
 Unlike the tutorial, it frees its trainer before destroy_process_group(): with gloo, torch 2.13 aborts a process
-whose DDP model is still alive as it exits (launcher/execute/failure_hints.py's exit_abort_hint)."""
+whose DDP model is still alive as it exits (launcher/execute/failures/hints.py's exit_abort_hint)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from launcher.errors import SpecError
-from launcher.execute.live_tail import OutputTail
+from launcher.execute.following.live_tail import OutputTail
 from launcher.results.progress import script_status
 from launcher.results.rank_layout import RankLayout, order_by_address
 from launcher.results.restarts import restarts_in, restarts_phrase

@@ -1,15 +1,15 @@
 """The files a Slurm job's run folder gets beside its batch script, sent as one tar on an SSH command's standard
-input (launcher/execute/scheduled_files.py): which files, their modes, and that the tar holds them as they are."""
+input (launcher/places/slurm/job_files.py): which files, their modes, and that the tar holds them as they are."""
 
 from __future__ import annotations
 
 import io
 import tarfile
 
-from launcher.execute.scheduled_files import job_files, tar_of
+from launcher.places.slurm.batch_script import SlurmJob, batch_script
+from launcher.places.slurm.job_files import job_files, tar_of
+from launcher.places.slurm.scheduler import SlurmSubmit
 from launcher.runtimes.join_files import join_hook_source
-from launcher.schedulers.slurm.batch_script import SlurmJob, batch_script
-from launcher.schedulers.slurm.scheduler import SlurmSubmit
 from launcher.spec.launchers import SPAWN_SCRIPT
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.slurm_request import SlurmRequest

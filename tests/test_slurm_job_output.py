@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.execute.scheduled import end_line
-from launcher.execute.scheduled_end import named_state
-from launcher.execute.scheduled_output import _first_by_name
-from launcher.schedulers.base import JobStatus
-from launcher.schedulers.slurm.job_output import OomKill, expand_hostlist, oom_kills
+from launcher.places.batch_job import JobStatus
+from launcher.places.slurm.job_end import named_state
+from launcher.places.slurm.job_output import OomKill, expand_hostlist, oom_kills
+from launcher.places.slurm.rank0_output import _first_by_name
+from launcher.places.slurm.up import end_line
 
 pytestmark = pytest.mark.unit
 

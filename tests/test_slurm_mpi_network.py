@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.schedulers.slurm.batch_script import SlurmJob, batch_script
-from launcher.schedulers.slurm.mpi_job import NETWORK_SCRIPT
+from launcher.places.slurm.batch_script import SlurmJob, batch_script
+from launcher.places.slurm.mpi_job import NETWORK_SCRIPT
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.slurm_request import SlurmRequest
 

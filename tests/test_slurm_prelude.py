@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import SpecError
-from launcher.schedulers.slurm.prelude import prelude_lines
+from launcher.places.slurm.prelude import prelude_lines
 from launcher.spec.slurm_request import SlurmRequest
 
 

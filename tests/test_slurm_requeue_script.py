@@ -9,12 +9,11 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import SpecError
-from launcher.execute import scheduled_chain
-from launcher.schedulers.base import JobStatus
-from launcher.schedulers.slurm import requeue
-from launcher.schedulers.slurm.batch_script import SlurmJob, batch_script
-from launcher.schedulers.slurm.requeue import Chain
-from launcher.schedulers.slurm.scheduler import SlurmScheduler, SlurmSubmit
+from launcher.places.batch_job import JobStatus
+from launcher.places.slurm import requeue, requeue_chain
+from launcher.places.slurm.batch_script import SlurmJob, batch_script
+from launcher.places.slurm.requeue import Chain
+from launcher.places.slurm.scheduler import SlurmScheduler, SlurmSubmit
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.slurm_request import DEFAULT_MAX_REQUEUES, SlurmRequest, max_requeues_asked
 from launcher.transport.ssh import CommandResult
@@ -196,19 +195,19 @@ def test_end_lines_of_a_chain_completed_and_of_one_whose_requeues_were_spent() -
     done = JobStatus("12", "COMPLETED", exit_code="0:0", cpus=4)
     chain = Chain.parse(CHAIN)
     fields = {"allocations": 2, "requeues": 1, "trained_seconds": 82.0, "queued_seconds": 28.0}
-    assert scheduled_chain.end_line(done, fields, chain, 3, "-") == \
+    assert requeue_chain.end_line(done, fields, chain, 3, "-") == \
         "job 12 COMPLETED (exit 0:0) after 2 allocation(s) (1 requeue(s)): 82 s trained, 28 s queued"
     spent_chain = Chain.parse(CHAIN + "1 signal 1095\n1 spent 1100\n")
     stopped = JobStatus("12", "FAILED", exit_code="75:0", cpus=4)
-    assert scheduled_chain.spent(stopped, spent_chain) and not scheduled_chain.spent(stopped, chain)
-    line = scheduled_chain.end_line(stopped, fields, spent_chain, 1, "epoch 2, 40 steps in (x.pt)")
+    assert requeue_chain.spent(stopped, spent_chain) and not requeue_chain.spent(stopped, chain)
+    line = requeue_chain.end_line(stopped, fields, spent_chain, 1, "epoch 2, 40 steps in (x.pt)")
     assert line == ("job 12 TIMEOUT after 1 requeue(s) (--max-requeues 1): the time limit came again and no requeue "
                     "was left; saved: epoch 2, 40 steps in (x.pt); 82 s trained, 28 s queued over 2 allocation(s) "
                     "(1 requeue(s)) (Slurm: FAILED, exit 75:0)")
 
 
 def test_requeues_are_told_once_each() -> None:
-    watch = scheduled_chain.RequeueWatch("12", 3)
+    watch = requeue_chain.RequeueWatch("12", 3)
     assert watch.requeued_line(JobStatus("12", "RUNNING")) is None
     assert watch.requeued_line(JobStatus("12", "PENDING", restarts=1)) == \
         "job 12 requeued (1/3) at the time limit"
@@ -220,43 +219,43 @@ def test_an_allocation_cut_at_its_limit_counts_slurms_own_times() -> None:
     # The killed batch shell wrote no end: Slurm's StartTime/EndTime of the last allocation count.
     cut = Chain.parse("0 start 1000 n[1-2]\n0 signal 1040\n")
     timeout = JobStatus("12", "TIMEOUT", exit_code="0:15", start_time=999.0, end_time=1066.0, cpus=4)
-    assert scheduled_chain.allocation_spans(cut, timeout, None) == ([(999.0, 1066.0)], "requeue/chain and scontrol")
+    assert requeue_chain.allocation_spans(cut, timeout, None) == ([(999.0, 1066.0)], "requeue/chain and scontrol")
     # An earlier allocation too, where accounting answers (sacct --duplicates): its records win.
     two = Chain.parse(CHAIN)
-    assert scheduled_chain.allocation_spans(two, timeout, [(998.0, 1053.0), (1069.0, 1101.0)]) == \
+    assert requeue_chain.allocation_spans(two, timeout, [(998.0, 1053.0), (1069.0, 1101.0)]) == \
         ([(998.0, 1053.0), (1069.0, 1101.0)], "sacct")
     # Without accounting, the job's own record of the allocations that ended by themselves.
-    assert scheduled_chain.allocation_spans(two, timeout, None) == ([(1000, 1052), (1070, 1100)], "requeue/chain")
+    assert requeue_chain.allocation_spans(two, timeout, None) == ([(1000, 1052), (1070, 1100)], "requeue/chain")
     # No record by the job at all (its first line never written): Slurm's times.
-    assert scheduled_chain.allocation_spans(Chain(), timeout, None) == ([(999.0, 1066.0)], "scontrol")
+    assert requeue_chain.allocation_spans(Chain(), timeout, None) == ([(999.0, 1066.0)], "scontrol")
 
 
 def test_a_timeout_after_an_unheeded_signal_names_it_and_the_handler_to_add() -> None:
     chain = Chain.parse("0 start 1000 n[1-2]\n0 signal 1040\n")
     status = JobStatus("12", "TIMEOUT", exit_code="0:15", start_time=1000.0, end_time=1066.0, cpus=4)
-    told = scheduled_chain.unheeded_signal(status, chain)
+    told = requeue_chain.unheeded_signal(status, chain)
     assert told.startswith("SIGUSR1 came at ") and "(26 s before the end) and no snapshot followed" in told
     assert "Add a SIGUSR1 handler" in told and "examples/slurm_requeue.py" in told
     fields = {"allocations": 1, "requeues": 0, "trained_seconds": 66.0, "queued_seconds": 1.0}
-    line = scheduled_chain.end_line(status, fields, chain, 1, "-")
+    line = requeue_chain.end_line(status, fields, chain, 1, "-")
     assert line.startswith("job 12 TIMEOUT (exit 0:15) after 1 allocation(s) (0 requeue(s)): 66 s trained, "
                            "1 s queued; SIGUSR1 came at ")
-    assert "Add a SIGUSR1" not in scheduled_chain.unheeded_signal(status, chain, user_command=False)
+    assert "Add a SIGUSR1" not in requeue_chain.unheeded_signal(status, chain, user_command=False)
     # Not said when the signal never came, or the script stopped after it (the shell wrote the end).
-    assert scheduled_chain.unheeded_signal(status, Chain.parse("0 start 1000 n1\n")) == ""
-    assert scheduled_chain.unheeded_signal(status, Chain.parse("0 start 1000 n1\n0 signal 1040\n0 end 1050 0\n")) == ""
+    assert requeue_chain.unheeded_signal(status, Chain.parse("0 start 1000 n1\n")) == ""
+    assert requeue_chain.unheeded_signal(status, Chain.parse("0 start 1000 n1\n0 signal 1040\n0 end 1050 0\n")) == ""
 
 
 def test_a_signal_as_the_command_finished_is_told_with_how_to_ask_for_a_requeue() -> None:
     chain = Chain.parse("0 start 1000 n1\n0 signal 1040\n0 end 1041 0\n0 finished 1041\n")
     done = JobStatus("12", "COMPLETED", exit_code="0:0", cpus=2)
     fields = {"allocations": 1, "requeues": 0, "trained_seconds": 41.0, "queued_seconds": 1.0}
-    line = scheduled_chain.end_line(done, fields, chain, 1, "-")
+    line = requeue_chain.end_line(done, fields, chain, 1, "-")
     assert line.startswith("job 12 COMPLETED (exit 0:0) after 1 allocation(s) (0 requeue(s)): 41 s trained, 1 s "
                            "queued; SIGUSR1 came at ")
     assert "taken as finished" in line and "$DDPCTL_REQUEUE_MARK" in line and "examples/slurm_requeue.py" in line
     # A plain completion (no signal) says nothing of it.
-    assert "SIGUSR1" not in scheduled_chain.end_line(done, fields, Chain.parse("0 start 1000 n1\n0 end 1041 0\n"), 1,
+    assert "SIGUSR1" not in requeue_chain.end_line(done, fields, Chain.parse("0 start 1000 n1\n0 end 1041 0\n"), 1,
                                                      "-")
 
 

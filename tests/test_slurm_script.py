@@ -9,11 +9,9 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import SpecError
-from launcher.execute import scheduled_end
-from launcher.results.rundir import RunDir
-from launcher.schedulers.base import JobStatus
-from launcher.schedulers.slurm import mpi_job
-from launcher.schedulers.slurm.batch_script import (
+from launcher.places.batch_job import JobStatus
+from launcher.places.slurm import job_end, mpi_job
+from launcher.places.slurm.batch_script import (
     GPUS_PER_NODE,
     GRES,
     SlurmJob,
@@ -21,7 +19,7 @@ from launcher.schedulers.slurm.batch_script import (
     env_file_text,
     sbatch_argv,
 )
-from launcher.schedulers.slurm.cluster import (
+from launcher.places.slurm.cluster import (
     ClusterFacts,
     Partition,
     default_gpus_note,
@@ -29,13 +27,14 @@ from launcher.schedulers.slurm.cluster import (
     key_values,
     preflight_refusal,
 )
-from launcher.schedulers.slurm.scheduler import (
+from launcher.places.slurm.scheduler import (
     SlurmScheduler,
     SlurmSubmit,
     launcher_refusal,
     status_from_sacct,
     status_from_scontrol,
 )
+from launcher.results.rundir import RunDir
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.slurm_request import SlurmRequest, time_minutes
 
@@ -334,5 +333,5 @@ def test_a_failed_mpi_job_names_what_started_its_ranks_and_the_exception(tmp_pat
     (node / "exit_code").write_text("1\n")
     (run_dir.path / "slurm-12.out").write_text(f"ddpctl: job 12 on n[1-2], rendezvous at n1:20012\n{said}")
     failed = JobStatus("12", "FAILED", exit_code="1:0", nodes="n[1-2]")
-    failure = scheduled_end.job_failure(run_dir, failed, "job 12 FAILED (exit 1:0)", None)
+    failure = job_end.job_failure(run_dir, failed, "job 12 FAILED (exit 1:0)", None)
     assert failure["summary"] == f"{named} on node 0 (n1) exited with 1: RuntimeError: rank 3 gives up", failure

@@ -1,6 +1,6 @@
 """A node whose supervisor ended from outside (no exit status recorded) is noted by the stop that finds it gone
 (launcher/remote/node_stop.py), read by the node's report (launcher/remote/attribution.py) and named as the cause
-(launcher/execute/failure_cause.py), not the SIGTERM of ddpctl's own stop. Run here against a temporary folder
+(launcher/execute/failures/cause.py), not the SIGTERM of ddpctl's own stop. Run here against a temporary folder
 standing in for the node's workspace; the real kill is tests/faults/test_supervisor_killed.py."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from launcher.execute.failure_cause import attribute
+from launcher.execute.failures.cause import attribute
 from launcher.remote import attribution, node_stop
 
 NO_SUCH_PID = 4_194_000  # above any pid this machine hands out (pid_max is at most 4194304)

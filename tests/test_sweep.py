@@ -187,9 +187,9 @@ def test_sweep_command_bad_input_is_one_line(tmp_path: Path, capsys: pytest.Capt
 
 def test_a_local_sweep_wider_than_this_machines_gpus_writes_nothing(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    import launcher.execute.local
+    import launcher.execute.this_machine.run
 
-    monkeypatch.setattr(launcher.execute.local, "local_gpu_count", lambda: 2)
+    monkeypatch.setattr(launcher.execute.this_machine.run, "local_gpu_count", lambda: 2)
     with pytest.raises(SystemExit) as info:
         cli.main(["sweep", "--gpus", "1,2,4", "--runs-dir", str(tmp_path / "runs")])
     err = capsys.readouterr().err

@@ -16,7 +16,7 @@ import pytest
 from launcher.cli.config import read_config
 from launcher.cli.options import declared_options
 from launcher.errors import DdpctlError, SpecError
-from launcher.execute.scheduled_plan import load_json
+from launcher.places.slurm.saved_plan import load_json
 from launcher.planning.plan_file import load_plan
 from launcher.spec.hosts import parse_host
 from launcher.spec.user_paths import read_user_file

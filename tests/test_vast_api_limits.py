@@ -15,9 +15,9 @@ import pytest
 
 from infra.vast_market import cluster_market
 from infra.vast_standin import VastStandIn, make_offer
-from launcher.providers.vast.client import VastClient
-from launcher.providers.vast.errors import ApiKeyMissing, VastAuthError, VastError, VastRateLimited, VastUnavailable
-from launcher.providers.vast.offers import MAX_CLUSTER_PAGES, OfferFilter, choose_offers, search_cluster_offers
+from launcher.places.vast.client import VastClient
+from launcher.places.vast.errors import ApiKeyMissing, VastAuthError, VastError, VastRateLimited, VastUnavailable
+from launcher.places.vast.offers import MAX_CLUSTER_PAGES, OfferFilter, choose_offers, search_cluster_offers
 
 pytestmark = pytest.mark.integration  # a stand-in over loopback and ddpctl as a subprocess (tests/tiers.py)
 
@@ -160,7 +160,7 @@ def test_an_empty_key_is_refused_before_any_request(tmp_path, monkeypatch):
     for bad in ("", "   ", "two words"):
         with pytest.raises(VastAuthError):
             VastClient(bad)
-    from launcher.providers.vast.apikey import load_api_key
+    from launcher.places.vast.apikey import load_api_key
 
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
     monkeypatch.setenv("VAST_API_KEY", "  ")

@@ -11,9 +11,9 @@ import typer
 from typer.testing import CliRunner
 
 from infra.vast_standin import VastStandIn, make_offer
-from launcher.cli.vast import register
-from launcher.providers.vast import apikey
-from launcher.providers.vast.errors import ApiKeyMissing
+from launcher.places.vast import apikey
+from launcher.places.vast.commands import register
+from launcher.places.vast.errors import ApiKeyMissing
 
 KEY = "sk-login-0a1b2c3d4e5f"
 

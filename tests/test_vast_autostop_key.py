@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from infra.vast_standin import VastStandIn, make_offer
-from launcher.providers.vast.autostop import CONTAINER_KEY_PROBE, WATCHDOG
-from launcher.providers.vast.client import VastClient
-from launcher.providers.vast.errors import VastError
-from launcher.providers.vast.offers import OfferFilter, choose_offers, search_offers
-from launcher.providers.vast.provision import provision, teardown
+from launcher.places.vast.autostop import CONTAINER_KEY_PROBE, WATCHDOG
+from launcher.places.vast.client import VastClient
+from launcher.places.vast.errors import VastError
+from launcher.places.vast.offers import OfferFilter, choose_offers, search_offers
+from launcher.places.vast.provision import provision, teardown
 
 pytestmark = pytest.mark.integration  # python subprocesses and a stand-in over loopback (tests/tiers.py)
 

@@ -8,11 +8,11 @@ import pytest
 
 from infra import vast_bids
 from infra.vast_standin import VastStandIn, make_offer
-from launcher.providers.vast.client import VastClient
-from launcher.providers.vast.errors import VastError
-from launcher.providers.vast.interruptible import bid_for, lost_nodes
-from launcher.providers.vast.offers import OfferFilter, search_offers
-from launcher.providers.vast.provision import provision
+from launcher.places.vast.client import VastClient
+from launcher.places.vast.errors import VastError
+from launcher.places.vast.interruptible import bid_for, lost_nodes
+from launcher.places.vast.offers import OfferFilter, search_offers
+from launcher.places.vast.provision import provision
 
 pytestmark = pytest.mark.integration
 

@@ -12,10 +12,10 @@ import pytest
 
 from infra.vast_standin import VastStandIn, make_offer
 from launcher.errors import DdpctlError
-from launcher.providers.vast.budget import spent_under, sweep_run_request
-from launcher.providers.vast.client import VastClient
-from launcher.providers.vast.ledger import write_summary_cost
-from launcher.providers.vast.market import chosen_summary, find_offers, first_machines
+from launcher.places.vast.budget import spent_under, sweep_run_request
+from launcher.places.vast.client import VastClient
+from launcher.places.vast.ledger import write_summary_cost
+from launcher.places.vast.market import chosen_summary, find_offers, first_machines
 from launcher.results.rundir import RunDir
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.vast_request import VastRequest

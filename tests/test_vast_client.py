@@ -10,8 +10,8 @@ import time
 import pytest
 
 from infra.vast_standin import VastStandIn, make_offer
-from launcher.providers.vast.client import VastClient
-from launcher.providers.vast.errors import (
+from launcher.places.vast.client import VastClient
+from launcher.places.vast.errors import (
     VastAuthError,
     VastError,
     VastGone,

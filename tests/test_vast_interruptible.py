@@ -16,7 +16,7 @@ import pytest
 from infra import vast_bids
 from infra.testbed import Testbed, cleanup_stale
 from infra.vast_standin import VastStandIn, make_offer
-from launcher.providers.vast.ledger import instance_cost
+from launcher.places.vast.ledger import instance_cost
 from tests.test_vast_up import DISK, IMAGE, KEY, Launcher
 from tests.testbed_fixtures import needs_testbed
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import RunStopRequested, SpecError
-from launcher.providers.vast.errors import VastRateLimited
-from launcher.providers.vast.interruptible import (
+from launcher.places.vast.errors import VastRateLimited
+from launcher.places.vast.interruptible import (
     NODE_LOST,
     LossWatch,
     bid_for,
@@ -20,9 +20,9 @@ from launcher.providers.vast.interruptible import (
     lost_reason,
     spent_between,
 )
-from launcher.providers.vast.models import Offer
-from launcher.providers.vast.offers import OfferError, OfferFilter, build_query
-from launcher.providers.vast.resume_files import SNAPSHOT_MAGIC, newest_snapshot, snapshot_holds
+from launcher.places.vast.models import Offer
+from launcher.places.vast.offers import OfferError, OfferFilter, build_query
+from launcher.places.vast.resume_files import SNAPSHOT_MAGIC, newest_snapshot, snapshot_holds
 from launcher.spec.vast_request import VastRequest
 
 
@@ -159,7 +159,7 @@ def test_bad_interruptible_options_are_one_line_before_anything_is_rented(args, 
 
 
 def test_a_destroyed_sets_host_keys_are_forgotten_so_its_address_can_be_rented_again(tmp_path) -> None:
-    from launcher.providers.vast.interruptible_provider import forget_host_keys
+    from launcher.places.vast.interruptible_provider import forget_host_keys
 
     known = tmp_path / "known_hosts"
     known.write_text("[10.0.0.2]:40022 ssh-ed25519 A1\n10.0.0.3 ssh-ed25519 A2\n[10.0.0.4]:22022 ssh-ed25519 A3\n")
@@ -187,7 +187,7 @@ def test_the_summary_table_and_status_line_tell_the_interruptions() -> None:
 
 
 def test_a_bid_offer_is_priced_at_the_bid_for_the_dry_run_and_the_budget() -> None:
-    from launcher.providers.vast.interruptible_provider import at_bid
+    from launcher.places.vast.interruptible_provider import at_bid
 
     offer = Offer.from_json({"id": 1, "machine_id": 401, "dph_total": 0.044 + 0.0033, "storage_total_cost": 0.0033,
                              "storage_cost": 0.15, "min_bid": 0.044})

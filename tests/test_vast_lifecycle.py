@@ -18,12 +18,12 @@ import pytest
 
 from infra.testbed import Testbed, cleanup_stale
 from infra.vast_standin import VastStandIn, make_offer
-from launcher.providers.vast.client import ENDPOINT_INTERVALS_S, VastClient
-from launcher.providers.vast.errors import ProvisionError, VastError
-from launcher.providers.vast.offers import OfferFilter, choose_offers, search_offers
-from launcher.providers.vast.provision import provision, teardown
-from launcher.providers.vast.registry_login import registry_login
-from launcher.providers.vast.start_failures import classify_status_msg
+from launcher.places.vast.client import ENDPOINT_INTERVALS_S, VastClient
+from launcher.places.vast.errors import ProvisionError, VastError
+from launcher.places.vast.offers import OfferFilter, choose_offers, search_offers
+from launcher.places.vast.provision import provision, teardown
+from launcher.places.vast.registry_login import registry_login
+from launcher.places.vast.start_failures import classify_status_msg
 from tests.testbed_fixtures import needs_testbed
 
 KEY = "sk-life-0a1b2c3d4e5f6071"
@@ -311,7 +311,7 @@ def test_detached_run_is_autostopped_then_down_starts_pulls_verifies_and_destroy
     ("localhost:5000/i", "localhost:5000"), ("registry.example.com/team/i@sha256:ab", "registry.example.com"),
 ])
 def test_the_registry_is_read_from_the_image_reference(image: str, registry: str) -> None:
-    from launcher.providers.vast.registry_login import registry_of
+    from launcher.places.vast.registry_login import registry_of
 
     assert registry_of(image) == registry
 
@@ -352,8 +352,8 @@ def test_ssh_goes_to_the_direct_address_when_the_proxy_is_another_host(standin):
 def test_the_watchdog_stops_its_machine_once_idle_or_records_why_it_could_not(standin, tmp_path, permission_name):
     # The watchdog script itself, run here against the stand-in: the second case is a Vast whose permission
     # name differs from ours (the key is refused): it must record the failure and end, not retry forever.
-    from launcher.providers.vast.autostop import WATCHDOG
-    from launcher.providers.vast.scoped_key import stop_only_permissions
+    from launcher.places.vast.autostop import WATCHDOG
+    from launcher.places.vast.scoped_key import stop_only_permissions
 
     standin.lifecycle.switches.manage_permission = permission_name
     client = _client(standin)
@@ -397,8 +397,8 @@ def test_a_paced_replacement_does_not_time_out_the_other_nodes(standin):
 def test_a_stop_whose_pull_did_not_finish_keeps_the_machines(tmp_path) -> None:
     """After Ctrl-C the nodes are stopped, then pulled; a pull cut short (a second Ctrl-C) or failed leaves the only
     copy on the rented machines, so they are kept (and said to bill) instead of destroyed."""
-    from launcher.execute.interruption import Outcome, _record
-    from launcher.providers.vast.provider import not_pulled_after_stop
+    from launcher.execute.following.interruption import Outcome, _record
+    from launcher.places.vast.provider import not_pulled_after_stop
     from launcher.results.rundir import RunDir
     from launcher.spec.run_spec import RunSpec
 

@@ -12,15 +12,14 @@ import pytest
 
 from infra.vast_hosts import BannerHost
 from infra.vast_standin import VastStandIn, make_offer
-from launcher.execute import rented_run
-from launcher.providers.vast import apikey
-from launcher.providers.vast.client import VastClient
-from launcher.providers.vast.errors import ProvisionError, VastError
-from launcher.providers.vast.ledger import Ledger, live, open_intents
-from launcher.providers.vast.lost_creates import reconcile_run
-from launcher.providers.vast.offers import OfferFilter, choose_offers, search_offers
-from launcher.providers.vast.provision import provision, teardown
-from launcher.providers.vast.rented_list import print_rented, rented_rows
+from launcher.places.vast import apikey, rented_run
+from launcher.places.vast.client import VastClient
+from launcher.places.vast.errors import ProvisionError, VastError
+from launcher.places.vast.ledger import Ledger, live, open_intents
+from launcher.places.vast.lost_creates import reconcile_run
+from launcher.places.vast.offers import OfferFilter, choose_offers, search_offers
+from launcher.places.vast.provision import provision, teardown
+from launcher.places.vast.rented_list import print_rented, rented_rows
 from launcher.results.rundir import RunDir
 from launcher.spec.run_spec import RunSpec
 

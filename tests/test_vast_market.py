@@ -18,8 +18,8 @@ import pytest
 from infra.testbed import Testbed, cleanup_stale
 from infra.vast_market import cluster_market, without_ip
 from infra.vast_standin import VastStandIn
-from launcher.providers.vast.billing import GB, IMAGE_PULL_GB
-from launcher.providers.vast.offers import MAX_CLUSTER_PAGES
+from launcher.places.vast.billing import GB, IMAGE_PULL_GB
+from launcher.places.vast.offers import MAX_CLUSTER_PAGES
 from tests.test_vast_up import KEY, Launcher
 from tests.testbed_fixtures import needs_testbed
 
@@ -30,8 +30,8 @@ DOWN_COST, UP_COST = 0.02, 0.05  # $/GB the cluster's hosts charge
 
 def test_cluster_search_pages_past_the_cheapest_offers():
     """Without the stand-in's hosts: the search goes to the page that holds the one cluster of two machines."""
-    from launcher.providers.vast.client import VastClient
-    from launcher.providers.vast.offers import OfferFilter, choose_offers, search_cluster_offers
+    from launcher.places.vast.client import VastClient
+    from launcher.places.vast.offers import OfferFilter, choose_offers, search_cluster_offers
 
     with VastStandIn(api_key=KEY, offers=cluster_market()) as standin:
         client = VastClient(KEY, base_url=standin.url)
@@ -43,9 +43,9 @@ def test_cluster_search_pages_past_the_cheapest_offers():
 
 
 def test_overlay_subnet_is_waited_for_a_bounded_time_and_addresses_are_matched_to_it():
-    from launcher.providers.vast.client import VastClient
-    from launcher.providers.vast.errors import ProvisionError
-    from launcher.providers.vast.overlay import overlay_address, wait_for_subnet
+    from launcher.places.vast.client import VastClient
+    from launcher.places.vast.errors import ProvisionError
+    from launcher.places.vast.overlay import overlay_address, wait_for_subnet
 
     with VastStandIn(api_key=KEY, offers=cluster_market(cheap=0, lone=0), overlay_subnet="10.9.0.0/24") as standin:
         client = VastClient(KEY, base_url=standin.url)
@@ -69,7 +69,7 @@ def test_the_address_probe_lists_interfaces_with_python_alone():
     import subprocess
     import sys
 
-    from launcher.providers.vast.overlay import ADDRESSES_PY
+    from launcher.places.vast.overlay import ADDRESSES_PY
 
     out = subprocess.run([sys.executable, "-c", ADDRESSES_PY], capture_output=True, text=True, check=True,
                          env={"PATH": "/nonexistent"}).stdout  # no `ip`, no PATH at all

@@ -8,9 +8,9 @@ import pytest
 
 from infra.vast_contract import API_DIR, find_operation, validate_request
 from infra.vast_standin import VastStandIn, make_offer
-from launcher.providers.vast.client import VastClient
-from launcher.providers.vast.models import InstanceState, Offer
-from launcher.providers.vast.offers import OfferError, OfferFilter, build_query, choose_offers, search_offers
+from launcher.places.vast.client import VastClient
+from launcher.places.vast.models import InstanceState, Offer
+from launcher.places.vast.offers import OfferError, OfferFilter, build_query, choose_offers, search_offers
 
 
 def _offer(oid: int, machine: int, dph_base: float, cluster: int | None = None, storage_cost: float = 0.15) -> Offer:
@@ -139,13 +139,13 @@ USABLE = {6: dict(dph_base=0.10, cuda_max_good=12.2, compute_cap=890),  # 12.2 d
 
 
 def _needs_filter(**kw) -> OfferFilter:
-    from launcher.providers.vast.image_needs import MachineNeeds
+    from launcher.places.vast.image_needs import MachineNeeds
 
     return OfferFilter(disk_gb=16, needs=MachineNeeds.for_run("resnet18", 2.0), **kw)
 
 
 def test_minor_version_rule_and_arch_list():
-    from launcher.providers.vast.image_needs import CUDA_MIN, runs_on_cap, supported_caps
+    from launcher.places.vast.image_needs import CUDA_MIN, runs_on_cap, supported_caps
 
     assert CUDA_MIN == 12.0  # any 12.x driver runs the 12.8 build (minor-version compatibility), not only >= 12.8
     assert [runs_on_cap(c) for c in (61, 70, 75, 86, 89, 90, 100, 103, 110, 120, 121)] == \
@@ -170,7 +170,7 @@ def test_no_offer_that_cannot_run_the_image_is_ever_chosen(server_filters):
 
 
 def test_unmet_needs_name_each_reason():
-    from launcher.providers.vast.offers import unmet_needs
+    from launcher.places.vast.offers import unmet_needs
 
     flt = _needs_filter()
     reasons = {i: unmet_needs(Offer.from_json(_market_offer(i, **f)), flt, now=NOW) for i, f in UNUSABLE.items()}
@@ -207,7 +207,7 @@ def test_offers_explain_lists_the_excluded_and_why(monkeypatch, capsys):
 def test_max_cost_that_bandwidth_alone_would_use_up_rents_nothing():
     from types import SimpleNamespace
 
-    from launcher.providers.vast.market import find_offers
+    from launcher.places.vast.market import find_offers
     from launcher.spec.vast_request import VastRequest
 
     catalogue = [_market_offer(6, **USABLE[6], inet_down_cost=0.5, inet_up_cost=0.5)]

@@ -10,11 +10,11 @@ import pytest
 
 from infra.vast_market import network_of
 from infra.vast_standin import VastStandIn, make_offer
-from launcher.providers.vast.client import VastClient
-from launcher.providers.vast.errors import ProvisionError, VastError
-from launcher.providers.vast.models import Offer, RentedInstance
-from launcher.providers.vast.offers import OfferError, OfferFilter, choose_offers, search_offers
-from launcher.providers.vast.provision import ONSTART, cost_so_far, provision, teardown
+from launcher.places.vast.client import VastClient
+from launcher.places.vast.errors import ProvisionError, VastError
+from launcher.places.vast.models import Offer, RentedInstance
+from launcher.places.vast.offers import OfferError, OfferFilter, choose_offers, search_offers
+from launcher.places.vast.provision import ONSTART, cost_so_far, provision, teardown
 
 KEY = "sk-prov-77aa88bb99cc"
 PUB = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJdd ddpctl-test"

@@ -1,7 +1,7 @@
-"""The autostop key's permission shape, proven at creation (launcher/providers/vast/scoped_key.py) against a stand-in
+"""The autostop key's permission shape, proven at creation (launcher/places/vast/scoped_key.py) against a stand-in
 whose scoped keys follow Vast's docs, each server behaviour a switch (infra/vast_scoped_keys.py): which rule shape
 it reads, whether it refuses or silently drops a rule it does not understand, whether it enforces scopes at all.
-And each node's watchdog state as `status` reads it (launcher/providers/vast/watchdog_state.py)."""
+And each node's watchdog state as `status` reads it (launcher/places/vast/watchdog_state.py)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import pytest
 
 from infra.vast_standin import VastStandIn
 from launcher.errors import DdpctlError
-from launcher.providers.vast.client import VastClient
-from launcher.providers.vast.scoped_key import DOCUMENTED, METHOD_NESTED, make_stop_key, stop_only_permissions
-from launcher.providers.vast.watchdog_state import add_watchdog_states, parse_watchdog
+from launcher.places.vast.client import VastClient
+from launcher.places.vast.scoped_key import DOCUMENTED, METHOD_NESTED, make_stop_key, stop_only_permissions
+from launcher.places.vast.watchdog_state import add_watchdog_states, parse_watchdog
 
 KEY = "sk-scoped-5e6f7a8b9c0d"
 IID = 5001
@@ -105,8 +105,8 @@ class _ThisMachine:
 
 
 def test_arm_autostop_without_a_proven_key_says_autostop_is_off_in_one_line(standin, tmp_path, capsys):
-    from launcher.providers.vast.autostop import arm_autostop
-    from launcher.providers.vast.ledger import Ledger
+    from launcher.places.vast.autostop import arm_autostop
+    from launcher.places.vast.ledger import Ledger
     from launcher.results.rundir import RunDir
     from launcher.spec.run_spec import RunSpec
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from infra.vast_standin import VastStandIn, make_offer
-from launcher.providers.vast.client import VastClient
-from launcher.providers.vast.pacing import Pacer
-from launcher.providers.vast.shared_pacing import PacingFile, pacing_file
+from launcher.places.vast.client import VastClient
+from launcher.places.vast.pacing import Pacer
+from launcher.places.vast.shared_pacing import PacingFile, pacing_file
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "sk-pace-1a2b3c4d5e6f7a8b"
@@ -63,7 +63,7 @@ def test_twelve_offers_processes_at_once_keep_to_ten_searches_a_minute_together(
 
 CREATE_SCRIPT = """
 import sys
-from launcher.providers.vast.apikey import vast_client
+from launcher.places.vast.apikey import vast_client
 with vast_client() as client:
     print(client.create_instance(int(sys.argv[1]), {"client_id": "me", "image": "ddpctl/trainer:1", "disk": 16,
                                                     "label": "pace-test", "runtype": "ssh_direct"}))

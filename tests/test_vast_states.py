@@ -15,14 +15,14 @@ import pytest
 
 from infra.vast_standin import VastStandIn, make_offer
 from launcher.errors import DdpctlError
-from launcher.execute import rented_run
-from launcher.providers.vast.client import VastClient
-from launcher.providers.vast.ledger import Ledger, hourly
-from launcher.providers.vast.machine_states import refresh, start_stopped
-from launcher.providers.vast.models import RentedInstance
-from launcher.providers.vast.offers import OfferFilter, choose_offers, search_offers
-from launcher.providers.vast.overlay import overlay_name
-from launcher.providers.vast.provision import provision, teardown
+from launcher.places.vast import rented_run
+from launcher.places.vast.client import VastClient
+from launcher.places.vast.ledger import Ledger, hourly
+from launcher.places.vast.machine_states import refresh, start_stopped
+from launcher.places.vast.models import RentedInstance
+from launcher.places.vast.offers import OfferFilter, choose_offers, search_offers
+from launcher.places.vast.overlay import overlay_name
+from launcher.places.vast.provision import provision, teardown
 from launcher.results.rundir import RunDir
 from launcher.spec.run_spec import RunSpec
 

@@ -11,10 +11,10 @@ import pytest
 
 from infra.testbed import Testbed, cleanup_stale
 from infra.vast_standin import VastStandIn, make_offer
-from launcher.providers.vast.client import VastClient
-from launcher.providers.vast.models import RentedInstance
-from launcher.providers.vast.offers import OfferFilter, choose_offers, search_offers
-from launcher.providers.vast.provision import provision, teardown
+from launcher.places.vast.client import VastClient
+from launcher.places.vast.models import RentedInstance
+from launcher.places.vast.offers import OfferFilter, choose_offers, search_offers
+from launcher.places.vast.provision import provision, teardown
 from launcher.spec.hosts import parse_host
 from launcher.transport.ssh import Connection, resolve_target
 from tests.testbed_fixtures import TESTBED_PREFIX, bed_known_hosts, needs_testbed

@@ -36,7 +36,7 @@ from launcher.cli.options import (
 )
 from launcher.cli.plan_option import check_saved_files_not_shipped, save_plan_if_asked, up_saved_plan
 from launcher.errors import DdpctlError, Interrupted, SpecError
-from launcher.execute.plain_progress import output_style, unstamped
+from launcher.execute.following.plain_progress import output_style, unstamped
 from launcher.results.progress import console, summary_table
 
 ABOUT = ("Run PyTorch DDP experiments on this machine, on SSH hosts (natively or in Docker), on a Slurm cluster or on "
@@ -53,7 +53,7 @@ app = typer.Typer(
 COMMAND_MODULES = (
     "launcher.cli.run_commands",
     "launcher.runtimes.image",
-    "launcher.cli.vast",
+    "launcher.places.vast.commands",
     "launcher.cli.report_sweep",
     "launcher.cli.stacks_command",
 )
@@ -92,7 +92,7 @@ def up(
     **values: Any,
 ) -> None:
     """Launch a DDP training run and follow it to the end."""
-    from launcher.execute.interruption import catch_stop_signals
+    from launcher.execute.following.interruption import catch_stop_signals
     from launcher.places.registry import run_up
 
     declared = declared_options(up)
@@ -177,7 +177,7 @@ def finish_up(result: Any, json_out: bool) -> None:
     if result.summary and result.summary.get("world_warning") and not result.summary.get("world_failed"):
         print(f"warning: {result.summary['world_warning']}", file=sys.stderr)
     if result.exit_code == 130:
-        from launcher.execute.interruption import recorded_outcome
+        from launcher.execute.following.interruption import recorded_outcome
 
         raise Interrupted(recorded_outcome(result.run_dir, f"stopped; snapshots and logs are in {result.run_dir}"))
     if result.exit_code != 0:
@@ -185,8 +185,8 @@ def finish_up(result: Any, json_out: bool) -> None:
 
 
 def _failure_message(result: Any) -> str:
-    from launcher.execute.failure_cause import cause_of
-    from launcher.execute.failure_log import failure_tail, without_control_chars
+    from launcher.execute.failures.cause import cause_of
+    from launcher.execute.failures.worker_log import failure_tail, without_control_chars
     from launcher.places.registry import place_of_record
     from launcher.results.rundir import read_json
 
@@ -194,7 +194,7 @@ def _failure_message(result: Any) -> str:
         return str(result.summary["world_warning"])
     ran = (read_json(result.run_dir / "run.json") if result.run_dir else None) or {}
     failure = cause_of(result.run_dir, place_of_record(ran).runs_here if ran else False)
-    if failure is not None:  # the first failure across nodes (launcher/execute/failure_cause.py)
+    if failure is not None:  # the first failure across nodes (launcher/execute/failures/cause.py)
         return failure
     tail = without_control_chars(failure_tail(str(result.run_dir), 15)) if result.run_dir else ""
     return f"training failed (exit {result.exit_code}); logs in {result.run_dir}" + (f"\n{tail}" if tail else "")
@@ -222,7 +222,7 @@ def refuse_empty_command(argv: list[str]) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app, turning our errors and usage errors into one line on stderr."""
     from launcher.cli.plain_values import use_plain_values
-    from launcher.execute.interruption import catch_stop_signals, interrupted_by, restore_signals
+    from launcher.execute.following.interruption import catch_stop_signals, interrupted_by, restore_signals
 
     use_plain_values()  # option values read without importing pydantic (launcher/cli/plain_values.py)
     if not _names_own_command(sys.argv[1:] if argv is None else argv):  # `up` needs none of the others
@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> None:
         refuse_empty_command(sys.argv[1:] if argv is None else argv)
         status = app(args=argv, standalone_mode=False)  # click returns an Exit's code instead of raising it
         if status == INTERRUPTED_STATUS:  # typer turns a KeyboardInterrupt into Exit(130), silently: say it
-            from launcher.execute.interruption import last_cause
+            from launcher.execute.following.interruption import last_cause
 
             say(f"error: interrupted by {last_cause()}")
         if isinstance(status, int) and status:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 
 from launcher.errors import DdpctlError, HostError
-from launcher.execute.bandwidth import measure, summary_lines
+from launcher.execute.hosts.bandwidth import measure, summary_lines
 from launcher.planning.clock_offset import SKEW_LIMIT, ClockSkew, widest_skew
 from launcher.planning.host_round import ProbeAnswer, probe_all
 from launcher.planning.preflight import REACH_TIMEOUT, HostFacts, Problem, check_requirements, reached_port
@@ -103,7 +103,8 @@ def _print_findings(rows: list[dict[str, Any]], outcomes: list[HostOutcome[int, 
 
 def _bandwidth(session: HostSession, facts: list[HostFacts], python: str, port: int, max_bytes: int,
                problems: list[Problem]) -> dict[str, Any] | None:
-    """The measurement (launcher/execute/bandwidth.py) where the checks passed; else why not, among the problems."""
+    """The measurement (launcher/execute/hosts/bandwidth.py) where the checks passed; else why not, among the
+    problems."""
     if len(facts) < 2 or len(facts) != len(session.labels):
         problems.append(Problem(None, "--bandwidth measures between nodes: give two --host or more, each reached"))
         return None

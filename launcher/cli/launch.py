@@ -119,7 +119,7 @@ def parse_env(items: list[str]) -> tuple[tuple[str, str], ...]:
 def up_spec(values: dict[str, Any], where: UpOptions, given: tuple[str, ...] | list[str] = ()) -> RunSpec:
     """The validated RunSpec of `up`'s options (after where_options, which picked the provider); `given`: the names
     of the options the user set (typed or from --config), checked against `-- CMD`."""
-    from launcher.execute.local import default_local_procs, default_python
+    from launcher.execute.this_machine.run import default_local_procs, default_python
 
     if values["command"]:
         check_user_command(tuple(values["command"]), [flag_of(name) for name in given if name in TRAINER_ONLY])

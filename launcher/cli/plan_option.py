@@ -22,7 +22,7 @@ WITH_PLAN = ("plan", "runs_dir", "json_out", "quiet", "progress", "identity_file
 
 def up_saved_plan(values: dict[str, Any], given: list[str], command: list[str] | None) -> UpResult:
     """Load the plan (refused in one line when it cannot be used) and run it as it is."""
-    from launcher.execute.interruption import catch_stop_signals
+    from launcher.execute.following.interruption import catch_stop_signals
     from launcher.places.registry import run_saved_file, run_saved_plan
     from launcher.planning.plan_file import is_local, load_plan
 

@@ -28,8 +28,8 @@ from launcher.cli.options import (
     takes_options,
 )
 from launcher.errors import Interrupted, SpecError
-from launcher.execute.local import default_python
-from launcher.execute.plain_progress import output_style, plain_output, stamp
+from launcher.execute.following.plain_progress import output_style, plain_output, stamp
+from launcher.execute.this_machine.run import default_python
 from launcher.places.registry import PLACES, place_named
 from launcher.results.sweep import (
     SCALE_LR_MODES,
@@ -133,8 +133,8 @@ def report_command(
 
 
 def _print_table(rows: Any) -> None:
-    from launcher.cli.table_output import table_console
     from launcher.results.report import render_terminal, script_lines
+    from launcher.results.table_output import table_console
 
     table_console().print(render_terminal(rows))
     for line in script_lines(rows):  # a script's row: what its time measured, what it logged
@@ -233,7 +233,7 @@ def typed_here(ctx: typer.Context, names: list[str]) -> list[str]:
 
 def _start_sweep(o: dict[str, Any], given: list[str]) -> tuple[Path, dict[str, Any]]:
     """Validate the options and create the sweep directory with its manifest; nothing is written on bad input."""
-    from launcher.execute.local import check_local_run
+    from launcher.execute.this_machine.run import check_local_run
 
     trainer_args: list[str] = []
     for option in ("synthetic_train_size", "synthetic_test_size"):

@@ -9,14 +9,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from launcher.errors import RunStopRequested
-from launcher.execute.before_start import nothing_started_if_interrupted
-from launcher.execute.failure_cause import local_failure, teardown_outcome
-from launcher.execute.local import check_local_run, run_local
-from launcher.execute.local_disk import full_disk_named, raise_if_disk_full
-from launcher.execute.local_outputs import LocalOutputs
-from launcher.execute.restart_causes import finish_run_records
+from launcher.execute.failures.cause import local_failure, teardown_outcome
+from launcher.execute.failures.restart_causes import finish_run_records
+from launcher.execute.following.before_start import nothing_started_if_interrupted
 from launcher.execute.saved_plan import same_plan
-from launcher.execute.shipment import ship_source, with_shipment
+from launcher.execute.ship.contents import ship_source, with_shipment
+from launcher.execute.this_machine.disk import full_disk_named, raise_if_disk_full
+from launcher.execute.this_machine.outputs import LocalOutputs
+from launcher.execute.this_machine.run import check_local_run, run_local
 from launcher.planning.request import UpOptions, UpResult
 from launcher.providers.base import ExecutorCalls
 from launcher.results.planned_world import checked_exit_code
@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 
 def executor_calls() -> ExecutorCalls:
     """What a provider may ask of the executor (it never imports it): the final pull, the interrupting signal."""
-    from launcher.execute.interruption import last_cause
-    from launcher.execute.on_hosts import pull_run
+    from launcher.execute.following.interruption import last_cause
+    from launcher.execute.hosts.run import pull_run
 
     return ExecutorCalls(pull_run=pull_run, stop_cause=last_cause,
                          nothing_started_if_interrupted=nothing_started_if_interrupted)
@@ -62,15 +62,16 @@ def run_on_provider(provider: HostProvider, spec: RunSpec, options: UpOptions, s
 
 def run_acquired(acquired: AcquiredHosts, saved: RunPlan | None = None) -> UpResult:
     """Probe, plan and run on the hosts a provider acquired: what run_on_provider does between acquire and release
-    (launcher/places/vast_chain.py runs an interruptible run's sets of machines so, one after the other)."""
+    (launcher/places/vast/interruptible_chain.py runs an interruptible run's sets of machines so, one after the
+    other)."""
     return _run_on_hosts(acquired, saved)
 
 
 def _run_on_hosts(acquired: AcquiredHosts, saved: RunPlan | None) -> UpResult:
     """Probe the hosts (each also lists its code cache for what the run ships, in the same round trip), plan,
-    then run the plan (launcher/execute/on_hosts.py)."""
-    from launcher.execute.on_hosts import run_remote_up
-    from launcher.execute.shipping import code_cache
+    then run the plan (launcher/execute/hosts/run.py)."""
+    from launcher.execute.hosts.run import run_remote_up
+    from launcher.execute.ship.to_hosts import code_cache
     from launcher.planning.probe import plan_probed, probe_hosts
     from launcher.planning.rdzv_reservation import reservation_released
     from launcher.runtimes.choose import choose_runtime
@@ -93,7 +94,7 @@ def _run_on_hosts(acquired: AcquiredHosts, saved: RunPlan | None) -> UpResult:
 def _run_here(acquired: AcquiredHosts, saved: RunPlan | None) -> UpResult:
     """This machine: the local checks give the plan (or pass the saved one), then torchrun runs it here, writing
     into the run directory; the plan is kept there as plan.json. With --detach, a process of its own follows the
-    run (launcher/execute/local_detach.py) and `up` returns once torchrun has started."""
+    run (launcher/execute/this_machine/detach.py) and `up` returns once torchrun has started."""
     spec, options = acquired.spec, acquired.options
     run_path = (options.runs_dir / spec.run_id).resolve()
     plan = check_local_run(spec, run_path)
@@ -102,7 +103,7 @@ def _run_here(acquired: AcquiredHosts, saved: RunPlan | None) -> UpResult:
         run_dir = RunDir.create(options.runs_dir, spec, {**acquired.record, **options.record})
         write_json_atomic(run_dir.path / PLAN_FILE, plan.to_json())
         if options.detach:
-            from launcher.execute.local_detach import run_detached
+            from launcher.execute.this_machine.detach import run_detached
             from launcher.results.progress import console
 
             run_detached(run_dir, lambda: _follow_here(plan, run_dir, options, run_path))

@@ -1,6 +1,6 @@
 """What the places whose machines a `HostProvider` acquires and releases share: `up` is the executor's one sequence
 (launcher/execute/up.py: acquire -> probe -> plan -> run -> release), and the day-2 commands are answered by the
-executor's recorded-run object for the place (launcher/execute/recorded.py's RecordedRun). The executor is imported
+executor's recorded-run object for the place (launcher/execute/day2/recorded.py's RecordedRun). The executor is imported
 where it is used, so that the command line starts without it."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from launcher.execute.recorded import RecordedRun
+    from launcher.execute.day2.recorded import RecordedRun
     from launcher.execute.stacks import StacksTaken
     from launcher.places.option_words import Flags
     from launcher.planning.plan import RunPlan
@@ -73,7 +73,7 @@ class ProvidedPlace:
 
     def print_rank_log(self, run_dir: RunDir, rank: int, lines: int, follow: bool, options: UpOptions,
                        attempt: int | None) -> None:
-        from launcher.execute.rank_logs import print_rank_log
+        from launcher.execute.day2.rank_logs import print_rank_log
 
         print_rank_log(run_dir, rank, lines, follow, options, attempt)
 
@@ -84,7 +84,7 @@ class ProvidedPlace:
         return self.recorded().down(run_dir, options, force)
 
     def take_stacks(self, run_dir: RunDir, options: UpOptions) -> StacksTaken:
-        from launcher.execute.live_stacks import take_recorded_stacks
+        from launcher.execute.day2.stacks import take_recorded_stacks
 
         return take_recorded_stacks(run_dir, options)
 

@@ -2,7 +2,7 @@
 (one per node, `A : B`) start each node's --gpus ranks, over SSH for the other nodes, each in that node's own
 workspace (absolute: the login users' homes may differ) with its own DDPCTL_* variables; the other nodes run
 nothing themselves. Pure: the SSH access this needs (the run's key, pinned host keys) is set up by
-launcher/execute/mpi_access.py from the files named here.
+launcher/execute/hosts/mpi_access.py from the files named here.
 """
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ class NodePlan:
 
 @dataclass(frozen=True)
 class Shipment:
-    """What a run on hosts sends every node before it starts, decided with the plan (launcher/execute/shipment.py):
+    """What a run on hosts sends every node before it starts, decided with the plan (launcher/execute/ship/contents.py):
     the local directory (the trainer package, or the user's directory with `-- CMD`), where it goes in the node's
     workspace `code` directory, the digest of its files, and for a docker run streaming the local image, that
     image's ID. The executor sends exactly this, and refuses files or an image changed since."""

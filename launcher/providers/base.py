@@ -27,7 +27,7 @@ class AcquiredHosts:
 
     spec: RunSpec  # the spec with the provider's layout (e.g. one node per rented machine)
     options: UpOptions  # the options the executor runs with (a provider may pin the runtime or host keys)
-    session: HostSession | None  # None: this machine (launcher.execute.local_machine), started here without SSH
+    session: HostSession | None  # None: this machine (launcher.places.local.machine), started here without SSH
     hosts: list[NodeHost] | None = None  # addresses the provider knows better than the hosts (overlay networks)
     record: dict[str, Any] = field(default_factory=dict)  # the provider's fields for run.json
     run_dir: RunDir | None = None  # made by the provider when it must record what it acquired before the run

@@ -10,7 +10,7 @@ gave it in TORCHELASTIC_ERROR_FILE (`error.json` beside its logs), with its trac
 torchrun ended); 128+N is torchrun itself ended by signal N, e.g. its agent SIGKILLed.
 
 Runs on the hosts as part of the node program when a node's end is asked about (launcher/remote/node_state.py,
-read by launcher.execute.failure_cause), and here for a local run and for pulled copies.
+read by launcher.execute.failures.cause), and here for a local run and for pulled copies.
 """
 
 import glob

@@ -1,5 +1,6 @@
 """Runs on a node under the run's python (standard library only; sent as this file's text by
-launcher/execute/mpi_access.py): one MPI run's key line in the login user's ~/.ssh/authorized_keys, added before the
+launcher/execute/hosts/mpi_access.py): one MPI run's key line in the login user's ~/.ssh/authorized_keys, added before
+the
 job and taken out after it. `add LINE` appends LINE (making ~/.ssh 0700 and the file 0600 when missing; exit 3 when
 it cannot); `remove MARKER LINE` removes every line equal to LINE, keeping the file's mode and every other line,
 and exits 4 when a line holding MARKER (the run's) is still there."""

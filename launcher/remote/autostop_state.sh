@@ -1,6 +1,6 @@
 # shellcheck shell=sh
 # What a Vast.ai node's autostop watchdog (launcher/remote/autostop_watchdog.py) is doing, read on the node
-# (launcher/providers/vast/watchdog_state.py), `sh -c THIS ddpctl-autostop WORKSPACE`: prints its state.json
+# (launcher/places/vast/watchdog_state.py), `sh -c THIS ddpctl-autostop WORKSPACE`: prints its state.json
 # (nothing when there is none), then on its own line whether the process it names runs the watchdog of this
 # workspace ("alive") or not ("dead"): a pid alone may be reused. Shell, not Python: `status` asks every node, and
 # a shell starts in a fraction of the time an interpreter takes.

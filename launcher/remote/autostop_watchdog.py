@@ -1,5 +1,5 @@
 """Runs on a Vast.ai node under the run's python (standard library only; sent as this file's text by
-launcher/providers/vast/autostop.py): the node's side of autostop. Two operations:
+launcher/places/vast/autostop.py): the node's side of autostop. Two operations:
 
 - `where ENVIRON_FILE`: where the instance's own CONTAINER_API_KEY is, "environment" or "process 1" (Vast's SSH
   sessions do not see the container's variables: its first process's environ file has them), or "absent". The key

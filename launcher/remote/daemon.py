@@ -1,6 +1,6 @@
 """Runs on a host (standard library only; sent as source ahead of the script that uses it): leave the SSH session
 and go on working in the background. The rendezvous reservation (launcher/planning/rdzv_reservation.py) and the
-Vast.ai autostop watchdog (launcher/providers/vast/autostop.py) both detach with it."""
+Vast.ai autostop watchdog (launcher/places/vast/autostop.py) both detach with it."""
 
 import os
 import sys

@@ -2,7 +2,7 @@
 iproute2's `ip` (neither Vast's images nor the PyTorch base image have it).
 
 - `ipv4_addresses()`: every IPv4 interface address as [interface, address]; sent as this file's text by
-  launcher/providers/vast/overlay.py, whose `python -c SOURCE` prints it as JSON. SIOCGIFADDR on each interface
+  launcher/places/vast/overlay.py, whose `python -c SOURCE` prints it as JSON. SIOCGIFADDR on each interface
   socket.if_nameindex() lists; an interface without an IPv4 address is left out.
 - `addresses_with_prefixes()`: what the host probe (launcher/remote/host_probe.py) lists where `ip` is missing:
   {iface, addr, prefix} for each IPv4 address (SIOCGIFNETMASK gives its netmask) and each IPv6 one

@@ -1,5 +1,5 @@
 """Runs on a Slurm login node under the run's --python (standard library only; sent as this file's text,
-launcher/schedulers/slurm/cluster.py): the workdir expanded there ($SCRATCH, ~), whether it is writable, its free
+launcher/places/slurm/cluster.py): the workdir expanded there ($SCRATCH, ~), whether it is writable, its free
 space, and whether torch is installed for that interpreter (the one the nodes will run, on the same shared file
 system), as one JSON object on stdout. Its arguments: the workdir as the user gave it, then (optional) the code
 cache to list, relative to the workdir (`code/<key>`): its tree_sync manifest comes back as `manifest`, so that

@@ -1,5 +1,5 @@
 # shellcheck shell=sh
-# On a Slurm allocation's first node, in the batch shell (launcher/schedulers/slurm/mpi_job.py), `sh -c THIS
+# On a Slurm allocation's first node, in the batch shell (launcher/places/slurm/mpi_job.py), `sh -c THIS
 # ddpctl-mpi-network NODE...`: prints the IPv4 network (10.79.0.0/24) of this node's interface that holds every
 # other node's address, as the node names resolve here, for Open MPI's btl/oob_tcp_if_include. Nothing where there
 # is none, or no `ip`: then Open MPI chooses. A subnet, not the addresses alone: Open MPI 4.1 given one /32 per

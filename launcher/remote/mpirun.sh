@@ -7,7 +7,7 @@ logs=$1; shift
 out="$logs/mpirun/attempt_0/0"
 mkdir -p "$out" || exit 3
 mpirun=$1; shift
-# srun (a Slurm job's `srun --mpi=pmix`, launcher/schedulers/slurm/mpi_job.py) takes no such flag.
+# srun (a Slurm job's `srun --mpi=pmix`, launcher/places/slurm/mpi_job.py) takes no such flag.
 if [ "$(id -u)" = 0 ] && [ "${mpirun##*/}" != srun ]; then set -- --allow-run-as-root "$@"; fi
 "$mpirun" "$@" > "$out/stdout.log" 2> "$out/stderr.log"
 code=$?

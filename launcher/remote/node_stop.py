@@ -77,7 +77,7 @@ def stop_processes(pid: "int | None", path: str, seconds: float) -> "dict[int, s
     node's own process, already known to be the one started, or None) with its process group, and every process
     carrying the run's marks (run_marks); SIGTERM, SIGCONT, up to `seconds` of grace, then SIGKILL. Returns the
     processes signalled (pid -> start time). Also what a local run's `ddpctl down` calls
-    (launcher/execute/local_state.py)."""
+    (launcher/execute/this_machine/state.py)."""
     victims = proctree.marked_processes(*run_marks(path))
     if pid is not None:
         victims.update(_with_start_times(proctree.process_tree(pid)))

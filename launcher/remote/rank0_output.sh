@@ -1,5 +1,5 @@
 # shellcheck shell=sh
-# Runs on a Slurm login node while `up` follows a job (launcher/execute/scheduled_output.py): global rank 0's
+# Runs on a Slurm login node while `up` follows a job (launcher/places/slurm/rank0_output.py): global rank 0's
 # own output from the shared file system.
 # $1 the run's folder, $2 nodes, $3 local rank, $4 the node to read (-1: the one with progress.json, else $5),
 # $6 the byte offset already shown, $7 the attempt it was in, $8 the most bytes to send. Prints

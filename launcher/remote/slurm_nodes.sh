@@ -1,5 +1,5 @@
 # shellcheck shell=sh
-# Runs on a Slurm login node for `status` of a recorded run (launcher/execute/scheduled_reattach.py): each node's exit
+# Runs on a Slurm login node for `status` of a recorded run (launcher/places/slurm/recorded_job.py): each node's exit
 # status, its attempts (the newest tells the restarts) and progress record, from the shared file system. $1 the
 # run's folder, $2 nodes. Prints `NODE k|EXIT|ATTEMPTS` (EXIT empty while it runs; ATTEMPTS the suffixes of its
 # attempt folders, space-separated, none before its workers start) then the progress record, per node.

@@ -1,5 +1,5 @@
 # shellcheck shell=sh
-# Runs on a Slurm login node while `up` follows a job (launcher/execute/scheduled.py): every node's newest progress
+# Runs on a Slurm login node while `up` follows a job (launcher/places/slurm/up.py): every node's newest progress
 # record from the shared file system. $1 the run's folder. Prints `NODE <path>` then the record, for each node that
 # has written one.
 for f in "$1"/nodes/*/out/progress.json; do

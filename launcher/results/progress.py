@@ -56,7 +56,8 @@ _finite = finite_number
 
 
 class ProgressDisplay(Protocol):
-    """What follows a run: RunProgress (a terminal) or launcher.execute.plain_progress.PlainProgress (a log)."""
+    """What follows a run: RunProgress (a terminal) or launcher.execute.following.plain_progress.PlainProgress (a
+    log)."""
 
     def show_output(self, title: str, lines: list[str], stream: list[str]) -> None: ...
 

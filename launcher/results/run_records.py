@@ -39,7 +39,7 @@ def logged_restarts(run_dir: RunDir) -> dict[int, int]:
     return logged
 
 
-# attempt -> what ended the attempt before it (launcher/execute/restart_causes.py), None when not known.
+# attempt -> what ended the attempt before it (launcher/execute/failures/restart_causes.py), None when not known.
 CauseOf = Callable[[int], "dict[str, Any] | None"]
 
 

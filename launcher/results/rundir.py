@@ -192,7 +192,7 @@ class RunDir:
     def unwritable(self, name: str, error: OSError) -> None:
         """A record that cannot be written (the folder made read-only, its disk gone) is a fault like others: the
         run goes on (its nodes are followed, stopped and pulled as ever) and this is said once, with what to do."""
-        if error.errno == errno.ENOSPC:  # a full disk has its own one line (launcher/execute/local_disk.py)
+        if error.errno == errno.ENOSPC:  # a full disk has its own one line (launcher/execute/this_machine/disk.py)
             raise error
         if self.path in _unwritable_told:
             return
@@ -214,7 +214,7 @@ class RunDir:
 # Run directories already told to be unwritable (RunDir.unwritable says it once per run directory).
 _unwritable_told: set[Path] = set()
 
-# Told every event as it is recorded: the plain progress lines (launcher.execute.plain_progress) list them.
+# Told every event as it is recorded: the plain progress lines (launcher.execute.following.plain_progress) list them.
 _event_listeners: list[Callable[[dict[str, Any]], None]] = []
 
 

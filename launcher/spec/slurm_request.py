@@ -28,7 +28,7 @@ class SlurmRequest:
     workdir: str | None = None  # on the shared file system; None: ~/.ddpctl/slurm
     sbatch_options: tuple[str, ...] = ()
     prelude: tuple[str, ...] = ()  # shell lines run before torchrun (module load, conda activate)
-    # --requeue / --max-requeues: a signal before the time limit, a snapshot, the job requeued (schedulers/slurm/
+    # --requeue / --max-requeues: a signal before the time limit, a snapshot, the job requeued (places/slurm/
     # requeue.py); max_requeues is how many times at most (0: the job is not requeued).
     max_requeues: int = 0
     gpus_given: bool = True  # False: --gpus left to its default on Slurm (1 per node), which the dry run notes
@@ -72,7 +72,7 @@ OWN_OPTIONS = ("--nodes", "--ntasks-per-node", "--ntasks", "--partition", "--tim
 def check_prelude_line(line: str) -> None:
     """Refuse a --prelude line that is not one complete shell line (SpecError): several lines, a trailing
     backslash, an unclosed quote, a heredoc (whose body would need lines of its own). The batch script also runs
-    the lines in a block of their own, checked by bash -n (launcher/schedulers/slurm/prelude.py)."""
+    the lines in a block of their own, checked by bash -n (launcher/places/slurm/prelude.py)."""
     if "\n" in line or "\r" in line or not line.strip():
         raise SpecError(f"--prelude {line!r}: give one shell line per --prelude (repeat it for more)")
     if line.rstrip().endswith("\\"):

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from infra.testbed import Testbed
-from launcher.execute.failure_cause import attribute, cause_exit_code, shown_state
+from launcher.execute.failures.cause import attribute, cause_exit_code, shown_state
 from launcher.remote.attribution import explaining_lines, parse_failures
 from tests.testbed_fixtures import REPO, TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, lent, run_ddpctl
 
@@ -342,7 +342,7 @@ def test_out_of_memory_is_named_from_the_kernel_log(monkeypatch: pytest.MonkeyPa
 def test_a_detached_runs_failure_is_named_from_what_was_pulled(tmp_path: Path) -> None:
     """`up --detach` follows nothing, so no cause was recorded; once `ddpctl pull` brought back every node's files
     (nodes/<k>/ keeps a workspace's layout) and every node had ended, the cause is named from those copies."""
-    from launcher.execute.failure_cause import failure_from_pulled
+    from launcher.execute.failures.cause import failure_from_pulled
     from launcher.results.rundir import RunDir
     from launcher.spec.run_spec import RunSpec
 

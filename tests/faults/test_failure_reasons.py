@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from launcher.execute.failure_cause import attribute, cause_text, shown_state
-from launcher.execute.failure_hints import RunHints, run_hints
-from launcher.execute.restart_causes import restart_cause, restart_line
+from launcher.execute.failures.cause import attribute, cause_text, shown_state
+from launcher.execute.failures.hints import RunHints, run_hints
+from launcher.execute.failures.restart_causes import restart_cause, restart_line
 from launcher.remote.attribution import exception_line, node_report
 from launcher.transport import outputs
 

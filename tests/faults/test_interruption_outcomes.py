@@ -1,4 +1,5 @@
-"""launcher/execute/interruption.py without hosts: what each further signal during a stop does, and the outcome
+"""launcher/execute/following/interruption.py without hosts: what each further signal during a stop does, and the
+outcome
 line each ending gives (real signals sent to this process; the stop and pull are stand-ins that take them)."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import signal
 
 import pytest
 
-from launcher.execute import interruption
+from launcher.execute.following import interruption
 from launcher.results.rundir import RunDir
 from tests.interruption_fixtures import NOT_MAIN_THREAD  # and its run_dir fixture, through tests/conftest.py
 

@@ -1,1 +1,0 @@
-"""Slurm: sbatch on a login node reached over SSH; the job's files live on the cluster's shared file system."""
