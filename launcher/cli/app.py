@@ -53,7 +53,6 @@ app = typer.Typer(
 COMMAND_MODULES = (
     "launcher.cli.run_commands",
     "launcher.runtimes.image",
-    "launcher.places.vast.commands",
     "launcher.cli.report_sweep",
     "launcher.cli.stacks_command",
 )
@@ -201,8 +200,12 @@ def _failure_message(result: Any) -> str:
 
 
 def _register_commands() -> None:
+    from launcher.places.registry import PLACES
+
     for module_name in COMMAND_MODULES:
         importlib.import_module(module_name).register(app)
+    for place in PLACES.values():  # a place's own commands (Vast.ai: `offers`, `vast login`)
+        place.add_commands(app)
 
 
 def _names_own_command(argv: list[str]) -> bool:

@@ -33,6 +33,10 @@ class Place(Protocol):
     allocates_nodes: bool  # the place finds the run's nodes itself (no --host per node)
     hosts_per_node: bool  # the user names one --host per node (the network between them can be measured)
 
+    def add_commands(self, app: Any) -> None:
+        """Add this place's own commands to the ddpctl typer app (Vast.ai: `offers`, `vast login`); most have none."""
+        ...
+
     def check_hosts(self, hosts: tuple[Any, ...]) -> None:
         """Refuse (SpecError, one line) hosts this place does not take (the run's --host options)."""
         ...

@@ -33,6 +33,9 @@ class ProvidedPlace:
     allocates_nodes = False
     hosts_per_node = False
 
+    def add_commands(self, app: Any) -> None:
+        """No commands of its own."""
+
     def check_hosts(self, hosts: tuple[Any, ...]) -> None:
         """Refuse hosts this place does not take (SpecError, one line)."""
 

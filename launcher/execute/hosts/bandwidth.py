@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import launcher
 from launcher.errors import DdpctlError
 from launcher.planning.facts import HostFacts
 from launcher.results.progress import console
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from launcher.transport.hostsession import HostSession
 
 # trainer/bandwidth.py as the nodes run it (it imports torch: the launcher reads its text, never imports it).
-PROGRAM = Path(__file__).resolve().parents[2] / "trainer" / "bandwidth.py"
+PROGRAM = Path(launcher.__file__).resolve().parent.parent / "trainer" / "bandwidth.py"  # beside launcher/
 RESULT_MARK = "DDPCTL_BANDWIDTH "
 SECONDS = 120  # each node's own limit (it ends itself then), so that a lost peer leaves nothing running
 

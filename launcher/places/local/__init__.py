@@ -1,6 +1,6 @@
-"""This machine as a place: torchrun runs here (launcher/execute/this_machine/run.py, local_machine.py), its state, logs
-and
-stop are measured here (launcher/execute/this_machine/state.py); nothing to pull."""
+"""This machine as a place: machine.py gives this machine to `up`, torchrun runs here
+(launcher/execute/this_machine/run.py), its state, logs and stop are measured here
+(launcher/execute/this_machine/state.py); nothing to pull."""
 
 from __future__ import annotations
 

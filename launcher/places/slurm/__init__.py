@@ -1,6 +1,6 @@
-"""A Slurm cluster as a place: the scheduler starts the nodes itself (launcher/places/slurm/up.py submits the
-batch script through launcher/places/slurm/), launcher/places/slurm/recorded_job.py answers the day-2
-commands through the login node."""
+"""A Slurm cluster as a place, all in this folder: the scheduler starts the nodes itself. up.py submits the batch
+script (batch_script.py, job_files.py) through the login node (scheduler.py, cluster.py) and follows the job;
+recorded_job.py answers the day-2 commands through the login node."""
 
 from __future__ import annotations
 
@@ -53,6 +53,9 @@ class SlurmPlace:
         not read itself (--nodes it does) have no effect on a job."""
         self.rented_only = tuple(name for name in rented_options if name not in self.also_takes)
         self.unused_options: tuple[str, ...] = NOT_SLURM + self.rented_only
+
+    def add_commands(self, app: Any) -> None:
+        """No commands of its own: `up --provider slurm` and the day-2 commands reach the cluster."""
 
     def check_hosts(self, hosts: tuple[object, ...]) -> None:
         if len(hosts) != 1:

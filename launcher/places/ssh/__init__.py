@@ -1,5 +1,5 @@
-"""The user's SSH hosts as a place (natively or in Docker): launcher/places/ssh/hosts.py connects to them,
-launcher/execute/hosts/run.py runs the plan there, launcher/execute/day2/reattach.py answers the day-2 commands."""
+"""The user's SSH hosts as a place (natively or in Docker): hosts.py connects to them, launcher/execute/hosts/run.py
+runs the plan there, launcher/execute/day2/reattach.py answers the day-2 commands."""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
-"""Vast.ai as a place: launcher/places/vast/ rents the machines (and gives them back), the run on them is a run
-on hosts, launcher/places/vast/rented_run.py answers the day-2 commands and destroys the machines at `down`."""
+"""Vast.ai as a place, all in this folder: the API client and the market (client.py, offers.py), renting and giving
+back (provider.py, provision.py, teardown.py), the ledger of what is rented (ledger.py), the autostop watchdog on the
+machines (autostop.py), a rented run's day-2 commands (rented_run.py: `down` destroys the machines) and the place's
+own commands (commands.py: `offers`, `vast login`). The run on the rented machines is a run on hosts
+(launcher/execute/hosts/run.py)."""
 
 from __future__ import annotations
 
@@ -33,6 +36,12 @@ class VastPlace(ProvidedPlace):
     own_options: tuple[str, ...] = VAST_ONLY
     own_options_hint = "add --provider vast to rent machines"
     allocates_nodes = True
+
+    def add_commands(self, app: Any) -> None:
+        """`ddpctl offers` and `ddpctl vast login` (launcher/places/vast/commands.py)."""
+        from launcher.places.vast.commands import register
+
+        register(app)
 
     def check_hosts(self, hosts: tuple[object, ...]) -> None:
         if hosts:
