@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import SpecError
-from launcher.places.batch_job import JobStatus
 from launcher.places.slurm import requeue, requeue_chain
 from launcher.places.slurm.batch_script import SlurmJob, batch_script
+from launcher.places.slurm.job_states import job_status
 from launcher.places.slurm.requeue import Chain
 from launcher.places.slurm.scheduler import SlurmScheduler, SlurmSubmit
 from launcher.spec.run_spec import RunSpec
@@ -192,13 +192,13 @@ def test_the_jobs_record_of_its_allocations_counts_time_trained_and_queued() -> 
 
 
 def test_end_lines_of_a_chain_completed_and_of_one_whose_requeues_were_spent() -> None:
-    done = JobStatus("12", "COMPLETED", exit_code="0:0", cpus=4)
+    done = job_status("12", "COMPLETED", exit_code="0:0", cpus=4)
     chain = Chain.parse(CHAIN)
     fields = {"allocations": 2, "requeues": 1, "trained_seconds": 82.0, "queued_seconds": 28.0}
     assert requeue_chain.end_line(done, fields, chain, 3, "-") == \
         "job 12 COMPLETED (exit 0:0) after 2 allocation(s) (1 requeue(s)): 82 s trained, 28 s queued"
     spent_chain = Chain.parse(CHAIN + "1 signal 1095\n1 spent 1100\n")
-    stopped = JobStatus("12", "FAILED", exit_code="75:0", cpus=4)
+    stopped = job_status("12", "FAILED", exit_code="75:0", cpus=4)
     assert requeue_chain.spent(stopped, spent_chain) and not requeue_chain.spent(stopped, chain)
     line = requeue_chain.end_line(stopped, fields, spent_chain, 1, "epoch 2, 40 steps in (x.pt)")
     assert line == ("job 12 TIMEOUT after 1 requeue(s) (--max-requeues 1): the time limit came again and no requeue "
@@ -208,17 +208,17 @@ def test_end_lines_of_a_chain_completed_and_of_one_whose_requeues_were_spent() -
 
 def test_requeues_are_told_once_each() -> None:
     watch = requeue_chain.RequeueWatch("12", 3)
-    assert watch.requeued_line(JobStatus("12", "RUNNING")) is None
-    assert watch.requeued_line(JobStatus("12", "PENDING", restarts=1)) == \
+    assert watch.requeued_line(job_status("12", "RUNNING")) is None
+    assert watch.requeued_line(job_status("12", "PENDING", restarts=1)) == \
         "job 12 requeued (1/3) at the time limit"
-    assert watch.requeued_line(JobStatus("12", "RUNNING", restarts=1)) is None
-    assert watch.allocation(JobStatus("12", "RUNNING", restarts=1)) == " (allocation 2)"
+    assert watch.requeued_line(job_status("12", "RUNNING", restarts=1)) is None
+    assert watch.allocation(job_status("12", "RUNNING", restarts=1)) == " (allocation 2)"
 
 
 def test_an_allocation_cut_at_its_limit_counts_slurms_own_times() -> None:
     # The killed batch shell wrote no end: Slurm's StartTime/EndTime of the last allocation count.
     cut = Chain.parse("0 start 1000 n[1-2]\n0 signal 1040\n")
-    timeout = JobStatus("12", "TIMEOUT", exit_code="0:15", start_time=999.0, end_time=1066.0, cpus=4)
+    timeout = job_status("12", "TIMEOUT", exit_code="0:15", start_time=999.0, end_time=1066.0, cpus=4)
     assert requeue_chain.allocation_spans(cut, timeout, None) == ([(999.0, 1066.0)], "requeue/chain and scontrol")
     # An earlier allocation too, where accounting answers (sacct --duplicates): its records win.
     two = Chain.parse(CHAIN)
@@ -232,7 +232,7 @@ def test_an_allocation_cut_at_its_limit_counts_slurms_own_times() -> None:
 
 def test_a_timeout_after_an_unheeded_signal_names_it_and_the_handler_to_add() -> None:
     chain = Chain.parse("0 start 1000 n[1-2]\n0 signal 1040\n")
-    status = JobStatus("12", "TIMEOUT", exit_code="0:15", start_time=1000.0, end_time=1066.0, cpus=4)
+    status = job_status("12", "TIMEOUT", exit_code="0:15", start_time=1000.0, end_time=1066.0, cpus=4)
     told = requeue_chain.unheeded_signal(status, chain)
     assert told.startswith("SIGUSR1 came at ") and "(26 s before the end) and no snapshot followed" in told
     assert "Add a SIGUSR1 handler" in told and "examples/slurm_requeue.py" in told
@@ -248,7 +248,7 @@ def test_a_timeout_after_an_unheeded_signal_names_it_and_the_handler_to_add() ->
 
 def test_a_signal_as_the_command_finished_is_told_with_how_to_ask_for_a_requeue() -> None:
     chain = Chain.parse("0 start 1000 n1\n0 signal 1040\n0 end 1041 0\n0 finished 1041\n")
-    done = JobStatus("12", "COMPLETED", exit_code="0:0", cpus=2)
+    done = job_status("12", "COMPLETED", exit_code="0:0", cpus=2)
     fields = {"allocations": 1, "requeues": 0, "trained_seconds": 41.0, "queued_seconds": 1.0}
     line = requeue_chain.end_line(done, fields, chain, 1, "-")
     assert line.startswith("job 12 COMPLETED (exit 0:0) after 1 allocation(s) (0 requeue(s)): 41 s trained, 1 s "

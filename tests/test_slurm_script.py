@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import SpecError
-from launcher.places.batch_job import JobStatus
 from launcher.places.slurm import job_end, mpi_job
 from launcher.places.slurm.batch_script import (
     GPUS_PER_NODE,
@@ -27,6 +26,7 @@ from launcher.places.slurm.cluster import (
     key_values,
     preflight_refusal,
 )
+from launcher.places.slurm.job_states import job_status
 from launcher.places.slurm.scheduler import (
     SlurmScheduler,
     SlurmSubmit,
@@ -332,6 +332,6 @@ def test_a_failed_mpi_job_names_what_started_its_ranks_and_the_exception(tmp_pat
                                        '    raise RuntimeError("rank 3 gives up")\nRuntimeError: rank 3 gives up\n')
     (node / "exit_code").write_text("1\n")
     (run_dir.path / "slurm-12.out").write_text(f"ddpctl: job 12 on n[1-2], rendezvous at n1:20012\n{said}")
-    failed = JobStatus("12", "FAILED", exit_code="1:0", nodes="n[1-2]")
+    failed = job_status("12", "FAILED", exit_code="1:0", nodes="n[1-2]")
     failure = job_end.job_failure(run_dir, failed, "job 12 FAILED (exit 1:0)", None)
     assert failure["summary"] == f"{named} on node 0 (n1) exited with 1: RuntimeError: rank 3 gives up", failure

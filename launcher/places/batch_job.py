@@ -1,26 +1,27 @@
-"""What a batch scheduler is to `up` (torchx's shape): `submit_dryrun` turns the run into the exact request without
-side effects (what `--dry-run` prints), `schedule` submits that request and nothing else, `describe` reads a
-job's state, `cancel` ends it. A scheduler is reached through one login connection; the job's files live on the
-cluster's shared file system, under the request's `remote_dir`."""
+"""A batch job's state in ddpctl's own words, whatever the scheduler: a scheduler place reads its jobs' states in its
+own words and maps them to a phase here inside its folder (Slurm: launcher/places/slurm/job_states.py, torchx's
+state table), so that whether a job waits, runs or ended, and how, never depends on a scheduler's vocabulary."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-from launcher.spec.run_spec import RunSpec
-from launcher.transport.ssh import Connection
-
-# A job's life as `up` follows it: waiting for an allocation, running, or one of the end states.
-PENDING, RUNNING = "PENDING", "RUNNING"
+# A job's life: waiting for an allocation (or held), running (or ending), or one of the end phases; unknown where
+# the scheduler no longer remembers it (or names a state ddpctl does not know), which counts as ended.
+WAITING, RUNNING, SUCCEEDED, FAILED, CANCELLED, UNKNOWN = "waiting", "running", "succeeded", "failed", "cancelled", \
+    "unknown"
+PHASES = (WAITING, RUNNING, SUCCEEDED, FAILED, CANCELLED, UNKNOWN)
 
 
 @dataclass(frozen=True)
 class JobStatus:
-    """One reading of a job: its state in the scheduler's own words, why it waits, and its times (unix)."""
+    """One reading of a job: its phase, its state in the scheduler's own words (what its users know and what the run
+    records), why it waits, and its times (unix)."""
 
     job_id: str
-    state: str  # PENDING, RUNNING, COMPLETED, FAILED, TIMEOUT, CANCELLED, NODE_FAIL, OUT_OF_MEMORY, PREEMPTED...
+    state: str  # the scheduler's word (Slurm: PENDING, RUNNING, COMPLETED, TIMEOUT, OUT_OF_MEMORY, PREEMPTED...)
+    phase: str  # ddpctl's word for it: one of PHASES (the scheduler's place maps its states to them)
     reason: str = ""  # why it is pending (Priority, Resources, JobHeldUser...), or how it ended
     submit_time: float | None = None
     start_time: float | None = None
@@ -31,42 +32,13 @@ class JobStatus:
     gpus: int | None = None
     restarts: int = 0
 
+    def __post_init__(self) -> None:
+        if self.phase not in PHASES:
+            raise ValueError(f"job phase {self.phase!r}: one of {', '.join(PHASES)}")
+
     @property
     def finished(self) -> bool:
-        return self.state not in (PENDING, RUNNING, "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING",
-                                  "SUSPENDED", "STOPPED", "SIGNALING", "REQUEUE_HOLD", "REQUEUE_FED")
+        return self.phase not in (WAITING, RUNNING)
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
-
-
-class SubmitRequest(Protocol):
-    """What submit_dryrun made: shown by --dry-run, submitted by schedule, byte for byte."""
-
-    remote_dir: str
-
-    def describe(self) -> str: ...
-
-    def to_json(self) -> dict[str, Any]: ...
-
-
-class Scheduler(Protocol):
-    """A batch scheduler reached through a login node."""
-
-    name: str
-
-    def submit_dryrun(self, spec: RunSpec, conn: Connection | None) -> SubmitRequest:
-        """The exact request for `spec` (probing the cluster read-only when `conn` is given); no side effects."""
-        ...
-
-    def schedule(self, conn: Connection, request: SubmitRequest) -> str:
-        """Submit the request (its files already shipped under remote_dir); the job id."""
-        ...
-
-    def describe(self, conn: Connection, job_id: str) -> JobStatus:
-        """The job's state now."""
-        ...
-
-    def cancel(self, conn: Connection, job_id: str) -> None:
-        """Ask the scheduler to end the job (SIGTERM to its steps first, then the kill after its grace)."""
-        ...

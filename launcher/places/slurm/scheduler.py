@@ -1,4 +1,5 @@
-"""Slurm as a Scheduler (launcher/places/batch_job.py): sbatch, scontrol and scancel on the login node over SSH.
+"""Slurm through its login node over SSH: sbatch, scontrol and scancel (a job's state read in Slurm's words, its
+phase from job_states.py).
 
 `submit_dryrun` probes the cluster read-only (partition, GPUs, MaxTime, workdir, torch; then `sbatch --test-only`
 with the very script) and builds the SlurmSubmit whose script `--dry-run` prints; `schedule` submits that file
@@ -16,6 +17,7 @@ from launcher.errors import DdpctlError, HostError, SpecError
 from launcher.places.batch_job import JobStatus
 from launcher.places.slurm import cluster, requeue
 from launcher.places.slurm.batch_script import GPUS_PER_NODE, GRES, SlurmJob, batch_script, sbatch_argv
+from launcher.places.slurm.job_states import job_status
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.slurm_request import SlurmRequest
 from launcher.transport.ssh import Connection
@@ -134,7 +136,7 @@ class SlurmScheduler:
                          "State,ExitCode,Submit,Start,End,NodeList,AllocCPUS,Reason"], timeout=cluster.QUERY_TIMEOUT)
         if acct.ok and acct.stdout.strip():
             return status_from_sacct(job_id, acct.stdout.strip().splitlines()[0])
-        return JobStatus(job_id, "UNKNOWN", reason=_last_line(result.stderr or acct.stderr))
+        return job_status(job_id, "UNKNOWN", reason=_last_line(result.stderr or acct.stderr))
 
     def allocation_spans(self, conn: Connection, job_id: str) -> list[tuple[float, float]] | None:
         """Each allocation's (start, end) of a job, requeued ones included (`sacct --duplicates`), from the
@@ -198,7 +200,7 @@ def status_from_scontrol(job_id: str, line: str) -> JobStatus:
     """A JobStatus from `scontrol show job -o` (one line of Key=Value)."""
     kv = cluster.key_values(line)
     tres = dict(item.split("=", 1) for item in kv.get("TRES", "").split(",") if "=" in item)
-    return JobStatus(job_id=job_id, state=kv.get("JobState", "UNKNOWN"), reason=kv.get("Reason", ""),
+    return job_status(job_id, kv.get("JobState", "UNKNOWN"), reason=kv.get("Reason", ""),
                      submit_time=_clock(kv.get("SubmitTime", "")), start_time=_clock(kv.get("StartTime", "")),
                      end_time=_clock(kv.get("EndTime", "")), exit_code=kv.get("ExitCode", ""),
                      nodes=kv.get("NodeList", ""), cpus=_int(kv.get("NumCPUs")), gpus=_int(tres.get("gres/gpu")),
@@ -209,7 +211,7 @@ def status_from_sacct(job_id: str, line: str) -> JobStatus:
     """A JobStatus from `sacct -X -n -P -o State,ExitCode,Submit,Start,End,NodeList,AllocCPUS,Reason`."""
     fields = (line.split("|") + [""] * 8)[:8]
     state, _, by = fields[0].partition(" ")  # "CANCELLED by 1001"
-    return JobStatus(job_id=job_id, state=state or "UNKNOWN", reason=by or fields[7], submit_time=_clock(fields[2]),
+    return job_status(job_id, state or "UNKNOWN", reason=by or fields[7], submit_time=_clock(fields[2]),
                      start_time=_clock(fields[3]), end_time=_clock(fields[4]), exit_code=fields[1], nodes=fields[5],
                      cpus=_int(fields[6]))
 

@@ -19,9 +19,10 @@ from launcher.execute.following.plain_progress import plain_output, run_progress
 from launcher.execute.pull_record import pull_lock, write_pull_record
 from launcher.execute.ship.contents import trainer_source_dir
 from launcher.execute.ship.to_hosts import _cache_key, probed_listing
-from launcher.places.batch_job import PENDING, RUNNING, JobStatus
+from launcher.places.batch_job import JobStatus
 from launcher.places.slurm import requeue_chain
 from launcher.places.slurm.job_files import place_job_files
+from launcher.places.slurm.job_states import PENDING, RUNNING
 from launcher.places.slurm.rank0_output import Rank0Output
 from launcher.places.slurm.saved_plan import MAKE_ONE, plan_json
 from launcher.places.slurm.scheduler import SlurmScheduler, SlurmSubmit
