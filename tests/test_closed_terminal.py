@@ -17,15 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_runner import ddpctl_argv
 from tests.faults.fault_support import Terminal, wait_for
 from tests.testbed_fixtures import REPO
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 TICKS = "import time\nwhile True:\n    print('tick', flush=True)\n    time.sleep(0.2)\n"
-
-
-def ddpctl_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "launcher", *args]
 
 
 def events(run: Path) -> list[dict[str, object]]:

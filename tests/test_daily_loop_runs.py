@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from tests.cli_runner import ddpctl
+
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parent.parent
@@ -105,12 +107,6 @@ TUTORIAL_SCRIPT = textwrap.dedent('''
         logdir = sys.argv[sys.argv.index("--tensorboard") + 1] if "--tensorboard" in sys.argv else None
         main(2, 32, logdir)
 ''')
-
-
-def ddpctl(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=cwd, env=env)
 
 
 def test_a_2_epoch_run_tells_each_epoch_and_writes_curves_tensorboard_reads(tmp_path: Path) -> None:

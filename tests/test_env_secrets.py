@@ -24,6 +24,7 @@ from launcher.runtimes.docker import container_name, docker_node_plan
 from launcher.runtimes.native import encode_env, start_program
 from launcher.runtimes.start import env_file, node_files, start_argv
 from launcher.spec.run_spec import RunSpec
+from tests import cli_runner
 from tests.docker_fixtures import REPO, base_image, requires_docker, test_image  # noqa: F401
 from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, connect, lent, run_ddpctl
 
@@ -43,8 +44,7 @@ LAUNCHER_ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 
 
 def ddpctl(cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "launcher", *args], cwd=cwd, env=LAUNCHER_ENV, capture_output=True,
-                          text=True, timeout=timeout)
+    return cli_runner.ddpctl(*args, cwd=cwd, timeout=timeout)
 
 
 def secret(line_breaks: bool = True) -> tuple[str, str]:

@@ -13,6 +13,7 @@ import pytest
 
 import launcher
 from launcher.execute.this_machine.run import visible_device_count
+from tests.cli_runner import ddpctl_argv
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -56,8 +57,8 @@ def two_gpu_machine(tmp_path: Path) -> dict[str, str]:
 
 
 def ddpctl(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=120)
+    # The whole environment is the test's (a PATH with a fake nvidia-smi, CUDA_VISIBLE_DEVICES set or not).
+    return subprocess.run(ddpctl_argv(*args), capture_output=True, text=True, cwd=cwd, env=env, timeout=120)
 
 
 @pytest.mark.parametrize(("visible", "procs"), [(None, 2), ("1", 1), ("0,1", 2), ("", 2), ("1,7,0", 1)])

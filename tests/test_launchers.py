@@ -6,7 +6,6 @@ Runs start ddpctl as a process; refusals and dry runs call its main() here (`ddp
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ from launcher.results.joined_worlds import JoinRecord, MeasuredWorlds, world_ver
 from launcher.spec.launchers import check_script
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.script_look import look
+from tests import cli_runner
 from tests.cli_in_process import ddpctl_in_process
 from tests.launcher_scripts import write_scripts
 
@@ -26,8 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def ddpctl(project: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True, cwd=project,
-                          timeout=timeout, env={**os.environ, "PYTHONPATH": str(REPO)})
+    return cli_runner.ddpctl(*args, cwd=project, timeout=timeout)
 
 
 def ddpctl_here(project: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -6,7 +6,6 @@ progress bar and the timing records `ddpctl report` reads."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -19,8 +18,9 @@ import pytest
 
 from infra.testbed import Testbed
 from launcher.results.run_figures import load_run, scaling_table
+from tests.cli_runner import ddpctl, ddpctl_env
 from tests.plain_lines import unstamped
-from tests.testbed_fixtures import REPO, lent
+from tests.testbed_fixtures import lent
 
 EPOCHS = 5
 # The classic torchrun tutorial's shape: prints "[GPU<rank>] Epoch N | Batchsize: B | Steps: S" each epoch, keeps a
@@ -58,18 +58,6 @@ for epoch in range(start, total_epochs):
         os.kill(os.getpid(), signal.SIGKILL)
 dist.destroy_process_group()
 '''
-
-
-def ddpctl_env(known_hosts: str | None = None) -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    if known_hosts:
-        env["DDPCTL_KNOWN_HOSTS"] = known_hosts
-    return env
-
-
-def ddpctl(*args: str, env: dict[str, str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True, env=env,
-                          cwd=cwd, timeout=timeout)
 
 
 @dataclass

@@ -10,28 +10,20 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.cli_runner import ddpctl, ddpctl_argv, ddpctl_env
 from tests.faults.fault_support import Terminal, wait_for
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parent.parent
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+ENV = ddpctl_env()
 SMALL = ["--synthetic-train-size", "4096", "--synthetic-test-size", "256"]
-
-
-def ddpctl_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "launcher", *args]
-
-
-def ddpctl(*args: str, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(ddpctl_argv(*args), capture_output=True, text=True, timeout=timeout, cwd=cwd, env=ENV)
 
 
 def processes_of(place: Path) -> dict[int, str]:

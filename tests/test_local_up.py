@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
 import signal
 import subprocess
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from launcher.remote.proctree import alive, process_tree
+from tests import cli_runner
 from tests.cli_in_process import ddpctl_in_process
 
 SMALL = ["--synthetic-train-size", "2048", "--synthetic-test-size", "512"]
@@ -29,11 +29,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def ddpctl(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    # PYTHONPATH: `-m launcher` is this checkout's, whatever the cwd (not another installed copy).
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     try:
-        return subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True,
-                              timeout=timeout, cwd=cwd, env=env)
+        return cli_runner.ddpctl(*args, cwd=cwd, timeout=timeout)
     except subprocess.TimeoutExpired:
         # The killed launcher cannot stop torchrun (a session of its own): end what runs in this test's runs dir.
         if "--runs-dir" in args:

@@ -1,41 +1,32 @@
-"""Adding a place is a module and one registry line: a toy place, registered here only, passes the local part of
-the contract every place keeps (`up --detach` of a `-- python script.py` run, `status` shows it running, `logs`
-shows rank 0's lines, `down` stops it and nothing of it is left), and so do this machine's own place and two SSH
-hosts of the test bed. The contract is asked of the Place interface, as the commands ask it
-(launcher/cli/run_commands.py); real torchrun, real script, real sshd."""
+"""Adding a place is a folder and one registry line: a toy place, registered here only, keeps the contract every
+place keeps (tests/place_contract.py: `up --detach` of a `-- python script.py` run, `status` shows it running, `logs
+--rank 0` shows rank 0's lines, `down` stops it and nothing of it is left), and so do this machine's own place, two
+SSH hosts of the test bed and a job on the test Slurm cluster (a rented Vast.ai machine: tests/test_vast_up.py).
+Real torchrun, real script, real sshd, real Slurm."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import sys
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from infra.slurm_cluster import SlurmCluster
 from infra.testbed import Testbed
 from launcher.errors import SpecError
 from launcher.execute.day2.recorded import LocalRun
 from launcher.places.local.machine import LocalMachine
 from launcher.places.on_provider import ProvidedPlace
-from launcher.places.registry import PLACES, place_named, place_of_record, run_up
+from launcher.places.registry import PLACES, place_named, place_of_record
 from launcher.planning.request import UpOptions
 from launcher.providers.base import AcquiredHosts
 from launcher.results.rundir import RunDir
 from launcher.spec.hosts import parse_host
-from launcher.spec.run_spec import RunSpec, new_run_id
-from tests.faults.fault_support import wait_for
-from tests.test_local_place import processes_of
+from launcher.spec.run_spec import RunSpec
+from tests.place_contract import SLURM_SAYS, keeps_the_contract
+from tests.slurm_fixtures import needs_slurm
 from tests.testbed_fixtures import lent
-
-SCRIPT = """import os, sys, time
-for step in range(600):
-    print(f"toy step {step} of rank {os.environ['RANK']}", flush=True)
-    time.sleep(0.2)
-"""
 
 
 class ToyMachine(LocalMachine):
@@ -69,48 +60,6 @@ def bed(two_hosts: Testbed) -> Iterator[Testbed]:
     yield from lent(two_hosts)
 
 
-def keeps_the_contract(name: str, folder: Path, capsys: pytest.CaptureFixture[str], bed: Testbed | None = None
-                       ) -> None:
-    """up --detach of `-- python script.py` through place `name` (on the bed's hosts, one node each, when given);
-    status: every node running; logs --rank 0: rank 0's lines; down stops it, and nothing of it is left (here, or in the
-    hosts' run folders)."""
-    (folder / "script.py").write_text(SCRIPT)
-    hosts = tuple(parse_host(h.spec) for h in bed.hosts) if bed else ()
-    spec = RunSpec(run_id=new_run_id(None, "script", "none", ("python", "script.py")), nproc_per_node=1,
-                   nnodes=max(1, len(hosts)), user_command=("python", "script.py"),
-                   python="python3" if bed else sys.executable)
-    key = Path(bed.client_key_path) if bed else None
-    options = UpOptions(runs_dir=folder / "runs", provider=name, detach=True, show_progress=False,
-                        show_output=False, hosts=hosts, identity_file=key, auto_rdzv_port=True)
-    started = run_up(spec, options)
-    assert started.exit_code == 0 and started.run_dir is not None
-    run_dir = RunDir.open(started.run_dir)
-    places = [run_dir.path] + ([Path(h.home, ".ddpctl", "runs", spec.run_id) for h in bed.hosts] if bed else [])
-    place = place_of_record(run_dir.typed_record())
-    assert place is place_named(name)
-    asked = UpOptions(runs_dir=folder / "runs", show_progress=False, identity_file=key)
-    try:
-        rows = wait_for("every node to be running", lambda: (rows := place.status_rows(run_dir, asked)) and all(
-            row["state"] == "running" for row in rows) and rows, timeout=120)
-        assert [row["node"] for row in rows] == list(range(spec.nnodes))
-        capsys.readouterr()
-
-        def logged() -> str | None:
-            place.print_rank_log(run_dir, 0, 5, False, asked, None)  # `logs --rank 0`, the same on every place
-            out = capsys.readouterr().out
-            return out if "toy step 3 of rank 0" in out else None
-
-        assert "toy step" in wait_for("rank 0's lines in logs", logged, timeout=60)
-        said = place.down(run_dir, asked, False)
-        assert said.startswith(f"stopped run {run_dir.run_id}"), said
-        assert all(row["state"] != "running" for row in place.status_rows(run_dir, asked))
-        wait_for("nothing of the run left", lambda: not any(processes_of(p) for p in places), timeout=10)
-    finally:
-        for pid in [pid for p in places for pid in processes_of(p)]:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-
-
 @pytest.mark.integration
 def test_a_toy_place_is_a_module_and_one_registry_line(toy_registered: None, tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch,
@@ -141,3 +90,18 @@ def test_two_ssh_hosts_keep_the_contract(bed: Testbed, tmp_path: Path, monkeypat
 def test_an_unknown_place_is_one_line_naming_the_places() -> None:
     with pytest.raises(SpecError, match=r"^--provider 'pbs': choose local, ssh, vast or slurm$"):
         place_named("pbs")
+
+
+@pytest.mark.e2e
+@needs_slurm
+def test_a_slurm_job_keeps_the_contract(slurm_cluster: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """On the test cluster (the Slurm tests' own, made once per session): the same contract, in Slurm's words."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DDPCTL_KNOWN_HOSTS", str(slurm_cluster.bed.known_hosts_path))
+    requests = place_named("slurm").requests({"nodes": 1, "partition": slurm_cluster.partition, "time": "10"})
+    run_dir = keeps_the_contract("slurm", tmp_path, capsys, slurm_cluster.bed,
+                                 hosts=(parse_host(slurm_cluster.login.spec),), extra=requests, said=SLURM_SAYS,
+                                 left_in=lambda run: [Path(run.record()["slurm"]["remote_dir"])])
+    job = str(run_dir.record()["slurm"]["job_id"])
+    assert job not in slurm_cluster.slurm("squeue", "-h", "-o", "%i").stdout.split()  # nothing left queued

@@ -4,29 +4,20 @@ records (identity files, the known_hosts file) must not depend on the working di
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from infra.testbed import Testbed, cleanup_stale
+from tests.cli_runner import ddpctl
 from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE
 
 pytestmark = pytest.mark.skipif(TESTBED_UNAVAILABLE, reason=TESTBED_SKIP_REASON)
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--gpus", "1", "--epochs", "1", "--synthetic-train-size", "1024", "--synthetic-test-size", "256"]
-
-
-def ddpctl(*args: str, cwd: Path, known_hosts: Path) -> subprocess.CompletedProcess[str]:
-    """`python -m launcher ARGS` run in `cwd` (this checkout's launcher, whatever the cwd), no key option added."""
-    env = {**os.environ, "DDPCTL_KNOWN_HOSTS": str(known_hosts),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([sys.executable, "-m", "launcher", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")

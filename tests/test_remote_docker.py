@@ -13,8 +13,9 @@ import pytest
 from infra.testbed import Testbed, cleanup_stale
 from infra.testbed_docker import HostEngine, start_engine
 from infra.testbed_host import shared_python_env
+from tests.cli_runner import ddpctl_on_bed
 from tests.docker_fixtures import base_image, requires_docker, test_image  # noqa: F401
-from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, comparable_plan, run_ddpctl
+from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, comparable_plan
 
 pytestmark = [pytest.mark.skipif(TESTBED_UNAVAILABLE, reason=TESTBED_SKIP_REASON), requires_docker,
               pytest.mark.docker]
@@ -37,7 +38,7 @@ def docker_hosts() -> Iterator[tuple[Testbed, list[HostEngine]]]:
 
 
 def ddpctl(bed: Testbed, *args: str) -> subprocess.CompletedProcess[str]:
-    return run_ddpctl(bed, *args, timeout=420)
+    return ddpctl_on_bed(bed, *args, timeout=420)
 
 
 def image_events(run: Path) -> list[dict]:

@@ -5,9 +5,7 @@ tests/test_sweep.py's, on that module's sweep over the bed.)"""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -18,16 +16,11 @@ import pytest
 from launcher.cli import app as cli
 from launcher.planning.request import UpResult
 from launcher.results.rundir import RunDir
+from tests.cli_runner import ddpctl
 from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, run_ddpctl
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["--epochs", "1", "--synthetic-train-size", "256", "--synthetic-test-size", "64"]
-
-
-def ddpctl(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True, timeout=timeout,
-                          env=env)
 
 
 def run_dir_of(result: subprocess.CompletedProcess[str]) -> Path:

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +17,7 @@ from launcher.planning.plan import NodeHost, RunPlan, Shipment, plan_remote
 from launcher.planning.plan_file import load_plan
 from launcher.runtimes.docker import DockerRuntime
 from launcher.spec.run_spec import RunSpec
+from tests import cli_runner
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -131,8 +130,7 @@ def test_a_plan_without_the_values_of_its_env_is_refused(tmp_path: Path) -> None
 
 
 def ddpctl(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "launcher", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return cli_runner.ddpctl(*args, cwd=cwd)
 
 
 @pytest.mark.integration

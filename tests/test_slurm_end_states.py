@@ -9,15 +9,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from infra.slurm_cluster import HIGH_PARTITION, LOW_PARTITION, SlurmCluster
+from tests.cli_runner import ddpctl_argv, ddpctl_env
 from tests.slurm_fixtures import needs_slurm
-from tests.testbed_fixtures import REPO, run_ddpctl
+from tests.testbed_fixtures import run_ddpctl
 
 pytestmark = [pytest.mark.e2e, needs_slurm]
 
@@ -54,10 +54,10 @@ def only_run(runs: Path) -> Path:
 
 
 def ddpctl_popen(cluster: SlurmCluster, argv: list[str], cwd: Path, err: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "DDPCTL_KNOWN_HOSTS": str(cluster.bed.known_hosts_path), "PYTHONPATH": str(REPO)}
+    env = ddpctl_env(known_hosts=cluster.bed.known_hosts_path)
     with open(err, "w") as f:
-        return subprocess.Popen([sys.executable, "-m", "launcher", argv[0], "-i", cluster.bed.client_key_path,
-                                 *argv[1:]], cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=f)
+        return subprocess.Popen(ddpctl_argv(argv[0], "-i", cluster.bed.client_key_path, *argv[1:]), cwd=cwd, env=env,
+                                stdout=subprocess.DEVNULL, stderr=f)
 
 
 def wait_for_text(proc: subprocess.Popen[bytes], err: Path, text: str, timeout: float) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from launcher.results.run_figures import build_report, load_run, scaling_table
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.strategies import STRATEGIES
 from launcher.spec.torchrun import NodeRole, torchrun_argv
+from tests import cli_runner
 from tests.cli_in_process import ddpctl_in_process
 
 REPO = Path(__file__).resolve().parent.parent
@@ -31,8 +31,7 @@ NO_GPU_ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(REPO)}
 
 
 def ddpctl(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "launcher", *args], cwd=REPO, text=True, capture_output=True,
-                          timeout=timeout, env=NO_GPU_ENV)
+    return cli_runner.ddpctl(*args, cwd=REPO, env={"CUDA_VISIBLE_DEVICES": ""}, timeout=timeout)
 
 
 TWO_HOSTS = ["--host", "node0.invalid", "--host", "node1.invalid"]

@@ -10,7 +10,6 @@ import math
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from launcher.results.sweep import (
     scaled_lr,
 )
 from launcher.spec.run_spec import RunSpec
+from tests.cli_runner import ddpctl_argv, ddpctl_env
 from tests.test_report import median, write_run
 from tests.testbed_fixtures import lent, needs_testbed, run_ddpctl
 
@@ -208,8 +208,8 @@ def test_a_sweep_runs_dir_that_is_a_file_is_named_as_such(tmp_path: Path, capsys
 
 
 def ddpctl(*args: str, **kwargs: Any) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "launcher", *args], cwd=REPO, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
+    return subprocess.Popen(ddpctl_argv(*args), cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=ddpctl_env(), **kwargs)
 
 
 def sweep_dir_in(runs: Path) -> Path:

@@ -8,23 +8,15 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from tests.cli_in_process import ddpctl_in_process
+from tests.cli_runner import ddpctl
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def ddpctl(*args: str, cwd: Path, env: dict[str, str] | None = None,
-           timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    base = {**os.environ, **(env or {})}
-    base["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    return subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True, cwd=cwd,
-                          env=base, timeout=timeout)
 
 
 def refused(tmp_path: Path, *args: str) -> str:

@@ -7,8 +7,6 @@ from __future__ import annotations
 import os
 import socket
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +14,7 @@ import pytest
 from launcher.errors import SpecError
 from launcher.results.user_files import write_user_file
 from launcher.spec.validate import check_runs_dir
-from tests.testbed_fixtures import REPO
+from tests.cli_runner import ddpctl
 
 FULL_DEVICE = os.makedev(1, 7)  # what /dev/full is; made in the test's own folder, never touching /dev
 
@@ -101,12 +99,6 @@ def test_runs_dir_that_is_not_a_directory_is_named_as_what_it_is(tmp_path: Path)
             check_runs_dir(path)
         assert str(refused.value) == (f"--runs-dir {path} is {words}, not a directory: give a directory for run "
                                       "directories (it is created if missing)")
-
-
-def ddpctl(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
 
 
 @pytest.mark.integration

@@ -395,3 +395,20 @@ def test_detached_run_keeps_billing_is_followed_by_status_and_down_ends_it(bed, 
     record = _record(run)
     assert record["released_at"] and record["cost_usd"] == pytest.approx(_expected_cost(record), abs=1e-6)
     ddpctl.assert_key_nowhere()
+
+
+def test_a_rented_run_keeps_the_places_contract(standin: VastStandIn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """The contract every place keeps (tests/test_place_registry.py), on one rented machine of the stand-in: up
+    --detach of a script, status running, logs --rank 0, down (the machine destroyed), nothing left."""
+    from launcher.cli.options import LAUNCH_BLOCKS
+    from launcher.places.registry import place_named
+    from tests.place_contract import VAST_SAYS, keeps_the_contract
+
+    monkeypatch.chdir(tmp_path)
+    for name, value in Launcher(tmp_path, standin).env().items():
+        monkeypatch.setenv(name, value)
+    values = {option.name: option.default for block in LAUNCH_BLOCKS for option in block}
+    rent = place_named("vast").requests({**values, "nodes": 1, "disk": DISK})
+    keeps_the_contract("vast", tmp_path, capsys, extra={**rent, "image": IMAGE}, said=VAST_SAYS)
+    assert standin.live_instances() == []  # nothing rented any more

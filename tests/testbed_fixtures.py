@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +23,7 @@ from infra.testbed import SSHD, Testbed, TestHost, cleanup_stale
 from launcher.spec.hosts import parse_host
 from launcher.transport.known_hosts import KnownHosts
 from launcher.transport.ssh import Connection, resolve_target
+from tests.cli_runner import ddpctl_on_bed
 
 TESTBED_PREFIX = "ddptb"
 REPO = Path(__file__).resolve().parent.parent
@@ -50,22 +49,8 @@ def connect(bed: Testbed, host: TestHost, *, known_hosts: KnownHosts | None = No
     return Connection(target, known_hosts=known_hosts or bed_known_hosts(bed), allow_agent=False, **kwargs)
 
 
-def run_ddpctl(bed: Testbed, *args: str, known_hosts: Path | None = None, cwd: Path | None = None,
-               timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """`python -m launcher COMMAND -i BED_KEY ARGS...` trusting the bed's host keys. Past `timeout` the nodes'
-    torchrun.out tails are printed (what they were doing) before TimeoutExpired is raised."""
-    # This checkout's launcher, whatever `cwd` is (elsewhere `-m launcher` would find an installed copy).
-    env = {**os.environ, "DDPCTL_KNOWN_HOSTS": str(known_hosts or bed.known_hosts_path), "PYTHONPATH": str(REPO)}
-    command, *rest = args  # the key option goes before any `-- CMD...`
-    try:
-        return subprocess.run([sys.executable, "-m", "launcher", command, "-i", bed.client_key_path, *rest],
-                              capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
-    except subprocess.TimeoutExpired as e:
-        print(f"ddpctl {command} ran over {timeout}s; stderr:\n{e.stderr!r}")
-        for host in bed.hosts:
-            for out in Path(host.home, ".ddpctl", "runs").glob("*/torchrun.out"):
-                print(f"== {out}\n" + "\n".join(out.read_text(errors="replace").splitlines()[-30:]))
-        raise
+# `ddpctl COMMAND -i BED_KEY ...` trusting the bed's keys: tests/cli_runner.py's, by the name the bed's tests use.
+run_ddpctl = ddpctl_on_bed
 
 
 def _start_bed(n_hosts: int, ports: list[int]) -> Testbed:

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from infra.testbed import Testbed, TestHost
+from tests.cli_runner import ddpctl_on_bed
 from tests.testbed_fixtures import REPO
 
 # Tiny runs: one worker per node, a small model, 16 steps of 32 samples per epoch per rank; every snapshot kept,
@@ -247,7 +248,6 @@ def last_line(stderr: str) -> str:
 
 def ddpctl(bed: Testbed, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """Another ddpctl command (status, pull, down) on a run, trusting the bed's host keys."""
-    env = {**os.environ, "DDPCTL_KNOWN_HOSTS": str(bed.known_hosts_path), "PYTHONPATH": str(REPO)}
-    command, *rest = args
-    return subprocess.run([sys.executable, "-m", "launcher", command, "-i", bed.client_key_path, *rest],
-                          capture_output=True, text=True, timeout=timeout, env=env)
+    return ddpctl_on_bed(bed, *args, timeout=timeout)
+
+
