@@ -1,2 +1,2 @@
-"""Where a run goes: one `Place` interface (base.py) per place (this machine, SSH hosts, Slurm, Vast.ai), found by
-name through one table (registry.py); each place's module adapts the executor's and provider's own functions."""
+"""Where a run goes: one `Place` interface (base.py), one folder per place holding all that is its own (local/, ssh/,
+slurm/, vast/), found by name through one table (registry.py), the only module that imports a place's folder."""
