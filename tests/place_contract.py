@@ -1,7 +1,8 @@
 """The contract every place keeps, asked of its Place as the commands ask it (launcher/cli/run_commands.py): `up
 --detach` of a `-- python script.py` run, `status` shows every node running, `logs --rank 0` shows rank 0's lines,
 `down` stops it, and nothing of it is left. tests/test_place_registry.py runs it on a toy place, this machine, two
-SSH hosts and the test Slurm cluster; tests/test_vast_up.py on a machine rented from the Vast.ai stand-in. Where a
+SSH hosts and the test Slurm cluster; tests/test_remote_docker.py on two SSH hosts with the Docker runtime;
+tests/test_vast_up.py on a machine rented from the Vast.ai stand-in. Where a
 place says a thing its own way, `Said` holds that one line and the contract asserts it."""
 
 from __future__ import annotations
@@ -54,17 +55,20 @@ def keeps_the_contract(name: str, folder: Path, capsys: pytest.CaptureFixture[st
                        hosts: tuple[HostSpec, ...] | None = None, extra: dict[str, Any] | None = None,
                        said: Said = Said(), left_in: Callable[[RunDir], list[Path]] | None = None) -> RunDir:
     """up --detach of `-- python script.py` through place `name` (on the bed's hosts, one node each, when given;
-    `hosts`: the place's own --host; `extra`: its own options, e.g. what it rents or allocates); status: every node
+    `hosts`: the --host options instead; `extra`: its own options, e.g. what it rents or allocates); status: every node
     running; logs --rank 0: rank 0's lines; down stops it, and nothing of it is left (here, or in the hosts' run
     folders)."""
     (folder / "script.py").write_text(SCRIPT)
-    per_node = tuple(parse_host(h.spec) for h in bed.hosts) if bed and hosts is None else ()
+    if hosts is None:
+        hosts = tuple(parse_host(h.spec) for h in bed.hosts) if bed else ()
+    # One node per --host where the user names the nodes; else one node.
+    nnodes = len(hosts) if place_named(name).hosts_per_node else 1
     spec = RunSpec(run_id=new_run_id(None, "script", "none", ("python", "script.py")), nproc_per_node=1,
-                   nnodes=max(1, len(per_node)), user_command=("python", "script.py"),
+                   nnodes=nnodes, user_command=("python", "script.py"),
                    python=sys.executable if place_named(name).runs_here else "python3")
     key = Path(bed.client_key_path) if bed else None
     options = UpOptions(runs_dir=folder / "runs", provider=name, detach=True, show_progress=False,
-                        show_output=False, hosts=hosts or per_node, identity_file=key, auto_rdzv_port=True,
+                        show_output=False, hosts=hosts, identity_file=key, auto_rdzv_port=True,
                         **(extra or {}))
     started = run_up(spec, options)
     assert started.exit_code == 0 and started.run_dir is not None

@@ -13,8 +13,10 @@ import pytest
 from infra.testbed import Testbed, cleanup_stale
 from infra.testbed_docker import HostEngine, start_engine
 from infra.testbed_host import shared_python_env
+from launcher.spec.hosts import parse_host
 from tests.cli_runner import ddpctl_on_bed
 from tests.docker_fixtures import base_image, requires_docker, test_image  # noqa: F401
+from tests.place_contract import keeps_the_contract
 from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, comparable_plan
 
 pytestmark = [pytest.mark.skipif(TESTBED_UNAVAILABLE, reason=TESTBED_SKIP_REASON), requires_docker,
@@ -136,3 +138,19 @@ def test_docker_runs_where_the_hosts_own_torch_differs(docker_hosts: tuple[Testb
         assert json.loads(docker.stdout)["summary"]["world_size"] == 2
     finally:
         with_torch.set_ssh_environment(saved)
+
+
+def test_docker_hosts_keep_the_places_contract(docker_hosts: tuple[Testbed, list[HostEngine]],
+                                               test_image: str, tmp_path: Path,  # noqa: F811
+                                               monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """The contract every place keeps (tests/place_contract.py) on two SSH hosts with the Docker runtime (last in
+    this module: the hosts' engines hold the image by then): up --detach of a script, status running, logs --rank
+    0, down, and no container of the run left on either engine."""
+    bed, engines = docker_hosts
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DDPCTL_KNOWN_HOSTS", str(bed.known_hosts_path))
+    run = keeps_the_contract("ssh", tmp_path, capsys, bed, hosts=tuple(parse_host(h.spec) for h in bed.hosts[:2]),
+                             extra={"runtime": "docker", "image": test_image})
+    for engine in engines:
+        assert engine.docker("ps", "-aq", "--filter", f"label=ddpctl.run={run.run_id}").stdout.strip() == b""
