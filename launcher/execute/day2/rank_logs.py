@@ -16,10 +16,11 @@ from launcher.results.rank_layout import rank_layout
 from launcher.results.restarts import attempt_number, newest_attempt_dir
 from launcher.results.run_records import node_logs_dirs
 from launcher.results.rundir import RunDir
-from launcher.runtimes.native import OutputRequest
+from launcher.runtimes.native import OutputRequest, read_state
 
 if TYPE_CHECKING:
     from launcher.planning.request import UpOptions
+    from launcher.transport.connection import HostConnection
 
 FOLLOW_POLL_SECONDS = 1.0
 # Without -f, how much of each file's end is read to find its last lines.
@@ -57,7 +58,6 @@ def print_rank_log(run_dir: RunDir, rank: int, lines: int, follow: bool, options
                     rank, lines, follow)
         return
     from launcher.execute.hosts.run import node_workspaces, reattach
-    from launcher.runtimes.native import read_state
 
     pulled = node_logs_dirs(run_dir)[node]
     try:
@@ -72,37 +72,43 @@ def print_rank_log(run_dir: RunDir, rank: int, lines: int, follow: bool, options
         session.close()
         _print_pulled(pulled, local_rank, rank, lines, f"node {node} cannot be reached: {e}", attempt)
         return
-    workspace, python = node_workspaces(run_dir)[node], run_dir.spec().python
+    with session:
+        print_node_rank_log(conn, node_workspaces(run_dir)[node], run_dir.spec().python, node, local_rank, rank,
+                            lines, follow, attempt)
+
+
+def print_node_rank_log(conn: HostConnection, folder: str, python: str, node: int, local_rank: int, rank: int,
+                        lines: int, follow: bool, attempt: int | None,
+                        ended: Callable[[], bool] | None = None) -> None:
+    """A worker's output read where its node writes it (`folder`: a host's workspace, or a Slurm node's folder on
+    the cluster's shared file system), one command a read; `ended` says when following stops (default: when the
+    node's own state says it ended, or its folder is gone)."""
     finished = False
 
     def read(stream: str, attempt: int | None, offset: int, most: int) -> Chunk | None:
         nonlocal finished
-        state = read_state(conn, workspace, OutputRequest(local_rank, attempt, offset, most, stream), python)
+        state = read_state(conn, folder, OutputRequest(local_rank, attempt, offset, most, stream), python)
         finished = state.finished or state.workspace_gone  # a deleted workspace: nothing more comes
         if state.output_to is None:
             return None
         return Chunk(state.attempt, state.output_from or 0, state.output_to, state.output)
 
-    with session:
-        if attempt is None:
-            _print_rank(read, lambda: finished, rank, lines, follow)
-            return
-        states = {stream: read_state(conn, workspace, OutputRequest(local_rank, attempt, 0, TAIL_BYTES, stream), python)
-                  for stream in STREAMS}
-        texts = {stream: state.output for stream, state in states.items()
-                 if state.output_to is not None and state.output_attempt == attempt}
-        if not texts:
-            raise DdpctlError(_no_attempt(rank, node, attempt, states["stdout"].attempt))
-        _write_tails(texts, lines)
+    if attempt is None:
+        _print_rank(read, ended or (lambda: finished), rank, lines, follow)
+        return
+    states = {stream: read_state(conn, folder, OutputRequest(local_rank, attempt, 0, TAIL_BYTES, stream), python)
+              for stream in STREAMS}
+    texts = {stream: state.output for stream, state in states.items()
+             if state.output_to is not None and state.output_attempt == attempt}
+    if not texts:
+        raise DdpctlError(_no_attempt(rank, node, attempt, states["stdout"].attempt))
+    _write_tails(texts, lines)
 
 
-def print_pulled_rank_log(run_dir: RunDir, rank: int, lines: int, follow: bool, attempt: int | None) -> None:
-    """A Slurm job's rank output: as pulled (`ddpctl pull` brings the newest); -f is refused in one line."""
+def print_pulled_rank_log(run_dir: RunDir, rank: int, lines: int, attempt: int | None, why: str) -> None:
+    """A rank's output as pulled to this machine (`why`: the place where it runs cannot be read now)."""
     node, local_rank = rank_layout(run_dir).locate(rank)
-    if follow:
-        raise DdpctlError("--rank with -f is not available for Slurm runs: follow a node's output with "
-                          "`ddpctl logs RUN --node K -f`")
-    _print_pulled(run_dir.path / "nodes" / str(node) / "logs", local_rank, rank, lines, "a Slurm job", attempt)
+    _print_pulled(run_dir.path / "nodes" / str(node) / "logs", local_rank, rank, lines, why, attempt)
 
 
 def _print_pulled(pulled: Path, local_rank: int, rank: int, lines: int, why: str, attempt: int | None) -> None:

@@ -127,9 +127,7 @@ class SlurmPlace:
 
     def print_rank_log(self, run_dir: RunDir, rank: int, lines: int, follow: bool, options: UpOptions,
                        attempt: int | None) -> None:
-        from launcher.execute.day2.rank_logs import print_pulled_rank_log
-
-        print_pulled_rank_log(run_dir, rank, lines, follow, attempt)
+        _job().print_rank_log(run_dir, rank, lines, follow, options, attempt)
 
     def pull(self, run_dir: RunDir, options: UpOptions) -> list[dict[str, Any]]:
         return _job().pull(run_dir, options)

@@ -64,6 +64,27 @@ class SlurmRun:
             if follow:
                 follow_file(conn, self.scheduler, job_id, path)
 
+    def print_rank_log(self, run_dir: RunDir, rank: int, lines: int, follow: bool, options: UpOptions,
+                       attempt: int | None) -> None:
+        """A rank's output read where its node writes it, the job's folder on the shared file system (as a host's
+        workspace is read); -f follows it until the job has ended. The pulled copy where the login node cannot be
+        reached."""
+        from launcher.execute.day2.rank_logs import print_node_rank_log, print_pulled_rank_log
+        from launcher.results.rank_layout import rank_layout
+
+        job_id, remote_dir = _job(run_dir)
+        node, local_rank = rank_layout(run_dir).locate(rank)
+        try:
+            session = reattach(run_dir, options)
+            session.conn(0).run(["true"], timeout=30)
+        except (DdpctlError, OSError) as e:
+            print_pulled_rank_log(run_dir, rank, lines, attempt, f"the login node cannot be reached: {e}")
+            return
+        with session:
+            conn = session.conn(0)
+            print_node_rank_log(conn, f"{remote_dir}/nodes/{node}", run_dir.spec().python, node, local_rank, rank,
+                                lines, follow, attempt, ended=lambda: self.scheduler.describe(conn, job_id).finished)
+
     def pull(self, run_dir: RunDir, options: UpOptions) -> list[dict[str, Any]]:
         job_id, _ = _job(run_dir)
         with reattach(run_dir, options) as session:
