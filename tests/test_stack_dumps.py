@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -118,6 +119,13 @@ LOCAL_VERDICTS = {
 }
 
 
+# What torch's flight recorder adds: the collective rank 0 entered last, which rank 1 never entered (its number
+# counts DDP's own collectives at its construction, so it is read, not assumed); nothing before a process group.
+NEVER_ENTERED = (r"rank 0 entered all_reduce \(gloo\) #(\d+) \(hang_cases\.py:{line}\); rank 1 entered up to "
+                 r"#\d+ and never #\1: collective #\1 waits for the ranks that never entered it")
+LOCAL_FLIGHTS = {"collective": NEVER_ENTERED.format(line=42), "loader": NEVER_ENTERED.format(line=27), "exited": ""}
+
+
 @pytest.mark.parametrize("case", sorted(LOCAL_VERDICTS))
 def test_ddpctl_stacks_names_where_each_rank_of_a_local_run_waits(tmp_path: Path, case: str) -> None:
     settled, expected = LOCAL_VERDICTS[case]
@@ -140,7 +148,9 @@ def test_ddpctl_stacks_names_where_each_rank_of_a_local_run_waits(tmp_path: Path
             if settled in verdict and "rank 0 waits" in verdict:
                 break
             time.sleep(2)
-        assert verdict == expected
+        stacks_said, _, flight = verdict.partition("; flight recorder: ")
+        assert stacks_said == expected
+        assert re.fullmatch(LOCAL_FLIGHTS[case], flight), flight  # the ranks' flight records (gloo's, real dumps)
         folder = Path(kept.split(": ", 1)[1])
         assert (folder / "verdict.txt").read_text().strip() == verdict
         assert sorted(p.name for p in folder.glob("node-0-rank-*.txt")) == (

@@ -133,6 +133,10 @@ def _run_restart_count(local_count: int, device: torch.device) -> int:
 
 
 def _init_process_group(backend: str, rank: int, world_size: int) -> None:
+    # torch's flight recorder keeps the group's last collectives, dumped on `ddpctl stacks` and a stall
+    # (trainer/stack_dumps.py) and by NCCL on a collective's timeout; a few microseconds a collective
+    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
+    os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         dist.init_process_group(backend=backend)  # rank 0 hosts a fresh store on every attempt
         return

@@ -3,7 +3,8 @@
 time, signal), so ddpctl sends the signal only to a process that catches it (`ddpctl stacks RUN`, and a stalled
 run's stop: launcher/remote/rank_stacks.py). The same files as a `-- CMD` run's join hook writes
 (launcher/runtimes/join_hook.py, which cannot be imported here: it is shipped alone, as a script's
-sitecustomize); tests/test_stack_dumps.py checks that both write the same record.
+sitecustomize); tests/test_stack_dumps.py checks that both write the same record. Both also write the rank's
+flight record on request (launcher/remote/flight_records.py): the process group's last collectives.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import faulthandler
 import json
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import IO
@@ -45,6 +47,37 @@ def register(rank: int, world_size: int, out_dir: Path) -> None:
         part = folder / f".rank-{rank}.json.{os.getpid()}"
         part.write_text(json.dumps(record))
         os.replace(part, folder / f"rank-{rank}.json")
+        threading.Thread(target=_dump_flight_records, args=(folder, rank), name="ddpctl-flight-record",
+                         daemon=True).start()
+
+
+def _dump_flight_records(folder: Path, rank: int) -> None:
+    """A thread: whenever <stacks>/fr-request is touched (launcher/remote/flight_records.py), write this rank's
+    flight record (its process group's last collectives) to fr-rank-R.pkl. A thread, because the main thread may
+    be waiting inside the very collective that the record is asked about."""
+    request = folder / "fr-request"
+    seen = _mtime(request)
+    while True:
+        time.sleep(0.5)
+        asked = _mtime(request)
+        if asked <= seen:
+            continue
+        seen = asked
+        with contextlib.suppress(Exception):  # a torch without a flight recorder: the stacks are still taken
+            import torch.distributed as dist
+            from torch._C._distributed_c10d import _dump_fr_trace  # type: ignore[attr-defined]
+
+            if dist.is_initialized():
+                part = folder / f".fr-rank-{rank}.pkl.{os.getpid()}.tmp"
+                part.write_bytes(_dump_fr_trace())
+                os.replace(part, folder / f"fr-rank-{rank}.pkl")
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def _start_time() -> str:

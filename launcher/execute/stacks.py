@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import DdpctlError
-from launcher.remote import proctree, rank_stacks
+from launcher.remote import flight_records, proctree, rank_stacks
 from launcher.remote.program import on_stdin, program
+from launcher.results.flight_verdict import flight_verdict
 from launcher.results.rundir import RunDir, write_bytes_atomic, write_json_atomic
 from launcher.results.stack_verdict import RankStacks, ranks_from_answer, verdict
 from launcher.transport.connection import HostConnection
@@ -35,7 +36,7 @@ class StacksTaken:
 
 
 def stacks_program() -> str:
-    return program(rank_stacks, proctree, end_with_client=True)
+    return program(rank_stacks, proctree, flight_records, end_with_client=True)
 
 
 def node_stacks(conn: HostConnection, workspace: str, python: str = "python3") -> dict[str, Any]:
@@ -87,6 +88,9 @@ def keep_stacks(run_dir: RunDir, answers: list[dict[str, Any] | None], errors: l
         worlds += [int(e["world_size"]) for e in answer.get("ranks") or []
                    if isinstance(e, dict) and isinstance(e.get("world_size"), int)]
     said = verdict(ranks, lines, max(worlds) if worlds else None)
+    flown = flight_verdict([f for a in answers if a for f in a.get("flight_records") or [] if isinstance(f, dict)])
+    if flown:
+        said += f"; {flown}"
     unreached = [f"node {i}: {e}" for i, e in enumerate(errors) if e is not None]
     if unreached:
         said += "; not reached: " + "; ".join(unreached)

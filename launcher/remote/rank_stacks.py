@@ -12,12 +12,13 @@ Runs on the hosts (`python -c PROGRAM WORKSPACE`, launcher/execute/stacks.py) an
 machine). Standard library only.
 """
 
+import contextlib
 import json
 import os
 import sys
 import time
 
-from launcher.remote import proctree
+from launcher.remote import flight_records, proctree
 
 TYPE_CHECKING = False  # typing is not imported on the hosts (launcher/remote/__init__.py); mypy still reads it
 if TYPE_CHECKING:
@@ -122,7 +123,11 @@ def take(workspace: str) -> "dict[str, Any]":
     """Every registered rank's dump (and its workers'), with the source lines of the user's frames."""
     folder = os.path.join(workspace, STACKS_DIR)
     ranks = []
-    for record in _registrations(folder):
+    registered = _registrations(folder)
+    asked = None
+    with contextlib.suppress(OSError):  # the flight records are written by the ranks' own threads meanwhile
+        asked = flight_records.request(folder) if registered else None
+    for record in registered:
         pid, number, started = int(record["pid"]), int(record["signal"]), str(record.get("start") or "")
         dump_path = os.path.join(folder, os.path.basename(str(record.get("dump") or "")))
         entry: dict[str, Any] = {"rank": record["rank"], "pid": pid, "world_size": record.get("world_size")}
@@ -144,7 +149,10 @@ def take(workspace: str) -> "dict[str, Any]":
         ranks.append(entry)
     texts = [str(r.get("dump") or "") for r in ranks]
     texts += [str(w["dump"]) for r in ranks for w in r.get("workers") or []]
-    return {"host": os.uname().nodename, "time": time.time(), "ranks": ranks, "lines": source_lines(texts)}
+    living = [int(r["rank"]) for r in ranks if r.get("state") != "exited"]
+    flights = flight_records.collect(folder, living, asked) if registered else []
+    return {"host": os.uname().nodename, "time": time.time(), "ranks": ranks, "lines": source_lines(texts),
+            "flight_records": flights}
 
 
 def main(argv: "list[str]") -> int:

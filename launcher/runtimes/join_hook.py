@@ -88,8 +88,45 @@ def _register_stacks(rank, world_size):
         with open(part, "w") as f:
             json.dump(record, f)
         os.replace(part, os.path.join(stacks, f"rank-{int(rank)}.json"))
+        import threading
+
+        threading.Thread(target=_dump_flight_records, args=(stacks, int(rank)), name="ddpctl-flight-record",
+                         daemon=True).start()
     except Exception:  # noqa: BLE001, S110 - the dumps must never break the script
         pass
+
+
+def _dump_flight_records(stacks, rank):
+    """A thread: whenever <stacks>/fr-request is touched (launcher/remote/flight_records.py), write this rank's
+    flight record (its process group's last collectives) to fr-rank-R.pkl. A thread, because the main thread may
+    be waiting inside the very collective that the record is asked about."""
+    request = os.path.join(stacks, "fr-request")
+    seen = _mtime(request)
+    while True:
+        time.sleep(0.5)
+        asked = _mtime(request)
+        if asked <= seen:
+            continue
+        seen = asked
+        dist = sys.modules.get("torch.distributed")
+        try:
+            if dist is None or not dist.is_initialized():
+                continue
+            from torch._C._distributed_c10d import _dump_fr_trace  # type: ignore[attr-defined]
+
+            part = os.path.join(stacks, f".fr-rank-{rank}.pkl.{os.getpid()}.tmp")
+            with open(part, "wb") as f:
+                f.write(_dump_fr_trace())
+            os.replace(part, os.path.join(stacks, f"fr-rank-{rank}.pkl"))
+        except Exception:  # noqa: BLE001, S110 - a torch without a flight recorder: the stacks are still taken
+            pass
+
+
+def _mtime(path):
+    try:
+        return os.path.getmtime(path)
+    except OSError:
+        return 0.0
 
 
 def _register_at_start():
@@ -100,9 +137,9 @@ def _register_at_start():
     if rank is None or world is None or (owner and owner != str(os.getpid())):
         return
     stacks = os.path.join(os.path.dirname(os.path.normpath(os.environ[JOIN_DIR_ENV])), "stacks")
-    os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
+    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")  # gloo's and NCCL's (TORCH_NCCL_TRACE_* before 2.8)
     os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
-    os.environ.setdefault("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", os.path.join(stacks, "nccl_trace_rank_"))
+    os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", os.path.join(stacks, "fr-trace-rank-"))
     with contextlib.suppress(ValueError):
         _register_stacks(int(rank), int(world))
         os.environ[STACKS_OWNER_ENV] = str(os.getpid())

@@ -78,7 +78,9 @@ def test_stall_timeout_still_stops_and_pulls(hung_run: tuple[subprocess.Complete
     # before the stop, every rank's stack (the trainer registers its dumps): where each rank was, in one line
     assert re.search(r": rank 0 waits in (backward|all_reduce)\b.*\(trainer\.py:\d+ in _run_batch", last), last
     assert re.search(r"; rank 1 is elsewhere, at trainer\.py:\d+ in _run_epoch: `time\.sleep\(", last), last
-    assert "the ranks are not in the same collective (stacks in " in last, last
+    assert re.search(r"the ranks are not in the same collective; flight recorder: rank 0 entered all_reduce "
+                     r"\(gloo\) #(\d+) \(trainer\.py:\d+\); rank 1 entered up to #\d+ and never #\1: collective "
+                     r"#\1 waits for the ranks that never entered it \(stacks in ", last), last
     kinds = [e["event"] for e in events(run)]
     assert kinds.index("hang") < kinds.index("stop_requested") < kinds.index("pulled")
     # epoch 1's snapshot, written before the hang, came back byte for byte from both nodes

@@ -6,6 +6,7 @@ worker stuck, rank 1 exited before joining), rank 1 on whichever node torchrun g
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import time
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from infra.testbed import Testbed
+from tests.test_stack_dumps import NEVER_ENTERED
 from tests.testbed_fixtures import REPO, lent, run_ddpctl
 
 STALL_TIMEOUT = 20
@@ -60,9 +62,11 @@ def test_a_rank_that_never_reaches_the_collective(bed: Testbed, tmp_path: Path) 
     result, run = stalled(bed, tmp_path, "collective")
     line = told(result)
     verdict, folder = kept(run)
-    assert verdict == ("rank 0 waits in all_reduce (hang_cases.py:42 in main: `dist.all_reduce(total)`); rank 1 is "
-                       "elsewhere, at hang_cases.py:40 in main: `time.sleep(3600)  # rank 1 never reaches the "
-                       "all-reduce`: the ranks are not in the same collective"), verdict
+    stacks_said, _, flight = verdict.partition("; flight recorder: ")
+    assert stacks_said == ("rank 0 waits in all_reduce (hang_cases.py:42 in main: `dist.all_reduce(total)`); rank 1 "
+                           "is elsewhere, at hang_cases.py:40 in main: `time.sleep(3600)  # rank 1 never reaches the "
+                           "all-reduce`: the ranks are not in the same collective"), verdict
+    assert re.fullmatch(NEVER_ENTERED.format(line=42), flight), verdict  # the flight records, from each host
     assert verdict in line
     dumps = sorted(p.name for p in folder.glob("node-*-rank-*.txt"))
     assert len(dumps) == 2 and {d.split("-rank-")[1] for d in dumps} == {"0.txt", "1.txt"}, dumps
@@ -106,9 +110,11 @@ def test_ddpctl_stacks_on_demand_names_where_each_rank_of_a_live_run_waits(bed: 
             if "all_reduce" in verdict and "rank 1 is elsewhere" in verdict:
                 break
             time.sleep(2)
-        assert verdict == ("rank 0 waits in all_reduce (hang_cases.py:42 in main: `dist.all_reduce(total)`); rank 1 "
-                           "is elsewhere, at hang_cases.py:40 in main: `time.sleep(3600)  # rank 1 never reaches "
-                           "the all-reduce`: the ranks are not in the same collective"), verdict
+        stacks_said, _, flight = verdict.partition("; flight recorder: ")
+        assert stacks_said == ("rank 0 waits in all_reduce (hang_cases.py:42 in main: `dist.all_reduce(total)`); "
+                               "rank 1 is elsewhere, at hang_cases.py:40 in main: `time.sleep(3600)  # rank 1 never "
+                               "reaches the all-reduce`: the ranks are not in the same collective"), verdict
+        assert re.fullmatch(NEVER_ENTERED.format(line=42), flight), verdict
         status = run_ddpctl(bed, "status", run.name, "--runs-dir", str(runs), "--json", cwd=tmp_path, timeout=120)
         assert [n["state"] for n in json.loads(status.stdout)["nodes"]] == ["running", "running"], status.stdout
     finally:
