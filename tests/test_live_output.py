@@ -179,7 +179,7 @@ def bed(two_hosts: Testbed) -> Iterator[Testbed]:
 def test_a_tutorial_script_on_two_hosts(bed: Testbed, tmp_path: Path) -> None:
     key_args = ["-i", bed.client_key_path]
     hosts = [arg for h in bed.hosts for arg in ("--host", h.spec)]
-    run = run_tutorial(tmp_path, [*hosts, "--gpus", "2"], ddpctl_env(str(bed.known_hosts_path)), key_args,
+    run = run_tutorial(tmp_path, [*hosts, "--gpus", "2"], ddpctl_env(known_hosts=bed.known_hosts_path), key_args,
                        lambda run_id: [Path(h.home) / ".ddpctl" / "runs" / run_id / "code" for h in bed.hosts])
     check_live_run(run)
     # Every rank's output, each from its node: 4 ranks on 2 nodes.
