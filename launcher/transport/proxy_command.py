@@ -91,6 +91,7 @@ class ProxyCommandSocket:
         self.command = command
         self._timeout: float | None = None
         self._stopped = False  # close() ended it: its exit is ours, not the command's failure
+        self._eof = False  # its output ended: it is exiting, or has exited, by itself
         self._stderr: deque[str] = deque(maxlen=_STDERR_LINES)
         try:
             self._process = subprocess.Popen(["/bin/sh", "-c", f"exec {command}"], stdin=subprocess.PIPE,
@@ -127,12 +128,20 @@ class ProxyCommandSocket:
             ready, _, _ = select.select([stdout], [], [], self._timeout)
             if not ready:
                 raise TimeoutError()  # socket.timeout, which paramiko waits out
-            return os.read(stdout.fileno(), size)
+            data = os.read(stdout.fileno(), size)
+            self._eof = self._eof or not data
+            return data
         except ValueError:  # closed by close() while the transport's thread was reading: end of file
             return b""
 
     def close(self) -> None:
-        """Stop the command (SIGTERM, then SIGKILL after 2 s) and reap it."""
+        """Stop the command (SIGTERM, then SIGKILL after 2 s) and reap it. A command that closed its output is
+        exiting by itself (the kernel closes a process's files before its status can be read): its exit is awaited
+        a moment first, so that it is told as its own failure and not as our stop (paramiko's thread closes the
+        socket as soon as it reads the end of file)."""
+        if self._eof and self._process.poll() is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._process.wait(timeout=1)
         if self._process.poll() is None:
             self._stopped = True
             with contextlib.suppress(ProcessLookupError):
