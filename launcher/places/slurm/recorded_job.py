@@ -76,11 +76,15 @@ class SlurmRun:
         node, local_rank = rank_layout(run_dir).locate(rank)
         try:
             session = reattach(run_dir, options)
-            session.conn(0).run(["true"], timeout=30)
         except (DdpctlError, OSError) as e:
             print_pulled_rank_log(run_dir, rank, lines, attempt, f"the login node cannot be reached: {e}")
             return
         with session:
+            try:
+                session.conn(0).run(["true"], timeout=30)  # connect now: a login node that is gone means the copy
+            except (DdpctlError, OSError) as e:
+                print_pulled_rank_log(run_dir, rank, lines, attempt, f"the login node cannot be reached: {e}")
+                return
             conn = session.conn(0)
             print_node_rank_log(conn, f"{remote_dir}/nodes/{node}", run_dir.spec().python, node, local_rank, rank,
                                 lines, follow, attempt, ended=lambda: self.scheduler.describe(conn, job_id).finished)
