@@ -91,7 +91,19 @@ def test_a_saved_configs_env_keeps_the_names_only(tmp_path: Path) -> None:
     path = tmp_path / "saved.toml"
     path.write_text(config_text({"env": ["WANDB_API_KEY=s3cr3t-value"]}, UP_OPTIONS))
     assert "s3cr3t-value" not in path.read_text() and "WANDB_API_KEY" in path.read_text()
-    assert read_config(path, UP_OPTIONS) == {}
+    assert read_config(path, UP_OPTIONS) == {"env": ["WANDB_API_KEY"]}  # --env NAME: the value from the shell
+
+
+def test_a_saved_configs_env_takes_its_values_from_the_shell(tmp_path: Path) -> None:
+    path = tmp_path / "saved.toml"
+    path.write_text(config_text({"env": ["WANDB_API_KEY=s3cr3t-value"]}, UP_OPTIONS))
+    argv = ("up", "--dry-run", "--gpus", "1", "--config", str(path))
+    unset = ddpctl_in_process(*argv, cwd=tmp_path, env={"WANDB_API_KEY": None})
+    assert unset.returncode == 1
+    assert "--env WANDB_API_KEY: WANDB_API_KEY is not set in this shell" in unset.stderr
+    exported = ddpctl_in_process(*argv, cwd=tmp_path, env={"WANDB_API_KEY": "s3cr3t-value"})
+    assert exported.returncode == 0, exported.stderr
+    assert "WANDB_API_KEY=***" in exported.stdout and "s3cr3t-value" not in exported.stdout + exported.stderr
 
 
 RUN_ID = re.compile(r"[A-Za-z0-9_.]+-\d{8}-\d{6}-[0-9a-f]{4}")

@@ -132,6 +132,32 @@ def test_a_local_run_gets_the_value_and_run_json_keeps_the_name_only(tmp_path: P
         assert token not in (run / name).read_text(), name
 
 
+def test_env_given_by_name_takes_the_value_from_the_shell_and_no_command_line_holds_it(tmp_path: Path) -> None:
+    """`--env NAME`, as `docker run -e NAME`: the value comes from ddpctl's own environment, so not even the
+    command the user typed shows it in the process table."""
+    token, value = secret()
+    (tmp_path / "show_env.py").write_text(SHOW_ENV)
+    runs = tmp_path / "runs"
+    with ProcessTable(token) as table:
+        result = cli_runner.ddpctl("up", "--gpus", "1", "--runs-dir", str(runs), "--env", NAME, "--", "python3",
+                                   "show_env.py", cwd=tmp_path, env={NAME: value}, timeout=300)
+    assert result.returncode == 0, result.stderr
+    (run,) = runs.iterdir()
+    assert shown(run / "logs") == [value]
+    assert table.samples >= 2 and table.leaks == []
+    assert json.loads((run / "run.json").read_text())["spec"]["extra_env"] == {NAME: "***"}
+    assert token not in (run / "run.json").read_text() + (run / "events.jsonl").read_text()
+
+
+def test_env_given_by_name_that_the_shell_lacks_is_one_line(tmp_path: Path) -> None:
+    environ = {key: value for key, value in cli_runner.ddpctl_env().items() if key != NAME}
+    result = subprocess.run(cli_runner.ddpctl_argv("up", "--dry-run", "--gpus", "1", "--env", NAME), cwd=tmp_path,
+                            capture_output=True, text=True, env=environ, timeout=120)
+    assert result.returncode == 1 and not list(tmp_path.iterdir())
+    assert result.stderr.splitlines() == [f"error: --env {NAME}: {NAME} is not set in this shell: export it first, "
+                                          f"or give {NAME}=VALUE"]
+
+
 # ---- on SSH hosts ---------------------------------------------------------------------------------------------
 
 

@@ -123,10 +123,10 @@ def config_text(values: dict[str, Any], declared: dict[str, LaunchOption]) -> st
         default = list(option.default) if option.type is list else option.default
         if not option.in_config or value is None or value == default:
             continue
-        if name == "env":
-            names = ", ".join(item.partition("=")[0] for item in value)
-            lines.append(f"# env: values not written (they may be secrets); give them with --env: {names}")
-            continue
+        if name == "env":  # names only: `--config` takes each value from the shell that runs it (or --env)
+            lines.append("# env: names only, the values are not written (they may be secrets); export them before "
+                         "`ddpctl up --config`, or give them with --env NAME=VALUE")
+            value = [item.partition("=")[0] for item in value]
         lines.append(f"{name.replace('_', '-')} = {_toml_value(value)}")
     if values.get(COMMAND_KEY):  # `-- CMD`: without it the file would plan ddpctl's trainer instead
         lines.append(f"{COMMAND_KEY} = {_toml_value(list(values[COMMAND_KEY]))}")

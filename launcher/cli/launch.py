@@ -5,6 +5,9 @@
 from __future__ import annotations
 
 import math
+import os
+import re
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,6 +32,7 @@ if TYPE_CHECKING:
     from launcher.places.base import Place
 
 # The strategy options (RunSpec validates them; None: the spec's default).
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 STRATEGY_SPEC_OPTIONS = ("strategy", "devices", "threads_per_process", "average_every", "precision")
 SPEC_OPTIONS = ("model", "dataset", "data_dir", "epochs", "batch_size", "lr", "save_every", "seed", "max_restarts",
                 "launcher")
@@ -105,13 +109,20 @@ def where_options(values: dict[str, Any], given: list[str], *, show_progress: bo
     )  # fmt: skip
 
 
-def parse_env(items: list[str]) -> tuple[tuple[str, str], ...]:
-    """--env NAME=VALUE items, sorted by name."""
+def parse_env(items: list[str], environ: Mapping[str, str] | None = None) -> tuple[tuple[str, str], ...]:
+    """--env items, sorted by name: NAME=VALUE, or a bare NAME whose value is taken from ddpctl's own environment
+    (as `docker run -e NAME` does), so that a secret such as WANDB_API_KEY is on no command line, not even here."""
+    environ = os.environ if environ is None else environ
     env = []
     for item in items:
         key, sep, value = item.partition("=")
+        if not ENV_NAME.fullmatch(key):
+            raise SpecError(f"--env {item!r}: {key!r} is not valid as a variable name (letters, digits and _, not "
+                            "first a digit): give NAME=VALUE, or NAME to pass the value this shell has")
         if not sep:
-            raise SpecError(f"--env {item!r} is not of the form NAME=VALUE")
+            if key not in environ:
+                raise SpecError(f"--env {key}: {key} is not set in this shell: export it first, or give {key}=VALUE")
+            value = environ[key]
         env.append((key, value))
     return tuple(sorted(env))
 
@@ -223,7 +234,7 @@ def check_from_env(env_names: list[str], env: list[str], run_id: str) -> None:
     missing = sorted(set(env_names) - {item.partition("=")[0] for item in env})
     if missing:
         raise SpecError(f"run {run_id} was started with --env {', '.join(missing)}: the values were not recorded; "
-                        "give them again with --env NAME=VALUE")
+                        "give them again with --env NAME=VALUE, or --env NAME with NAME exported in this shell")
 
 
 def with_env(spec: RunSpec, env: tuple[tuple[str, str], ...]) -> RunSpec:

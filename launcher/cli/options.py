@@ -76,7 +76,7 @@ WHERE_OPTIONS = (
         optional=True, choices=("local", "ssh", "vast", "slurm")),
     opt("python", str, None, "The Python that runs torchrun, on the hosts (default python3) or here (default: the "
         "one running ddpctl), e.g. a venv's bin/python.", RUN, optional=True),
-    opt("env", list, (), "NAME=VALUE set for torchrun on every node; repeat.", RUN),
+    opt("env", list, (), "NAME=VALUE for every rank, or NAME: its value from this shell (for secrets); repeat.", RUN),
     opt("image", str, None, "The image to run: with --runtime docker (or auto), a local image shipped to the hosts "
         "(default ddpctl:latest); with --provider vast, the registry reference each machine starts from (required; "
         "`ddpctl image push`).", DOCKER, optional=True),
