@@ -122,7 +122,7 @@ def test_each_node_ignores_the_signal_in_torchrun_and_passes_it_to_the_workers()
     text = script(time="1", max_requeues=1)
     node = text.split("<<'NODE' || true\n")[1].split("\nNODE\n")[0]
     assert 'pkill -USR1 -P "$runner"' in node and "trap stop_workers USR1\n" in node
-    assert "( trap '' USR1; exec python3 -c \"$DDPCTL_TORCHRUN\" --nnodes 2 " in node
+    assert "( trap '' USR1; exec python3 \"$DDPCTL_TORCHRUN\" --nnodes 2 " in node
     assert ' ) >> "$ws/torchrun.out" 2>&1 < /dev/null &\nrunner=$!\ncode=0; wait_for "$runner" || code=$?\n' in node
 
 

@@ -41,7 +41,7 @@ from launcher.spec.slurm_request import SlurmRequest, time_minutes
 RUN = "/scratch/u/ddpctl/runs/r1"
 SPEC = RunSpec(run_id="r1", nnodes=2, nproc_per_node=4, python="python3", epochs=2)
 TRAINER_LINE = (
-    "python3 -c \"$DDPCTL_TORCHRUN\" --nnodes 2 --rdzv-backend c10d --rdzv-endpoint \"$DDPCTL_RDZV_ENDPOINT\" "
+    "python3 \"$DDPCTL_TORCHRUN\" --nnodes 2 --rdzv-backend c10d --rdzv-endpoint \"$DDPCTL_RDZV_ENDPOINT\" "
     "--rdzv-id \"$SLURM_JOB_ID\" --nproc-per-node 4 --max-restarts 0 --log-dir logs --redirects 3 -m trainer "
     "--model mnist-cnn --dataset synthetic --epochs 2 --batch-size 32 --lr 0.01 --save-every 1 --seed 0 "
     "--backend auto --out-dir out --snapshot-dir out/snapshots > \"$ws/torchrun.out\" 2>&1 < /dev/null"
@@ -84,7 +84,7 @@ rdzv_host=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 export DDPCTL_RDZV_ENDPOINT="$rdzv_host:$((20000 + SLURM_JOB_ID % 20000))"
 echo "ddpctl: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, rendezvous at $DDPCTL_RDZV_ENDPOINT"
 # each node's torchrun, keeping every attempt's logs: ddpctl's launcher/spec/attempt_logs.py as torchrun_attempts.py
-DDPCTL_TORCHRUN=$(cat torchrun_attempts.py)
+DDPCTL_TORCHRUN="$PWD/torchrun_attempts.py"
 export DDPCTL_TORCHRUN
 read -r -d '' node_script <<'NODE' || true
 ws="$PWD/nodes/$SLURM_NODEID"

@@ -15,8 +15,8 @@ from launcher.spec.run_spec import RunSpec
 from launcher.spec.user_command import node_command
 
 # What runs torchrun on a node: torch.distributed.run with every attempt's worker logs kept. Written as
-# WRAPPER_FILE into the node's workspace and run from there (so `ps` shows a file, not 3 KB of source); where no
-# file can be put first (a role without `wrapper`: the Slurm batch script), its source is given with `python -c`.
+# WRAPPER_FILE into the node's workspace and run from there (so `ps` shows a file, not 3 KB of source; a Slurm job
+# runs it as torchrun_attempts.py beside its batch script); a role without `wrapper` gives its source to `python -c`.
 TORCHRUN_SOURCE = Path(attempt_logs.__file__).read_text()
 TORCHRUN_SHOWN = '"$(cat launcher/spec/attempt_logs.py)"'
 WRAPPER_FILE = "ddpctl_torchrun.py"

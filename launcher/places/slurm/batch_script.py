@@ -44,7 +44,7 @@ PORT_BASE, PORT_SPAN = 20000, 20000
 GPUS_PER_NODE, GRES = "--gpus-per-node", "--gres"
 # In the node script, where the shell gives values only known once the job runs.
 _RDZV_ENDPOINT, _JOB_ID = '"$DDPCTL_RDZV_ENDPOINT"', '"$SLURM_JOB_ID"'
-_TORCHRUN_SOURCE = '"$DDPCTL_TORCHRUN"'
+_TORCHRUN_PATH = '"$DDPCTL_TORCHRUN"'  # TORCHRUN_FILE's path in the job's folder: `ps` shows a file, not its source
 
 
 @dataclass(frozen=True)
@@ -105,8 +105,8 @@ def node_launch_line(spec: RunSpec) -> str:
 def node_torchrun_line(spec: RunSpec) -> str:
     """The shell line a node runs: torchrun joining the job's rendezvous, then our trainer or the user's command."""
     # torchrun as on hosts (launcher/spec/attempt_logs.py): every start of a node's workers in its own attempt
-    # folder, numbered the same on every node; its source is in the batch script (DDPCTL_TORCHRUN).
-    words = [shlex.quote(spec.python), "-c", _TORCHRUN_SOURCE] + [
+    # folder, numbered the same on every node; run from its file beside the batch script (DDPCTL_TORCHRUN).
+    words = [shlex.quote(spec.python), _TORCHRUN_PATH] + [
         shlex.quote(w) for w in ("--nnodes", str(spec.nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint")]
     words += [_RDZV_ENDPOINT, "--rdzv-id", _JOB_ID]
     logs = "../logs" if spec.user_command else "logs"
@@ -198,7 +198,7 @@ def batch_script(job: SlurmJob) -> str:
     lines += [
         "# each node's torchrun, keeping every attempt's logs: ddpctl's launcher/spec/attempt_logs.py as "
         f"{TORCHRUN_FILE}",
-        f'DDPCTL_TORCHRUN=$(cat {TORCHRUN_FILE})',
+        f'DDPCTL_TORCHRUN="$PWD/{TORCHRUN_FILE}"',
         "export DDPCTL_TORCHRUN",
         "read -r -d '' node_script <<'NODE' || true",
         node_script(spec, requeued),
