@@ -24,7 +24,7 @@ from launcher.providers.base import AcquiredHosts
 from launcher.results.rundir import RunDir
 from launcher.spec.hosts import parse_host
 from launcher.spec.run_spec import RunSpec
-from tests.place_contract import SLURM_SAYS, keeps_the_contract
+from tests.place_contract import LOCAL_SAYS, SLURM_SAYS, keeps_the_contract
 from tests.slurm_fixtures import needs_slurm
 from tests.testbed_fixtures import lent
 
@@ -66,7 +66,8 @@ def test_a_toy_place_is_a_module_and_one_registry_line(toy_registered: None, tmp
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.chdir(tmp_path)
     assert place_named("toy").name == "toy"
-    keeps_the_contract("toy", tmp_path, capsys)
+    # Its runs are this machine's runs, followed by the same code: their --stall-timeout is this machine's (below).
+    keeps_the_contract("toy", tmp_path, capsys, said=LOCAL_SAYS, stall=False)
     assert place_of_record(RunDir.open(next((tmp_path / "runs").iterdir())).typed_record()).name == "toy"
 
 
@@ -74,7 +75,7 @@ def test_a_toy_place_is_a_module_and_one_registry_line(toy_registered: None, tmp
 def test_this_machine_keeps_the_contract(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.chdir(tmp_path)
-    keeps_the_contract("local", tmp_path, capsys)
+    keeps_the_contract("local", tmp_path, capsys, said=LOCAL_SAYS)
 
 
 @pytest.mark.e2e
