@@ -30,7 +30,7 @@ import pytest
 
 from infra.testbed import Testbed
 from launcher.cli.launch import check_options_fit
-from launcher.errors import RunStopRequested, SpecError
+from launcher.errors import DdpctlError, SpecError
 from launcher.places.registry import place_named, place_of_record, run_up
 from launcher.planning.request import UpOptions
 from launcher.results.rundir import RunDir
@@ -95,7 +95,9 @@ SLURM_SAYS = Said(running="RUNNING", stopped="cancelled job ", stall_runs=False,
                         "--host or --provider vast; drop it")
 # Vast.ai's `down` gives the machines back once the results are verified; nothing is left to pull from.
 VAST_SAYS = Said(stopped="run {run_id}: machines destroyed (verified)",
-                 pull_after_down="error: cannot pull run {run_id}: ")
+                 stall="error: stopped: --stall-timeout: no training step for {seconds:g} s",
+                 pull_after_down="error: the rented machines of run {run_id} were destroyed; what was pulled is in "
+                                 "{run_path}")
 # A run on this machine writes its files in place: `pull` has nothing to fetch.
 LOCAL_PULL = "error: run {run_id} is a local run and `pull` is for runs on hosts: its files are already in {run_path}"
 LOCAL_SAYS = Said(pull=LOCAL_PULL, pull_after_down=LOCAL_PULL)
@@ -220,7 +222,7 @@ def ends_a_stalled_run(name: str, folder: Path, spec: RunSpec, options: UpOption
     (folder / "stalls.py").write_text(STALLS)
     stalled = replace(spec, run_id=new_run_id(None, "stalls", "none", ("python", "stalls.py")), nproc_per_node=1,
                       user_command=("python", "stalls.py"))
-    with pytest.raises(RunStopRequested) as stopped:
+    with pytest.raises(DdpctlError) as stopped:  # the CLI prints it as `error: LINE`, exit 1
         run_up(stalled, replace(options, detach=False, stall_timeout=STALL_SECONDS))
     assert f"error: {stopped.value}".startswith(said.stall.format(seconds=STALL_SECONDS)), stopped.value
     run_dir = RunDir.open(folder / "runs" / stalled.run_id)

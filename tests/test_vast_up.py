@@ -62,7 +62,8 @@ def standin(bed: Testbed) -> Iterator[VastStandIn]:
               make_offer(3, 403, dph_base=0.15, cluster_id=9),
               make_offer(4, 404, dph_base=0.50, gpu_name="A100", num_gpus=8),
               make_offer(5, 405, dph_base=36.0, gpu_name="H100"),
-              make_offer(6, 406, gpu_name="RTX 4090"), make_offer(7, 407, gpu_name="RTX 4090")]
+              make_offer(6, 406, gpu_name="RTX 4090"), make_offer(7, 407, gpu_name="RTX 4090"),
+              make_offer(8, 408, dph_base=0.30, num_gpus=2)]  # two ranks on one machine: the places' contract
     with VastStandIn(api_key=KEY, offers=offers, host_factory=lambda _iid: bed.add_host(22),
                      host_remover=bed.remove_host, boot_delay_s=0.2) as s:
         yield s

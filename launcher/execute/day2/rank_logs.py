@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from launcher.errors import DdpctlError
+from launcher.execute.following.outside_stops import DOWN_EVENT
 from launcher.results.rank_layout import rank_layout
 from launcher.results.restarts import attempt_number, newest_attempt_dir
 from launcher.results.run_records import node_logs_dirs
@@ -73,8 +74,15 @@ def print_rank_log(run_dir: RunDir, rank: int, lines: int, follow: bool, options
         _print_pulled(pulled, local_rank, rank, lines, f"node {node} cannot be reached: {e}", attempt)
         return
     with session:
-        print_node_rank_log(conn, node_workspaces(run_dir)[node], run_dir.spec().python, node, local_rank, rank,
-                            lines, follow, attempt)
+        try:
+            print_node_rank_log(conn, node_workspaces(run_dir)[node], run_dir.spec().python, node, local_rank, rank,
+                                lines, follow, attempt)
+        except (DdpctlError, OSError):
+            if not (follow and any(e.get("event") == DOWN_EVENT for e in run_dir.events())):
+                raise
+            # `down` stopped the run and gave its machines back (Vast.ai): the run has ended, as -f waits for.
+            print(f"rank {rank}: the run was ended by `ddpctl down` and node {node} is gone; what it wrote was "
+                  f"pulled to {run_dir.path}", file=sys.stderr, flush=True)
 
 
 def print_node_rank_log(conn: HostConnection, folder: str, python: str, node: int, local_rank: int, rank: int,
