@@ -22,15 +22,13 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from infra.testbed import Testbed
-from launcher.cli.launch import check_options_fit
-from launcher.errors import DdpctlError, SpecError
 from launcher.places.registry import place_named, place_of_record, run_up
 from launcher.planning.request import UpOptions
 from launcher.results.rundir import RunDir
@@ -83,8 +81,8 @@ class Said:
 
     running: str = "running"  # the state column of a node that runs
     stopped: str = "stopped run {run_id}"  # how `down`'s answer starts
-    pull: str = PULLED  # `pull`'s answer ({bytes}: what it moved, more than 0 while the run writes)
-    pull_after_down: str = PULLED  # a `pull` after `down` pulled everything: nothing moves
+    pull: str = PULLED  # a `pull` after `down` of a run one of whose pulled files was lost here: it comes back
+    pull_again: str = PULLED  # the `pull` after that: nothing moves
     stall: str = "error: --stall-timeout: no training step for {seconds:g} s"  # how the stalled run ends
     stall_runs: bool = True  # False: the place refuses --stall-timeout (`stall` is that refusal)
 
@@ -96,11 +94,12 @@ SLURM_SAYS = Said(running="RUNNING", stopped="cancelled job ", stall_runs=False,
 # Vast.ai's `down` gives the machines back once the results are verified; nothing is left to pull from.
 VAST_SAYS = Said(stopped="run {run_id}: machines destroyed (verified)",
                  stall="error: stopped: --stall-timeout: no training step for {seconds:g} s",
-                 pull_after_down="error: the rented machines of run {run_id} were destroyed; what was pulled is in "
-                                 "{run_path}")
+                 pull="error: the rented machines of run {run_id} were destroyed; what was pulled is in {run_path}",
+                 pull_again="error: the rented machines of run {run_id} were destroyed; what was pulled is in "
+                            "{run_path}")
 # A run on this machine writes its files in place: `pull` has nothing to fetch.
 LOCAL_PULL = "error: run {run_id} is a local run and `pull` is for runs on hosts: its files are already in {run_path}"
-LOCAL_SAYS = Said(pull=LOCAL_PULL, pull_after_down=LOCAL_PULL)
+LOCAL_SAYS = Said(pull=LOCAL_PULL, pull_again=LOCAL_PULL)
 
 
 class Cli:
@@ -110,9 +109,10 @@ class Cli:
         self.folder = folder
         self.common = ["--runs-dir", str(folder / "runs"), *(["-i", str(key)] if key else [])]
 
-    def __call__(self, *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+    def __call__(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """The command, which must succeed."""
         done = ddpctl_in_process(*args, *self.common, cwd=self.folder)
-        assert (done.returncode == 0) == ok, f"ddpctl {' '.join(args)}: {done.returncode}\n{done.stdout}{done.stderr}"
+        assert done.returncode == 0, f"ddpctl {' '.join(args)}: {done.returncode}\n{done.stdout}{done.stderr}"
         return done
 
     def said(self, *args: str) -> str:
@@ -138,13 +138,15 @@ class Cli:
 def keeps_the_contract(name: str, folder: Path, capsys: pytest.CaptureFixture[str], bed: Testbed | None = None,
                        hosts: tuple[HostSpec, ...] | None = None, extra: dict[str, Any] | None = None,
                        said: Said = Said(), left_in: Callable[[RunDir], list[Path]] | None = None,
-                       stall: bool = True) -> RunDir:
+                       stall_args: tuple[str, ...] | None = ()) -> RunDir:
     """The contract (this module's docstring) through place `name`: on the bed's hosts, one node each, when given
     (`hosts`: the --host options instead; `extra`: its own options, e.g. what it rents or allocates). A place with
-    one node runs two processes on it, so that every place's world has two ranks. `stall`: also the short
-    --stall-timeout run. `left_in`: where else the run's processes would be named (a job's folder). The run's
+    one node runs two processes on it, so that every place's world has two ranks. `stall_args`: the same place as
+    `ddpctl up` options, for the --stall-timeout run (None: no such run), which runs beside the contract's (it
+    mostly waits). `left_in`: where else the run's processes would be named (a job's folder). The run's
     directory."""
     (folder / "script.py").write_text(SCRIPT)
+    stalls = None if stall_args is None else Stalls(folder, said, stall_args)
     if hosts is None:
         hosts = tuple(parse_host(h.spec) for h in bed.hosts) if bed else ()
     nnodes = len(hosts) if place_named(name).hosts_per_node else 1  # one node per --host where the user names them
@@ -174,24 +176,20 @@ def keeps_the_contract(name: str, folder: Path, capsys: pytest.CaptureFixture[st
             lines = cli("logs", run, "--rank", str(rank), "-n", "1000").stdout
             assert f"contract rank {rank} of world {world}: {ENV_NAME}={ENV_VALUE}\n" in lines, lines
             assert re.search(rf"^toy step \d+ of rank {rank}$", lines, flags=re.MULTILINE), lines
-        pulled = cli.said("pull", run)
-        moved = re.search(r"pulled ([\d,]+) bytes", pulled)
-        assert pulled == said.pull.format(bytes=moved.group(1) if moved else "", run_id=run_dir.run_id,
-                                          run_path=run) and (moved is None or moved.group(1) != "0"), pulled
-        early = _steps_pulled(run_dir, world)
         follower = cli.follow("logs", run, "--rank", "0", "-f")
         wait_for("logs -f to show rank 0's lines", lambda: cli.followed()[0], timeout=60, every=0.2)
-        answer = cli.said("down", run)
-        assert answer.startswith(said.stopped.format(run_id=run_dir.run_id)), answer
+        answer = cli("down", run)  # its line (after the job's end, where a scheduler tells it)
+        assert any(line.startswith(said.stopped.format(run_id=run_dir.run_id)) for line in
+                   (answer.stdout + answer.stderr).splitlines()), answer
         assert follower.wait(timeout=30) == 0, cli.followed()  # it ends by itself once the run has ended
         followed, err = cli.followed()
-        assert max(followed) > early[0] and "Traceback" not in err, (followed, err)
+        assert "Traceback" not in err, err
         rows = json.loads(cli("status", run, "--json").stdout)["nodes"]
         assert all(row["state"] != said.running for row in rows), rows
-        after = _steps_pulled(run_dir, world)  # down pulled what each rank wrote up to its stop
-        assert all(after[rank] > early[rank] for rank in range(world)), (early, after)
-        again = cli.said("pull", run)
-        assert again.startswith(said.pull_after_down.format(bytes=0, run_id=run_dir.run_id, run_path=run)), again
+        # down pulled what each rank wrote, up to its stop (a step is printed, then written down)
+        steps = _steps_pulled(run_dir, world)
+        assert min(steps.values()) >= 0 and steps[0] >= max(followed) - 1, (steps, followed)
+        pulls_twice(cli, run_dir, said)
         summary = json.loads((run_dir.path / "summary.json").read_text())
         assert (summary["world_size"], summary["world_measured"]) == (world, True), summary
         made = ddpctl_in_process("report", run, "--json", "--out", str(folder / "report"), cwd=folder)
@@ -199,39 +197,65 @@ def keeps_the_contract(name: str, folder: Path, capsys: pytest.CaptureFixture[st
         report = json.loads(made.stdout)
         assert [(r["run_id"], r["world_size"]) for r in report["rows"]] == [(run_dir.run_id, world)], report
         wait_for("nothing of the run left", lambda: not any(processes_of(p) for p in where), timeout=10)
+        if stalls is not None:
+            stalls.ended(bed, left_in)
     finally:
-        if follower is not None and follower.poll() is None:
-            follower.kill()
-            follower.wait()
-        _kill_what_is_left(where)
+        for process in (follower, stalls and stalls.process):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait()
+        _kill_what_is_left(where + (stalls.places if stalls else []))
     capsys.readouterr()
-    if stall:
-        ends_a_stalled_run(name, folder, spec, options, bed, said, left_in)
     return run_dir
 
 
-def ends_a_stalled_run(name: str, folder: Path, spec: RunSpec, options: UpOptions, bed: Testbed | None, said: Said,
-                       left_in: Callable[[RunDir], list[Path]] | None) -> None:
-    """`up --stall-timeout S` (followed) of a script that makes one step and hangs: ended after S s, in one line
-    (or refused, in the place's one line, where it cannot watch a run)."""
-    if not said.stall_runs:
-        with pytest.raises(SpecError) as refused:
-            check_options_fit(name, options.hosts, options.runtime, ["--stall-timeout"])  # what `up` checks first
-        assert str(refused.value) == said.stall, refused.value
-        return
-    (folder / "stalls.py").write_text(STALLS)
-    stalled = replace(spec, run_id=new_run_id(None, "stalls", "none", ("python", "stalls.py")), nproc_per_node=1,
-                      user_command=("python", "stalls.py"))
-    with pytest.raises(DdpctlError) as stopped:  # the CLI prints it as `error: LINE`, exit 1
-        run_up(stalled, replace(options, detach=False, stall_timeout=STALL_SECONDS))
-    assert f"error: {stopped.value}".startswith(said.stall.format(seconds=STALL_SECONDS)), stopped.value
-    run_dir = RunDir.open(folder / "runs" / stalled.run_id)
-    where = _places_of(run_dir, bed, left_in)
-    try:
+def pulls_twice(cli: Cli, run_dir: RunDir, said: Said) -> None:
+    """`pull` after `down`: where it pulls, a file lost here comes back (and only it), then a second pull moves
+    nothing; where it cannot, it says so both times."""
+    run, words = str(run_dir.path), {"run_id": run_dir.run_id, "run_path": str(run_dir.path)}
+    lost = list(run_dir.path.glob("nodes/*/out/steps-rank-0.txt")) if said.pull == PULLED else []
+    kept = lost[0].read_bytes() if lost else b""
+    for path in lost:
+        path.unlink()
+    assert cli.said("pull", run) == said.pull.format(bytes=f"{len(kept):,}", **words)
+    assert not lost or lost[0].read_bytes() == kept
+    assert cli.said("pull", run) == said.pull_again.format(bytes=0, **words)
+
+
+class Stalls:
+    """`ddpctl up --stall-timeout S ARGS -- python stalls.py` (followed) in a process of its own: a script that makes
+    one step and hangs, ended after S s in one line (or refused at once, in the place's one line, where it cannot
+    watch a run); run in the folder stalls/, its output in stalls.out and stalls.err, its run under stalled-runs/."""
+
+    def __init__(self, folder: Path, said: Said, args: tuple[str, ...]) -> None:
+        # A folder of its own to ship: the contract's run writes into its own while this one is planned and shipped.
+        self.folder, self.said, self.places = folder / "stalls", said, []
+        self.folder.mkdir()
+        (self.folder / "stalls.py").write_text(STALLS)
+        argv = ("up", "--stall-timeout", f"{STALL_SECONDS:g}", "--runs-dir", str(folder / "stalled-runs"), *args,
+                "--", "python", "stalls.py")
+        self.process: subprocess.Popen[bytes] | None = None
+        if not said.stall_runs:
+            refused = ddpctl_in_process(*argv, cwd=self.folder)  # `up` checks its options before anything starts
+            assert (refused.returncode, refused.stderr.strip()) == (1, f"error: {said.stall}"), refused.stderr
+            return
+        with open(folder / "stalls.out", "wb") as out, open(folder / "stalls.err", "wb") as err:
+            self.process = subprocess.Popen(ddpctl_argv(*argv), cwd=self.folder, env=ddpctl_env(), stdout=out,
+                                            stderr=err)
+
+    def ended(self, bed: Testbed | None, left_in: Callable[[RunDir], list[Path]] | None) -> None:
+        """It ended by itself, in the place's line, stopped for the stall, with nothing of it left."""
+        if self.process is None:
+            return
+        code = self.process.wait(timeout=180)
+        err = (self.folder.parent / "stalls.err").read_text(errors="replace").strip()
+        assert code == 1 and err.splitlines()[-1].startswith(self.said.stall.format(seconds=STALL_SECONDS)), err
+        (run_path,) = (self.folder.parent / "stalled-runs").glob("stalls-*")
+        run_dir = RunDir.open(run_path)
+        self.places = _places_of(run_dir, bed, left_in)
         assert "stop_requested" in [e["event"] for e in run_dir.events()]  # recorded as stopped for the stall
-        wait_for("nothing of the stalled run left", lambda: not any(processes_of(p) for p in where), timeout=10)
-    finally:
-        _kill_what_is_left(where)
+        wait_for("nothing of the stalled run left", lambda: not any(processes_of(p) for p in self.places),
+                 timeout=10)
 
 
 def _places_of(run_dir: RunDir, bed: Testbed | None, left_in: Callable[[RunDir], list[Path]] | None) -> list[Path]:

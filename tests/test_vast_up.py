@@ -400,8 +400,8 @@ def test_detached_run_keeps_billing_is_followed_by_status_and_down_ends_it(bed, 
 
 def test_a_rented_run_keeps_the_places_contract(standin: VastStandIn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    """The contract every place keeps (tests/test_place_registry.py), on one rented machine of the stand-in: up
-    --detach of a script, status running, logs --rank 0, down (the machine destroyed), nothing left."""
+    """The contract every place keeps (tests/place_contract.py), on one rented machine of the stand-in (and one more
+    for its --stall-timeout run): both destroyed at the end."""
     from launcher.cli.options import LAUNCH_BLOCKS
     from launcher.places.registry import place_named
     from tests.place_contract import VAST_SAYS, keeps_the_contract
@@ -411,5 +411,7 @@ def test_a_rented_run_keeps_the_places_contract(standin: VastStandIn, tmp_path: 
         monkeypatch.setenv(name, value)
     values = {option.name: option.default for block in LAUNCH_BLOCKS for option in block}
     rent = place_named("vast").requests({**values, "nodes": 1, "disk": DISK})
-    keeps_the_contract("vast", tmp_path, capsys, extra={**rent, "image": IMAGE}, said=VAST_SAYS)
+    keeps_the_contract("vast", tmp_path, capsys, extra={**rent, "image": IMAGE}, said=VAST_SAYS,
+                       stall_args=("--provider", "vast", "--gpus", "1", "--gpu-name", "RTX 3080", "--disk", str(DISK),
+                                   "--image", IMAGE))
     assert standin.live_instances() == []  # nothing rented any more
