@@ -86,7 +86,8 @@ def local_state(run_dir: RunDir) -> tuple[str, int | None]:
 
 def local_status_rows(run_dir: RunDir) -> list[dict[str, Any]]:
     """The one row of a run on this machine: its measured state, and its progress from progress.json in its run
-    directory (what the trainer, or a script's progress, wrote), as a host run's rows are made."""
+    directory (what the trainer wrote), else from the end of a script's rank-0 output, as a host run's rows are
+    made."""
     state, code = local_state(run_dir)
     progress = progress_record(read_json(run_dir.path / "progress.json")) or _script_progress(run_dir)
     return [{"node": 0, "host": "local", "state": state, "exit_code": code,
