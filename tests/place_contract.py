@@ -159,9 +159,10 @@ def keeps_the_contract(name: str, folder: Path, capsys: pytest.CaptureFixture[st
     stalls: Stalls | None = None
     where: list[Path] = []
     try:
-        stalls = None if stall_args is None else Stalls(folder, said, stall_args)
         started = run_up(spec, options)
         assert started.exit_code == 0 and started.run_dir is not None
+        # Once this run was shipped (what `up` ships from its working directory must not change meanwhile).
+        stalls = None if stall_args is None else Stalls(folder, said, stall_args)
         run_dir = RunDir.open(started.run_dir)
         where = _places_of(run_dir, bed, left_in)
         assert place_of_record(run_dir.typed_record()) is place_named(name)
@@ -196,6 +197,7 @@ def keeps_the_contract(name: str, folder: Path, capsys: pytest.CaptureFixture[st
         pulls_twice(cli, run_dir, said)
         summary = json.loads((run_dir.path / "summary.json").read_text())
         assert (summary["world_size"], summary["world_measured"]) == (world, True), summary
+        assert json.loads(cli("status", run, "--json").stdout)["world_size"] == world  # as status tells it
         made = ddpctl_in_process("report", run, "--json", "--out", str(folder / "report"), cwd=folder)
         assert made.returncode == 0, made.stderr
         report = json.loads(made.stdout)
