@@ -234,7 +234,7 @@ class Stalls:
     watch a run); run in the folder stalls/, its output in stalls.out and stalls.err, its run under stalled-runs/."""
 
     def __init__(self, folder: Path, said: Said, args: tuple[str, ...]) -> None:
-        # A folder of its own to ship: the contract's run writes into its own while this one is planned and shipped.
+        # A folder of its own to ship: the contract's commands write beside it (runs/, follow.out) meanwhile.
         self.folder, self.said = folder / "stalls", said
         self.places: list[Path] = []  # where its processes would be named, once its run directory is known
         self.folder.mkdir()
