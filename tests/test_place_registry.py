@@ -1,7 +1,8 @@
 """Adding a place is a folder and one registry line: a toy place, registered here only, keeps the contract every
-place keeps (tests/place_contract.py: `up --detach` of a `-- python script.py` run, `status` shows it running, `logs
---rank 0` shows rank 0's lines, `down` stops it and nothing of it is left), and so do this machine's own place, two
-SSH hosts of the test bed and a job on the test Slurm cluster (a rented Vast.ai machine: tests/test_vast_up.py).
+place keeps (tests/place_contract.py: `up --detach` of a `-- python script.py` run; status, logs, logs -f, pull, down,
+the measured world, the report row and --stall-timeout, as a user asks them; nothing of it left), and so do this
+machine's own place, two SSH hosts of the test bed and a job on the test Slurm cluster (a rented Vast.ai machine:
+tests/test_vast_up.py).
 Real torchrun, real script, real sshd, real Slurm."""
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from launcher.providers.base import AcquiredHosts
 from launcher.results.rundir import RunDir
 from launcher.spec.hosts import parse_host
 from launcher.spec.run_spec import RunSpec
-from tests.place_contract import SLURM_SAYS, keeps_the_contract
+from tests.place_contract import LOCAL_SAYS, SLURM_SAYS, keeps_the_contract
 from tests.slurm_fixtures import needs_slurm
 from tests.testbed_fixtures import lent
 
@@ -66,7 +67,8 @@ def test_a_toy_place_is_a_module_and_one_registry_line(toy_registered: None, tmp
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.chdir(tmp_path)
     assert place_named("toy").name == "toy"
-    keeps_the_contract("toy", tmp_path, capsys)
+    # Its runs are this machine's runs, followed by the same code: their --stall-timeout is this machine's (below).
+    keeps_the_contract("toy", tmp_path, capsys, said=LOCAL_SAYS, stall_args=None)
     assert place_of_record(RunDir.open(next((tmp_path / "runs").iterdir())).typed_record()).name == "toy"
 
 
@@ -74,7 +76,7 @@ def test_a_toy_place_is_a_module_and_one_registry_line(toy_registered: None, tmp
 def test_this_machine_keeps_the_contract(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.chdir(tmp_path)
-    keeps_the_contract("local", tmp_path, capsys)
+    keeps_the_contract("local", tmp_path, capsys, said=LOCAL_SAYS, stall_args=("--gpus", "1"))
 
 
 @pytest.mark.e2e
@@ -83,7 +85,8 @@ def test_two_ssh_hosts_keep_the_contract(bed: Testbed, tmp_path: Path, monkeypat
                                          capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("DDPCTL_KNOWN_HOSTS", str(bed.known_hosts_path))
-    keeps_the_contract("ssh", tmp_path, capsys, bed)
+    on_bed = tuple(arg for h in bed.hosts for arg in ("--host", h.spec))
+    keeps_the_contract("ssh", tmp_path, capsys, bed, stall_args=(*on_bed, "-i", bed.client_key_path, "--gpus", "1"))
 
 
 @pytest.mark.unit
@@ -102,6 +105,8 @@ def test_a_slurm_job_keeps_the_contract(slurm_cluster: SlurmCluster, tmp_path: P
     requests = place_named("slurm").requests({"nodes": 1, "partition": slurm_cluster.partition, "time": "10"})
     run_dir = keeps_the_contract("slurm", tmp_path, capsys, slurm_cluster.bed,
                                  hosts=(parse_host(slurm_cluster.login.spec),), extra=requests, said=SLURM_SAYS,
-                                 left_in=lambda run: [Path(run.record()["slurm"]["remote_dir"])])
+                                 left_in=lambda run: [Path(run.record()["slurm"]["remote_dir"])],
+                                 stall_args=("--provider", "slurm", "--host", slurm_cluster.login.spec, "--partition",
+                                             slurm_cluster.partition, "--time", "10"))
     job = str(run_dir.record()["slurm"]["job_id"])
     assert job not in slurm_cluster.slurm("squeue", "-h", "-o", "%i").stdout.split()  # nothing left queued

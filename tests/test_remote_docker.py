@@ -145,12 +145,14 @@ def test_docker_hosts_keep_the_places_contract(docker_hosts: tuple[Testbed, list
                                                monkeypatch: pytest.MonkeyPatch,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     """The contract every place keeps (tests/place_contract.py) on two SSH hosts with the Docker runtime (last in
-    this module: the hosts' engines hold the image by then): up --detach of a script, status running, logs --rank
-    0, down, and no container of the run left on either engine."""
+    this module: the hosts' engines hold the image by then), and no container of its runs left on either engine."""
     bed, engines = docker_hosts
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("DDPCTL_KNOWN_HOSTS", str(bed.known_hosts_path))
-    run = keeps_the_contract("ssh", tmp_path, capsys, bed, hosts=tuple(parse_host(h.spec) for h in bed.hosts[:2]),
-                             extra={"runtime": "docker", "image": test_image})
+    on_bed = tuple(arg for h in bed.hosts[:2] for arg in ("--host", h.spec))
+    keeps_the_contract("ssh", tmp_path, capsys, bed, hosts=tuple(parse_host(h.spec) for h in bed.hosts[:2]),
+                             extra={"runtime": "docker", "image": test_image},
+                             stall_args=(*on_bed, "-i", bed.client_key_path, "--gpus", "1", "--runtime", "docker",
+                                         "--image", test_image))
     for engine in engines:
-        assert engine.docker("ps", "-aq", "--filter", f"label=ddpctl.run={run.run_id}").stdout.strip() == b""
+        assert engine.docker("ps", "-aq", "--filter", "label=ddpctl.run").stdout.strip() == b""  # of either run

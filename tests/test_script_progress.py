@@ -16,7 +16,7 @@ from launcher.execute.following.live_tail import OutputTail
 from launcher.results.progress import script_status
 from launcher.results.rank_layout import RankLayout, order_by_address
 from launcher.results.restarts import restarts_in, restarts_phrase
-from launcher.results.script_progress import ScriptProgress, progress_from_printed, script_summary
+from launcher.results.script_progress import ScriptProgress, progress_from_printed, script_record, script_summary
 from launcher.runtimes.native import OutputRequest, read_state
 
 
@@ -69,6 +69,17 @@ def test_malformed_epoch_messages_make_no_timing_record(line: str) -> None:
     script = ScriptProgress()
     script.feed(line + "\n")
     assert script.timing == []
+
+
+def test_status_reads_the_newest_progress_from_the_end_of_a_scripts_output() -> None:
+    progress = '{"ddpctl": "progress", "epoch": 4, "epochs": 9, "step": 2, "steps": 5, "loss": 0.3}'
+    cut = progress[20:] + "\n" + "epoch 7 loss 0.9\n"  # a tail that begins inside a protocol line
+    assert script_record(cut, whole=False) == {"epoch": 7, "loss": 0.9, "source": "printed", "line": "epoch 7 loss 0.9"}
+    tail = "epoch 1 loss 2.0\n" + progress + "\nstep 3 loss 5\n"  # its last line whole: read too
+    record = script_record(tail, whole=True) or {}
+    assert {k: record.get(k) for k in ("epoch", "epochs", "step", "steps_per_epoch", "loss", "source")} == {
+        "epoch": 4, "epochs": 9, "step": 2, "steps_per_epoch": 5, "loss": 0.3, "source": "protocol"}  # it outranks
+    assert script_record(progress[:30], whole=False) is None  # no whole line yet
 
 
 def test_the_tail_keeps_the_last_lines_cleaned_and_hides_protocol_lines() -> None:

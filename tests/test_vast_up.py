@@ -62,7 +62,8 @@ def standin(bed: Testbed) -> Iterator[VastStandIn]:
               make_offer(3, 403, dph_base=0.15, cluster_id=9),
               make_offer(4, 404, dph_base=0.50, gpu_name="A100", num_gpus=8),
               make_offer(5, 405, dph_base=36.0, gpu_name="H100"),
-              make_offer(6, 406, gpu_name="RTX 4090"), make_offer(7, 407, gpu_name="RTX 4090")]
+              make_offer(6, 406, gpu_name="RTX 4090"), make_offer(7, 407, gpu_name="RTX 4090"),
+              make_offer(8, 408, dph_base=0.30, num_gpus=2)]  # two ranks on one machine: the places' contract
     with VastStandIn(api_key=KEY, offers=offers, host_factory=lambda _iid: bed.add_host(22),
                      host_remover=bed.remove_host, boot_delay_s=0.2) as s:
         yield s
@@ -399,8 +400,8 @@ def test_detached_run_keeps_billing_is_followed_by_status_and_down_ends_it(bed, 
 
 def test_a_rented_run_keeps_the_places_contract(standin: VastStandIn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    """The contract every place keeps (tests/test_place_registry.py), on one rented machine of the stand-in: up
-    --detach of a script, status running, logs --rank 0, down (the machine destroyed), nothing left."""
+    """The contract every place keeps (tests/place_contract.py), on one rented machine of the stand-in (and one more
+    for its --stall-timeout run): both destroyed at the end."""
     from launcher.cli.options import LAUNCH_BLOCKS
     from launcher.places.registry import place_named
     from tests.place_contract import VAST_SAYS, keeps_the_contract
@@ -410,5 +411,7 @@ def test_a_rented_run_keeps_the_places_contract(standin: VastStandIn, tmp_path: 
         monkeypatch.setenv(name, value)
     values = {option.name: option.default for block in LAUNCH_BLOCKS for option in block}
     rent = place_named("vast").requests({**values, "nodes": 1, "disk": DISK})
-    keeps_the_contract("vast", tmp_path, capsys, extra={**rent, "image": IMAGE}, said=VAST_SAYS)
+    keeps_the_contract("vast", tmp_path, capsys, extra={**rent, "image": IMAGE}, said=VAST_SAYS,
+                       stall_args=("--provider", "vast", "--gpus", "1", "--gpu-name", "RTX 3080", "--disk", str(DISK),
+                                   "--image", IMAGE))
     assert standin.live_instances() == []  # nothing rented any more

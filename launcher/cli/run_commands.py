@@ -15,7 +15,7 @@ from launcher.places.registry import PLACES, place_of_record
 from launcher.results.interruptions import interruption_line
 from launcher.results.progress import console, listing
 from launcher.results.run_records import restarts_told
-from launcher.results.rundir import RunDir, find_run
+from launcher.results.rundir import RunDir, find_run, read_json
 from launcher.spec.hosts import parse_hosts
 from launcher.spec.run_spec import check_port, check_python
 from launcher.spec.validate import check_at_least, check_runs_dir, check_seconds
@@ -64,9 +64,11 @@ def status(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, json_out: bool 
     record = run_dir.record()  # after the rows: asking a rented run's API brings its instances and cost up to date
     extra = {k: record[k] for k in ("instances", "cost_usd", "failure", "interruptions") if k in record}
     told = restarts_told(run_dir)  # each restart: its attempt, the nodes that restarted, what caused it
+    world = measured_world(run_dir)
     if json_out:
         print(json.dumps({"run": run_dir.run_id, "path": str(run_dir.path), "nodes": rows, **extra,
-                          **({"restarts": told} if told else {})}, indent=2))
+                          **({"restarts": told} if told else {}),
+                          **({"world_size": world} if world is not None else {})}, indent=2))
         return
     table = Table(title=f"run {run_dir.run_id}")
     watchdogs = any("autostop" in row for row in rows)  # a Vast.ai run with autostop: each node's watchdog
@@ -91,11 +93,21 @@ def status(run: str | None = RUN_ARG, runs_dir: Path = RUNS_DIR, json_out: bool 
         listing.print(interruption_line(lost), markup=False, highlight=False, soft_wrap=True)
     if isinstance(record.get("failure"), dict) and record["failure"].get("summary"):  # what `up` named as the cause
         listing.print(f"failure: {record['failure']['summary']}", markup=False, highlight=False)
+    if world is not None:
+        listing.print(f"world size {world}, as its processes joined (summary.json)", markup=False, highlight=False)
     for held in PLACES.values():
         note = held.held_note(runs_dir)
         if note:
             console.print(note, style="yellow", markup=False, highlight=False, soft_wrap=True)
 
+
+
+def measured_world(run_dir: RunDir) -> int | None:
+    """The world size the run's summary.json records once it ended (as its ranks saw it: the trainer's, or a
+    script's measured from the processes that joined, launcher/results/joined_worlds.py); None before, or unknown."""
+    summary = read_json(run_dir.path / "summary.json")
+    world = summary.get("world_size") if isinstance(summary, dict) else None
+    return world if isinstance(world, int) and not isinstance(world, bool) else None
 
 
 def _autostop_cell(row: dict[str, object]) -> str:

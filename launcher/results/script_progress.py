@@ -205,3 +205,15 @@ def script_summary(timing: list[dict[str, Any]], last: dict[str, Any] | None) ->
     elif last and "epoch" in last:
         summary["last_printed_epoch"] = last["epoch"]
     return summary
+
+
+SCRIPT_TAIL_BYTES = 16384  # how much of the end of rank 0's output `status` reads for a script's progress
+
+
+def script_record(tail: str, whole: bool) -> dict[str, Any] | None:
+    """The progress record the end of a script's rank-0 output gives (`whole`: `tail` starts at the output's first
+    byte; else its first, cut, line is skipped): what `status` shows of a run that no `up` follows."""
+    progress = ScriptProgress()
+    progress.feed(tail if whole else tail.partition("\n")[2])
+    progress.feed("\n")  # its last line too, once whole
+    return progress.record

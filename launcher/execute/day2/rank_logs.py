@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from launcher.errors import DdpctlError
+from launcher.execute.following.outside_stops import DOWN_EVENT
 from launcher.results.rank_layout import rank_layout
 from launcher.results.restarts import attempt_number, newest_attempt_dir
 from launcher.results.run_records import node_logs_dirs
@@ -73,20 +74,34 @@ def print_rank_log(run_dir: RunDir, rank: int, lines: int, follow: bool, options
         _print_pulled(pulled, local_rank, rank, lines, f"node {node} cannot be reached: {e}", attempt)
         return
     with session:
-        print_node_rank_log(conn, node_workspaces(run_dir)[node], run_dir.spec().python, node, local_rank, rank,
-                            lines, follow, attempt)
+        try:
+            print_node_rank_log(conn, node_workspaces(run_dir)[node], run_dir.spec().python, node, local_rank, rank,
+                                lines, follow, attempt, released=lambda: bool(run_dir.record().get("released_at")),
+                                pulled=pulled)
+        except (DdpctlError, OSError):
+            if not (follow and any(e.get("event") == DOWN_EVENT for e in run_dir.events())):
+                raise
+            # `down` stopped the run and gave its machines back (Vast.ai) while a read was under way: the run has
+            # ended, as -f waits for.
+            print(f"rank {rank}: the run was ended by `ddpctl down` and node {node} is gone; what it wrote was "
+                  f"pulled to {run_dir.path}", file=sys.stderr, flush=True)
 
 
 def print_node_rank_log(conn: HostConnection, folder: str, python: str, node: int, local_rank: int, rank: int,
                         lines: int, follow: bool, attempt: int | None,
-                        ended: Callable[[], bool] | None = None) -> None:
+                        ended: Callable[[], bool] | None = None, released: Callable[[], bool] | None = None,
+                        pulled: Path | None = None) -> None:
     """A worker's output read where its node writes it (`folder`: a host's workspace, or a Slurm node's folder on
     the cluster's shared file system), one command a read; `ended` says when following stops (default: when the
-    node's own state says it ended, or its folder is gone)."""
+    node's own state says it ended, or its folder is gone). Once `released` says the machine was given back (after
+    `down` pulled what it wrote), the rest is read from the `pulled` copy (--log-dir), not from a host that is gone."""
     finished = False
 
     def read(stream: str, attempt: int | None, offset: int, most: int) -> Chunk | None:
         nonlocal finished
+        if released is not None and pulled is not None and released():
+            finished = True
+            return _read_local(pulled, local_rank, stream, attempt, offset, most)
         state = read_state(conn, folder, OutputRequest(local_rank, attempt, offset, most, stream), python)
         finished = state.finished or state.workspace_gone  # a deleted workspace: nothing more comes
         if state.output_to is None:

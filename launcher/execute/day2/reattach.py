@@ -16,9 +16,11 @@ from launcher.results.progress import progress_record
 from launcher.results.restarts import newest_attempt_dir
 from launcher.results.run_records import node_restarts
 from launcher.results.rundir import RunDir
+from launcher.results.script_progress import SCRIPT_TAIL_BYTES, script_record
 
 if TYPE_CHECKING:
     from launcher.planning.request import UpOptions
+    from launcher.runtimes.native import OutputRequest
 
 FOLLOW_POLL_SECONDS = 1.0
 ALL_LINES = 1 << 30  # a rank's output from its first line (as much as `logs` reads of a file's end)
@@ -31,11 +33,13 @@ def host_status_rows(run_dir: RunDir, options: UpOptions) -> list[dict[str, Any]
     key_changes: dict[int, str] = {}
     errors: dict[int, str] = {}
     with reattach(run_dir, options) as session:
-        states = poll_states(session, run_dir, key_changes=key_changes, errors=errors)
+        states = poll_states(session, run_dir, _rank0_tail(run_dir, len(session.labels)), key_changes=key_changes,
+                             errors=errors)
     rows = []
     pulled = node_restarts(run_dir)  # for a node that cannot be asked: what its pulled logs say
     for index, state in enumerate(states):
-        progress = (progress_record(state.progress) or {}) if state else {}
+        progress = (progress_record(state.progress) or progress_record(
+            script_record(state.output, state.output_from == 0) if state.output else None) or {}) if state else {}
         rows.append({"node": index, "host": session.labels[index],
                      "state": state.label if state else ("HOST KEY CHANGED" if index in key_changes
                                                          else "unreachable"),
@@ -46,6 +50,21 @@ def host_status_rows(run_dir: RunDir, options: UpOptions) -> list[dict[str, Any]
                      **({"error": unanswered(run_dir.run_id, errors[index], index in key_changes)}
                         if index in errors else {})})
     return rows
+
+
+def _rank0_tail(run_dir: RunDir, nodes: int) -> list[OutputRequest | None] | None:
+    """For a script (nothing writes its progress.json): the end of rank 0's output, asked of its node with its
+    state in the same round trip, for the progress lines in it."""
+    from launcher.results.rank_layout import rank_layout
+    from launcher.runtimes.native import OutputRequest
+
+    if not run_dir.spec().user_command:
+        return None
+    try:
+        node, local_rank = rank_layout(run_dir).locate(0)
+    except DdpctlError:
+        return None
+    return [OutputRequest(local_rank, max_bytes=SCRIPT_TAIL_BYTES) if k == node else None for k in range(nodes)]
 
 
 def unanswered(run_id: str, error: str, key_refused: bool) -> str:

@@ -18,8 +18,10 @@ from launcher.remote import node_stop
 from launcher.remote.node_start import OUTPUT_DIR_ENV
 from launcher.remote.proctree import alive, start_time
 from launcher.results.progress import finite_number, progress_record
+from launcher.results.restarts import newest_attempt_dir
 from launcher.results.run_records import node_restarts
 from launcher.results.rundir import RunDir, read_json, read_jsonl
+from launcher.results.script_progress import SCRIPT_TAIL_BYTES, script_record
 
 # How long a run may show no torchrun pid after its run directory was made before it counts as never started.
 START_GRACE_SECONDS = 30.0
@@ -84,12 +86,29 @@ def local_state(run_dir: RunDir) -> tuple[str, int | None]:
 
 def local_status_rows(run_dir: RunDir) -> list[dict[str, Any]]:
     """The one row of a run on this machine: its measured state, and its progress from progress.json in its run
-    directory (what the trainer, or a script's progress, wrote), as a host run's rows are made."""
+    directory (what the trainer wrote), else from the end of a script's rank-0 output, as a host run's rows are
+    made."""
     state, code = local_state(run_dir)
-    progress = progress_record(read_json(run_dir.path / "progress.json")) or {}
+    progress = progress_record(read_json(run_dir.path / "progress.json")) or _script_progress(run_dir)
     return [{"node": 0, "host": "local", "state": state, "exit_code": code,
              "epoch": progress.get("epoch"), "epochs": progress.get("epochs"), "loss": newest_loss(run_dir, progress),
              "restarts": node_restarts(run_dir)[0]}]
+
+
+def _script_progress(run_dir: RunDir) -> dict[str, Any]:
+    """A script's progress, from the end of rank 0's output (its progress lines, or lines that name an epoch):
+    nothing writes progress.json for a script, and a detached run has no `up` reading its output."""
+    newest = newest_attempt_dir(run_dir.path / "logs") if run_dir.spec().user_command else None
+    if newest is None:
+        return {}
+    try:
+        with open(newest / "0" / "stdout.log", "rb") as log:  # one node: global rank 0 is its local rank 0
+            size = log.seek(0, os.SEEK_END)
+            log.seek(max(0, size - SCRIPT_TAIL_BYTES))
+            tail = log.read().decode(errors="replace")
+    except OSError:
+        return {}
+    return progress_record(script_record(tail, size <= SCRIPT_TAIL_BYTES)) or {}
 
 
 def newest_loss(run_dir: RunDir, progress: dict[str, Any]) -> float | None:

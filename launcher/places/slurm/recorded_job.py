@@ -25,6 +25,10 @@ FOLLOW_POLL_SECONDS = 1.0
 # Each node's exit status, newest attempt (torchrun's attempt_<N>, numbered alike on every node) and progress
 # record: `NODE k|exit code|attempt` then the record (empty when none).
 NODES_SCRIPT = shell_text("slurm_nodes.sh")  # launcher/remote/slurm_nodes.sh: its arguments there
+# The end of the newest attempt's output of one worker: $1 the node's folder, $2 its local rank, $3 how many bytes.
+RANK_TAIL = ('n=-1; f=; for d in "$1"/logs/*/attempt_*; do a=${d##*attempt_}; '
+             'if [ -d "$d" ] && [ "$a" -gt "$n" ] 2>/dev/null; then n=$a; f="$d/$2/stdout.log"; fi; done; '
+             'if [ -n "$f" ]; then tail -c "$3" "$f" 2>/dev/null; fi; true')
 
 
 def _job(run_dir: RunDir) -> tuple[str, str]:
@@ -46,10 +50,12 @@ class SlurmRun:
             conn = session.conn(0)
             status = self.scheduler.describe(conn, job_id)
             nodes = node_states(conn, remote_dir, run_dir.spec().nnodes)
+            nodes = script_progress(conn, run_dir, remote_dir, nodes)
         shown = job_state_text(status) + requeue_chain.requeues_text(run_dir, status)
         return [{"node": k, "host": f"job {job_id} ({status.nodes or '-'})", "state": shown,
                  "exit_code": code, "epoch": progress.get("epoch"), "epochs": progress.get("epochs"),
-                 "restarts": "-" if attempt is None else attempt} for k, (code, progress, attempt) in enumerate(nodes)]
+                 "loss": progress.get("loss"), "restarts": "-" if attempt is None else attempt}
+                for k, (code, progress, attempt) in enumerate(nodes)]
 
     def print_log(self, run_dir: RunDir, node: int, lines: int, follow: bool, options: UpOptions) -> None:
         job_id, remote_dir = _job(run_dir)
@@ -143,6 +149,26 @@ def node_states(conn: Connection, remote_dir: str,
             states[int(index)] = (int(code) if code.strip().lstrip("-").isdigit() else None, progress,
                                   max(numbers) if numbers else None)
     return states
+
+
+def script_progress(conn: Connection, run_dir: RunDir, remote_dir: str,
+                    nodes: list[tuple[int | None, dict[str, Any], int | None]]) -> list[
+                        tuple[int | None, dict[str, Any], int | None]]:
+    """For a script (nothing writes its progress.json): rank 0's node's progress from the end of rank 0's output."""
+    from launcher.results.progress import progress_record
+    from launcher.results.rank_layout import rank_layout
+    from launcher.results.script_progress import SCRIPT_TAIL_BYTES, script_record
+
+    if not run_dir.spec().user_command:
+        return nodes
+    node, local_rank = rank_layout(run_dir).locate(0)
+    if node >= len(nodes) or nodes[node][1]:
+        return nodes
+    tail = conn.run(["sh", "-c", RANK_TAIL, "ddpctl-rank-tail", f"{remote_dir}/nodes/{node}", str(local_rank),
+                     str(SCRIPT_TAIL_BYTES)], timeout=30).stdout
+    progress = progress_record(script_record(tail, len(tail.encode()) < SCRIPT_TAIL_BYTES)) or {}
+    return [(code, progress, attempt) if k == node else (code, was, attempt)
+            for k, (code, was, attempt) in enumerate(nodes)]
 
 
 def follow_file(conn: Connection, scheduler: SlurmScheduler, job_id: str, path: str) -> None:
