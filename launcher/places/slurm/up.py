@@ -1,12 +1,13 @@
 """`up` through a batch scheduler (launcher/places/): the executor hands the run to the scheduler instead of
 starting torchrun on each host. Login node over SSH (host key verified) -> read-only probe and the exact request
 (`submit_dryrun`; `--dry-run` prints it) -> the run directory -> the code shipped once to the shared file system
-(incremental, verified) -> the request's script written there -> `schedule` -> follow the job (pending with its
-reason, running with the trainer's progress) -> pull every node's folder (verified) -> the end state, cost and
-failure (first failing rank) recorded."""
+(incremental, verified) -> the request's script written there and submitted, in one command -> follow the job
+(pending with its reason, running with the trainer's progress) -> pull every node's folder (verified) -> the end
+state, cost and failure (first failing rank) recorded."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import asdict
@@ -21,11 +22,11 @@ from launcher.execute.ship.contents import trainer_source_dir
 from launcher.execute.ship.to_hosts import _cache_key, probed_listing
 from launcher.places.batch_job import JobStatus
 from launcher.places.slurm import requeue_chain
-from launcher.places.slurm.job_files import place_job_files
+from launcher.places.slurm.job_files import place_and_submit
 from launcher.places.slurm.job_states import PENDING, RUNNING
 from launcher.places.slurm.rank0_output import Rank0Output
 from launcher.places.slurm.saved_plan import MAKE_ONE, plan_json
-from launcher.places.slurm.scheduler import SlurmScheduler, SlurmSubmit
+from launcher.places.slurm.scheduler import SlurmScheduler, SlurmSubmit, submitted_job_id
 from launcher.planning.request import UpOptions, UpResult
 from launcher.remote import shell_text
 from launcher.results.progress import console
@@ -80,12 +81,15 @@ def run_scheduled(spec: RunSpec, options: UpOptions, saved_script: str | None = 
                   "ssh": session.settings_json(), "slurm": {"login": request.login, "remote_dir": request.remote_dir,
                                                      **({"max_requeues": request.job.request.max_requeues}
                                                         if request.job.request.requeue else {})}}
+        runs_dir_made = not options.runs_dir.exists()
         run_dir = RunDir.create(options.runs_dir, spec, fields)
         write_json_atomic(run_dir.path / REQUEST_FILE, request.to_json())
-        with interruption_before_submit(run_dir):
-            write_script(conn, request, run_dir, ship_code(conn, spec, request, run_dir))
-            interruption.defer_signals()  # a job is never submitted without its id being recorded
-            job_id = scheduler.schedule(conn, request)
+        with interruption_before_submit(run_dir, runs_dir_made):
+            shipped = ship_code(conn, spec, request, run_dir)
+            write_bytes_atomic(run_dir.path / "job.sbatch", request.script.encode())
+            # A job is never submitted without its id being recorded; its files are placed in the same command.
+            interruption.defer_signals()
+            job_id = submitted_job_id(conn.label, place_and_submit(conn, request, *shipped))
             run_dir.update_record(slurm={**run_dir.record()["slurm"], "job_id": job_id})
             run_dir.event("submitted", job_id=job_id, sbatch=request.argv)
         console.print(f"submitted job {job_id} ({spec.nnodes} node(s) x {spec.nproc_per_node}) from {request.login}; "
@@ -112,10 +116,12 @@ def run_scheduled(spec: RunSpec, options: UpOptions, saved_script: str | None = 
 
 
 class interruption_before_submit:
-    """Ctrl-C before the job is submitted: nothing runs on the cluster; the run directory is removed."""
+    """Ctrl-C (or sbatch's refusal) before the job is submitted: nothing runs on the cluster; the run directory is
+    removed, and the runs folder too where this run made it and nothing else is in it."""
 
-    def __init__(self, run_dir: RunDir) -> None:
+    def __init__(self, run_dir: RunDir, runs_dir_made: bool = False) -> None:
         self.run_dir = run_dir
+        self.runs_dir_made = runs_dir_made
 
     def __enter__(self) -> None:
         return None
@@ -125,6 +131,9 @@ class interruption_before_submit:
             import shutil
 
             shutil.rmtree(self.run_dir.path, ignore_errors=True)
+            if self.runs_dir_made:
+                with contextlib.suppress(OSError):  # not empty: another run's, kept
+                    self.run_dir.path.parent.rmdir()
             if interruption.interrupted_by(exc):
                 raise Interrupted(f"interrupted by {interruption.last_cause()} before the job was submitted: "
                                   "nothing was submitted") from None
@@ -160,13 +169,6 @@ def ship_code(conn: Connection, spec: RunSpec, request: SlurmSubmit, run_dir: Ru
     stats = ship_tree(conn, source, cache, python=spec.python, listed=listed)
     run_dir.event("shipped", node=0, **asdict(stats))
     return cache, dest
-
-
-def write_script(conn: Connection, request: SlurmSubmit, run_dir: RunDir, code: tuple[str, str]) -> None:
-    """The code, the batch script and the files it reads beside it into the run's folder on the shared file system
-    (launcher/places/slurm/job_files.py: one command); the script in the run directory too."""
-    place_job_files(conn, request, *code)
-    write_bytes_atomic(run_dir.path / "job.sbatch", request.script.encode())
 
 
 def follow_job(scheduler: SlurmScheduler, conn: Connection, run_dir: RunDir, job_id: str,
