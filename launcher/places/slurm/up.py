@@ -40,6 +40,7 @@ from launcher.transport.sync import ship_tree
 
 if TYPE_CHECKING:
     from launcher.places.slurm.job_output import OomKill
+    from launcher.places.slurm.login_session import LoginSession
 
 # What is needed only once the job is submitted (its end, its pull, its failure) is imported there, not on the way
 # to sbatch: the time from the command to the job's first step is the time ddpctl is measured by
@@ -55,16 +56,20 @@ def scheduler_for(options: UpOptions) -> SlurmScheduler:
     return SlurmScheduler(options.slurm, options.hosts[0].label)
 
 
-def run_scheduled(spec: RunSpec, options: UpOptions, saved_script: str | None = None) -> UpResult:
+def run_scheduled(spec: RunSpec, options: UpOptions, saved_script: str | None = None,
+                  login: LoginSession | None = None) -> UpResult:
     """Submit the run to the scheduler and (unless --detach) follow it to its end state, then pull. `saved_script`:
-    the batch script of a saved plan (`up --plan`), which the cluster must give again to be submitted."""
+    the batch script of a saved plan (`up --plan`), which the cluster must give again to be submitted. `login`: the
+    session to the login node, already being opened (else it is opened here)."""
     scheduler = scheduler_for(options)
     if options.dry_run and not options.probe:
+        assert login is None, "a dry run without probing asks nothing of the login node"
         unprobed = scheduler.submit_dryrun(spec, None)
         _print_request(unprobed, options)
         return UpResult(None, 0, None, scheduled_plan=plan_json(spec, scheduler.request, scheduler.login,
                                                                  unprobed.to_json()))
-    with HostSession.open(options) as session:
+    # SFTP opens beside the probe (cluster.read_facts)
+    with login.session() if login is not None else HostSession.open(options, sftp=False) as session:
         conn = session.conn(0)
         # Refusals (one line) come before anything is written; the probe lists the code cache for shipping too.
         request = scheduler.submit_dryrun(spec, conn, f"code/{_cache_key(code_source(spec))}")
