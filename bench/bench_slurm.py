@@ -1,6 +1,7 @@
 """Slurm: seconds from `ddpctl up --provider slurm` to the first training step, beside a bare `sbatch` of the same
 batch script (its code already on the shared file system), on the real test cluster (infra/slurm_cluster.py) with
-an empty queue. Runs alternate (ddpctl, bare, ddpctl, ...) so both see the same machine load. Needs root.
+an empty queue. Runs alternate (ddpctl, bare, ddpctl, ...) so both see the same machine load, each started once the
+queue is empty and the nodes idle (the previous round's job ended). Needs root.
 
 Usage: python bench/bench_slurm.py [--rounds 2] [--out FILE]
 Prints a table and writes bench/results/slurm.json (or --out), with the load average before and after the rounds
@@ -44,6 +45,21 @@ def first_step(folder: Path, timeout: float = 300) -> float:
             return float(json.loads(summary.read_text())["first_step_time"])
         time.sleep(0.5)
     raise RuntimeError(f"no summary.json under {folder} within {timeout:.0f} s")
+
+
+def settle(cluster: SlurmCluster, timeout: float = 120) -> None:
+    """Wait until the queue is empty and every node is idle, then a second more, so that each round starts from
+    the same cluster: a bare round ends at its first step's record, which the trainer writes at the end of training,
+    while its job is still ending (torchrun, the step, the epilog), and a job submitted then waits for its nodes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        queued = cluster.slurm("squeue", "-h", check=False).stdout.strip()
+        states = cluster.slurm("sinfo", "-h", "-N", "-o", "%T", check=False).stdout.split()
+        if not queued and states and all(state.rstrip("*") == "idle" for state in states):
+            time.sleep(1)
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"the cluster did not settle (empty queue, idle nodes) within {timeout:.0f} s")
 
 
 def ddpctl_round(cluster: SlurmCluster, runs: Path) -> tuple[float, Path]:
@@ -111,8 +127,10 @@ def main() -> int:
             tempfile.TemporaryDirectory() as tmp:
         runs = Path(tmp) / "runs"
         for n in range(args.rounds):
+            settle(cluster)
             seconds, run = ddpctl_round(cluster, runs)
             ddpctl_times.append(seconds)
+            settle(cluster)
             bare_times.append(bare_round(cluster, run, n))
             print(f"round {n + 1}: ddpctl up {ddpctl_times[-1]:.1f} s ({SUBMIT_SECONDS[-1]:.1f} s of it before its "
                   f"sbatch), bare sbatch {bare_times[-1]:.1f} s to the first training step", flush=True)
