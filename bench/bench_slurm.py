@@ -146,10 +146,16 @@ def main() -> int:
               "ratio": statistics.median(ddpctl_times) / statistics.median(bare_times),
               "round_ratios": [d / b for d, b in zip(ddpctl_times, bare_times, strict=True)],
               "round_ratio_median": statistics.median(d / b for d, b in zip(ddpctl_times, bare_times, strict=True)),
+              # ddpctl's job from its sbatch to the first step, less the bare round's (paired): what ddpctl adds after
+              # submitting (its follow's polls), apart from its part before sbatch
+              "after_sbatch_minus_bare_median": statistics.median(
+                  d - before - b for d, before, b in zip(ddpctl_times, SUBMIT_SECONDS, bare_times, strict=True)),
               "what": "seconds from the command to the trainer's first step, 2 nodes x 1 process, empty queue"}
     print(f"median: ddpctl up {result['ddpctl_median']:.1f} s, bare sbatch {result['bare_median']:.1f} s, "
           f"ratio {result['ratio']:.2f} (round by round: median {result['round_ratio_median']:.2f}); before its "
-          f"sbatch {result['ddpctl_before_sbatch_median']:.2f} s; load average {load_before[0]:.1f} before, "
+          f"sbatch {result['ddpctl_before_sbatch_median']:.2f} s, after it "
+          f"{result['after_sbatch_minus_bare_median']:+.2f} s against bare (paired median); "
+          f"load average {load_before[0]:.1f} before, "
           f"{result['load_average'][0]:.1f} after")
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"written to {args.out}")
