@@ -1,5 +1,6 @@
 """What `ddpctl up` imports before it reaches a host, measured where it is cheap to get wrong: paramiko comes without
-invoke (launcher/transport/paramiko_loader.py), which only an ssh config's `Match exec` needs, and that still works."""
+invoke (launcher/transport/paramiko_loader.py), which only an ssh config's `Match exec` needs, and that still works;
+pathspec comes without asyncio (launcher/transport/pathspec_loader.py)."""
 
 from __future__ import annotations
 
@@ -47,3 +48,16 @@ def test_a_match_exec_in_the_ssh_config_still_runs_in_a_fresh_launcher(tmp_path:
         f"t = resolve_target(parse_host('box'), Path({str(config)!r}))\n"
         "print(t.user, t.hostname, t.port, 'invoke' in sys.modules)")
     assert resolved.split() == ["matched", "10.0.0.9", "22", "True"]
+
+
+@pytest.mark.integration
+def test_the_slurm_submission_path_imports_pathspec_without_asyncio() -> None:
+    loaded = json.loads(fresh_python(
+        "import json, sys\nimport launcher.cli.app, launcher.places.slurm.up\n"
+        "print(json.dumps({m: m in sys.modules for m in ('pathspec', 'asyncio', 'typing_extensions')}))"))
+    assert loaded == {"pathspec": True, "asyncio": False, "typing_extensions": False}
+    # held back only while pathspec is imported: a program of its own can still import it, pathspec works
+    assert fresh_python("import launcher.transport.sync, typing_extensions\n"
+                        "from launcher.transport.pathspec_loader import pathspec\n"
+                        "print(typing_extensions.__name__, pathspec.GitIgnoreSpec.from_lines(['*.pyc'])"
+                        ".match_file('a/b.pyc'))").split() == ["typing_extensions", "True"]

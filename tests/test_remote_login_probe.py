@@ -100,6 +100,18 @@ def test_torch_is_found_by_its_metadata_or_named_missing(tmp_path: Path, monkeyp
     assert "torch" not in facts and facts["torch_error"] == "No module named 'torch'"
 
 
+def test_torch_version_is_read_from_its_version_file_else_from_its_metadata(tmp_path: Path) -> None:
+    """torch/version.py says the version without importlib.metadata; a torch folder without it (or one that does
+    not say it) is asked of its metadata."""
+    stated = tmp_path / "stated"
+    stated.mkdir()
+    (stated / "version.py").write_text("__all__ = ['__version__']\n__version__ = '9.8.7+cu999'\ndebug = False\n")
+    assert login_probe._torch_version([str(tmp_path / "missing"), str(stated)]) == "9.8.7+cu999"
+    (stated / "version.py").write_text("debug = False\n")
+    assert login_probe._torch_version([str(stated)]) == importlib.metadata.version("torch")
+    assert login_probe._torch_version(None) == importlib.metadata.version("torch")
+
+
 @pytest.mark.integration
 def test_the_probe_run_as_the_launcher_runs_it_answers_one_json_line(tmp_path: Path) -> None:
     """`python -c SOURCE WORKDIR`, read by probe_login's own parsing."""

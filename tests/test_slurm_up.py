@@ -31,6 +31,12 @@ def submitted_jobs(cluster: SlurmCluster) -> list[str]:
             if line.startswith("JobId=")]
 
 
+def cluster_run_folders(cluster: SlurmCluster) -> set[str]:
+    """The run folders in the default workdir on the cluster's shared file system."""
+    runs = Path(cluster.login.home, ".ddpctl", "slurm", "runs")
+    return set(os.listdir(runs)) if runs.is_dir() else set()
+
+
 def test_two_node_job_runs_to_the_end_with_the_dry_runs_script_and_verified_results(
         slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     args = ("--nodes", "2", "--gpus", "2", "--partition", "debug", "--time", "10", "--epochs", "2", *SMALL)
@@ -105,14 +111,16 @@ def test_a_users_script_runs_on_two_nodes_and_its_outputs_come_back(slurm_cluste
     (("--gpus", "64"), "partition debug has no GPUs and at most"),
     (("--workdir", "/root/ddpctl"), "the workdir /root/ddpctl is not writable"),
     (("--python", "/usr/bin/python3"), "/usr/bin/python3 on the login node cannot import torch"),
-    (("--sbatch-option", "--mem=999999999G"), "Slurm refuses the job (sbatch --test-only)"),
+    (("--sbatch-option", "--mem=999999999G"), "Slurm refuses the job (sbatch --test-only): "),
+    (("--sbatch-option", "--mem=999999999G", "--dry-run"), "Slurm refuses the job (sbatch --test-only): "),
 ])
 def test_each_preflight_refusal_is_one_line_with_nothing_submitted_or_written(
         slurm_cluster: SlurmCluster, tmp_path: Path, args: tuple[str, ...], named: str) -> None:
-    before = submitted_jobs(slurm_cluster)
+    before, folders = submitted_jobs(slurm_cluster), cluster_run_folders(slurm_cluster)
     up = slurm_up(slurm_cluster, "--nodes", "2", *args, cwd=tmp_path, timeout=120)
     assert up.returncode == 1
     lines = up.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], up.stderr
     assert submitted_jobs(slurm_cluster) == before
     assert not (tmp_path / "runs").exists()
+    assert cluster_run_folders(slurm_cluster) == folders

@@ -130,7 +130,7 @@ def parse_env(items: list[str], environ: Mapping[str, str] | None = None) -> tup
 def up_spec(values: dict[str, Any], where: UpOptions, given: tuple[str, ...] | list[str] = ()) -> RunSpec:
     """The validated RunSpec of `up`'s options (after where_options, which picked the provider); `given`: the names
     of the options the user set (typed or from --config), checked against `-- CMD`."""
-    from launcher.execute.this_machine.run import default_local_procs, default_python
+    from launcher.execute.this_machine.defaults import default_python
 
     if values["command"]:
         check_user_command(tuple(values["command"]), [flag_of(name) for name in given if name in TRAINER_ONLY])
@@ -147,10 +147,14 @@ def up_spec(values: dict[str, Any], where: UpOptions, given: tuple[str, ...] | l
         if values[name] is not None:
             trainer_args += [flag_of(name), str(values[name])]
     gpus = values["gpus"]
+    if gpus is None and not (where.hosts or where.vast):  # this machine's run: its GPUs (the local executor's)
+        from launcher.execute.this_machine.run import default_local_procs
+
+        gpus = default_local_procs()
     spec = RunSpec(
         run_id=new_run_id(values["name"], values["model"], values["dataset"], values["command"] or ()),
         **{name: values[name] for name in SPEC_OPTIONS},
-        nproc_per_node=gpus if gpus is not None else (1 if where.hosts or where.vast else default_local_procs()),
+        nproc_per_node=gpus if gpus is not None else 1,
         nnodes=where.vast.nodes if where.vast else where.slurm.nodes if where.slurm else max(1, len(where.hosts)),
         user_command=tuple(values["command"] or ()), trainer_args=tuple(trainer_args + list(values["trainer_arg"])),
         python=values["python"] if values["python"] is not None else default_python(

@@ -29,7 +29,7 @@ from launcher.cli.options import (
 )
 from launcher.errors import Interrupted, SpecError
 from launcher.execute.following.plain_progress import output_style, plain_output, stamp
-from launcher.execute.this_machine.run import default_python
+from launcher.execute.this_machine.defaults import default_python
 from launcher.places.registry import PLACES, place_named
 from launcher.results.sweep import (
     SCALE_LR_MODES,

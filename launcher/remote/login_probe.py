@@ -10,7 +10,6 @@ It writes nothing: `up --dry-run` is read-only, and the run itself makes the wor
 Whether the workdir can be made is asked of the deepest folder on its path that exists. Variables the login node
 does not set are named (`unset`): expanded, they would stay literal folder names."""
 
-import importlib.metadata
 import importlib.util
 import json
 import os
@@ -18,6 +17,7 @@ import re
 import shutil
 import sys
 import time
+from collections.abc import Iterable
 from typing import Any
 
 LIST_SECONDS = 20  # past this the cache is not listed here; shipping lists it itself
@@ -34,14 +34,32 @@ def login_facts(workdir_arg: str) -> "dict[str, Any]":
         out["unset"] = unset
     out.update(_can_make(workdir))
     # Found, not imported: importing torch takes seconds on a busy login node, and the nodes import it anyway.
-    if importlib.util.find_spec("torch") is None:
+    found = importlib.util.find_spec("torch")
+    if found is None:
         out["torch_error"] = "No module named 'torch'"
     else:
-        try:
-            out["torch"] = importlib.metadata.version("torch")
-        except importlib.metadata.PackageNotFoundError:
-            out["torch"] = "unknown version"
+        out["torch"] = _torch_version(found.submodule_search_locations)
     return out
+
+
+def _torch_version(folders: "Iterable[str] | None") -> str:
+    """torch's version as its own torch/version.py states it (`__version__ = '2.13.0+cpu'`, the string its
+    metadata holds too); its metadata only where that file does not say it: importing importlib.metadata and
+    scanning the path for distributions costs more than the rest of this probe, on the way to every submission."""
+    for folder in folders or ():
+        try:
+            with open(os.path.join(folder, "version.py"), encoding="utf-8") as source:
+                stated = re.search(r"""^__version__\s*(?::\s*str\s*)?=\s*['"]([^'"]+)['"]""", source.read(), re.M)
+        except OSError:
+            continue
+        if stated:
+            return stated.group(1)
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown version"
 
 
 def _can_make(workdir: str) -> "dict[str, Any]":

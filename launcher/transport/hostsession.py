@@ -61,12 +61,13 @@ class HostSession:
         self._conns = [self._connection(t) for t in targets]
 
     @classmethod
-    def open(cls, options: ConnectOptions) -> HostSession:
-        """Resolve every --host and connect to all of them in parallel (host keys verified)."""
+    def open(cls, options: ConnectOptions, *, sftp: bool = True) -> HostSession:
+        """Resolve every --host and connect to all of them in parallel (host keys verified). `sftp` False: SFTP is
+        left to the caller, which opens it beside its first commands (a Slurm login node's probe)."""
         targets = [resolve_target(h, options.ssh_config, options.identity_file) for h in options.hosts]
         session = cls(targets, options)
         try:
-            session.connect_all()
+            session.connect_all(sftp)
             session.check_distinct()
         except BaseException:
             session.close()
@@ -81,9 +82,10 @@ class HostSession:
         return Connection(target, known_hosts=self._known_hosts, accept_new_host_keys=self.options.accept_new_host_keys,
                           connect_timeout=self.options.connect_timeout, ssh_config=self.options.ssh_config)
 
-    def connect_all(self) -> None:
+    def connect_all(self, sftp: bool = True) -> None:
         # SFTP too: a host whose sshd lacks it is named now, before anything is written for the run.
-        outcomes = run_on_hosts(list(range(len(self._conns))), lambda i: self._conns[i].sftp,
+        outcomes = run_on_hosts(list(range(len(self._conns))),
+                                lambda i: self._conns[i].sftp if sftp else self._conns[i].transport,
                                 timeout=self.options.connect_timeout * 2 + 10, label=self.label_of)
         raise_for_errors(outcomes, "connect")
 

@@ -21,9 +21,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import pathspec
-
 from launcher.errors import SpecError
+from launcher.transport.pathspec_loader import pathspec
 from launcher.transport.pull import PullStats, pull_tree
 from launcher.transport.ssh import Connection
 from launcher.transport.state_files import state_note

@@ -25,10 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-import pathspec
-
 from launcher.errors import HostError
 from launcher.transport.digest import file_sha256
+from launcher.transport.pathspec_loader import pathspec
 from launcher.transport.prefetch_threads import quiet_prefetch_failures
 from launcher.transport.ssh import Connection
 from launcher.transport.sync import CHUNK, PART_MARK, RemoteEntry, part_name, remote_manifest

@@ -15,14 +15,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import pathspec
-
 from launcher.errors import DdpctlError, HostError
 from launcher.remote import tree_sync
 from launcher.remote.client_watch import GONE_STATUS
 from launcher.remote.program import program
 from launcher.transport.channel_output import CONNECTION_DROPPED
 from launcher.transport.digest import file_sha256
+from launcher.transport.pathspec_loader import pathspec
 from launcher.transport.ssh import Connection
 
 # Never shipped unless a .ddpctlignore line re-includes it (`!NAME`): caches, runs, and what holds credentials,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -59,12 +58,6 @@ def visible_device_count(value: str, present: int) -> int:
             break
         count += 1
     return count
-
-
-def default_python(here: bool) -> str:
-    """--python when none is given: here (a place whose run is this machine's), the interpreter running ddpctl (its
-    torch, whether or not its venv is activated); on hosts, their python3."""
-    return sys.executable if here else "python3"
 
 
 def default_local_procs() -> int:

@@ -91,9 +91,18 @@ class SlurmPlace:
                           "on SSH hosts; on the cluster, `scancel --signal=...` its job steps instead")
 
     def up(self, spec: RunSpec, options: UpOptions) -> UpResult:
-        from launcher.places.slurm.up import run_scheduled
+        login = None
+        if options.probe or not options.dry_run:  # the login node is asked: its handshake begins now
+            from launcher.places.slurm.login_session import LoginSession
 
-        return run_scheduled(spec, options)
+            login = LoginSession(options)
+        try:
+            from launcher.places.slurm.up import run_scheduled
+
+            return run_scheduled(spec, options, login=login)
+        finally:
+            if login is not None:  # closes it only where run_scheduled never took it (an error before)
+                login.abandon()
 
     def run_saved(self, plan: RunPlan, options: UpOptions) -> UpResult:
         raise SpecError("a Slurm job's saved plan is its batch script: run it with `ddpctl up --plan FILE`")

@@ -132,13 +132,15 @@ def probe_login(conn: Connection, python: str, workdir: str | None, prelude: tup
 def read_facts(conn: Connection, spec: RunSpec, request: SlurmRequest, code_cache: str | None = None) -> ClusterFacts:
     """Probe the cluster (read-only) and refuse, in one line each, what cannot run there. `code_cache`: the code
     cache under the workdir (`code/<key>`) the login probe lists too, for shipping to compare against."""
-    # Three channels of the one SSH connection at once: the login Python's answer, the partition (scontrol, then
-    # sinfo), Slurm's configuration; each a round trip that need not wait for another's.
-    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="ddpctl-login-probe") as pool:
+    # Four channels of the one SSH connection at once: the login Python's answer, the partition (scontrol, then
+    # sinfo), Slurm's configuration, and SFTP (which shipping and the pull use: a login node without it is named
+    # here, before anything is written); each a round trip that need not wait for another's.
+    with ThreadPoolExecutor(max_workers=3, thread_name_prefix="ddpctl-login-probe") as pool:
         asked = pool.submit(probe_login, conn, spec.python, request.workdir, request.prelude, code_cache)
         select = pool.submit(read_select_type, conn)
+        sftp = pool.submit(lambda: conn.sftp)
         partition = read_partition(conn, request.partition)
-        login, select_type = asked.result(), select.result()
+        login, select_type, _ = asked.result(), select.result(), sftp.result()
     facts = ClusterFacts(partition=partition, select_type=select_type, workdir=str(login["workdir"]),
                          python=str(login.get("python")), torch=login.get("torch"),  # type: ignore[arg-type]
                          code_listing=login.get("manifest"))

@@ -1,7 +1,9 @@
 """The files of a Slurm job's run folder, put on the shared file system in one SSH command before `sbatch`: the code
 copied from the workdir's cache, then one tar stream on the command's standard input holding the batch script and
 what it reads beside it (torchrun's attempt wrapper; --env's values, mode 0600; a `-- CMD` job's join hook;
-spawn.sh). Values arrive on standard input, never on a command line; one round trip, where a file each cost one."""
+spawn.sh). Values arrive on standard input, never on a command line; one round trip, where a file each cost one.
+The same command submits the script once it is in place (`place_and_submit`): the files and sbatch are one round
+trip, and a script Slurm refuses leaves no run folder behind."""
 
 from __future__ import annotations
 
@@ -15,12 +17,23 @@ from launcher.places.slurm.scheduler import SlurmSubmit
 from launcher.runtimes.join_files import HOOK_FILE, join_hook_source
 from launcher.spec.launchers import HOOK_DIR, MPIRUN_SCRIPT, SPAWN_SCRIPT
 from launcher.spec.torchrun import TORCHRUN_SOURCE
-from launcher.transport.ssh import Connection
+from launcher.transport.ssh import CommandResult, Connection
 
 # $1 the run's folder, $2 the code's cache, $3 where under code/ it goes. The tar is unpacked with umask 077, so no
 # file is readable by others at any moment (the archive's own modes are applied as it is unpacked).
 PLACE = ('mkdir -p "$1/code$3" && rm -rf "$1/code$3" && cp -R "$2" "$1/code$3" && '
          'umask 077 && tar -xf - -C "$1" --no-same-owner')
+# PLACE (in a subshell: sbatch hands its umask on to the job), then the rest of the arguments (sbatch's line). A
+# placement that fails exits PLACE_FAILED before anything is submitted; sbatch's refusal removes the run's folder
+# (nothing of the run stays on the cluster) and exits with sbatch's status, its reason on stderr.
+PLACE_FAILED = 90
+PLACE_AND_SUBMIT = ('run=$1\n'
+                    f'( {PLACE} ) || exit {PLACE_FAILED}\n'
+                    'shift 3\n'
+                    '"$@" && exit 0\n'
+                    'refused=$?\n'
+                    'rm -rf "$run"\n'
+                    'exit "$refused"')
 
 
 def job_files(request: SlurmSubmit) -> list[tuple[str, bytes, int]]:
@@ -54,10 +67,13 @@ def tar_of(files: list[tuple[str, bytes, int]]) -> bytes:
     return buffer.getvalue()
 
 
-def place_job_files(conn: Connection, request: SlurmSubmit, cache: str, dest: str) -> None:
-    """Copy the shipped code into the run's folder and write the job's files there, in one command."""
-    result = conn.run(["sh", "-c", PLACE, "ddpctl-place", request.remote_dir, cache, dest],
-                      stdin=tar_of(job_files(request)), timeout=300)
-    if not result.ok:
+def place_and_submit(conn: Connection, request: SlurmSubmit, cache: str, dest: str) -> CommandResult:
+    """Copy the shipped code into the run's folder, write the job's files there, then run its sbatch line, in one
+    command; sbatch's answer (ok: the job id on stdout). HostError when the files could not be written (nothing was
+    submitted)."""
+    result = conn.run(["sh", "-c", PLACE_AND_SUBMIT, "ddpctl-submit", request.remote_dir, cache, dest,
+                       *request.argv], stdin=tar_of(job_files(request)), timeout=300)
+    if result.exit_code == PLACE_FAILED:
         raise HostError(conn.label, f"could not write the job's files into {request.remote_dir}: "
                                     f"{result.stderr.strip()[:200]}")
+    return result

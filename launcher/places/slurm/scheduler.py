@@ -2,8 +2,9 @@
 phase from job_states.py).
 
 `submit_dryrun` probes the cluster read-only (partition, GPUs, MaxTime, workdir, torch; then `sbatch --test-only`
-with the very script) and builds the SlurmSubmit whose script `--dry-run` prints; `schedule` submits that file
-(written to the shared file system beforehand, byte for byte the same) with the same sbatch line."""
+with the very script) and builds the SlurmSubmit whose script `--dry-run` prints; the run
+writes that file to the shared file system, byte for byte the same, and submits it with the same sbatch line in the
+same command (job_files.py), whose answer `submitted_job_id` reads."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from launcher.places.slurm.batch_script import GPUS_PER_NODE, GRES, SlurmJob, ba
 from launcher.places.slurm.job_states import job_status
 from launcher.spec.run_spec import RunSpec
 from launcher.spec.slurm_request import SlurmRequest
-from launcher.transport.ssh import Connection
+from launcher.transport.ssh import CommandResult, Connection
 
 # Without a cluster to ask (--dry-run --no-probe): the run folder's place as the plan names it.
 UNPROBED_WORKDIR = "$HOME/.ddpctl/slurm"
@@ -114,18 +115,10 @@ class SlurmScheduler:
         default = cluster.default_gpus_note(spec, self.request, facts.partition)
         submit = SlurmSubmit(job, batch_script(job), facts.workdir, self.login,
                              warnings=warnings + ((default,) if default else ()), code_listing=facts.code_listing)
+        # Slurm's own word before anything is written or told (the run's folder, its shipping): sbatch's refusal
+        # in the submission itself would come after those, though it takes the files away (job_files.py).
         _test_only(conn, submit)
         return submit
-
-    def schedule(self, conn: Connection, request: SlurmSubmit) -> str:
-        """Submit the script already written at its path; the job id."""
-        result = conn.run(request.argv, timeout=cluster.QUERY_TIMEOUT)
-        if not result.ok:
-            raise HostError(conn.label, f"sbatch refused the job: {_last_line(result.stderr or result.stdout)}")
-        job_id = result.stdout.strip().split(";")[0]
-        if not job_id.isdigit():
-            raise HostError(conn.label, f"sbatch answered {result.stdout.strip()[:80]!r}, not a job id")
-        return job_id
 
     def describe(self, conn: Connection, job_id: str) -> JobStatus:
         """scontrol while Slurm remembers the job (MinJobAge), else sacct (accounting), else UNKNOWN."""
@@ -181,6 +174,16 @@ def _test_only(conn: Connection, submit: SlurmSubmit) -> None:
     result = conn.run(["sbatch", "--test-only"], stdin=submit.script.encode(), timeout=cluster.QUERY_TIMEOUT)
     if not result.ok:
         raise DdpctlError(f"Slurm refuses the job (sbatch --test-only): {_last_line(result.stderr or result.stdout)}")
+
+
+def submitted_job_id(label: str, result: CommandResult) -> str:
+    """The job id in `sbatch --parsable`'s answer (`ID` or `ID;CLUSTER`); Slurm's refusal in one line."""
+    if not result.ok:
+        raise DdpctlError(f"Slurm refuses the job (sbatch): {_last_line(result.stderr or result.stdout)}")
+    job_id = result.stdout.strip().split(";")[0]
+    if not job_id.isdigit():
+        raise HostError(label, f"sbatch answered {result.stdout.strip()[:80]!r}, not a job id")
+    return job_id
 
 
 def _last_line(text: str) -> str:

@@ -1,12 +1,13 @@
 """`up` through a batch scheduler (launcher/places/): the executor hands the run to the scheduler instead of
 starting torchrun on each host. Login node over SSH (host key verified) -> read-only probe and the exact request
 (`submit_dryrun`; `--dry-run` prints it) -> the run directory -> the code shipped once to the shared file system
-(incremental, verified) -> the request's script written there -> `schedule` -> follow the job (pending with its
-reason, running with the trainer's progress) -> pull every node's folder (verified) -> the end state, cost and
-failure (first failing rank) recorded."""
+(incremental, verified) -> the request's script written there and submitted, in one command -> follow the job
+(pending with its reason, running with the trainer's progress) -> pull every node's folder (verified) -> the end
+state, cost and failure (first failing rank) recorded."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import asdict
@@ -21,11 +22,11 @@ from launcher.execute.ship.contents import trainer_source_dir
 from launcher.execute.ship.to_hosts import _cache_key, probed_listing
 from launcher.places.batch_job import JobStatus
 from launcher.places.slurm import requeue_chain
-from launcher.places.slurm.job_files import place_job_files
+from launcher.places.slurm.job_files import place_and_submit
 from launcher.places.slurm.job_states import PENDING, RUNNING
 from launcher.places.slurm.rank0_output import Rank0Output
 from launcher.places.slurm.saved_plan import MAKE_ONE, plan_json
-from launcher.places.slurm.scheduler import SlurmScheduler, SlurmSubmit
+from launcher.places.slurm.scheduler import SlurmScheduler, SlurmSubmit, submitted_job_id
 from launcher.planning.request import UpOptions, UpResult
 from launcher.remote import shell_text
 from launcher.results.progress import console
@@ -39,6 +40,7 @@ from launcher.transport.sync import ship_tree
 
 if TYPE_CHECKING:
     from launcher.places.slurm.job_output import OomKill
+    from launcher.places.slurm.login_session import LoginSession
 
 # What is needed only once the job is submitted (its end, its pull, its failure) is imported there, not on the way
 # to sbatch: the time from the command to the job's first step is the time ddpctl is measured by
@@ -54,16 +56,20 @@ def scheduler_for(options: UpOptions) -> SlurmScheduler:
     return SlurmScheduler(options.slurm, options.hosts[0].label)
 
 
-def run_scheduled(spec: RunSpec, options: UpOptions, saved_script: str | None = None) -> UpResult:
+def run_scheduled(spec: RunSpec, options: UpOptions, saved_script: str | None = None,
+                  login: LoginSession | None = None) -> UpResult:
     """Submit the run to the scheduler and (unless --detach) follow it to its end state, then pull. `saved_script`:
-    the batch script of a saved plan (`up --plan`), which the cluster must give again to be submitted."""
+    the batch script of a saved plan (`up --plan`), which the cluster must give again to be submitted. `login`: the
+    session to the login node, already being opened (else it is opened here)."""
     scheduler = scheduler_for(options)
     if options.dry_run and not options.probe:
+        assert login is None, "a dry run without probing asks nothing of the login node"
         unprobed = scheduler.submit_dryrun(spec, None)
         _print_request(unprobed, options)
         return UpResult(None, 0, None, scheduled_plan=plan_json(spec, scheduler.request, scheduler.login,
                                                                  unprobed.to_json()))
-    with HostSession.open(options) as session:
+    # SFTP opens beside the probe (cluster.read_facts)
+    with login.session() if login is not None else HostSession.open(options, sftp=False) as session:
         conn = session.conn(0)
         # Refusals (one line) come before anything is written; the probe lists the code cache for shipping too.
         request = scheduler.submit_dryrun(spec, conn, f"code/{_cache_key(code_source(spec))}")
@@ -80,12 +86,15 @@ def run_scheduled(spec: RunSpec, options: UpOptions, saved_script: str | None = 
                   "ssh": session.settings_json(), "slurm": {"login": request.login, "remote_dir": request.remote_dir,
                                                      **({"max_requeues": request.job.request.max_requeues}
                                                         if request.job.request.requeue else {})}}
+        runs_dir_made = not options.runs_dir.exists()
         run_dir = RunDir.create(options.runs_dir, spec, fields)
         write_json_atomic(run_dir.path / REQUEST_FILE, request.to_json())
-        with interruption_before_submit(run_dir):
-            write_script(conn, request, run_dir, ship_code(conn, spec, request, run_dir))
-            interruption.defer_signals()  # a job is never submitted without its id being recorded
-            job_id = scheduler.schedule(conn, request)
+        with interruption_before_submit(run_dir, runs_dir_made):
+            shipped = ship_code(conn, spec, request, run_dir)
+            write_bytes_atomic(run_dir.path / "job.sbatch", request.script.encode())
+            # A job is never submitted without its id being recorded; its files are placed in the same command.
+            interruption.defer_signals()
+            job_id = submitted_job_id(conn.label, place_and_submit(conn, request, *shipped))
             run_dir.update_record(slurm={**run_dir.record()["slurm"], "job_id": job_id})
             run_dir.event("submitted", job_id=job_id, sbatch=request.argv)
         console.print(f"submitted job {job_id} ({spec.nnodes} node(s) x {spec.nproc_per_node}) from {request.login}; "
@@ -112,10 +121,12 @@ def run_scheduled(spec: RunSpec, options: UpOptions, saved_script: str | None = 
 
 
 class interruption_before_submit:
-    """Ctrl-C before the job is submitted: nothing runs on the cluster; the run directory is removed."""
+    """Ctrl-C (or sbatch's refusal) before the job is submitted: nothing runs on the cluster; the run directory is
+    removed, and the runs folder too where this run made it and nothing else is in it."""
 
-    def __init__(self, run_dir: RunDir) -> None:
+    def __init__(self, run_dir: RunDir, runs_dir_made: bool = False) -> None:
         self.run_dir = run_dir
+        self.runs_dir_made = runs_dir_made
 
     def __enter__(self) -> None:
         return None
@@ -125,6 +136,9 @@ class interruption_before_submit:
             import shutil
 
             shutil.rmtree(self.run_dir.path, ignore_errors=True)
+            if self.runs_dir_made:
+                with contextlib.suppress(OSError):  # not empty: another run's, kept
+                    self.run_dir.path.parent.rmdir()
             if interruption.interrupted_by(exc):
                 raise Interrupted(f"interrupted by {interruption.last_cause()} before the job was submitted: "
                                   "nothing was submitted") from None
@@ -160,13 +174,6 @@ def ship_code(conn: Connection, spec: RunSpec, request: SlurmSubmit, run_dir: Ru
     stats = ship_tree(conn, source, cache, python=spec.python, listed=listed)
     run_dir.event("shipped", node=0, **asdict(stats))
     return cache, dest
-
-
-def write_script(conn: Connection, request: SlurmSubmit, run_dir: RunDir, code: tuple[str, str]) -> None:
-    """The code, the batch script and the files it reads beside it into the run's folder on the shared file system
-    (launcher/places/slurm/job_files.py: one command); the script in the run directory too."""
-    place_job_files(conn, request, *code)
-    write_bytes_atomic(run_dir.path / "job.sbatch", request.script.encode())
 
 
 def follow_job(scheduler: SlurmScheduler, conn: Connection, run_dir: RunDir, job_id: str,
