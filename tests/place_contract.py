@@ -87,13 +87,10 @@ class Said:
     stall_runs: bool = True  # False: the place refuses --stall-timeout (`stall` is that refusal)
 
 
-# A Slurm job's state is Slurm's word; `down` cancels the job; the batch script decides when the job ends.
-SLURM_SAYS = Said(running="RUNNING", stopped="cancelled job ", stall_runs=False,
-                  stall="--stall-timeout has no effect on a Slurm job (the batch script decides): it is for runs on "
-                        "--host or --provider vast; drop it")
+# A Slurm job's state is Slurm's word; `down` cancels the job.
+SLURM_SAYS = Said(running="RUNNING", stopped="cancelled job ")
 # Vast.ai's `down` gives the machines back once the results are verified; nothing is left to pull from.
 VAST_SAYS = Said(stopped="run {run_id}: machines destroyed (verified)",
-                 stall="error: stopped: --stall-timeout: no training step for {seconds:g} s",
                  pull="error: the rented machines of run {run_id} were destroyed; what was pulled is in {run_path}",
                  pull_again="error: the rented machines of run {run_id} were destroyed; what was pulled is in "
                             "{run_path}")

@@ -26,8 +26,7 @@ SLURM_ONLY = ("partition", "time", "account", "qos", "constraint", "workdir", "s
               "max_requeues")
 # What the scheduler decides on a Slurm cluster (the job's nodes, its rendezvous, how it is followed), and what
 # only a rented machine has.
-NOT_SLURM = ("runtime", "image", "registry", "rdzv_addr", "rdzv_port", "allow_public_rendezvous", "stall_timeout",
-             "outputs")
+NOT_SLURM = ("runtime", "image", "registry", "rdzv_addr", "rdzv_port", "allow_public_rendezvous", "outputs")
 
 
 def _job() -> SlurmRun:

@@ -13,7 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from launcher.errors import DdpctlError, Interrupted, PlanError
+from launcher.errors import DdpctlError, Interrupted, PlanError, RunStopRequested
 from launcher.execute.following import interruption
 from launcher.execute.following.plain_progress import plain_output, run_progress
 from launcher.execute.pull_record import pull_lock, write_pull_record
@@ -39,6 +39,7 @@ from launcher.transport.sync import ship_tree
 
 if TYPE_CHECKING:
     from launcher.places.slurm.job_output import OomKill
+    from launcher.places.slurm.job_stall import JobStallWatch
 
 # What is needed only once the job is submitted (its end, its pull, its failure) is imported there, not on the way
 # to sbatch: the time from the command to the job's first step is the time ddpctl is measured by
@@ -96,8 +97,11 @@ def run_scheduled(spec: RunSpec, options: UpOptions, saved_script: str | None = 
             return UpResult(run_dir.path, 0, None)
         try:
             interruption.act_on_deferred()
-            status = follow_job(scheduler, conn, run_dir, job_id, show_progress=options.show_progress)
+            status = follow_job(scheduler, conn, run_dir, job_id, show_progress=options.show_progress,
+                                stall_timeout=options.stall_timeout)
         except BaseException as stop:
+            if isinstance(stop, RunStopRequested):  # --stall-timeout (launcher/places/slurm/job_stall.py)
+                raise stalled_job_stopped(scheduler, conn, run_dir, job_id, stop) from None
             if not interruption.interrupted_by(stop):
                 raise
             outcome = interruption.stop_and_pull(run_dir, lambda: cancel_and_wait(scheduler, conn, job_id),
@@ -170,18 +174,24 @@ def write_script(conn: Connection, request: SlurmSubmit, run_dir: RunDir, code: 
 
 
 def follow_job(scheduler: SlurmScheduler, conn: Connection, run_dir: RunDir, job_id: str,
-               show_progress: bool = True) -> JobStatus:
+               show_progress: bool = True, stall_timeout: float = 0.0) -> JobStatus:
     """Poll until the job ends: say when it waits (Slurm's reason, time waited), starts, and how training goes,
-    with rank 0's own output live under it (launcher/places/slurm/rank0_output.py)."""
+    with rank 0's own output live under it (launcher/places/slurm/rank0_output.py). `stall_timeout`: raise
+    RunStopRequested once the running job made no training step for that many seconds (0: never)."""
+    from launcher.places.slurm.job_stall import JobStallWatch, node_records
+
     remote_dir = run_dir.record()["slurm"]["remote_dir"]
     spec = run_dir.spec()
     display = run_progress([f"job {job_id}"] * spec.nnodes, enabled=show_progress)
+    stall = (JobStallWatch(run_dir, stall_timeout, spec.nnodes, lambda: node_records(conn, run_dir, remote_dir))
+             if stall_timeout else None)
     with display:
-        return _poll_job(scheduler, conn, run_dir, job_id, show_progress, Rank0Output(spec, remote_dir, display))
+        return _poll_job(scheduler, conn, run_dir, job_id, show_progress, Rank0Output(spec, remote_dir, display),
+                         stall)
 
 
 def _poll_job(scheduler: SlurmScheduler, conn: Connection, run_dir: RunDir, job_id: str, show_progress: bool,
-              rank0: Rank0Output) -> JobStatus:
+              rank0: Rank0Output, stall: JobStallWatch | None = None) -> JobStatus:
     submitted, said, last_said_at = time.time(), "", 0.0
     remote_dir = run_dir.record()["slurm"]["remote_dir"]
     most = requeue_chain.max_requeues(run_dir)
@@ -198,6 +208,8 @@ def _poll_job(scheduler: SlurmScheduler, conn: Connection, run_dir: RunDir, job_
                 if show_progress and not plain_output():  # plain output tells the event itself
                     console.print(requeued, markup=False, highlight=False)
                 submitted = time.time()  # the next allocation's wait starts now
+        if stall is not None:  # PENDING never counts (launcher/places/slurm/job_stall.py)
+            stall.check(status.state, time.monotonic())
         allocation = chain.allocation(status) if chain is not None else ""
         if status.state == PENDING:
             line = (f"job {job_id}{allocation} pending: "
@@ -232,6 +244,19 @@ def _progress_text(conn: Connection, remote_dir: str) -> str:
         return ""
     p = max(records, key=lambda r: r.get("time") or 0)
     return f": epoch {p.get('epoch')}/{p.get('epochs')}, step {p.get('step')}/{p.get('steps_per_epoch')}"
+
+
+def stalled_job_stopped(scheduler: SlurmScheduler, conn: Connection, run_dir: RunDir, job_id: str,
+                        stop: RunStopRequested) -> RunStopRequested:
+    """A job stopped for --stall-timeout: cancelled, pulled and its end recorded as `down` does; the error."""
+    from launcher.places.slurm.job_stall import stop_stalled_job
+
+    error = stop_stalled_job(run_dir, stop, lambda: cancel_and_wait(scheduler, conn, job_id),
+                             lambda: pull_job(conn, run_dir))
+    status = scheduler.describe(conn, job_id)
+    if status.finished:
+        finish_job(run_dir, status, scheduler.allocation_spans(conn, job_id))
+    return error
 
 
 def cancel_and_wait(scheduler: SlurmScheduler, conn: Connection, job_id: str, timeout: float = 120) -> None:
