@@ -106,7 +106,8 @@ def test_a_slurm_job_keeps_the_contract(slurm_cluster: SlurmCluster, tmp_path: P
     run_dir = keeps_the_contract("slurm", tmp_path, capsys, slurm_cluster.bed,
                                  hosts=(parse_host(slurm_cluster.login.spec),), extra=requests, said=SLURM_SAYS,
                                  left_in=lambda run: [Path(run.record()["slurm"]["remote_dir"])],
-                                 stall_args=("--provider", "slurm", "--host", slurm_cluster.login.spec, "--partition",
+                                 stall_args=("--provider", "slurm", "--host", slurm_cluster.login.spec, "-i",
+                                             slurm_cluster.bed.client_key_path, "--gpus", "1", "--partition",
                                              slurm_cluster.partition, "--time", "10"))
     job = str(run_dir.record()["slurm"]["job_id"])
     assert job not in slurm_cluster.slurm("squeue", "-h", "-o", "%i").stdout.split()  # nothing left queued

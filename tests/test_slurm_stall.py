@@ -97,3 +97,22 @@ def test_a_finished_training_record_is_not_a_stall(run_dir: RunDir) -> None:
     nodes.records[0] = {**record(10), "state": "done"}
     watch.check("RUNNING", 0.0)
     assert watch.check("RUNNING", 10 * TIMEOUT) is None  # the job is ending (the pull, the summary), not hung
+
+
+def test_an_incomplete_pull_of_a_job_names_the_jobs_folder_on_the_cluster(tmp_path: Path) -> None:
+    """What a pull could not bring back stays in the job's folder on the shared file system, which the line names
+    (not the hosts' ~/.ddpctl/runs/, where a Slurm job writes nothing)."""
+    from launcher.execute.pull_record import incomplete_pull_line, write_pull_record
+    from launcher.places.registry import PLACES
+    from launcher.transport.pull import CHANGED
+
+    folder = "/home/u/.ddpctl/slurm/runs/job-1"
+    record = {"provider": "slurm", "slurm": {"remote_dir": folder, "job_id": "7"}}
+    write_pull_record(tmp_path, ["node 0"], [{"not_pulled": (("torchrun.out", CHANGED),), "verified": 3}], [None])
+    words = PLACES["slurm"].not_pulled_after_down
+    line = incomplete_pull_line(tmp_path, record, down_words=words)
+    assert line is not None and line.startswith(f"pull incomplete, 1 file not pulled: node 0 'torchrun.out': {CHANGED}")
+    assert line.endswith(f"pulls it again; until then it stays on the cluster, in {folder}/"), line
+    after = incomplete_pull_line(tmp_path, record, after_down=True, down_words=words)
+    assert after is not None and after.endswith(f"; what was not pulled stays on the cluster, in {folder}/"), after
+    assert ".ddpctl/runs/" not in line + after

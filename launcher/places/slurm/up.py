@@ -33,7 +33,7 @@ from launcher.results.rundir import RunDir, primary_node_out, read_json, write_b
 from launcher.spec.run_spec import RunSpec
 from launcher.transport import outputs
 from launcher.transport.hostsession import HostSession, target_to_json
-from launcher.transport.pull import pull_tree
+from launcher.transport.pull import CHANGED, pull_tree
 from launcher.transport.ssh import Connection
 from launcher.transport.sync import ship_tree
 
@@ -272,7 +272,7 @@ def cancel_and_wait(scheduler: SlurmScheduler, conn: Connection, job_id: str, ti
 def pull_job(conn: Connection, run_dir: RunDir) -> list[dict[str, Any]]:
     """Every node's folder (out/, logs/, torchrun.out, exit_code) into nodes/<k>/ and the job's own output to
     the top, each file verified; then rank 0's node's records to the top, as after a host run."""
-    from launcher.execute.hosts.run import PULLED, TOP_LEVEL_FILES
+    from launcher.execute.hosts.run import PULL_ATTEMPTS, PULLED, TOP_LEVEL_FILES
 
     spec, record = run_dir.spec(), run_dir.record()
     remote_dir = record["slurm"]["remote_dir"]
@@ -282,11 +282,16 @@ def pull_job(conn: Connection, run_dir: RunDir) -> list[dict[str, Any]]:
         for node in range(spec.nnodes):
             workspace = f"{remote_dir}/nodes/{node}"
             local = run_dir.path / "nodes" / str(node)
-            pulled = pull_tree(conn, workspace, local, include=PULLED, missing_ok=True, python=spec.python)
-            merged = asdict(pulled)
-            if shipped is not None:
-                written = outputs.pull_workdir(conn, workspace, local, shipped, patterns, spec.python)
-                merged = outputs.merged_stats(pulled, written)
+            # A running job rewrites progress.json and its logs: a file caught mid-change is fetched again (what
+            # was verified is not), a few times, then named, as on hosts (launcher/execute/hosts/run.py: pull_run).
+            for _attempt in range(PULL_ATTEMPTS):
+                pulled = pull_tree(conn, workspace, local, include=PULLED, missing_ok=True, python=spec.python)
+                merged = asdict(pulled)
+                if shipped is not None:
+                    written = outputs.pull_workdir(conn, workspace, local, shipped, patterns, spec.python)
+                    merged = outputs.merged_stats(pulled, written)
+                if all(why != CHANGED for _path, why in merged["not_pulled"]):
+                    break
             stats.append(merged)
             run_dir.event("pulled", node=node, **merged)
         write_pull_record(run_dir.path, [f"node {k}" for k in range(spec.nnodes)], list(stats), [None] * len(stats))
