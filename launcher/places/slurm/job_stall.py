@@ -2,7 +2,7 @@
 (launcher/execute/following/stall_watch.py), fed from what Slurm's `status` reads.
 
 While the job RUNS, each poll reads every node's progress record from the shared file system (and, for a script,
-rank 0's progress from the end of its output), as `ddpctl status` does (recorded_job.node_states/script_progress);
+rank 0's progress from the end of its output), as `ddpctl status` does (node_progress.py);
 the record that changed last is the clock. A job that is PENDING (waiting for resources, or requeued and waiting
 again) is not hung: nothing counts while it waits, and the records seen before are forgotten, so the job's next
 start is start-up again. As on hosts, a run with no progress record yet is never counted as stalled (start-up,
@@ -19,6 +19,7 @@ from launcher.errors import RunStopRequested
 from launcher.execute.following import interruption
 from launcher.execute.following.stall_watch import StallWatch
 from launcher.places.slurm.job_states import RUNNING
+from launcher.places.slurm.node_progress import node_states, script_progress
 from launcher.results.progress import FreshestProgress
 from launcher.results.rundir import RunDir
 
@@ -49,8 +50,6 @@ class JobStallWatch:
 
 def node_records(conn: Any, run_dir: RunDir, remote_dir: str) -> list[dict[str, Any]]:
     """Every node's progress record, read as `ddpctl status` reads a Slurm job's (one or two login-node commands)."""
-    from launcher.places.slurm.recorded_job import node_states, script_progress
-
     nodes = node_states(conn, remote_dir, run_dir.spec().nnodes)
     return [progress for _, progress, _ in script_progress(conn, run_dir, remote_dir, nodes)]
 
