@@ -1,11 +1,12 @@
 """The contract every place keeps, asked as a user asks it: `up --detach` of a `-- python script.py` run (the place's
 own `up`), then the commands themselves (launcher/cli/app.py's main, in this process; `logs -f` in a process of its
-own): `status` shows every node running with the epoch, loss and restarts the script's progress lines give;
-`logs --rank R` shows each rank's lines, the `--env` value and the world it joined among them; `logs -f` follows
-rank 0 and ends by itself when `down` stops the run and pulls what it wrote; `pull` then brings back a pulled file
-lost here, and a second `pull` moves nothing and says so; the summary's world size is the one the ranks joined
-(measured, not planned), and `report` has the run's row. A second, short followed run beside it, which stops making
-progress, is ended by `--stall-timeout` and says so. Nothing of either run is left.
+own): `status` shows every node running with the epoch, loss and restarts the script's progress lines give (and
+`ps`, torchrun's wrapper as a file it runs, not its source); `logs --rank R` shows each rank's lines, the `--env`
+value and the world it joined among them; `logs -f` follows rank 0 and ends by itself when `down` stops the run and
+pulls what it wrote; `pull` then brings back a pulled file lost here, and a second `pull` moves nothing and says so;
+the summary's world size is the one the ranks joined (measured, not planned), and `report` has the run's row. A
+second, short followed run beside it, which stops making progress, is ended by `--stall-timeout` and says so.
+Nothing of either run is left.
 
 tests/test_place_registry.py runs it on a toy place, this machine, two SSH hosts and the test Slurm cluster;
 tests/test_remote_docker.py on two SSH hosts with the Docker runtime; tests/test_vast_up.py on a machine rented from
@@ -34,6 +35,7 @@ from launcher.planning.request import UpOptions
 from launcher.results.rundir import RunDir
 from launcher.spec.hosts import HostSpec, parse_host
 from launcher.spec.run_spec import RunSpec, new_run_id
+from launcher.spec.torchrun import TORCHRUN_SOURCE
 from tests.cli_in_process import ddpctl_in_process
 from tests.cli_runner import ddpctl_argv, ddpctl_env
 from tests.faults.fault_support import wait_for
@@ -87,13 +89,10 @@ class Said:
     stall_runs: bool = True  # False: the place refuses --stall-timeout (`stall` is that refusal)
 
 
-# A Slurm job's state is Slurm's word; `down` cancels the job; the batch script decides when the job ends.
-SLURM_SAYS = Said(running="RUNNING", stopped="cancelled job ", stall_runs=False,
-                  stall="--stall-timeout has no effect on a Slurm job (the batch script decides): it is for runs on "
-                        "--host or --provider vast; drop it")
+# A Slurm job's state is Slurm's word; `down` cancels the job.
+SLURM_SAYS = Said(running="RUNNING", stopped="cancelled job ")
 # Vast.ai's `down` gives the machines back once the results are verified; nothing is left to pull from.
 VAST_SAYS = Said(stopped="run {run_id}: machines destroyed (verified)",
-                 stall="error: stopped: --stall-timeout: no training step for {seconds:g} s",
                  pull="error: the rented machines of run {run_id} were destroyed; what was pulled is in {run_path}",
                  pull_again="error: the rented machines of run {run_id} were destroyed; what was pulled is in "
                             "{run_path}")
@@ -177,6 +176,7 @@ def keeps_the_contract(name: str, folder: Path, capsys: pytest.CaptureFixture[st
         assert [row["node"] for row in rows] == list(range(nnodes))
         (lead,) = [row for row in rows if row["epoch"]]  # rank 0's node: the script prints its progress there
         assert lead["epochs"] == 600 and 0 < lead["loss"] < 2 and [r["restarts"] for r in rows] == [0] * nnodes
+        shows_no_wrapper_source(where)
         for rank in range(world):  # each rank's own lines, the --env value and the world it joined among them
             lines = cli("logs", run, "--rank", str(rank), "-n", "1000").stdout
             assert f"contract rank {rank} of world {world}: {ENV_NAME}={ENV_VALUE}\n" in lines, lines
@@ -263,6 +263,21 @@ class Stalls:
         assert "stop_requested" in [e["event"] for e in run_dir.events()]  # recorded as stopped for the stall
         wait_for("nothing of the stalled run left", lambda: not any(processes_of(p) for p in self.places),
                  timeout=10)
+
+
+def shows_no_wrapper_source(where: list[Path]) -> None:
+    """`ps` of the run's processes (those naming its folders, as they train) shows torchrun's wrapper as a file it
+    runs, never its source given to `python -c` (launcher/spec/attempt_logs.py's text, kilobytes of it)."""
+    source = TORCHRUN_SOURCE.encode()[:200]
+    pids = {pid for p in where for pid in processes_of(p)}
+    assert pids, f"no process names {where} while the run trains"
+    shown = {}
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            shown[pid] = Path(f"/proc/{pid}/cmdline").read_bytes()
+    assert shown, f"no command line of the run's processes {sorted(pids)} could be read"
+    with_source = {pid: line.replace(b"\0", b" ")[:200] for pid, line in shown.items() if source in line}
+    assert not with_source, with_source
 
 
 def _places_of(run_dir: RunDir, bed: Testbed | None, left_in: Callable[[RunDir], list[Path]] | None) -> list[Path]:

@@ -57,8 +57,8 @@ def test_up_help_all_shows_every_option() -> None:
     (["--disk", "5"], "--disk is for --provider vast only"),
     (["--rdzv-port", "29555"], "it is for runs on --host or --provider vast; drop it"),
     (["--rdzv-port", "29555", "--no-probe"], "they are for runs on --host or --provider vast; drop them"),
-    (["--provider", "slurm", "--host", "login", "--stall-timeout", "5"],
-     "--stall-timeout has no effect on a Slurm job (the batch script decides): it is for runs on --host or "
+    (["--provider", "slurm", "--host", "login", "--rdzv-port", "29555"],
+     "--rdzv-port has no effect on a Slurm job (the batch script decides): it is for runs on --host or "
      "--provider vast; drop it"),
     (["--provider", "slurm", "--host", "login", "--disk", "5", "--max-price", "1"],
      "--max-price and --disk have no effect on a Slurm job (the batch script decides): they are for --provider "

@@ -99,14 +99,23 @@ def test_an_unknown_place_is_one_line_naming_the_places() -> None:
 @needs_slurm
 def test_a_slurm_job_keeps_the_contract(slurm_cluster: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                         capsys: pytest.CaptureFixture[str]) -> None:
-    """On the test cluster (the Slurm tests' own, made once per session): the same contract, in Slurm's words."""
+    """On the test cluster (the Slurm tests' own, made once per session): the same contract, in Slurm's words; and
+    what `down` of the running job left in Slurm and in run.json (cancelled while it ran, its end the failure)."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("DDPCTL_KNOWN_HOSTS", str(slurm_cluster.bed.known_hosts_path))
     requests = place_named("slurm").requests({"nodes": 1, "partition": slurm_cluster.partition, "time": "10"})
     run_dir = keeps_the_contract("slurm", tmp_path, capsys, slurm_cluster.bed,
                                  hosts=(parse_host(slurm_cluster.login.spec),), extra=requests, said=SLURM_SAYS,
                                  left_in=lambda run: [Path(run.record()["slurm"]["remote_dir"])],
-                                 stall_args=("--provider", "slurm", "--host", slurm_cluster.login.spec, "--partition",
+                                 stall_args=("--provider", "slurm", "--host", slurm_cluster.login.spec, "-i",
+                                             slurm_cluster.bed.client_key_path, "--gpus", "1", "--partition",
                                              slurm_cluster.partition, "--time", "10"))
-    job = str(run_dir.record()["slurm"]["job_id"])
+    record = run_dir.record()
+    job = str(record["slurm"]["job_id"])
     assert job not in slurm_cluster.slurm("squeue", "-h", "-o", "%i").stdout.split()  # nothing left queued
+    assert "JobState=CANCELLED" in slurm_cluster.slurm("scontrol", "show", "job", job).stdout
+    cancels = [e for e in run_dir.events() if e.get("event") == "cancel_requested"]
+    assert [(e["job_id"], e["state"]) for e in cancels] == [(job, "RUNNING")]  # `down` cancelled it while it ran
+    assert record["slurm"]["end"].startswith(f"job {job} CANCELLED")
+    assert record["failure"]["slurm_state"] == "CANCELLED"
+    assert record["failure"]["summary"].startswith(f"job {job} CANCELLED")

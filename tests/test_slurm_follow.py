@@ -1,6 +1,6 @@
 """Following a Slurm job on the real test cluster (a held job's reason and its release: test_slurm_end_states.py):
-a detached job is followed with `status`, `logs -f` and `pull` from another directory; `down` of a
-running job cancels it, pulls what it wrote and states how it ended."""
+a detached job is followed with `status`, `logs -f` and `pull` from another directory. (`down` of a running job:
+tests/place_contract.py through tests/test_place_registry.py, which also checks what Slurm and run.json keep.)"""
 
 from __future__ import annotations
 
@@ -60,25 +60,6 @@ def test_detached_job_is_followed_from_another_directory(slurm_cluster: SlurmClu
     record = json.loads((run / "run.json").read_text())
     assert record["slurm"]["end"].startswith(f"job {job} COMPLETED") and "failure" not in record
     assert not (elsewhere / "runs").exists()
-
-
-def test_down_of_a_running_job_cancels_pulls_and_states_it(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
-    up = run_ddpctl(slurm_cluster.bed, *up_argv(slurm_cluster, "--epochs", "200", "--detach"), cwd=tmp_path)
-    assert up.returncode == 0, up.stderr
-    run = only_run(tmp_path / "runs")
-    job = json.loads((run / "run.json").read_text())["slurm"]["job_id"]
-    deadline = time.monotonic() + 120  # until training has written a snapshot on the shared file system
-    while not list(Path(slurm_cluster.login.home).glob(f".ddpctl/slurm/runs/{run.name}/nodes/*/out/snapshots/*.pt")):
-        assert time.monotonic() < deadline, slurm_cluster.slurm("scontrol", "show", "job", job).stdout
-        time.sleep(1)
-    down = run_ddpctl(slurm_cluster.bed, "down", str(run), cwd=tmp_path, timeout=180)
-    assert down.returncode == 0, down.stderr
-    assert f"cancelled job {job} (it was running); what it wrote was pulled to {run}" in down.stderr
-    assert f"job {job} CANCELLED" in down.stderr
-    assert "JobState=CANCELLED" in slurm_cluster.slurm("scontrol", "show", "job", job).stdout
-    assert list(run.glob("nodes/*/out/snapshots/snapshot-epoch-*.pt"))  # what it wrote came back
-    failure = json.loads((run / "run.json").read_text())["failure"]
-    assert failure["slurm_state"] == "CANCELLED" and failure["summary"].startswith(f"job {job} CANCELLED")
 
 
 def test_a_slurmd_killed_mid_run_ends_the_job_as_node_fail_with_what_was_pulled(slurm_cluster: SlurmCluster,

@@ -18,6 +18,7 @@ import pytest
 
 from infra.testbed import Testbed, cleanup_stale
 from infra.vast_standin import VastStandIn, make_offer
+from launcher.results.rundir import RunDir
 from tests.testbed_fixtures import needs_testbed
 
 pytestmark = [needs_testbed, pytest.mark.testbed]
@@ -412,6 +413,15 @@ def test_a_rented_run_keeps_the_places_contract(standin: VastStandIn, tmp_path: 
     values = {option.name: option.default for block in LAUNCH_BLOCKS for option in block}
     rent = place_named("vast").requests({**values, "nodes": 1, "disk": DISK})
     keeps_the_contract("vast", tmp_path, capsys, extra={**rent, "image": IMAGE}, said=VAST_SAYS,
+                       left_in=rented_workspaces,
                        stall_args=("--provider", "vast", "--gpus", "1", "--gpu-name", "RTX 3080", "--disk", str(DISK),
                                    "--image", IMAGE))
     assert standin.live_instances() == []  # nothing rented any more
+
+
+def rented_workspaces(run_dir: RunDir) -> list[Path]:
+    """Where a rented machine's processes of the run name it: its workspace (`~/.ddpctl/runs/RUN`, whatever the
+    machine's home), as a path's tail that any absolute spelling of it holds."""
+    from launcher.execute.hosts.node_stops import node_workspaces
+
+    return [Path(workspace.removeprefix("~/")) for workspace in node_workspaces(run_dir)]

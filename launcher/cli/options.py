@@ -90,8 +90,9 @@ WHERE_OPTIONS = (
         optional=True),
     opt("allow_public_rendezvous", bool, False, "Allow node 0's rendezvous on a public address (only behind a "
         "firewall: it is unauthenticated).", HOSTS),
-    opt("stall_timeout", float, 0.0, "Stop the run (on hosts: every node, then pull) when no training step was seen "
-        "for this many seconds (a hung collective); 0: no stop, a node without a step is only named, after 5x its "
+    opt("stall_timeout", float, 0.0, "Stop the run (on hosts: every node, then pull; on Slurm: scancel the job, "
+        "then pull) when no training step was seen for this many seconds (a hung collective; a job waiting in "
+        "Slurm's queue never counts); 0: no stop, a node without a step is only named, after 5x its "
         "slowest step interval (at least 60 s; 300 s before the first step).", HOSTS),
 )
 

@@ -1,7 +1,7 @@
 # shellcheck shell=sh
-# Runs on a Slurm login node for `status` of a recorded run (launcher/places/slurm/recorded_job.py): each node's exit
-# status, its attempts (the newest tells the restarts) and progress record, from the shared file system. $1 the
-# run's folder, $2 nodes. Prints `NODE k|EXIT|ATTEMPTS` (EXIT empty while it runs; ATTEMPTS the suffixes of its
+# Runs on a Slurm login node for `status` and `up --stall-timeout` (launcher/places/slurm/node_progress.py): each
+# node's exit status, its attempts (the newest tells the restarts) and progress record, from the shared file
+# system. $1 the run's folder, $2 nodes. Prints `NODE k|EXIT|ATTEMPTS` (EXIT empty while it runs; ATTEMPTS the suffixes of its
 # attempt folders, space-separated, none before its workers start) then the progress record, per node.
 k=0
 while [ "$k" -lt "$2" ]; do

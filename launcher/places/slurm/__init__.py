@@ -26,8 +26,7 @@ SLURM_ONLY = ("partition", "time", "account", "qos", "constraint", "workdir", "s
               "max_requeues")
 # What the scheduler decides on a Slurm cluster (the job's nodes, its rendezvous, how it is followed), and what
 # only a rented machine has.
-NOT_SLURM = ("runtime", "image", "registry", "rdzv_addr", "rdzv_port", "allow_public_rendezvous", "stall_timeout",
-             "outputs")
+NOT_SLURM = ("runtime", "image", "registry", "rdzv_addr", "rdzv_port", "allow_public_rendezvous", "outputs")
 
 
 def _job() -> SlurmRun:
@@ -151,6 +150,9 @@ class SlurmPlace:
         return None
 
     def not_pulled_after_down(self, run_id: str, record: dict[str, Any], after_down: bool) -> str:
-        from launcher.execute.pull_record import down_on_hosts
-
-        return down_on_hosts(run_id, after_down)
+        """The job's folder on the shared file system (not the hosts' ~/.ddpctl/runs/) keeps what was not pulled."""
+        folder = (record.get("slurm") or {}).get("remote_dir") or f"the job's folder of run {run_id} on the cluster"
+        if after_down:
+            return f"what was not pulled stays on the cluster, in {folder}/"
+        return (f"`ddpctl pull {run_id}` once the job has ended (or `ddpctl down {run_id}`) pulls it again; until "
+                f"then it stays on the cluster, in {folder}/")

@@ -14,7 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from launcher.errors import DdpctlError, Interrupted, PlanError
+from launcher.errors import DdpctlError, Interrupted, PlanError, RunStopRequested
 from launcher.execute.following import interruption
 from launcher.execute.following.plain_progress import plain_output, run_progress
 from launcher.execute.pull_record import pull_lock, write_pull_record
@@ -34,12 +34,13 @@ from launcher.results.rundir import RunDir, primary_node_out, read_json, write_b
 from launcher.spec.run_spec import RunSpec
 from launcher.transport import outputs
 from launcher.transport.hostsession import HostSession, target_to_json
-from launcher.transport.pull import pull_tree
+from launcher.transport.pull import CHANGED, pull_tree
 from launcher.transport.ssh import Connection
 from launcher.transport.sync import ship_tree
 
 if TYPE_CHECKING:
     from launcher.places.slurm.job_output import OomKill
+    from launcher.places.slurm.job_stall import JobStallWatch
     from launcher.places.slurm.login_session import LoginSession
 
 # What is needed only once the job is submitted (its end, its pull, its failure) is imported there, not on the way
@@ -105,8 +106,11 @@ def run_scheduled(spec: RunSpec, options: UpOptions, saved_script: str | None = 
             return UpResult(run_dir.path, 0, None)
         try:
             interruption.act_on_deferred()
-            status = follow_job(scheduler, conn, run_dir, job_id, show_progress=options.show_progress)
+            status = follow_job(scheduler, conn, run_dir, job_id, show_progress=options.show_progress,
+                                stall_timeout=options.stall_timeout)
         except BaseException as stop:
+            if isinstance(stop, RunStopRequested):  # --stall-timeout (launcher/places/slurm/job_stall.py)
+                raise stalled_job_stopped(scheduler, conn, run_dir, job_id, stop) from None
             if not interruption.interrupted_by(stop):
                 raise
             outcome = interruption.stop_and_pull(run_dir, lambda: cancel_and_wait(scheduler, conn, job_id),
@@ -177,18 +181,24 @@ def ship_code(conn: Connection, spec: RunSpec, request: SlurmSubmit, run_dir: Ru
 
 
 def follow_job(scheduler: SlurmScheduler, conn: Connection, run_dir: RunDir, job_id: str,
-               show_progress: bool = True) -> JobStatus:
+               show_progress: bool = True, stall_timeout: float = 0.0) -> JobStatus:
     """Poll until the job ends: say when it waits (Slurm's reason, time waited), starts, and how training goes,
-    with rank 0's own output live under it (launcher/places/slurm/rank0_output.py)."""
+    with rank 0's own output live under it (launcher/places/slurm/rank0_output.py). `stall_timeout`: raise
+    RunStopRequested once the running job made no training step for that many seconds (0: never)."""
+    from launcher.places.slurm.job_stall import JobStallWatch, node_records
+
     remote_dir = run_dir.record()["slurm"]["remote_dir"]
     spec = run_dir.spec()
     display = run_progress([f"job {job_id}"] * spec.nnodes, enabled=show_progress)
+    stall = (JobStallWatch(run_dir, stall_timeout, spec.nnodes, lambda: node_records(conn, run_dir, remote_dir))
+             if stall_timeout else None)
     with display:
-        return _poll_job(scheduler, conn, run_dir, job_id, show_progress, Rank0Output(spec, remote_dir, display))
+        return _poll_job(scheduler, conn, run_dir, job_id, show_progress, Rank0Output(spec, remote_dir, display),
+                         stall)
 
 
 def _poll_job(scheduler: SlurmScheduler, conn: Connection, run_dir: RunDir, job_id: str, show_progress: bool,
-              rank0: Rank0Output) -> JobStatus:
+              rank0: Rank0Output, stall: JobStallWatch | None = None) -> JobStatus:
     submitted, said, last_said_at = time.time(), "", 0.0
     remote_dir = run_dir.record()["slurm"]["remote_dir"]
     most = requeue_chain.max_requeues(run_dir)
@@ -205,6 +215,8 @@ def _poll_job(scheduler: SlurmScheduler, conn: Connection, run_dir: RunDir, job_
                 if show_progress and not plain_output():  # plain output tells the event itself
                     console.print(requeued, markup=False, highlight=False)
                 submitted = time.time()  # the next allocation's wait starts now
+        if stall is not None:  # PENDING never counts (launcher/places/slurm/job_stall.py)
+            stall.check(status.state, time.monotonic())
         allocation = chain.allocation(status) if chain is not None else ""
         if status.state == PENDING:
             line = (f"job {job_id}{allocation} pending: "
@@ -241,6 +253,19 @@ def _progress_text(conn: Connection, remote_dir: str) -> str:
     return f": epoch {p.get('epoch')}/{p.get('epochs')}, step {p.get('step')}/{p.get('steps_per_epoch')}"
 
 
+def stalled_job_stopped(scheduler: SlurmScheduler, conn: Connection, run_dir: RunDir, job_id: str,
+                        stop: RunStopRequested) -> RunStopRequested:
+    """A job stopped for --stall-timeout: cancelled, pulled and its end recorded as `down` does; the error."""
+    from launcher.places.slurm.job_stall import stop_stalled_job
+
+    error = stop_stalled_job(run_dir, stop, lambda: cancel_and_wait(scheduler, conn, job_id),
+                             lambda: pull_job(conn, run_dir))
+    status = scheduler.describe(conn, job_id)
+    if status.finished:
+        finish_job(run_dir, status, scheduler.allocation_spans(conn, job_id))
+    return error
+
+
 def cancel_and_wait(scheduler: SlurmScheduler, conn: Connection, job_id: str, timeout: float = 120) -> None:
     """scancel (SIGTERM first, SIGKILL after the cluster's KillWait), then wait until Slurm says it ended."""
     scheduler.cancel(conn, job_id)
@@ -254,7 +279,7 @@ def cancel_and_wait(scheduler: SlurmScheduler, conn: Connection, job_id: str, ti
 def pull_job(conn: Connection, run_dir: RunDir) -> list[dict[str, Any]]:
     """Every node's folder (out/, logs/, torchrun.out, exit_code) into nodes/<k>/ and the job's own output to
     the top, each file verified; then rank 0's node's records to the top, as after a host run."""
-    from launcher.execute.hosts.run import PULLED, TOP_LEVEL_FILES
+    from launcher.execute.hosts.run import PULL_ATTEMPTS, PULLED, TOP_LEVEL_FILES
 
     spec, record = run_dir.spec(), run_dir.record()
     remote_dir = record["slurm"]["remote_dir"]
@@ -264,11 +289,16 @@ def pull_job(conn: Connection, run_dir: RunDir) -> list[dict[str, Any]]:
         for node in range(spec.nnodes):
             workspace = f"{remote_dir}/nodes/{node}"
             local = run_dir.path / "nodes" / str(node)
-            pulled = pull_tree(conn, workspace, local, include=PULLED, missing_ok=True, python=spec.python)
-            merged = asdict(pulled)
-            if shipped is not None:
-                written = outputs.pull_workdir(conn, workspace, local, shipped, patterns, spec.python)
-                merged = outputs.merged_stats(pulled, written)
+            # A running job rewrites progress.json and its logs: a file caught mid-change is fetched again (what
+            # was verified is not), a few times, then named, as on hosts (launcher/execute/hosts/run.py: pull_run).
+            for _attempt in range(PULL_ATTEMPTS):
+                pulled = pull_tree(conn, workspace, local, include=PULLED, missing_ok=True, python=spec.python)
+                merged = asdict(pulled)
+                if shipped is not None:
+                    written = outputs.pull_workdir(conn, workspace, local, shipped, patterns, spec.python)
+                    merged = outputs.merged_stats(pulled, written)
+                if all(why != CHANGED for _path, why in merged["not_pulled"]):
+                    break
             stats.append(merged)
             run_dir.event("pulled", node=node, **merged)
         write_pull_record(run_dir.path, [f"node {k}" for k in range(spec.nnodes)], list(stats), [None] * len(stats))

@@ -21,6 +21,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
 from launcher.errors import AuthenticationFailed, DdpctlError, HostsFailed, Interrupted, RunStopRequested, SpecError
+from launcher.execute.following.stall_watch import STALL_REASON
 from launcher.places.vast.apikey import vast_client
 from launcher.places.vast.autostop import arm_autostop
 from launcher.places.vast.image_labels import ImageNeeds, image_needs_for
@@ -280,7 +281,10 @@ def _after_failure(client: VastClient, session: HostSession | None, ledger: Ledg
     cost = destroy_all(client, ledger, reason)
     done = f"the rented machines were destroyed (verified); the run cost ${cost:.4f}"
     if stopped:
-        raise DdpctlError(f"stopped: {exc}{'' if started else ' (before training started)'}; {done}") from None
+        # --stall-timeout's line is worded as on every other place (stall_watch.stall_line); the stops Vast alone
+        # makes (--max-cost, a lost machine) say that they stopped the run.
+        said = str(exc) if isinstance(exc, RunStopRequested) and exc.reason == STALL_REASON else f"stopped: {exc}"
+        raise DdpctlError(f"{said}{'' if started else ' (before training started)'}; {done}") from None
     if interrupted:
         before_start = isinstance(exc, Interrupted) and not started  # its line says nothing ran (before_start.py)
         said = (str(exc) if before_start
