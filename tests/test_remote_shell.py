@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 import launcher.remote
-from launcher.places.slurm import mpi_job, rank0_output, recorded_job, up
+from launcher.places.slurm import mpi_job, node_progress, rank0_output, up
 from launcher.places.vast import watchdog_state
 from launcher.planning import mpi_check
 from launcher.remote import shell_text
@@ -39,7 +39,7 @@ SENT = {  # file -> the text the launcher puts on the hosts' command lines
     "autostop_state.sh": watchdog_state.STATE_SCRIPT,
     "rank0_output.sh": rank0_output.RANK0_OUTPUT_SCRIPT,
     "slurm_progress.sh": up.PROGRESS_SCRIPT,
-    "slurm_nodes.sh": recorded_job.NODES_SCRIPT,
+    "slurm_nodes.sh": node_progress.NODES_SCRIPT,
     "mpi_network.sh": mpi_job.NETWORK_SCRIPT,
 }
 
@@ -190,11 +190,11 @@ def test_the_slurm_followers_read_each_nodes_progress_exit_and_newest_attempt(tm
     (tmp_path / "nodes" / "0" / "out" / "progress.json").write_text('{"epoch": 2}')
     (tmp_path / "nodes" / "1").mkdir(parents=True)
     (tmp_path / "nodes" / "1" / "exit_code").write_text("1\n")
-    done = sh(recorded_job.NODES_SCRIPT, "ddpctl-nodes", str(tmp_path), "3")
+    done = sh(node_progress.NODES_SCRIPT, "ddpctl-nodes", str(tmp_path), "3")
     assert done.returncode == 0 and done.stderr == "", done.stderr
     assert done.stdout == 'NODE 0|| 0 10 2 9\n{"epoch": 2}\nNODE 1|1|\n\nNODE 2||\n\n'
     here = SimpleNamespace(run=lambda argv, timeout: SimpleNamespace(stdout=sh(*argv[2:]).stdout))
-    assert recorded_job.node_states(here, str(tmp_path), 3) == [  # type: ignore[arg-type]
+    assert node_progress.node_states(here, str(tmp_path), 3) == [  # type: ignore[arg-type]
         (None, {"epoch": 2}, 10), (1, {}, None), (None, {}, None)]  # attempt 10 is the newest: numbers, not text
     done = sh(up.PROGRESS_SCRIPT, "ddpctl-progress", str(tmp_path))
     assert done.returncode == 0 and done.stderr == "", done.stderr
