@@ -266,9 +266,10 @@ class Stalls:
 
 
 def shows_no_wrapper_source(where: list[Path]) -> None:
-    """`ps` of the run's processes (those naming its folders, as they train) shows torchrun's wrapper as a file it
-    runs, never its source given to `python -c` (launcher/spec/attempt_logs.py's text, kilobytes of it)."""
-    source = TORCHRUN_SOURCE.encode()[:200]
+    """`ps` of the run's processes (those naming its folders, as they train) shows torchrun's wrapper and the node's
+    supervisor as files they run, never their source given to `python -c` (launcher/spec/attempt_logs.py's text, or
+    a program of launcher/remote/program.py, kilobytes of either)."""
+    sources = (TORCHRUN_SOURCE.encode()[:200], b"_SOURCES = [(")
     pids = {pid for p in where for pid in processes_of(p)}
     assert pids, f"no process names {where} while the run trains"
     shown = {}
@@ -276,7 +277,8 @@ def shows_no_wrapper_source(where: list[Path]) -> None:
         with contextlib.suppress(OSError):
             shown[pid] = Path(f"/proc/{pid}/cmdline").read_bytes()
     assert shown, f"no command line of the run's processes {sorted(pids)} could be read"
-    with_source = {pid: line.replace(b"\0", b" ")[:200] for pid, line in shown.items() if source in line}
+    with_source = {pid: line.replace(b"\0", b" ")[:200] for pid, line in shown.items()
+                   if any(source in line for source in sources)}
     assert not with_source, with_source
 
 

@@ -261,6 +261,11 @@ def test_a_node_started_polled_and_stopped_as_on_a_host(tmp_path: Path, lookalik
     state = read_state(conn, "ws", python=sys.executable)
     assert (state.pid, state.alive, state.label) == (pid, True, "running")
     assert state.last_logged == "torchrun.out: worker started"
+    # `ps` on the host shows the supervisor as a file in the workspace, not its program's text
+    supervisor = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    assert supervisor[1:4] == [b"-S", os.fsencode(conn.home / "ws" / node_start.SUPERVISOR_FILE),
+                               node_start.NODE_MARKER.encode()], supervisor
+    assert b"_SOURCES" not in b" ".join(supervisor) and b"_LOADER" not in b" ".join(supervisor)
     after = stop_node(conn, "ws", sys.executable, grace_seconds=1, report=True)
     assert after.stopped is not None and after.stopped["found_by"] == "pid file"
     assert set(_marked(conn, "ws")) == set(), "left running"

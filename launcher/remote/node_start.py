@@ -6,7 +6,8 @@ asked, write the files that came on standard input (the node's environment file,
 command line, and no second round trip for them), make out/ and logs/, forget
 an earlier attempt's `pid` and `exit_code`, write the stop grace, then start the supervisor in a session of its own
 (stdin /dev/null, output to torchrun.out), record its pid and start time (`pid`, `pid_start`: a pid alone is no
-identity) and print the pid. The supervisor is this same program run again (`python -c` of its own text) with the
+identity) and print the pid. The supervisor is this same program run again, from its text written to SUPERVISOR_FILE
+in the workspace (so that `ps` and `htop` on the host show a file, not kilobytes of source), with the
 marker argument NODE_MARKER and the workspace's absolute path, which is how a stop knows the process is the node's
 even when the workspace is gone: it takes the node's environment from the file the launcher wrote (then deletes
 it), runs the command from `cwd` and, when the command ends, records its exit status in `exit_code` (128+N for a
@@ -22,6 +23,8 @@ from launcher.remote import proctree
 
 # The supervisor's first argument: how a stop tells the node's supervisor from any other process.
 NODE_MARKER = "ddpctl-node"
+# The supervisor's program (this one's text) in the workspace, run from there.
+SUPERVISOR_FILE = "ddpctl_node.py"
 # What the supervisor exports for the command; the workspace is found in it when its files are gone.
 OUTPUT_DIR_ENV = "DDPCTL_OUTPUT_DIR"
 # Tries of the code's copy: another run shipping the same code to the cache at that moment renames and prunes files
@@ -50,10 +53,14 @@ def decode_env(data: bytes) -> "list[tuple[bytes, bytes]]":
 
 
 def _own_program() -> "list[str]":
-    """The interpreter and `-c TEXT` this program was started with (what runs the supervisor)."""
+    """What runs the supervisor: this program's text (the `-c TEXT` it was started with) written to SUPERVISOR_FILE
+    in the current directory (the workspace), and the interpreter that runs that file."""
     argv = sys.orig_argv
-    at = argv.index("-c")
-    return [sys.executable, "-S", "-c", argv[at + 1]]
+    text = argv[argv.index("-c") + 1]
+    with open(SUPERVISOR_FILE + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(SUPERVISOR_FILE + ".tmp", SUPERVISOR_FILE)
+    return [sys.executable, "-S", os.path.join(os.getcwd(), SUPERVISOR_FILE)]
 
 
 def read_request(payload: bytes) -> "tuple[list, dict | None] | str":
