@@ -110,8 +110,9 @@ def test_a_skew_within_the_limit_is_measured_and_allowed(bed: Testbed, skewed: T
     assert table.returncode == 0
     told = " ".join((table.stdout + table.stderr).split())  # a line folded at the terminal's width, read whole
     said = re.search(rf"clocks: {re.escape(skewed.spec)} is (\d+(?:\.\d)?) s ahead of {re.escape(bed.hosts[0].spec)} "
-                     r"\(± [\d.]+ s\), within the 10 s torchrun's rendezvous tolerates", told)
-    assert said and abs(float(said[1]) - 4) <= late["uncertainty_s"] + 0.1, told  # as measured, to 0.1 s
+                     r"\(± ([\d.]+) s\), within the 10 s torchrun's rendezvous tolerates", told)
+    # as this second measurement found it, within its own ± (a loaded machine widens it), shown to 0.1 s
+    assert said and abs(float(said[1]) - 4) <= float(said[2]) + 0.1, told
 
 
 def test_up_refuses_a_skew_that_would_split_the_run_before_anything_starts(bed: Testbed, skewed: TestHost,
