@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -75,11 +76,15 @@ def test_the_hook_and_the_trainer_register_the_same_record_and_both_dump(
                                                         "world_size"]
     assert records[0]["signal"] == records[1]["signal"] == signal.SIGRTMIN + 5
     assert records[0]["pid"] == hooked.pid and records[1]["pid"] == processes[1].pid
-    time.sleep(0.5)  # both are in time.sleep by now
-    answer = rank_stacks.take(str(tmp_path))
-    assert [(r["rank"], r["state"]) for r in answer["ranks"]] == [(0, "dumped"), (1, "dumped")]
-    for entry in answer["ranks"]:
-        assert "in wait_here" in entry["dump"], entry["dump"]
+    answers: list[dict[str, Any]] = []
+
+    def both_wait_here() -> bool:  # registered before their last lines ran: on a loaded machine, ask again
+        answers.append(rank_stacks.take(str(tmp_path)))
+        return all("in wait_here" in entry.get("dump", "") for entry in answers[-1]["ranks"])
+
+    _wait_for(both_wait_here, 60, "both processes dumped in wait_here")
+    assert [(r["rank"], r["state"]) for r in answers[-1]["ranks"]] == [(0, "dumped"), (1, "dumped")]
+    assert all([(r["rank"], r["state"]) for r in a["ranks"]] == [(0, "dumped"), (1, "dumped")] for a in answers)
     assert all(p.poll() is None for p in processes)  # a dump does not end the process
 
 

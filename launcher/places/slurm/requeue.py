@@ -125,10 +125,14 @@ def batch_run_lines(srun_line: str, request: SlurmRequest) -> list[str]:
     return [
         f'on_signal() {{ date +%s > "$DDPCTL_REQUEUE_FLAG"; echo "$DDPCTL_REQUEUE_COUNT signal $(date +%s)" >> '
         f'{CHAIN_FILE}; echo "ddpctl: SIG{SIGNAL}: the time limit is near; passed on to every node"; '
-        'kill -USR1 "$srun_pid" 2>/dev/null || true; }',
+        'if [ -n "$srun_pid" ]; then forwarded=1; kill -USR1 "$srun_pid" 2>/dev/null || true; fi; }',
+        "srun_pid= forwarded=",
         f"trap on_signal {SIGNAL}",
         f"{srun_line} &",
         "srun_pid=$!",
+        # A signal that came between srun's start and `$!` (its pid still unknown to the trap) is passed on now.
+        'if [ -f "$DDPCTL_REQUEUE_FLAG" ] && [ -z "$forwarded" ]; then forwarded=1; kill -USR1 "$srun_pid" '
+        "2>/dev/null || true; fi",
         'status=0; wait_for "$srun_pid" || status=$?',
         f"trap '' {SIGNAL}  # from here on the step's end decides, whatever comes",
         f'echo "$DDPCTL_REQUEUE_COUNT end $(date +%s) $status" >> {CHAIN_FILE}',
