@@ -29,6 +29,13 @@ def test_reads_it(made_once, n):
     with open(os.environ["RECORD"], "a") as f:
         f.write("read " + os.environ["PYTEST_XDIST_WORKER"] + "\\n")
     time.sleep(0.3)
+
+@pytest.mark.parametrize("n", range(3))
+def test_asks_for_it_by_name(request, n):
+    request.getfixturevalue("made_once")
+    with open(os.environ["RECORD"], "a") as f:
+        f.write("read " + os.environ["PYTEST_XDIST_WORKER"] + "\\n")
+    time.sleep(0.3)
 '''
 FREE = '''
 import os, time
@@ -57,7 +64,8 @@ def test_a_module_fixtures_tests_share_one_worker_and_the_rest_spread(tmp_path: 
     lines = [line.split() for line in record.read_text().splitlines()]
     made = [w for kind, w in lines if kind == "made"]
     read = {w for kind, w in lines if kind == "read"}
-    assert len(made) == 1 and read == set(made), lines  # made once, read on that worker only
+    assert len(made) == 1 and read == set(made), lines  # made once, read on that worker only, also when asked by name
+    assert len([1 for kind, _ in lines if kind == "read"]) == 9
     assert len([1 for kind, _ in lines if kind == "free"]) == 6
     assert {w for _, w in lines} == {"gw0", "gw1"}, lines  # both workers had work
 
@@ -72,7 +80,7 @@ def run_inner(project: Path, tmp_path: Path, workers: int) -> tuple[subprocess.C
 
 
 def test_groups_are_handed_out_in_the_plugins_order_not_by_their_number_of_tests(tmp_path: Path) -> None:
-    """a_free.py's three tests are collected before b_shared.py's group of six: in that order they run (xdist's
+    """a_free.py's three tests are collected before b_shared.py's group of nine: in that order they run (xdist's
     own reordering would run the larger group first); an e2e test collected last runs before both (its tier)."""
     project = tmp_path / "inner"
     project.mkdir()
@@ -84,7 +92,7 @@ def test_groups_are_handed_out_in_the_plugins_order_not_by_their_number_of_tests
     result, lines = run_inner(project, tmp_path, 1)
     assert result.returncode == 0, result.stdout + result.stderr
     kinds = [kind for kind, _ in lines]
-    assert kinds == ["e2e"] + ["free"] * 3 + ["made"] + ["read"] * 6, kinds
+    assert kinds == ["e2e"] + ["free"] * 3 + ["made"] + ["read"] * 9, kinds
 
 
 def test_each_long_group_or_test_named_still_exists() -> None:

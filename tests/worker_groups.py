@@ -70,7 +70,25 @@ def group_of(item: pytest.Item) -> str | None:
             return name
     if any(fixture.scope == "module" for chain in defs.values() for fixture in chain):
         return f"module:{module_key(item)}"
+    if _asks_for_fixtures_by_name(item) and _module_defines_module_fixtures(item):
+        # `request.getfixturevalue(NAME)` may ask for one at run time, which the test's fixture list does not show:
+        # on another worker the module's fixture (a test bed, a run) would be made a second time.
+        return f"module:{module_key(item)}"
     return None
+
+
+def _asks_for_fixtures_by_name(item: pytest.Item) -> bool:
+    code = getattr(getattr(item, "function", None), "__code__", None)
+    return code is not None and "getfixturevalue" in code.co_names
+
+
+def _module_defines_module_fixtures(item: pytest.Item) -> bool:
+    module = item.getparent(pytest.Module)
+    if module is None:
+        return False
+    manager = item.session._fixturemanager
+    return any(fixture.scope == "module" and fixture.baseid == module.nodeid
+               for chain in manager._arg2fixturedefs.values() for fixture in chain)
 
 
 # Tests whose work others wait for, handed out first in their tier: the offline base-image build is the suite's base
