@@ -97,23 +97,24 @@ def native_run(bed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Planne
 
 @pytest.fixture(scope="module")
 def auto_run(bed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> PlannedRun:
-    """--runtime auto, 3 epochs, two processes per host (the probe's choice), global rank 2 (node 1's first worker)
-    SIGKILLing itself at step 10 (in epoch 2) of the first attempt, --max-restarts 1: read by the plan test and by
-    the restart test."""
-    return planned_run(bed, tmp_path_factory.mktemp("auto"), "--runtime", "auto", "--epochs", "3", *SMALL,
-                       "--max-restarts", "1", "--trainer-arg=--fault-kill", "--trainer-arg=2:10")
+    """--runtime auto, 3 epochs, one process per host (--gpus 1: the native run checks the probe's choice of two),
+    global rank 1 (node 1's worker) SIGKILLing itself at step 20 (in epoch 2, of 16 steps each) of the first
+    attempt, --max-restarts 1: read by the plan test and by the restart test."""
+    return planned_run(bed, tmp_path_factory.mktemp("auto"), "--runtime", "auto", "--gpus", "1", "--epochs", "3",
+                       *SMALL, "--max-restarts", "1", "--trainer-arg=--fault-kill", "--trainer-arg=1:20")
 
 
 @pytest.mark.parametrize("runtime", ["native", "auto"])
 def test_the_dry_run_plan_is_the_plan_that_runs(runtime: str, request: pytest.FixtureRequest) -> None:
-    """No --gpus, no --rdzv-port, --runtime auto: what only the hosts can tell is decided by the dry run's probe
-    exactly as by the run's (these hosts' users cannot reach a Docker engine: auto is native)."""
+    """No --rdzv-port (and no --gpus for the native run), --runtime auto: what only the hosts can tell is decided
+    by the dry run's probe exactly as by the run's (these hosts' users cannot reach a Docker engine: auto is
+    native)."""
     made: PlannedRun = request.getfixturevalue(f"{runtime}_run")
     bed: Testbed = request.getfixturevalue("bed")
     planned = made.planned
     assert not made.dry_runs.exists()  # a dry run records nothing
     assert planned["unknown"] == [] and planned["runtime"] == "native" and planned["rdzv_port"] == 29400
-    assert planned["nproc_per_node"] == 2  # CPU-only hosts: two processes each
+    assert planned["nproc_per_node"] == (2 if runtime == "native" else 1)  # CPU-only hosts: two each, unless told
     assert [f["torch"] for f in planned["node_facts"]] == [torch_version()] * 2
     ran, run = made.result, made.run
     executed = json.loads((run / "plan.json").read_text())
@@ -121,20 +122,20 @@ def test_the_dry_run_plan_is_the_plan_that_runs(runtime: str, request: pytest.Fi
     record = json.loads((run / "run.json").read_text())
     assert record["runtime"] == "native"
     assert [f["label"] for f in record["node_facts"]] == [h.spec for h in bed.hosts[:2]]
-    assert json.loads(ran.stdout)["summary"]["world_size"] == 4
+    assert json.loads(ran.stdout)["summary"]["world_size"] == 2 * planned["nproc_per_node"]
 
 
 def test_a_saved_plan_runs_exactly_on_the_hosts(bed: Testbed, tmp_path: Path) -> None:
     """`up --dry-run --save-plan` on two hosts, then `up --plan`: the hosts are probed again and give the same plan,
     and the run's plan.json is the saved file, byte for byte as JSON (hosts' facts included)."""
     saved = tmp_path / "two-hosts.json"
-    dry = up(bed, bed.hosts[:2], tmp_path / "runs", "--dry-run", "--save-plan", str(saved))
+    dry = up(bed, bed.hosts[:2], tmp_path / "runs", "--gpus", "1", "--dry-run", "--save-plan", str(saved))
     assert dry.returncode == 0, dry.stderr
     assert not (tmp_path / "runs").exists()
     ran = ddpctl(bed, "up", "--plan", str(saved), "--runs-dir", str(tmp_path / "runs"), "--json")
     assert ran.returncode == 0, ran.stderr
     assert json.loads((the_run(tmp_path / "runs") / "plan.json").read_text()) == json.loads(saved.read_text())
-    assert json.loads(ran.stdout)["summary"]["world_size"] == 4
+    assert json.loads(ran.stdout)["summary"]["world_size"] == 2
 
 
 def test_a_dry_run_verifies_host_keys_and_records_none(bed: Testbed, tmp_path: Path) -> None:
@@ -273,7 +274,7 @@ def test_launcher_killed_mid_run_training_finishes_and_status_pull_get_it(bed: T
 
 
 def test_worker_killed_on_node1_recovers_from_snapshots(bed: Testbed, auto_run: PlannedRun) -> None:
-    # Global rank 2 is node 1's first worker (2 per node); it SIGKILLs itself mid-epoch on the first attempt.
+    # Global rank 1 is node 1's worker (1 per node); it SIGKILLs itself mid-epoch on the first attempt.
     result = auto_run.result
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)["summary"]
@@ -281,18 +282,18 @@ def test_worker_killed_on_node1_recovers_from_snapshots(bed: Testbed, auto_run: 
     run = Path(json.loads(result.stdout)["run_dir"])
     assert [json.loads(x)["epoch"] for x in (run / "timing.jsonl").read_text().splitlines()] == [1, 2, 3]
     # The restart is told (issue 22): which rank on which node ended, and how; live, in events.jsonl, in status.
-    told = f"torchrun restarted the workers (attempt 1): rank 2 on node 1 ({bed.hosts[1].spec}) was killed by SIGKILL"
+    told = f"torchrun restarted the workers (attempt 1): rank 1 on node 1 ({bed.hosts[1].spec}) was killed by SIGKILL"
     assert result.stderr.count(told) == 1, result.stderr
     events = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]
     restarted = sorted((e["node"], e["attempt"], e["cause"]["rank"], e["cause"]["node"], e["cause"]["signal"])
                        for e in events if e["event"] == "restarted")
-    assert restarted == [(0, 1, 2, 1, "SIGKILL"), (1, 1, 2, 1, "SIGKILL")]  # both nodes' workers restarted
+    assert restarted == [(0, 1, 1, 1, "SIGKILL"), (1, 1, 1, 1, "SIGKILL")]  # both nodes' workers restarted
     status = ddpctl(bed, "status", str(run), "--json")
     shown = json.loads(status.stdout)
     assert [n["restarts"] for n in shown["nodes"]] == [1, 1], status.stdout  # node 0 restarted too
     assert [r["cause"]["summary"] for r in shown["restarts"]] == [told.split(": ", 1)[1]]
     said = ddpctl(bed, "status", str(run))
-    assert f"restart 1: rank 2 on node 1 ({bed.hosts[1].spec}) was killed by SIGKILL" in said.stdout + said.stderr
+    assert f"restart 1: rank 1 on node 1 ({bed.hosts[1].spec}) was killed by SIGKILL" in said.stdout + said.stderr
     # No attempt overwrote another: attempt 0's rank logs are still there on every node's host, and came back.
     nodes = json.loads((run / "run.json").read_text())["nodes"]
     for k, host in enumerate(bed.hosts[:2]):
