@@ -80,7 +80,7 @@ def rank0_stdout(run: Path) -> str:
 
 def test_status_of_a_training_local_run_shows_it_running_with_its_epoch_and_down_stops_it(place: Path) -> None:
     runs = place / "runs"
-    up = subprocess.Popen(ddpctl_argv("up", "--gpus", "2", "--epochs", "500", "--runs-dir", str(runs), *SMALL),
+    up = subprocess.Popen(ddpctl_argv("up", "--gpus", "1", "--epochs", "500", "--runs-dir", str(runs), *SMALL),
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, start_new_session=True)
     try:
         run = the_run(runs)
@@ -175,7 +175,7 @@ def test_a_detached_local_run_outlives_the_terminal_it_was_started_from_and_fini
     terminal = Terminal(place / "up.tty")
     # The terminal's shell: `up --detach`, then the shell waits on, as an interactive one does, until it is closed.
     shell = terminal.start(["sh", "-c", '"$@"; echo "up exited $?"; exec sleep 600', "sh",
-                            *ddpctl_argv("up", "--detach", "--gpus", "2", "--epochs", "20", "--runs-dir", str(runs),
+                            *ddpctl_argv("up", "--detach", "--gpus", "1", "--epochs", "10", "--runs-dir", str(runs),
                                          *SMALL)], ENV)
     try:
         said = wait_for("`up --detach` to return", lambda: "up exited" in (t := (place / "up.tty").read_text())
@@ -193,9 +193,9 @@ def test_a_detached_local_run_outlives_the_terminal_it_was_started_from_and_fini
         # the exit status: wait for that too.
         row = wait_for("the detached run to finish", lambda: (r := status_row(runs))["state"] != "running"
                        and r["exit_code"] is not None and r, timeout=300, every=1.0)
-        assert row["state"] == "finished" and row["exit_code"] == 0 and row["epoch"] == 20
+        assert row["state"] == "finished" and row["exit_code"] == 0 and row["epoch"] == 10
         summary = json.loads((run / "summary.json").read_text())
-        assert summary["epochs"] == 20 and summary["world_size"] == 2
+        assert summary["epochs"] == 10 and summary["world_size"] == 1
         wait_for("the detached follower to end", lambda: not processes_of(place), timeout=30)
     finally:
         if shell.poll() is None:
