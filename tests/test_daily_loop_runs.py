@@ -162,29 +162,6 @@ def _script_run(tmp_path: Path, gpus: int, *script_args: str) -> tuple[Path, sub
     return run, up
 
 
-def test_report_gives_a_scaling_row_for_a_plain_ddp_script_on_1_and_2_processes(tmp_path: Path) -> None:
-    (tmp_path / "multigpu_torchrun.py").write_text(TUTORIAL_SCRIPT)
-    one, _ = _script_run(tmp_path, 1)
-    two, _ = _script_run(tmp_path, 2)
-    rank1 = next((two / "logs").rglob("attempt_0/1/stdout.log")).read_text()
-    assert "[GPU1] Epoch 1 | Batchsize: 32 | Steps: 8" in rank1  # the script's own lines, nothing of ddpctl's
-    report = ddpctl("report", str(one), str(two), "--json", "--out", str(tmp_path / "report"), cwd=tmp_path)
-    assert report.returncode == 0, report.stderr
-    rows = json.loads(report.stdout)["rows"]
-    assert [r["world_size"] for r in rows] == [1, 2]
-    summaries = [json.loads((run / "summary.json").read_text()) for run in (one, two)]
-    assert [s["processes"] for s in summaries] == [1, 2]  # measured: the processes that joined the group
-    for row, summary in zip(rows, summaries, strict=True):
-        assert row["wall_seconds"] == summary["wall_seconds"] > 0
-        assert row["train_seconds"] == summary["wall_seconds"], "no step seen: the time is the wall time"
-        assert row["first_step_s"] is None and row["epoch_seconds"] is None and row["samples_per_s"] is None
-    assert rows[1]["speedup"] == pytest.approx(rows[0]["wall_seconds"] / rows[1]["wall_seconds"])
-    table = ddpctl("report", str(one), str(two), "--out", str(tmp_path / "report"), cwd=tmp_path)
-    assert table.returncode == 0 and "1x1" in table.stdout and "1x2" in table.stdout, table.stderr
-    assert "no step seen" in table.stdout
-    assert "## Scripts without epoch records" in (tmp_path / "report" / "report.md").read_text()
-
-
 def test_a_scripts_own_tensorboard_scalars_come_back_are_named_and_reach_its_report_row(tmp_path: Path) -> None:
     (tmp_path / "multigpu_torchrun.py").write_text(TUTORIAL_SCRIPT)
     run, up = _script_run(tmp_path, 2, "--tensorboard", "tb")
@@ -215,7 +192,8 @@ def test_a_scripts_traceback_does_not_show_ddpctls_join_hook(tmp_path: Path) -> 
     assert "sitecustomize" not in failed.stderr and "hook" not in failed.stderr, failed.stderr
 
 
-def test_a_sweep_of_a_plain_ddp_script_ends_in_its_scaling_report(tmp_path: Path) -> None:
+def test_a_sweep_of_a_plain_ddp_script_ends_in_its_scaling_report_and_each_of_its_runs_gets_a_row(
+        tmp_path: Path) -> None:
     (tmp_path / "multigpu_torchrun.py").write_text(TUTORIAL_SCRIPT)
     runs = tmp_path / "runs"
     swept = ddpctl("sweep", "--gpus", "1,2", "--runs-dir", str(runs), "--progress", "plain", "--", "python",
@@ -230,3 +208,29 @@ def test_a_sweep_of_a_plain_ddp_script_ends_in_its_scaling_report(tmp_path: Path
     again = ddpctl("up", "--from", str(entry), "--dry-run", cwd=tmp_path)  # one layout again: the same script
     assert again.returncode == 0 and "--no-python" in again.stdout and " multigpu_torchrun.py" in again.stdout, \
         again.stdout + again.stderr
+    entries = json.loads((sweep / "sweep.json").read_text())["entries"]
+    report_gives_a_scaling_row_for_a_plain_ddp_script_on_1_and_2_processes(
+        tmp_path, sweep / entries[0]["run_dir"], sweep / entries[1]["run_dir"])
+
+
+def report_gives_a_scaling_row_for_a_plain_ddp_script_on_1_and_2_processes(tmp_path: Path, one: Path,
+                                                                           two: Path) -> None:
+    """`ddpctl report` over a plain script's runs at 1 and 2 processes (the sweep's own two): the processes that
+    joined the group, measured; no step seen, so the wall time is the training time."""
+    rank1 = next((two / "logs").rglob("attempt_0/1/stdout.log")).read_text()
+    assert "[GPU1] Epoch 1 | Batchsize: 32 | Steps: 8" in rank1  # the script's own lines, nothing of ddpctl's
+    report = ddpctl("report", str(one), str(two), "--json", "--out", str(tmp_path / "report"), cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    rows = json.loads(report.stdout)["rows"]
+    assert [r["world_size"] for r in rows] == [1, 2]
+    summaries = [json.loads((run / "summary.json").read_text()) for run in (one, two)]
+    assert [s["processes"] for s in summaries] == [1, 2]  # measured: the processes that joined the group
+    for row, summary in zip(rows, summaries, strict=True):
+        assert row["wall_seconds"] == summary["wall_seconds"] > 0
+        assert row["train_seconds"] == summary["wall_seconds"], "no step seen: the time is the wall time"
+        assert row["first_step_s"] is None and row["epoch_seconds"] is None and row["samples_per_s"] is None
+    assert rows[1]["speedup"] == pytest.approx(rows[0]["wall_seconds"] / rows[1]["wall_seconds"])
+    table = ddpctl("report", str(one), str(two), "--out", str(tmp_path / "report"), cwd=tmp_path)
+    assert table.returncode == 0 and "1x1" in table.stdout and "1x2" in table.stdout, table.stderr
+    assert "no step seen" in table.stdout
+    assert "## Scripts without epoch records" in (tmp_path / "report" / "report.md").read_text()
