@@ -152,6 +152,10 @@ def test_hosts_without_ip_give_mpirun_the_network_between_them_not_an_address_ea
 
 TC = "/usr/sbin/tc"
 LIMIT_MBIT = 50
+# One short epoch: the trainer times the exposed share on its own steps after training (trainer/comm_share.py), so
+# the training's length does not change it; 2,048 samples are 32 steps of all-reduce each through the held link.
+SMALL_DATA = ["--dataset", "synthetic", "--epochs", "1", "--synthetic-train-size", "2048",
+              "--synthetic-test-size", "256"]
 
 
 @contextlib.contextmanager
@@ -209,8 +213,7 @@ def test_up_records_the_bandwidth_and_the_exposed_share_rises_under_the_limit(be
     found = {}
     for name, mbit in (("free", 0), ("held", LIMIT_MBIT)):
         with limited(bed.hosts[1], mbit) if mbit else contextlib.nullcontext():
-            code, stderr, run = up(bed, project, tmp_path / name, "--gpus", "1", "--dataset", "synthetic",
-                                   "--epochs", "1", "--check-bandwidth")
+            code, stderr, run = up(bed, project, tmp_path / name, "--gpus", "1", *SMALL_DATA, "--check-bandwidth")
         assert code == 0, stderr
         assert run is not None
         record = json.loads((run / "run.json").read_text())["bandwidth"]
@@ -222,7 +225,7 @@ def test_up_records_the_bandwidth_and_the_exposed_share_rises_under_the_limit(be
     assert found["held"][1] >= found["free"][1] + 0.1, found
     # Beside one process on one host, the report says the limited link is what holds the 2-node layout back.
     one = run_ddpctl(bed, "up", "--host", bed.hosts[0].spec, "--runs-dir", str(tmp_path / "held"), "--gpus", "1",
-                     "--dataset", "synthetic", "--epochs", "1", cwd=project)
+                     *SMALL_DATA, cwd=project)
     assert one.returncode == 0, one.stderr
     report = subprocess.run([sys.executable, "-m", "launcher", "report",
                              *(str(p) for p in (tmp_path / "held").iterdir()), "--out", str(tmp_path / "report")],
