@@ -25,6 +25,8 @@ MIB = 1 << 20
 # 32 steps per epoch per rank (a second or so an epoch on an idle machine), 30 epochs: the disk is filled between
 # two snapshots, and the run fails long before it would end.
 TRAIN = ["--synthetic-train-size", "2048", "--synthetic-test-size", "256"]
+# The local run's: one process (what fills is the runs directory, not a rank's), the same 32 steps per epoch.
+LOCAL_TRAIN = ["--gpus", "1", "--synthetic-train-size", "1024", "--synthetic-test-size", "256"]
 
 
 class SmallDisk:
@@ -197,14 +199,14 @@ def test_a_full_local_runs_dir_is_one_line(tmp_path: Path) -> None:
     disk = SmallDisk(runs, 8)
     try:
         # too small from the start: refused before anything is written
-        refused = local_up(runs, "--epochs", "2", *TRAIN)
+        refused = local_up(runs, "--epochs", "2", *LOCAL_TRAIN)
         _, err = refused.communicate(timeout=120)
         assert refused.returncode == 1
         assert err.strip().count("\n") == 0 and err.startswith(f"error: --runs-dir {runs}: this run needs"), err
         assert "MiB is free" in err and not list(runs.iterdir())
         # room at the start, full during the run
         disk.resize(80)
-        proc = local_up(runs, "--epochs", "30", *TRAIN)
+        proc = local_up(runs, "--epochs", "30", *LOCAL_TRAIN)
         wait_for("snapshot 1", lambda: any(runs.glob("*/snapshots/snapshot-epoch-000001.pt")))
         (run,) = [p for p in runs.iterdir() if p.is_dir()]
         first = run / "snapshots" / "snapshot-epoch-000001.pt"

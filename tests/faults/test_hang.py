@@ -99,7 +99,8 @@ def _trainer_processes(host: TestHost) -> str:
 
 
 def test_a_local_run_names_its_hung_node_too(tmp_path: Path) -> None:
-    """Locally (no --host) the same watch runs: the hang is named without being asked; Ctrl-C then stops it."""
+    """Locally (no --host) the same watch runs: the hang is named without being asked; Ctrl-C then stops it. One
+    process (what is watched is the node's progress, which stops with its one rank), 32 steps per epoch too."""
     import signal
     import sys
     import time
@@ -108,9 +109,9 @@ def test_a_local_run_names_its_hung_node_too(tmp_path: Path) -> None:
 
     env = {**os.environ, "PYTHONPATH": str(REPO), "DDPCTL_HANG_FLOOR": str(HANG_FLOOR), "PYTHONUNBUFFERED": "1"}
     runs = tmp_path / "runs"
-    proc = subprocess.Popen([sys.executable, "-m", "launcher", "up", "--gpus", "2", "--runs-dir", str(runs),
-                             "--epochs", "3", "--synthetic-train-size", "2048", "--synthetic-test-size", "256",
-                             "--quiet", "--trainer-arg=--fault-hang", f"--trainer-arg=1:{STEPS_PER_EPOCH + 8}"],
+    proc = subprocess.Popen([sys.executable, "-m", "launcher", "up", "--gpus", "1", "--runs-dir", str(runs),
+                             "--epochs", "3", "--synthetic-train-size", "1024", "--synthetic-test-size", "256",
+                             "--quiet", "--trainer-arg=--fault-hang", f"--trainer-arg=0:{STEPS_PER_EPOCH + 8}"],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     told: list[str] = []
     try:
