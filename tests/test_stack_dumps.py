@@ -1,6 +1,7 @@
 """Stacks taken from real processes on this machine: the join hook and the trainer register the same record; the
 node program (launcher/remote/rank_stacks.py) signals only a process that registered and catches the signal;
-`ddpctl stacks RUN` on a live local `-- CMD` run names where each rank is."""
+`ddpctl stacks RUN` on a live local `-- CMD` run names where each rank is, and a stalled one's --stall-timeout takes
+them again before its stop (one run of the collective case for both: the stall test)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -131,47 +133,82 @@ NEVER_ENTERED = (r"rank 0 entered all_reduce \(gloo\) #(\d+) \(hang_cases\.py:{l
 LOCAL_FLIGHTS = {"collective": NEVER_ENTERED.format(line=42), "loader": NEVER_ENTERED.format(line=27), "exited": ""}
 
 
-@pytest.mark.parametrize("case", sorted(LOCAL_VERDICTS))
-def test_ddpctl_stacks_names_where_each_rank_of_a_local_run_waits(tmp_path: Path, case: str) -> None:
-    settled, expected = LOCAL_VERDICTS[case]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
-    shutil.copy(CASES, tmp_path / "hang_cases.py")
-    runs = tmp_path / "runs"
-    up = subprocess.Popen([sys.executable, "-m", "launcher", "up", "--gpus", "2", "--runs-dir", str(runs), "--quiet",
-                           "--", "python3", "hang_cases.py", case], cwd=tmp_path, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        def registered() -> bool:
-            return len(list(runs.glob("*/logs/stacks/rank-*.json"))) == 2
+@dataclass
+class LiveStacks:
+    """What `ddpctl stacks` said of a local run of hang_cases.py while it hung, and the run's state then."""
 
-        _wait_for(registered, 150, "both ranks to register")
-        for _ in range(15):  # a rank may still be setting up on a busy machine: asked again until it waits
-            asked = subprocess.run([sys.executable, "-m", "launcher", "stacks", "--runs-dir", str(runs)],
-                                   cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-            assert asked.returncode == 0, asked.stderr
-            verdict, kept = asked.stdout.splitlines()
-            if settled in verdict and "rank 0 waits" in verdict:
-                break
-            time.sleep(2)
-        stacks_said, _, flight = verdict.partition("; flight recorder: ")
-        assert stacks_said == expected
-        assert re.fullmatch(LOCAL_FLIGHTS[case], flight), flight  # the ranks' flight records (gloo's, real dumps)
-        folder = Path(kept.split(": ", 1)[1])
-        assert (folder / "verdict.txt").read_text().strip() == verdict
-        assert sorted(p.name for p in folder.glob("node-0-rank-*.txt")) == (
-            ["node-0-rank-0.txt"] if case == "exited" else ["node-0-rank-0.txt", "node-0-rank-1.txt"])
-        (run,) = [p for p in runs.iterdir() if p.is_dir()]
-        events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
-        assert [e["verdict"] for e in events if e["event"] == "stacks"][-1] == verdict
-        assert up.poll() is None  # taking the stacks did not end the run
+    verdict: str
+    kept: Path  # the folder `ddpctl stacks` named
+    run: Path
+    stacks_events: list[str]  # the verdicts of the run's `stacks` events, then
+    stacks_folders: set[Path]  # the run's stacks/ folders, then (one per asking)
+    running_after: bool  # the run still ran once its stacks were taken
+
+
+def _start_up(workdir: Path, case: str, *options: str) -> subprocess.Popen[str]:
+    shutil.copy(CASES, workdir / "hang_cases.py")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "launcher", "up", "--gpus", "2", "--runs-dir", str(workdir / "runs"),
+                             "--quiet", *options, "--", "python3", "hang_cases.py", case], cwd=workdir, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _ask_until_settled(workdir: Path, up: subprocess.Popen[str], settled: str) -> LiveStacks:
+    runs = workdir / "runs"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+
+    def registered() -> bool:
+        return len(list(runs.glob("*/logs/stacks/rank-*.json"))) == 2
+
+    _wait_for(registered, 150, "both ranks to register")
+    for _ in range(15):  # a rank may still be setting up on a busy machine: asked again until it waits
+        asked = subprocess.run([sys.executable, "-m", "launcher", "stacks", "--runs-dir", str(runs)],
+                               cwd=workdir, env=env, capture_output=True, text=True, timeout=120)
+        assert asked.returncode == 0, asked.stderr
+        verdict, kept = asked.stdout.splitlines()
+        if settled in verdict and "rank 0 waits" in verdict:
+            break
+        time.sleep(2)
+    (run,) = [p for p in runs.iterdir() if p.is_dir()]
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    return LiveStacks(verdict, Path(kept.split(": ", 1)[1]), run,
+                      [e["verdict"] for e in events if e["event"] == "stacks"],
+                      {p.parent for p in run.glob("stacks/*/verdict.txt")}, up.poll() is None)
+
+
+def _end(up: subprocess.Popen[str]) -> None:
+    """Ctrl-C for a run still going, as a user stops it; killed if that does not end it."""
+    if up.poll() is not None:
+        return
+    up.send_signal(signal.SIGINT)
+    try:
+        up.communicate(timeout=90)
     finally:
-        up.send_signal(signal.SIGINT)
-        try:
-            up.communicate(timeout=90)
-        finally:
-            if up.poll() is None:
-                up.kill()
-                up.wait()
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+
+
+def _check_live_stacks(live: LiveStacks, case: str) -> None:
+    stacks_said, _, flight = live.verdict.partition("; flight recorder: ")
+    assert stacks_said == LOCAL_VERDICTS[case][1]
+    assert re.fullmatch(LOCAL_FLIGHTS[case], flight), flight  # the ranks' flight records (gloo's, real dumps)
+    assert (live.kept / "verdict.txt").read_text().strip() == live.verdict
+    assert sorted(p.name for p in live.kept.glob("node-0-rank-*.txt")) == (
+        ["node-0-rank-0.txt"] if case == "exited" else ["node-0-rank-0.txt", "node-0-rank-1.txt"])
+    assert live.stacks_events[-1] == live.verdict
+    assert live.running_after  # taking the stacks did not end the run
+
+
+# The collective case runs once, in the stall test below: its stacks are asked while it hangs, as for these cases.
+@pytest.mark.parametrize("case", sorted(set(LOCAL_VERDICTS) - {"collective"}))
+def test_ddpctl_stacks_names_where_each_rank_of_a_local_run_waits(tmp_path: Path, case: str) -> None:
+    up = _start_up(tmp_path, case)
+    try:
+        live = _ask_until_settled(tmp_path, up, LOCAL_VERDICTS[case][0])
+    finally:
+        _end(up)
+    _check_live_stacks(live, case)
 
 
 def test_ddpctl_stacks_of_a_run_that_is_not_running_is_one_line(tmp_path: Path) -> None:
@@ -188,19 +225,27 @@ def test_ddpctl_stacks_of_a_run_that_is_not_running_is_one_line(tmp_path: Path) 
         "error: run ended-run is not running (no stacks to take): `ddpctl status ended-run` says how it ended"]
 
 
+# Long enough to ask for the stacks first on a loaded machine: in a whole suite's run, the stacks test of the
+# collective case took 10 s from `up` to its end.
+STALL_SECONDS = 45
+
+
 def test_a_stalled_local_run_names_where_each_rank_waits_before_it_is_stopped(tmp_path: Path) -> None:
-    """The local stall watch takes the stacks before its stop, as on hosts (tests/faults/test_hang_stacks.py)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    shutil.copy(CASES, tmp_path / "hang_cases.py")
-    runs = tmp_path / "runs"
-    result = subprocess.run([sys.executable, "-m", "launcher", "up", "--gpus", "2", "--runs-dir", str(runs),
-                             "--stall-timeout", "20", "--quiet", "--", "python3", "hang_cases.py", "collective"],
-                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 1, result.stderr
-    last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: --stall-timeout: no training step for 20 s (a hung collective or data loader): "
-                           ), last
+    """The collective case: `ddpctl stacks` names where each rank waits while the run hangs (as for the cases
+    above); then the local stall watch takes the stacks again before its stop, as on hosts
+    (tests/faults/test_hang_stacks.py)."""
+    up = _start_up(tmp_path, "collective", "--stall-timeout", str(STALL_SECONDS))
+    try:
+        live = _ask_until_settled(tmp_path, up, LOCAL_VERDICTS["collective"][0])
+        _, stderr = up.communicate(timeout=STALL_SECONDS + 180)
+    finally:
+        _end(up)
+    _check_live_stacks(live, "collective")
+    assert up.returncode == 1, stderr
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: --stall-timeout: no training step for {STALL_SECONDS} s (a hung collective or "
+                           "data loader): "), last
     assert ("rank 0 waits in all_reduce (hang_cases.py:42 in main: `dist.all_reduce(total)`); rank 1 is elsewhere, at "
             "hang_cases.py:40 in main") in last, last
-    (run,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir()]
-    assert list(run.glob("stacks/*/verdict.txt")), "the stacks were not kept in the run directory"
+    kept = {p.parent for p in live.run.glob("stacks/*/verdict.txt")}
+    assert kept - live.stacks_folders, "the stall watch's stacks were not kept in the run directory"

@@ -1,5 +1,6 @@
-"""The trainer under a real torchrun (2 processes, gloo, CPU): a whole run, a killed rank that torchrun
-restarts from the snapshot (bitwise the same final weights), and a snapshot destroyed mid-write."""
+"""The trainer under a real torchrun (2 processes, gloo, CPU; 1 where no second rank is read): a whole run, a
+killed rank that torchrun restarts from the snapshot (bitwise the same final weights), and a snapshot destroyed
+mid-write."""
 
 from __future__ import annotations
 
@@ -170,7 +171,9 @@ def test_nodes_agree_on_a_snapshot_valid_on_both_when_one_nodes_copies_differ(tm
 
 
 def test_kill_without_restarts_fails_the_run(tmp_path: Path) -> None:
-    result = run_torchrun([*SMALL_RUN, "--epochs", "1", "--out-dir", str(tmp_path), "--fault-kill", "0:5"])
+    """One process: what is read is the run's failure and the records left. A run of two whose rank 1 fails
+    while rank 0 goes on: tests/test_local_up.py's test_a_failed_run_shows_the_failing_workers_own_log."""
+    result = run_torchrun([*SMALL_RUN, "--epochs", "1", "--out-dir", str(tmp_path), "--fault-kill", "0:5"], nproc=1)
     assert result.returncode != 0
     assert not (tmp_path / "summary.json").exists()
 
