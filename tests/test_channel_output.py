@@ -1,7 +1,7 @@
 """A remote command's output read until it ends (launcher/transport/channel_output.py), on channels that behave as
 paramiko's do: one whose connection dies is closed with no exit status and no EOF (paramiko's Channel._set_closed),
 which must end the wait at once with the connection named, not spin for ever. The real case, sshd killed while
-`up` pulls, is tests/faults/test_pull_cut.py."""
+`up` pulls, is tests/faults/test_pull_cut.py; a session asked of a connection that has just died says so too."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ import time
 
 import pytest
 
+from launcher.errors import HostError
 from launcher.transport.channel_output import CONNECTION_DROPPED, NO_STATUS, CommandTimedOut, read_until_exit
+from launcher.transport.paramiko_loader import paramiko
+from launcher.transport.ssh import Connection, SSHTarget
 
 
 class Channel:
@@ -81,3 +84,36 @@ def test_a_command_still_running_at_its_deadline_times_out() -> None:
     with pytest.raises(CommandTimedOut):
         read_until_exit(chan, time.monotonic() + 0.3)
     chan.close()
+
+
+class Transport:
+    """A paramiko Transport whose connection dies (`dies`) or lives (`refuses`) when a session is asked of it."""
+
+    def __init__(self, dies: bool) -> None:
+        self.active, self.dies = True, dies
+
+    def is_active(self) -> bool:
+        return self.active
+
+    def open_session(self, timeout: float | None = None) -> object:
+        if self.dies:
+            self.active = False  # paramiko's reader saw the connection go under the request
+            raise EOFError()
+        raise paramiko.ChannelException(1, "Administratively prohibited")
+
+    def close(self) -> None:
+        self.active = False
+
+
+REFUSED = "cannot open a session: ChannelException(1, 'Administratively prohibited')"
+
+
+@pytest.mark.parametrize(("dies", "said"), [(True, CONNECTION_DROPPED), (False, REFUSED)])
+def test_a_session_refused_names_a_dead_connection_as_such(dies: bool, said: str) -> None:
+    """sshd killed between two commands of a pull: the next command's session cannot open, and the line says the
+    connection dropped, not only that a session could not be opened (which a live server refusing also gives)."""
+    conn = Connection(SSHTarget(label="alice@203.0.113.9", hostname="203.0.113.9", port=22, user="alice"))
+    conn._transport = Transport(dies)  # type: ignore[assignment]
+    with pytest.raises(HostError) as refused:
+        conn.run(["true"])
+    assert str(refused.value).endswith(said), refused.value

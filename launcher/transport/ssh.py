@@ -23,7 +23,7 @@ from typing import Any
 
 from launcher.errors import AuthenticationFailed, DdpctlError, HostError
 from launcher.spec.hosts import HostSpec, parse_host
-from launcher.transport.channel_output import CommandTimedOut, read_until_exit
+from launcher.transport.channel_output import CONNECTION_DROPPED, CommandTimedOut, read_until_exit
 from launcher.transport.known_hosts import ACCEPT_FLAG, KnownHosts, KnownKey, fingerprint, host_key_name
 from launcher.transport.paramiko_loader import config_lookup, paramiko
 from launcher.transport.proxy_command import ProxyCommandSocket, expand_proxy_command, read_ssh_config
@@ -231,9 +231,12 @@ class Connection:
         self.close()
 
     def _session(self) -> paramiko.Channel:
+        transport = self.transport
         try:
-            return self.transport.open_session(timeout=self.connect_timeout)
+            return transport.open_session(timeout=self.connect_timeout)
         except (paramiko.SSHException, EOFError, OSError) as e:
+            if not transport.is_active():  # it died under the request (sshd ended, the link cut): say so
+                raise HostError(self.label, CONNECTION_DROPPED) from e
             raise HostError(self.label, f"cannot open a session: {e or type(e).__name__}") from e
 
     def _exec(self, line: str, timeout: float | None, stdin: bytes | Iterable[bytes] | None,
