@@ -4,9 +4,10 @@ and checked equal to (tests/test_reference_equivalence.py).
 As pytorch/examples' mnist and the DDP tutorial series write it: a per-item Dataset that turns each uint8 image
 into a PIL image, then ToTensor + Normalize (rendered here without torchvision, which has no CPU build on our
 machines); a DataLoader over DistributedSampler(shuffle=True, seed) (on a GPU with pin_memory and one worker);
-`.to(device)` per batch and `.item()` per step; DDP when there are several processes. The one liberty: the
+`.to(device)` per batch and `.item()` per step; DDP when there are several processes. The liberties: the
 DataLoader draws its workers' base seed from a generator of its own, not torch's global one, so that dropout
-draws the same numbers as in our trainer (the seed itself changes nothing here).
+draws the same numbers as in our trainer (the seed itself changes nothing here); and after its process group is
+torn down, a rank leaves without the interpreter's teardown, as our trainer does (after the last result is written).
 
     torchrun --nproc-per-node 2 -m trainer.reference_loop --out-dir DIR [--epochs 1 --lr 0.05 --seed 3 ...]
 """
@@ -30,6 +31,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from trainer.data import MNIST_MEAN, MNIST_STD, synthetic_images
 from trainer.determinism import seed_rng
+from trainer.failure import exit_without_teardown
 from trainer.models import MODELS, build_model
 
 TEST_BATCH_SIZE = 1000
@@ -136,6 +138,10 @@ def main(argv: list[str] | None = None) -> None:
     if world_size > 1:
         dist.barrier()
         dist.destroy_process_group()
+        # Then out as our trainer leaves (trainer/__main__.py's leave_cleanly): past the interpreter's teardown,
+        # where gloo's threads can still abort a rank that trained to its end ("terminate called without an
+        # active exception", SIGABRT), as a two-process run of this loop did once under load.
+        exit_without_teardown(0)
 
 
 if __name__ == "__main__":
