@@ -43,10 +43,11 @@ def final_weights(path: Path) -> dict[str, Any]:
 
 
 def test_from_a_local_run_reproduces_its_spec_and_its_final_weights(tmp_path: Path) -> None:
+    """One process (the test-bed test below reruns a two-rank world on two hosts)."""
     import torch
 
     runs = tmp_path / "runs"
-    first = RunDir.open(run_dir_of(ddpctl("up", "--gpus", "2", "--seed", "5", "--lr", "0.05", *TINY,
+    first = RunDir.open(run_dir_of(ddpctl("up", "--gpus", "1", "--seed", "5", "--lr", "0.05", *TINY,
                                           "--runs-dir", str(runs), "--json")))
     again = RunDir.open(run_dir_of(ddpctl("up", "--from", str(first.path), "--runs-dir", str(runs), "--json")))
     same_but_id(first, again)
