@@ -111,7 +111,7 @@ TUTORIAL_SCRIPT = textwrap.dedent('''
 
 def test_a_2_epoch_run_tells_each_epoch_and_writes_curves_tensorboard_reads(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
-    up = ddpctl("up", "--gpus", "2", "--epochs", "2", "--runs-dir", str(runs), "--progress", "plain", *SMALL,
+    up = ddpctl("up", "--gpus", "1", "--epochs", "2", "--runs-dir", str(runs), "--progress", "plain", *SMALL,
                 cwd=tmp_path)
     assert up.returncode == 0, up.stderr
     [run] = list(runs.iterdir())
