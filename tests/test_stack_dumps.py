@@ -226,8 +226,9 @@ def test_ddpctl_stacks_of_a_run_that_is_not_running_is_one_line(tmp_path: Path) 
 
 
 # Long enough to ask for the stacks first on a loaded machine: in a whole suite's run, the stacks test of the
-# collective case took 10 s from `up` to its end.
-STALL_SECONDS = 45
+# collective case took 10 s from `up` to its end; in a run on 5 workers (2 cores), rank 0 was still in DDP's
+# constructor at the last of the 15 asks, with 45 s here.
+STALL_SECONDS = 75
 
 
 def test_a_stalled_local_run_names_where_each_rank_waits_before_it_is_stopped(tmp_path: Path) -> None:

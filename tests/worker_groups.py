@@ -55,7 +55,7 @@ KNOWN_SECONDS = {
     "tests/test_vast_lifecycle.py::test_detached_run_is_autostopped_then_down_starts_pulls_verifies_and_destroys": 28,
     "tests/test_strategy_launch.py::test_sweep_of_strategies_by_process_count_writes_the_comparison_table_and_plot"
     "s": 44,
-    "tests/test_stack_dumps.py::test_a_stalled_local_run_names_where_each_rank_waits_before_it_is_stopped": 50,
+    "tests/test_stack_dumps.py::test_a_stalled_local_run_names_where_each_rank_waits_before_it_is_stopped": 80,
 }
 
 
