@@ -4,7 +4,8 @@ A test goes to any free worker unless it shares something that is made once per 
 
 - the Slurm cluster (`slurm_cluster`, session-scoped: one cluster per run, not one per worker);
 - a module-scoped fixture (a run made once and read by several tests, a module's test bed): the module's tests
-  that use one run on one worker, in their order, so the fixture is still made once;
+  that use one run on one worker, in their order, so the fixture is still made once; so does a test that asks for
+  fixtures by name (`request.getfixturevalue`) in a module that defines module-scoped ones;
 - a fixed resource named by an explicit `@pytest.mark.xdist_group(NAME)` (e.g. a script's fixed port on
   localhost): every test naming it runs on one worker, one at a time.
 
