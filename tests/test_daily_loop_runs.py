@@ -204,13 +204,11 @@ def test_a_sweep_of_a_plain_ddp_script_ends_in_its_scaling_report_and_each_of_it
     assert [(r["layout"], r["world_size"]) for r in rows] == [("1x1", 1), ("1x2", 2)]
     assert all(r["wall_seconds"] > 0 and r["model"] == "multigpu_torchrun.py" for r in rows)
     assert "1x2" in swept.stdout and "report: " in swept.stdout
-    entry = sweep / json.loads((sweep / "sweep.json").read_text())["entries"][1]["run_dir"]
-    again = ddpctl("up", "--from", str(entry), "--dry-run", cwd=tmp_path)  # one layout again: the same script
+    one, two = [sweep / e["run_dir"] for e in json.loads((sweep / "sweep.json").read_text())["entries"]]
+    again = ddpctl("up", "--from", str(two), "--dry-run", cwd=tmp_path)  # one layout again: the same script
     assert again.returncode == 0 and "--no-python" in again.stdout and " multigpu_torchrun.py" in again.stdout, \
         again.stdout + again.stderr
-    entries = json.loads((sweep / "sweep.json").read_text())["entries"]
-    report_gives_a_scaling_row_for_a_plain_ddp_script_on_1_and_2_processes(
-        tmp_path, sweep / entries[0]["run_dir"], sweep / entries[1]["run_dir"])
+    report_gives_a_scaling_row_for_a_plain_ddp_script_on_1_and_2_processes(tmp_path, one, two)
 
 
 def report_gives_a_scaling_row_for_a_plain_ddp_script_on_1_and_2_processes(tmp_path: Path, one: Path,

@@ -320,11 +320,11 @@ def report_failure(session: HostSession, run_dir: RunDir, states: Sequence[NodeS
     # A node whose supervisor ended from outside recorded no exit status, and its torchrun and workers may still
     # run without it: stopped too, also where it is the run's only node (its stop records that the supervisor
     # was gone, which names the cause).
-    orphaned = [i for i, s in enumerate(states) if s is not None and s.finished and s.exit_code is None]
+    orphaned = any(s is not None and s.finished and s.exit_code is None for s in states)
     stop_time = time.time()
     if running:
         run_dir.event("stopping", nodes=running, reason="another node failed")
-    reports = [host_node_report(state) for state in stop_and_report(session, run_dir, bool(running or orphaned))]
+    reports = [host_node_report(state) for state in stop_and_report(session, run_dir, bool(running) or orphaned)]
     python = run_dir.spec().python
     record = attribute(reports, session.labels, running, stop_time, python, run_hints(run_dir.path, run_dir.record()),
                        run_dir.spec().launcher)
