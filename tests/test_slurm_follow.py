@@ -19,6 +19,9 @@ from tests.testbed_fixtures import REPO, run_ddpctl
 
 pytestmark = [pytest.mark.e2e, needs_slurm]
 SMALL = ("--synthetic-train-size", "512", "--synthetic-test-size", "128")
+# A run that is still running when Slurm finds a node lost (its SlurmdTimeout) without training all that time: rank 0
+# stops at global step 20 (epoch 3 of 8 steps), after two snapshots, and rank 1 waits for it in the collective.
+STILL_AFTER_EPOCH_2 = ("--trainer-arg=--fault-hang", "--trainer-arg=0:20")
 
 
 def up_argv(cluster: SlurmCluster, *args: str) -> list[str]:
@@ -66,7 +69,7 @@ def test_a_slurmd_killed_mid_run_ends_the_job_as_node_fail_with_what_was_pulled(
                                                                                  tmp_path: Path) -> None:
     env = {**os.environ, "DDPCTL_KNOWN_HOSTS": str(slurm_cluster.bed.known_hosts_path), "PYTHONPATH": str(REPO)}
     argv = [sys.executable, "-m", "launcher", "up", "-i", slurm_cluster.bed.client_key_path,
-            *up_argv(slurm_cluster, "--epochs", "5000")[1:]]  # longer than Slurm takes to find the node lost
+            *up_argv(slurm_cluster, "--epochs", "5000", *STILL_AFTER_EPOCH_2)[1:]]  # outlasts the node's loss
     err = tmp_path / "up.err"
     lost = slurm_cluster.node_names[1]
     with open(err, "w") as f:
