@@ -301,7 +301,8 @@ def test_snapshot_payload_cannot_run_code(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [(["--epochs", "0"], "--epochs"), (["--fault-kill", "1-40"], "RANK:STEP"), (["--model", "vgg"], "--model"),
-     (["--lr", "abc"], "--lr")],
+     (["--lr", "abc"], "--lr"), (["--step-pause", "-1"], "--step-pause"),
+     (["--strategy", "hogwild", "--step-pause", "0.5"], "--step-pause applies to")],
 )  # fmt: skip
 def test_bad_options_are_one_line_errors(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
@@ -313,6 +314,17 @@ def test_bad_options_are_one_line_errors(
     assert exit_info.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
+
+
+@pytest.mark.integration
+def test_step_pause_makes_every_step_last_at_least_that_long(tmp_path: Path) -> None:
+    """The tests' slow run: 64 samples in steps of 16 with 0.25 s after each: the epoch's measured time holds the
+    four pauses (its samples/s with it)."""
+    result = run_trainer(["--epochs", "1", "--batch-size", "16", "--synthetic-train-size", "64",
+                          "--synthetic-test-size", "16", "--step-pause", "0.25", "--out-dir", str(tmp_path)])
+    assert result.returncode == 0, describe(result)
+    (epoch,) = [json.loads(line) for line in (tmp_path / "timing.jsonl").read_text().splitlines()]
+    assert epoch["steps"] == 4 and epoch["seconds"] >= 1.0 and epoch["samples_per_s"] <= 64
 
 
 def test_bf16_run_records_its_precision_and_its_snapshots_resume_only_bf16(tmp_path: Path) -> None:

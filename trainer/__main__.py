@@ -117,6 +117,13 @@ def parse_command_line(argv: list[str] | None = None) -> tuple[TrainConfig, str,
         metavar="RANK:STEP",
         help="tests: on the first attempt, global rank RANK stops responding at global step STEP",
     )
+    p.add_argument(
+        "--step-pause",
+        type=_non_negative_float,
+        default=0.0,
+        metavar="SECONDS",
+        help="tests: every rank sleeps SECONDS after each training step (a long run that leaves the CPU to others)",
+    )
     # --- the parallel strategy (issue 14; docs/contracts.md, the trainer section) ---
     p.add_argument("--strategy", choices=STRATEGIES, default="ddp", help="how the work is parallelised")
     p.add_argument(
@@ -150,7 +157,8 @@ def parse_command_line(argv: list[str] | None = None) -> tuple[TrainConfig, str,
     for option, value, allowed in (("--devices", args.devices, DEVICE_STRATEGIES),
                                    ("--processes", args.processes, PROCESS_STRATEGIES),
                                    ("--average-every", args.average_every, ("local-sgd",)),
-                                   ("--fault-hang", args.fault_hang, hangable)):  # fmt: skip
+                                   ("--fault-hang", args.fault_hang, hangable),
+                                   ("--step-pause", args.step_pause or None, hangable)):  # fmt: skip
         if value is not None and args.strategy not in allowed:
             p.error(f"{option} applies to --strategy {'/'.join(allowed)}, not {args.strategy}")
     options = StrategyOptions(
@@ -162,7 +170,7 @@ def parse_command_line(argv: list[str] | None = None) -> tuple[TrainConfig, str,
         momentum=args.momentum, save_every=args.save_every, keep_snapshots=args.keep_snapshots,
         seed=args.seed, out_dir=args.out_dir, snapshot_dir=args.snapshot_dir,
         synthetic_train_size=args.synthetic_train_size, synthetic_test_size=args.synthetic_test_size,
-        fault_kill=args.fault_kill, fault_hang=args.fault_hang, precision=args.precision,
+        fault_kill=args.fault_kill, fault_hang=args.fault_hang, step_pause=args.step_pause, precision=args.precision,
         deterministic=args.deterministic, cuda_graphs=args.cuda_graphs,
         channels_last=args.channels_last,
     )  # fmt: skip

@@ -63,6 +63,7 @@ class TrainConfig:
     synthetic_test_size: int = 2048
     fault_kill: tuple[int, int] | None = None  # (global rank, global step), first attempt only
     fault_hang: tuple[int, int] | None = None  # likewise: that rank stops responding (a hung collective)
+    step_pause: float = 0.0  # seconds every rank sleeps after each step: a long run that leaves the CPU to others
     precision: str = "fp32"  # bf16: forward and loss under bf16 autocast (weights and optimizer stay fp32)
     deterministic: bool = False  # torch.use_deterministic_algorithms: bitwise repeatable on CUDA too
     channels_last: bool = True  # images and weights stored channels-last (faster; rounds differently from NCHW)
@@ -186,6 +187,8 @@ class Trainer:
             else:  # the plain step (also an epoch's last, shorter batch, which the graph's shapes do not fit)
                 self._run_batch(self.data.train_x.index_select(0, batch), self.data.train_y.index_select(0, batch),
                                 sums)  # fmt: skip
+            if cfg.step_pause:
+                time.sleep(cfg.step_pause)
             if self.progress is not None and self.progress.due():
                 rate = (step + 1) * cfg.batch_size * ctx.world_size / max(time.perf_counter() - start, 1e-9)
                 self.progress.write(epoch=epoch, step=step + 1, samples_per_s=rate, state="training")
