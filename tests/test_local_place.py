@@ -80,7 +80,11 @@ def rank0_stdout(run: Path) -> str:
 
 def test_status_of_a_training_local_run_shows_it_running_with_its_epoch_and_down_stops_it(place: Path) -> None:
     runs = place / "runs"
-    up = subprocess.Popen(ddpctl_argv("up", "--gpus", "1", "--epochs", "500", "--runs-dir", str(runs), *SMALL),
+    # The lone rank stops at the first step of epoch 2 (1,024 samples: 32 steps an epoch), epoch 1's loss written:
+    # the run stays running, without training, while status, logs and down are asked.
+    up = subprocess.Popen(ddpctl_argv("up", "--gpus", "1", "--epochs", "500", "--runs-dir", str(runs),
+                                      "--synthetic-train-size", "1024", "--synthetic-test-size", "256",
+                                      "--trainer-arg=--fault-hang=0:33"),
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, start_new_session=True)
     try:
         run = the_run(runs)
@@ -174,9 +178,12 @@ def test_a_detached_local_run_outlives_the_terminal_it_was_started_from_and_fini
     runs = place / "runs"
     terminal = Terminal(place / "up.tty")
     # The terminal's shell: `up --detach`, then the shell waits on, as an interactive one does, until it is closed.
+    # 10 epochs of 32 steps, each step followed by a 10 ms pause: the run lasts as long as 10 epochs of 4,096
+    # samples did (a few seconds, past the terminal's closing), but mostly sleeps.
     shell = terminal.start(["sh", "-c", '"$@"; echo "up exited $?"; exec sleep 600', "sh",
                             *ddpctl_argv("up", "--detach", "--gpus", "1", "--epochs", "10", "--runs-dir", str(runs),
-                                         *SMALL)], ENV)
+                                         "--synthetic-train-size", "1024", "--synthetic-test-size", "256",
+                                         "--trainer-arg=--step-pause=0.01")], ENV)
     try:
         said = wait_for("`up --detach` to return", lambda: "up exited" in (t := (place / "up.tty").read_text())
                         and t, timeout=120)

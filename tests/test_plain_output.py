@@ -82,10 +82,10 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 def test_up_to_a_file_tells_the_run_as_it_goes_and_is_interrupted_cleanly(tmp_path: Path) -> None:
     log = tmp_path / "run.log"
-    # Epochs of over a second on an idle 2-core machine, several times the 0.5 s poll: each one's end is seen
-    # (an epoch shorter than a poll is told with the next one seen, as a terminal's display skips it too). One rank
-    # on 8,192 samples takes as long as two on 16,384 did, for half the CPU.
-    up = start(log, "up", "--epochs", "30", *SMALL, "--synthetic-train-size", "8192", "--runs-dir",
+    # Epochs of over a second, several times the 0.5 s poll: each one's end is seen (an epoch shorter than a poll
+    # is told with the next one seen, as a terminal's display skips it too). 32 steps of 1,024 samples, each
+    # followed by a 30 ms pause: the epochs last that long on any machine while the rank mostly sleeps.
+    up = start(log, "up", "--epochs", "30", *SMALL, "--trainer-arg=--step-pause=0.03", "--runs-dir",
                str(tmp_path / "runs"), cwd=tmp_path)
     try:
         wait_in_log(log, r"node 0: torchrun started", up, timeout=60)
