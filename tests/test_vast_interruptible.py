@@ -62,10 +62,13 @@ def _wait_for(check, timeout: float, what: str, proc: subprocess.Popen[str]):
 
 def test_an_outbid_node_is_replaced_and_every_rank_resumes_from_the_pulled_snapshot(bed, standin, tmp_path) -> None:
     ddpctl = Launcher(tmp_path, standin)
+    # Epochs of about 3 s so that the outbid lands mid-run (after epoch 1's snapshot is pulled, well before epoch 4
+    # ends): 16 steps a rank, each followed by a 0.2 s pause, instead of 512 steps trained flat out. The ranks keep
+    # stepping, snapshotting and reporting progress as before; they sleep through most of each epoch.
     argv = ddpctl.argv("up", "--provider", "vast", "--image", IMAGE, "--disk", str(DISK), "--runs-dir",
                        str(ddpctl.runs), "--nodes", "2", "--gpus", "1", "--gpu-name", "RTX 3080", "--interruptible",
-                       "--down", "--json", "--epochs", "4", "--synthetic-train-size", "32768",
-                       "--synthetic-test-size", "128", "--batch-size", "32")
+                       "--down", "--json", "--epochs", "4", "--synthetic-train-size", "1024",
+                       "--synthetic-test-size", "128", "--batch-size", "32", "--trainer-arg=--step-pause=0.2")
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ddpctl.env())
     try:
         run = _wait_for(lambda: _run_dir(ddpctl.runs), 120, "run directory", proc)

@@ -315,9 +315,11 @@ def test_failure_after_provisioning_destroys_what_up_created(bed, standin, ddpct
 def test_max_cost_stops_pulls_and_tears_down_before_the_budget_passes(bed, standin, ddpctl) -> None:
     # $36/hour is a cent a second. With 10 s of spend kept for stopping, pulling and destroying, the run is
     # stopped about 25 s after the machine was created, mid-training (100,000 epochs take hours on any machine).
+    # What stops it is the spend, not the training: each step is followed by a 0.1 s pause (an epoch of 16 steps
+    # takes about 2 s), so the rank keeps training and snapshotting while it waits for the budget, mostly asleep.
     max_cost = 0.35
     result = ddpctl.up("--gpus", "1", "--gpu-name", "H100", "--epochs", "100000", "--save-every", "5",
-                       "--max-cost", str(max_cost), "--max-cost-reserve", "10")
+                       "--max-cost", str(max_cost), "--max-cost-reserve", "10", "--trainer-arg=--step-pause=0.1")
     assert result.returncode == 1, result.stderr
     assert "--max-cost" in result.stderr and "destroyed" in result.stderr
     assert standin.live_instances() == [] and bed.hosts == []
