@@ -25,13 +25,16 @@ from tests.faults.fault_support import (
     assert_nothing_left_running,
     ddpctl,
     last_line,
+    rank_0_hangs_at,
     running_processes,
     wait_for,
 )
 from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE
 
 pytestmark = pytest.mark.skipif(TESTBED_UNAVAILABLE, reason=TESTBED_SKIP_REASON)
-LONG = [*TINY, "--epochs", "500"]
+# Runs that only what the test does ends, and that wait for it without training: the one rank stops at step 2, once
+# its first progress record (what `training` waits for) is written.
+LONG = [*TINY, "--epochs", "500", *rank_0_hangs_at(2)]
 
 
 @pytest.fixture(scope="module")

@@ -24,10 +24,26 @@ from infra.testbed import Testbed, TestHost
 from tests.cli_runner import ddpctl_on_bed
 from tests.testbed_fixtures import REPO
 
+TINY_TRAIN_SIZE, BATCH_SIZE = 1024, 32  # TINY's training samples, the trainer's default batch per rank
 # Tiny runs: one worker per node, a small model, 16 steps of 32 samples per epoch per rank; every snapshot kept,
 # so that what a host wrote before a fault is still there to compare with what was pulled.
-TINY = ["--gpus", "1", "--model", "mnist-cnn-small", "--synthetic-train-size", "1024", "--synthetic-test-size", "64",
-        "--trainer-arg=--keep-snapshots", "--trainer-arg=1000"]
+TINY = ["--gpus", "1", "--model", "mnist-cnn-small", "--synthetic-train-size", str(TINY_TRAIN_SIZE),
+        "--synthetic-test-size", "64", "--trainer-arg=--keep-snapshots", "--trainer-arg=1000"]
+
+
+def tiny_steps_per_epoch(ranks: int) -> int:
+    """Steps per epoch of a TINY run over `ranks` ranks (one per node)."""
+    return TINY_TRAIN_SIZE // ranks // BATCH_SIZE
+
+
+def rank_0_hangs_at(step: int) -> list[str]:
+    """`up` arguments for a run that must outlast what a test does to it without training all that while: global
+    rank 0 stops responding at global step `step` (the trainer's --fault-hang) and the other ranks wait for it in
+    the collective, asleep. It still runs (status says so) and a stop still ends it (the hung rank sleeps in
+    Python, which SIGTERM interrupts; the others' collective fails once it is gone)."""
+    return ["--trainer-arg=--fault-hang", f"--trainer-arg=0:{step}"]
+
+
 # Processes a run leaves on a host if it is not stopped: the node's command and what it started.
 RUN_PROCESSES = "torchrun|trainer|ddpctl-node|fault_script"
 

@@ -34,13 +34,17 @@ from tests.faults.fault_support import (
     assert_nothing_lost,
     ddpctl,
     last_line,
+    rank_0_hangs_at,
     sha256,
+    tiny_steps_per_epoch,
     wait_for,
 )
 from tests.testbed_fixtures import REPO, TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, lent
 
 pytestmark = pytest.mark.skipif(TESTBED_UNAVAILABLE, reason=TESTBED_SKIP_REASON)
-LONG = ["--epochs", "500"]  # runs that only a fault (or the test) ends
+# Runs that only a fault (or the test) ends, and that wait for it without training: rank 0 stops at the first step
+# after epoch 1's snapshots (those the tests compare with what was pulled), rank 1 waits for it in the collective.
+LONG = ["--epochs", "500", *rank_0_hangs_at(tiny_steps_per_epoch(2) + 1)]
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +183,7 @@ def test_interrupted_before_torchrun_starts_says_nothing_was_started(bed: Testbe
 
 
 def test_launcher_killed_then_status_pull_and_down_reattach(bed: Testbed, tmp_path: Path) -> None:
-    """SIGKILL leaves no chance to say anything: the nodes train on, and status, pull and down reach them."""
+    """SIGKILL leaves no chance to say anything: the nodes run on, and status, pull and down reach them."""
     up = Up(bed, bed.hosts, tmp_path / "runs", *TINY, *LONG)
     before = up.wait_snapshots()
     up.proc.send_signal(signal.SIGKILL)

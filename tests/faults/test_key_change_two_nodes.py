@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from infra.testbed import Testbed, cleanup_stale
-from tests.faults.fault_support import TINY, Up, last_line, running_processes, wait_for
+from tests.faults.fault_support import TINY, Up, last_line, rank_0_hangs_at, running_processes, wait_for
 from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE
 
 pytestmark = pytest.mark.skipif(TESTBED_UNAVAILABLE, reason=TESTBED_SKIP_REASON)
@@ -31,7 +31,9 @@ def bed() -> Iterator[Testbed]:
 
 
 def test_a_key_changed_on_node_1_stops_node_0_and_names_both(bed: Testbed, tmp_path: Path) -> None:
-    up = Up(bed, bed.hosts, tmp_path / "runs", *TINY, "--epochs", "500")
+    # rank 0 stops at step 2, once its first progress record is written: both nodes run on, without training,
+    # through the key change
+    up = Up(bed, bed.hosts, tmp_path / "runs", *TINY, "--epochs", "500", *rank_0_hangs_at(2))
     wait_for("training to start", lambda: (up.workspace(0) / "out" / "progress.json").exists(), timeout=180)
     changed, healthy = bed.hosts[1], bed.hosts[0]
     try:

@@ -12,7 +12,14 @@ from pathlib import Path
 import pytest
 
 from infra.testbed import Testbed
-from tests.faults.fault_support import TINY, Up, assert_nothing_left_running, last_line
+from tests.faults.fault_support import (
+    TINY,
+    Up,
+    assert_nothing_left_running,
+    last_line,
+    rank_0_hangs_at,
+    tiny_steps_per_epoch,
+)
 from tests.testbed_fixtures import TESTBED_SKIP_REASON, TESTBED_UNAVAILABLE, lent
 
 pytestmark = pytest.mark.skipif(TESTBED_UNAVAILABLE, reason=TESTBED_SKIP_REASON)
@@ -29,7 +36,9 @@ def bed(two_hosts: Testbed) -> Iterator[Testbed]:
 def test_a_killed_supervisor_is_named_as_the_cause(bed: Testbed, tmp_path: Path, signal_name: str,
                                                    nodes: int) -> None:
     hosts = bed.hosts[:nodes]
-    up = Up(bed, hosts, tmp_path / "runs", *TINY, "--epochs", "300")
+    # rank 0 stops at the first step after epoch 1's snapshot: the run goes on, without training, until ddpctl
+    # finds its supervisor gone and stops it
+    up = Up(bed, hosts, tmp_path / "runs", *TINY, "--epochs", "300", *rank_0_hangs_at(tiny_steps_per_epoch(nodes) + 1))
     up.wait_snapshots(1)
     killed = nodes - 1
     os.kill(up.node_pid(killed), getattr(signal, signal_name))
