@@ -38,10 +38,17 @@ def test_the_dry_run_makes_no_workdir_and_the_run_makes_it(slurm_cluster: SlurmC
     assert f"#SBATCH --chdir={workdir}/runs/" in dry.stdout
     assert tree(home) == before and not (tmp_path / "runs").exists()  # nothing written, there or here
 
-    up = slurm_up(slurm_cluster, "--workdir", str(workdir), *SMALL, cwd=tmp_path)
+    # The job's files are placed before it is submitted: a held job (cancelled here, never run) shows it, without
+    # a training run that nothing here looks at.
+    up = slurm_up(slurm_cluster, "--workdir", str(workdir), *SMALL, "--sbatch-option", "--hold", "--detach",
+                  cwd=tmp_path)
+    records = [json.loads(p.read_text()).get("slurm") or {} for p in (tmp_path / "runs").glob("*/run.json")]
+    for record in records:  # nothing left queued, whatever is asserted next
+        if record.get("job_id"):
+            slurm_cluster.slurm("scancel", str(record["job_id"]))
     assert up.returncode == 0, up.stderr
-    run = next((tmp_path / "runs").iterdir())
-    assert json.loads((run / "run.json").read_text())["slurm"]["remote_dir"] == f"{workdir}/runs/{run.name}"
+    [run] = (tmp_path / "runs").iterdir()
+    assert [record.get("remote_dir") for record in records] == [f"{workdir}/runs/{run.name}"]
     assert (workdir / "runs" / run.name / "job.sbatch").is_file()
 
 
