@@ -13,6 +13,7 @@ import pytest
 from infra.slurm_cluster import SlurmCluster
 from tests.cli_in_process import ddpctl_in_process
 from tests.slurm_fixtures import needs_slurm
+from tests.test_slurm_up import slurm_up_in_process
 from tests.testbed_fixtures import run_ddpctl
 
 SMALL = ("--synthetic-train-size", "256", "--synthetic-test-size", "64", "--epochs", "1")
@@ -64,8 +65,8 @@ def test_a_workdir_naming_an_unset_variable_is_one_line_and_makes_nothing(
         slurm_cluster: SlurmCluster, tmp_path: Path, workdir: str, named: str, dry: bool) -> None:
     home = Path(slurm_cluster.login.home)
     before = tree(home)
-    up = slurm_up(slurm_cluster, "--workdir", workdir, *SMALL, *(("--dry-run",) if dry else ()), cwd=tmp_path,
-                  timeout=120)
+    up = slurm_up_in_process(slurm_cluster, "--workdir", workdir, *SMALL, *(("--dry-run",) if dry else ()),
+                             cwd=tmp_path)
     assert up.returncode == 1
     (line,) = up.stderr.strip().splitlines()
     assert line == (f"error: --workdir {workdir}: {named} on the login node: give the folder's path, or name "
