@@ -13,6 +13,7 @@ import pytest
 from infra.slurm_cluster import SlurmCluster
 from tests.cli_in_process import ddpctl_in_process
 from tests.slurm_fixtures import needs_slurm
+from tests.test_slurm_up import slurm_up_in_process
 from tests.testbed_fixtures import run_ddpctl
 
 SMALL = ("--synthetic-train-size", "256", "--synthetic-test-size", "64", "--epochs", "1")
@@ -38,10 +39,17 @@ def test_the_dry_run_makes_no_workdir_and_the_run_makes_it(slurm_cluster: SlurmC
     assert f"#SBATCH --chdir={workdir}/runs/" in dry.stdout
     assert tree(home) == before and not (tmp_path / "runs").exists()  # nothing written, there or here
 
-    up = slurm_up(slurm_cluster, "--workdir", str(workdir), *SMALL, cwd=tmp_path)
+    # The job's files are placed before it is submitted: a held job (cancelled here, never run) shows it, without
+    # a training run that nothing here looks at.
+    up = slurm_up(slurm_cluster, "--workdir", str(workdir), *SMALL, "--sbatch-option", "--hold", "--detach",
+                  cwd=tmp_path)
+    records = [json.loads(p.read_text()).get("slurm") or {} for p in (tmp_path / "runs").glob("*/run.json")]
+    for record in records:  # nothing left queued, whatever is asserted next
+        if record.get("job_id"):
+            slurm_cluster.slurm("scancel", str(record["job_id"]))
     assert up.returncode == 0, up.stderr
-    run = next((tmp_path / "runs").iterdir())
-    assert json.loads((run / "run.json").read_text())["slurm"]["remote_dir"] == f"{workdir}/runs/{run.name}"
+    [run] = (tmp_path / "runs").iterdir()
+    assert [record.get("remote_dir") for record in records] == [f"{workdir}/runs/{run.name}"]
     assert (workdir / "runs" / run.name / "job.sbatch").is_file()
 
 
@@ -57,8 +65,8 @@ def test_a_workdir_naming_an_unset_variable_is_one_line_and_makes_nothing(
         slurm_cluster: SlurmCluster, tmp_path: Path, workdir: str, named: str, dry: bool) -> None:
     home = Path(slurm_cluster.login.home)
     before = tree(home)
-    up = slurm_up(slurm_cluster, "--workdir", workdir, *SMALL, *(("--dry-run",) if dry else ()), cwd=tmp_path,
-                  timeout=120)
+    up = slurm_up_in_process(slurm_cluster, "--workdir", workdir, *SMALL, *(("--dry-run",) if dry else ()),
+                             cwd=tmp_path)
     assert up.returncode == 1
     (line,) = up.stderr.strip().splitlines()
     assert line == (f"error: --workdir {workdir}: {named} on the login node: give the folder's path, or name "

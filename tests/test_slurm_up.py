@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from infra.slurm_cluster import DOWN_PARTITION, SHORT_PARTITION, SlurmCluster
+from tests.cli_in_process import ddpctl_in_process
 from tests.slurm_fixtures import needs_slurm
 from tests.testbed_fixtures import REPO, run_ddpctl
 
@@ -24,6 +25,13 @@ SMALL = ("--synthetic-train-size", "512", "--synthetic-test-size", "128")
 def slurm_up(cluster: SlurmCluster, *args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return run_ddpctl(cluster.bed, "up", "--provider", "slurm", "--host", cluster.login.spec, *args, cwd=cwd,
                       timeout=timeout)
+
+
+def slurm_up_in_process(cluster: SlurmCluster, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`slurm_up` in this process (no process boundary is tested), trusting the test bed's host keys."""
+    return ddpctl_in_process("up", "-i", cluster.bed.client_key_path, "--provider", "slurm", "--host",
+                             cluster.login.spec, *args, cwd=cwd,
+                             env={"DDPCTL_KNOWN_HOSTS": str(cluster.bed.known_hosts_path)})
 
 
 def submitted_jobs(cluster: SlurmCluster) -> list[str]:
@@ -117,7 +125,7 @@ def test_a_users_script_runs_on_two_nodes_and_its_outputs_come_back(slurm_cluste
 def test_each_preflight_refusal_is_one_line_with_nothing_submitted_or_written(
         slurm_cluster: SlurmCluster, tmp_path: Path, args: tuple[str, ...], named: str) -> None:
     before, folders = submitted_jobs(slurm_cluster), cluster_run_folders(slurm_cluster)
-    up = slurm_up(slurm_cluster, "--nodes", "2", *args, cwd=tmp_path, timeout=120)
+    up = slurm_up_in_process(slurm_cluster, "--nodes", "2", *args, cwd=tmp_path)
     assert up.returncode == 1
     lines = up.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], up.stderr
