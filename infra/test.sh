@@ -4,8 +4,8 @@
 # share one worker together): on a 2-core machine 3 left the cores idle about 9 % of the time (tests waiting on
 # Slurm's minutes, torchrun's timeouts, SSH), 4 keep them busy: 13 to 14 minutes where 3 took 14 to 16
 # minutes for 1,244 tests, 17 to 18 for the 1,643 at 419d7aa, 18 for the 1,837 at 0f43ed3,
-# 16 for the 1,856 at cfc2627, 15½ for the 1,854 at 717092c (docs/performance.md); 0: one process. Extra
-# arguments go to pytest.
+# 16 for the 1,856 at cfc2627, 15½ for the 1,854 at 717092c, 14½ for the 1,857 at b8df7f0, where 5 took 14 to
+# 15 with more CPU (docs/performance.md); 0: one process. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Python caches what it compiles (__pycache__/, ignored by git, Docker and shipping), as on a user's machine: a
