@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli_runner import ddpctl, ddpctl_argv, ddpctl_env
-from tests.faults.fault_support import Terminal, wait_for
+from tests.faults.fault_support import Terminal, rank_0_hangs_at, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -84,7 +84,7 @@ def test_status_of_a_training_local_run_shows_it_running_with_its_epoch_and_down
     # the run stays running, without training, while status, logs and down are asked.
     up = subprocess.Popen(ddpctl_argv("up", "--gpus", "1", "--epochs", "500", "--runs-dir", str(runs),
                                       "--synthetic-train-size", "1024", "--synthetic-test-size", "256",
-                                      "--trainer-arg=--fault-hang=0:33"),
+                                      *rank_0_hangs_at(33)),
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, start_new_session=True)
     try:
         run = the_run(runs)

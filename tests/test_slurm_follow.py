@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from infra.slurm_cluster import SlurmCluster
+from tests.faults.fault_support import rank_0_hangs_at
 from tests.slurm_fixtures import needs_slurm
 from tests.testbed_fixtures import REPO, run_ddpctl
 
@@ -21,7 +22,7 @@ pytestmark = [pytest.mark.e2e, needs_slurm]
 SMALL = ("--synthetic-train-size", "512", "--synthetic-test-size", "128")
 # A run that is still running when Slurm finds a node lost (its SlurmdTimeout) without training all that time: rank 0
 # stops at global step 20 (epoch 3 of 8 steps), after two snapshots, and rank 1 waits for it in the collective.
-STILL_AFTER_EPOCH_2 = ("--trainer-arg=--fault-hang", "--trainer-arg=0:20")
+STILL_AFTER_EPOCH_2 = rank_0_hangs_at(20)
 
 
 def up_argv(cluster: SlurmCluster, *args: str) -> list[str]:
